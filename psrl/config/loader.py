@@ -1,0 +1,236 @@
+"""Compose a configuration: schema defaults <- YAML preset <- dotted command-line overrides.
+
+Overrides are written exactly as in the user's documents (``psrl.staleness=2``). Every key is
+checked against the schema; unknown keys are refused with a did-you-mean suggestion, and all
+problems (unknown keys, bad types, broken cross-field rules) are reported together.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from psrl.config import keys
+from psrl.config.root import Config
+from psrl.config.rules import check
+from psrl.errors import ConfigError, ConfigProblem
+
+PRESET_ENV = "PSRL_CONFIG_DIR"
+Tree = dict[str, Any]
+
+
+def preset_dirs() -> list[Path]:
+    """Where preset names are looked up: $PSRL_CONFIG_DIR, then the repository's configs/."""
+    dirs = [Path(p) for p in os.environ.get(PRESET_ENV, "").split(os.pathsep) if p]
+    dirs.append(Path(__file__).resolve().parents[2] / "configs")
+    return dirs
+
+
+def available_presets() -> list[str]:
+    return sorted({p.stem for d in preset_dirs() if d.is_dir() for p in d.glob("*.yaml")})
+
+
+def find_preset(name: str) -> Path:
+    candidate = Path(name)
+    if candidate.suffix in (".yaml", ".yml") and candidate.is_file():
+        return candidate
+    for directory in preset_dirs():
+        path = directory / f"{name}.yaml"
+        if path.is_file():
+            return path
+    known = ", ".join(available_presets()) or "none"
+    raise ConfigError(
+        [
+            ConfigProblem(
+                ("preset",),
+                repr(name),
+                "no such preset or YAML file",
+                f"use one of: {known}, or a path to a .yaml file",
+            )
+        ]
+    )
+
+
+def load_preset_tree(name: str) -> Tree:
+    """Read a preset; a preset may start from another with `extends: <name>`."""
+    path = find_preset(name)
+    tree = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(tree, dict):
+        raise ConfigError([ConfigProblem(("preset",), str(path), "a preset must be a YAML mapping", "fix the file")])
+    parent = tree.pop("extends", None)
+    return merge(load_preset_tree(parent), tree) if parent else tree
+
+
+def merge(base: Tree, update: Tree) -> Tree:
+    out = dict(base)
+    for key, value in update.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """``a.b.c=value`` -> (``a.b.c``, parsed value); values are YAML scalars/lists."""
+    path, sep, raw = text.partition("=")
+    if not sep or not path.strip():
+        raise ConfigError(
+            [ConfigProblem((text,), repr(text), "an override is written key=value", "write it like psrl.staleness=2")]
+        )
+    raw = raw.strip()
+    value = None if raw in ("None", "null", "~", "") else yaml.safe_load(raw)
+    return path.strip(), value
+
+
+def schema_paths(model: type[BaseModel] = Config, prefix: str = "") -> dict[str, bool]:
+    """Every dotted path of the schema -> whether it is a section (True) or a leaf (False)."""
+    out: dict[str, bool] = {}
+    for name, info in model.model_fields.items():
+        path = prefix + name
+        sub = info.annotation
+        if isinstance(sub, type) and issubclass(sub, BaseModel):
+            out[path] = True
+            out.update(schema_paths(sub, path + "."))
+        else:
+            out[path] = False
+    return out
+
+
+def suggest(path: str, paths: Iterable[str]) -> str:
+    candidates = list(paths)
+    close = difflib.get_close_matches(path, candidates, n=3, cutoff=0.6)
+    if not close:
+        tail = path.rsplit(".", 1)[-1]
+        close = [p for p in candidates if p.rsplit(".", 1)[-1] == tail][:3]
+    return f"did you mean {' or '.join(close)}?" if close else "see `psrl config docs` for every field"
+
+
+def check_key(path: str, value: Any, known: dict[str, bool]) -> ConfigProblem | None:
+    """None when ``path`` is a schema path; otherwise the problem explaining why not."""
+    if path in known:
+        return None
+    shown = repr(value)
+    new = keys.moved_to(path)
+    if new is not None:
+        return ConfigProblem((path,), shown, "this key has moved", f"write it as {new}")
+    reason = keys.not_applicable(path)
+    if reason is not None:
+        return ConfigProblem((path,), shown, f"not applicable in psrl: {reason}", "remove it")
+    leaves = (p for p, is_section in known.items() if not is_section)
+    return ConfigProblem((path,), shown, "unknown configuration key", suggest(path, leaves))
+
+
+def flatten(tree: Tree, prefix: str = "") -> Iterator[tuple[str, Any]]:
+    for key, value in tree.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, dict) and value:
+            yield from flatten(value, path + ".")
+        else:
+            yield path, value
+
+
+def set_path(tree: Tree, path: str, value: Any) -> None:
+    node = tree
+    *parents, leaf = path.split(".")
+    for part in parents:
+        child = node.get(part)
+        if not isinstance(child, dict):
+            child = node[part] = {}
+        node = child
+    node[leaf] = value
+
+
+def build_tree(preset: str | None, overrides: Iterable[str]) -> tuple[Tree, list[ConfigProblem]]:
+    """Merge preset and overrides into one tree of known keys; collect key problems."""
+    known = schema_paths()
+    problems: list[ConfigProblem] = []
+    tree: Tree = {}
+    items = list(flatten(load_preset_tree(preset))) if preset else []
+    for text in overrides:
+        items.append(parse_override(text))
+    for raw_path, value in items:
+        path = keys.apply_alias(raw_path)
+        bad = check_key(path, value, known)
+        if bad is not None:
+            problems.append(bad)
+        elif known[path] and value not in (None, {}):
+            problems.append(
+                ConfigProblem(
+                    (path,),
+                    repr(value),
+                    "this is a section, not a value",
+                    f"set one of its fields, e.g. {path}.<field>=...",
+                )
+            )
+        elif not known[path]:
+            set_path(tree, path, value)
+    return tree, problems
+
+
+def load_config(preset: str | None = None, overrides: Iterable[str] = ()) -> Config:
+    """Build and validate a configuration, raising ConfigError listing every problem."""
+    tree, problems = build_tree(preset, overrides)
+    try:
+        config = Config.model_validate(tree)
+    except ValidationError as exc:
+        problems += _validation_problems(exc)
+        # Check the cross-field rules too, with the invalid values left at their defaults,
+        # so one run reports everything.
+        for err in exc.errors():
+            drop_path(tree, [str(p) for p in err["loc"]])
+        try:
+            config = Config.model_validate(tree)
+        except ValidationError:
+            raise ConfigError(problems) from None
+    problems += check(config)
+    if problems:
+        raise ConfigError(problems)
+    return config
+
+
+def drop_path(tree: Tree, parts: list[str]) -> None:
+    node: Any = tree
+    for part in parts[:-1]:
+        node = node.get(part) if isinstance(node, dict) else None
+    if isinstance(node, dict):
+        node.pop(parts[-1], None)
+
+
+_FIXES = {
+    "int_parsing": "give an integer",
+    "int_from_float": "give an integer",
+    "float_parsing": "give a number",
+    "bool_parsing": "give True or False",
+    "string_type": "give a string",
+    "greater_than_equal": "use a value >= {ge}",
+    "greater_than": "use a value > {gt}",
+    "less_than_equal": "use a value <= {le}",
+    "literal_error": "use one of {expected}",
+}
+
+
+def _validation_problems(exc: ValidationError) -> list[ConfigProblem]:
+    out = []
+    for err in exc.errors():
+        path = ".".join(str(p) for p in err["loc"])
+        template = _FIXES.get(err["type"], "see `psrl config docs` for the field's type")
+        fix = template.format(**err.get("ctx", {}))
+        out.append(ConfigProblem((path,), repr(err.get("input")), err["msg"], fix))
+    return out
+
+
+def to_yaml(config: Config) -> str:
+    """The fully resolved configuration as YAML (loadable again as a preset)."""
+    return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False, default_flow_style=False)
+
+
+def from_yaml_file(path: str | Path) -> Config:
+    """Load a resolved config (e.g. a run directory's config.yaml) with full validation."""
+    return load_config(str(path))

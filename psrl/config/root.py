@@ -1,0 +1,56 @@
+"""The root configuration: every section, with inherited values resolved."""
+
+from __future__ import annotations
+
+from pydantic import model_validator
+
+from psrl.config.base import Section, section
+from psrl.config.psrl_section import PsrlSection
+from psrl.config.system import Bus, Engine, Model, Run, Task, Topology
+from psrl.config.training import Actor, Algorithm, Critic, TrainerLoop
+
+
+class Config(Section):
+    """A complete psrl run configuration."""
+
+    psrl: PsrlSection = section(PsrlSection, "Staleness control and rollout coordination.")
+    algorithm: Algorithm = section(Algorithm, "RL algorithm.")
+    actor: Actor = section(Actor, "Policy optimisation on the trainer.")
+    critic: Critic = section(Critic, "Value model (GAE only).")
+    trainer: TrainerLoop = section(TrainerLoop, "Training loop and checkpoints.")
+    model: Model = section(Model, "Policy checkpoint.")
+    task: Task = section(Task, "Prompts, reward and sampling.")
+    topology: Topology = section(Topology, "How many actors of each kind.")
+    engine: Engine = section(Engine, "Rollout engine.")
+    bus: Bus = section(Bus, "Message bus.")
+    run: Run = section(Run, "Run directory and logging.")
+
+    @model_validator(mode="after")
+    def _inherit_redundancy_sizes(self) -> Config:
+        """Fill unset redundancy sizes from their base values, so the resolved config is explicit."""
+        red = self.psrl.rollout_coordination.redundant_rollout
+        if red.alg_global_batch_size is None:
+            red.alg_global_batch_size = self.psrl.staleness_buffer_entries
+        if red.redundant_global_batch_size is None:
+            red.redundant_global_batch_size = red.alg_global_batch_size
+        if red.alg_rollout_n is None:
+            red.alg_rollout_n = self.psrl.rollout_n
+        if red.redundant_rollout_n is None:
+            red.redundant_rollout_n = red.alg_rollout_n
+        return self
+
+    @property
+    def entries_per_buffer(self) -> int:
+        """Slots per staleness buffer (B' with batch-level redundancy, else B)."""
+        red = self.psrl.rollout_coordination.redundant_rollout
+        if red.enable and red.redundant_global_batch_size is not None:
+            return red.redundant_global_batch_size
+        return self.psrl.staleness_buffer_entries
+
+    @property
+    def responses_per_prompt(self) -> int:
+        """Responses launched per prompt (N' with group-level redundancy, else N)."""
+        red = self.psrl.rollout_coordination.redundant_rollout
+        if red.enable and red.redundant_rollout_n is not None:
+            return red.redundant_rollout_n
+        return self.psrl.rollout_n

@@ -1,0 +1,386 @@
+"""Cross-field validation: every rule the user's documents state, and the ones they imply.
+
+Each rule is a function of the whole config that yields problems; `check(config)` runs them
+all so every violation is reported at once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from psrl.config.root import Config
+from psrl.errors import ConfigProblem
+from psrl.overlap import ChunkPlan, plan_chunks
+from psrl.routing.cost_model import CostModelError, load_cost_model
+
+Rule = Callable[[Config], Iterator[ConfigProblem]]
+
+P = "psrl."
+RC = "psrl.rollout_coordination."
+FGO = "psrl.fine_grain_overlap."
+
+
+def problem(paths: tuple[str, ...] | str, value: object, message: str, fix: str) -> ConfigProblem:
+    return ConfigProblem(paths if isinstance(paths, tuple) else (paths,), repr(value), message, fix)
+
+
+def staleness_non_negative(c: Config) -> Iterator[ConfigProblem]:
+    if c.psrl.staleness < 0:
+        yield problem(
+            P + "staleness",
+            c.psrl.staleness,
+            "the staleness bound cannot be negative",
+            "use 0 for synchronous training or 1..3 for asynchronous training",
+        )
+
+
+def pre_step_needs_mini_batch(c: Config) -> Iterator[ConfigProblem]:
+    fgo = c.psrl.fine_grain_overlap
+    if fgo.granularity == "none" or fgo.overlap_scope != "pre_step":
+        return
+    plan = chunk_plan(c)
+    if plan.effective != "mini_batch":
+        yield problem(
+            (FGO + "overlap_scope", FGO + "granularity", FGO + "multiplier"),
+            f"pre_step with {fgo.granularity} x{fgo.multiplier} (effective: {plan.effective})",
+            "pre_step steps the optimizer once per chunk, so a chunk must be exactly a mini-batch "
+            "(a smaller chunk would need cross-chunk gradient accumulation)",
+            f"use {FGO}overlap_scope=recompute, or {FGO}granularity=mini_batch, or raise "
+            f"{FGO}multiplier until the micro-batch chunk clamps up to a mini-batch",
+        )
+    if c.actor.ppo_epochs != 1:
+        yield problem(
+            (FGO + "overlap_scope", "actor.ppo_epochs"),
+            c.actor.ppo_epochs,
+            "pre_step consumes each chunk once, so it cannot run several epochs",
+            f"set actor.ppo_epochs=1 or {FGO}overlap_scope=recompute",
+        )
+    if fgo.granularity == "micro_batch" and c.actor.strategy == "megatron":
+        yield problem(
+            (FGO + "granularity", FGO + "overlap_scope", "actor.strategy"),
+            "micro_batch + pre_step + megatron",
+            "this combination is refused even after clamping",
+            f"use actor.strategy=fsdp2 or {FGO}overlap_scope=recompute",
+        )
+
+
+def micro_batch_needs_static_sizes(c: Config) -> Iterator[ConfigProblem]:
+    if c.psrl.fine_grain_overlap.granularity == "micro_batch" and c.actor.use_dynamic_bsz:
+        yield problem(
+            (FGO + "granularity", "actor.use_dynamic_bsz"),
+            "micro_batch + use_dynamic_bsz=True",
+            "micro-batch chunks are sized from the static ppo_micro_batch_size_per_gpu",
+            f"set actor.use_dynamic_bsz=False or {FGO}granularity=mini_batch",
+        )
+
+
+def trainer_strategy_available(c: Config) -> Iterator[ConfigProblem]:
+    if c.actor.strategy == "megatron":
+        yield problem(
+            "actor.strategy",
+            "megatron",
+            "psrl trains with torch data parallelism; Megatron is not available",
+            "use actor.strategy=fsdp2 (or ddp)",
+        )
+
+
+def mini_batch_fits_buffer(c: Config) -> Iterator[ConfigProblem]:
+    mini, buf = c.actor.ppo_mini_batch_size, c.psrl.staleness_buffer_entries
+    if mini > buf or buf % mini:
+        yield problem(
+            ("actor.ppo_mini_batch_size", P + "staleness_buffer_entries"),
+            f"{mini} vs {buf}",
+            "a buffer (one training batch) must split into whole mini-batches",
+            f"choose actor.ppo_mini_batch_size dividing {buf} (e.g. {_largest_divisor(buf, mini)})",
+        )
+
+
+def migration_prerequisites(c: Config) -> Iterator[ConfigProblem]:
+    mig = c.psrl.rollout_coordination.sync_and_mig_strategy.mig
+    if not mig.enable:
+        return
+    base = RC + "sync_and_mig_strategy.mig."
+    if not c.psrl.status_collection.enable:
+        yield problem(
+            (base + "enable", P + "status_collection.enable"),
+            False,
+            "migration compares instance loads, which come from status snapshots",
+            f"set {P}status_collection.enable=True",
+        )
+    if not c.psrl.rollout_coordination.partial_rollout.enable:
+        yield problem(
+            (base + "enable", RC + "partial_rollout.enable"),
+            False,
+            "migration aborts requests and continues them elsewhere, which is partial rollout",
+            f"set {RC}partial_rollout.enable=True",
+        )
+    if mig.threshold is None:
+        yield problem(
+            base + "threshold",
+            None,
+            "migration needs an imbalance ratio",
+            f"set {base}threshold (e.g. 5: busiest has 5x the load of the idlest)",
+        )
+
+
+def status_consumers_need_status(c: Config) -> Iterator[ConfigProblem]:
+    rc = c.psrl.rollout_coordination
+    if c.psrl.status_collection.enable:
+        return
+    users = []
+    if rc.routing_strategy.method in ("request_num_balance", "throughput_optimal", "throughput_optimal_with_budget"):
+        users.append(RC + "routing_strategy.method")
+    if rc.sync_and_mig_strategy.method == "status_based":
+        users.append(RC + "sync_and_mig_strategy.method")
+    if users:
+        yield problem(
+            (*users, P + "status_collection.enable"),
+            False,
+            "these settings read instance status snapshots",
+            f"set {P}status_collection.enable=True",
+        )
+
+
+def redundancy_sizes(c: Config) -> Iterator[ConfigProblem]:
+    red = c.psrl.rollout_coordination.redundant_rollout
+    base = RC + "redundant_rollout."
+    if red.alg_global_batch_size != c.psrl.staleness_buffer_entries:
+        yield problem(
+            (base + "alg_global_batch_size", P + "staleness_buffer_entries"),
+            f"{red.alg_global_batch_size} vs {c.psrl.staleness_buffer_entries}",
+            "the algorithm's batch is one staleness buffer; the two must agree",
+            f"leave {base}alg_global_batch_size unset or equal to {P}staleness_buffer_entries",
+        )
+    if red.alg_rollout_n != c.psrl.rollout_n:
+        yield problem(
+            (base + "alg_rollout_n", P + "rollout_n"),
+            f"{red.alg_rollout_n} vs {c.psrl.rollout_n}",
+            "the algorithm's group size is psrl.rollout_n; the two must agree",
+            f"leave {base}alg_rollout_n unset or equal to {P}rollout_n",
+        )
+    for alg, red_name in (
+        ("alg_global_batch_size", "redundant_global_batch_size"),
+        ("alg_rollout_n", "redundant_rollout_n"),
+    ):
+        alg_v, red_v = getattr(red, alg), getattr(red, red_name)
+        if red_v is not None and alg_v is not None and red_v < alg_v:
+            yield problem(
+                (base + red_name, base + alg),
+                f"{red_v} < {alg_v}",
+                "redundant sizes launch at least what the algorithm needs",
+                f"set {base}{red_name} >= {alg_v}",
+            )
+        elif not red.enable and red_v != alg_v:
+            yield problem(
+                (base + red_name, base + "enable"),
+                red_v,
+                "a redundant size is set but redundant rollout is off",
+                f"set {base}enable=True, or {base}{red_name}={alg_v}",
+            )
+
+
+def p2p_needs_versioned_kv(c: Config) -> Iterator[ConfigProblem]:
+    lm = c.psrl.lmcache
+    base = P + "lmcache."
+    if lm.enable_p2p and (not lm.multi_version_kv or lm.clear_on_weight_update):
+        yield problem(
+            (base + "enable_p2p", base + "multi_version_kv", base + "clear_on_weight_update"),
+            f"multi_version_kv={lm.multi_version_kv}, clear_on_weight_update={lm.clear_on_weight_update}",
+            "the P2P backend has no clear operation and relies on version tags alone",
+            f"set {base}multi_version_kv=True and {base}clear_on_weight_update=False",
+        )
+    if lm.enable_p2p and not lm.enable:
+        yield problem(
+            (base + "enable_p2p", base + "enable"), False, "P2P transfer moves offloaded KV", f"set {base}enable=True"
+        )
+    if lm.enable and lm.backend == "disk" and not lm.disk_path:
+        yield problem(
+            (base + "backend", base + "disk_path"), None, "the disk tier needs a directory", f"set {base}disk_path"
+        )
+    if lm.enable and lm.backend == "remote":
+        yield problem(base + "backend", "remote", "the remote tier is not available", "use backend=cpu or disk")
+
+
+def kv_transfer_prerequisites(c: Config) -> Iterator[ConfigProblem]:
+    kvt = c.psrl.rollout_coordination.routing_strategy.kv_transfer
+    if not kvt.enable:
+        return
+    path = RC + "routing_strategy.kv_transfer.enable"
+    if not (c.psrl.lmcache.enable and c.psrl.lmcache.enable_p2p):
+        yield problem(
+            (path, P + "lmcache.enable_p2p"),
+            True,
+            "KV transfer on re-routing uses the P2P KV path",
+            f"set {P}lmcache.enable=True and {P}lmcache.enable_p2p=True",
+        )
+    if not c.psrl.rollout_coordination.partial_rollout.enable:
+        yield problem(
+            (path, RC + "partial_rollout.enable"),
+            True,
+            "only continued (partial) requests carry KV",
+            f"set {RC}partial_rollout.enable=True",
+        )
+
+
+def sticky_sessions_need_bucketed(c: Config) -> Iterator[ConfigProblem]:
+    rc = c.psrl.rollout_coordination
+    ta = rc.session_strategy.thunder_agent
+    if rc.routing_strategy.enable_trajectory_sticky and ta.enable and ta.continue_scope != "bucketed":
+        scope = RC + "session_strategy.thunder_agent.continue_scope"
+        yield problem(
+            (RC + "routing_strategy.enable_trajectory_sticky", scope),
+            ta.continue_scope,
+            "a hung sticky session must be readmitted on the instance that holds its prefix",
+            f"set {scope}=bucketed",
+        )
+
+
+def cost_model_readable(c: Config) -> Iterator[ConfigProblem]:
+    rc = c.psrl.rollout_coordination
+    needs = []
+    if rc.routing_strategy.method.startswith("throughput_optimal"):
+        needs.append(RC + "routing_strategy.method")
+    sync = rc.sync_and_mig_strategy
+    if sync.method == "status_based" and sync.sync.indicator == "hypothesis_test":
+        needs.append(RC + "sync_and_mig_strategy.sync.indicator")
+    if not needs:
+        return
+    path = rc.routing_strategy.cost_model_path
+    field_path = RC + "routing_strategy.cost_model_path"
+    if path is None:
+        yield problem(
+            (*needs, field_path),
+            None,
+            "this setting needs a fitted cost model",
+            f"run `psrl calibrate` and set {field_path}=<file>, or use method=request_num_balance",
+        )
+        return
+    try:
+        load_cost_model(path)
+    except CostModelError as exc:
+        yield problem(field_path, path, str(exc), "point it at a file written by `psrl calibrate`")
+
+
+def sync_threshold_set(c: Config) -> Iterator[ConfigProblem]:
+    s = c.psrl.rollout_coordination.sync_and_mig_strategy
+    if s.method == "status_based" and s.sync.indicator != "hypothesis_test" and s.sync.threshold is None:
+        path = RC + "sync_and_mig_strategy.sync.threshold"
+        yield problem(
+            (RC + "sync_and_mig_strategy.method", path),
+            None,
+            f"status_based sync with indicator {s.sync.indicator} needs a threshold",
+            f"set {path} (e.g. 2 for request_num)",
+        )
+
+
+def token_is_needs_engine_logprobs(c: Config) -> Iterator[ConfigProblem]:
+    if c.algorithm.rollout_correction.rollout_is == "token" and not c.psrl.log_prob.enable_rollout_engine_log_prob:
+        yield problem(
+            ("algorithm.rollout_correction.rollout_is", P + "log_prob.enable_rollout_engine_log_prob"),
+            False,
+            "token-level IS divides by the rollout engine's token probabilities",
+            f"set {P}log_prob.enable_rollout_engine_log_prob=True",
+        )
+    if c.algorithm.rollout_correction.bypass_mode and not c.psrl.log_prob.enable_rollout_engine_log_prob:
+        yield problem(
+            ("algorithm.rollout_correction.bypass_mode", P + "log_prob.enable_rollout_engine_log_prob"),
+            False,
+            "bypass mode uses the engine log-probs as the old policy",
+            f"set {P}log_prob.enable_rollout_engine_log_prob=True",
+        )
+
+
+def group_algorithms_need_groups(c: Config) -> Iterator[ConfigProblem]:
+    if c.algorithm.adv_estimator == "grpo" and c.psrl.rollout_n < 2:
+        yield problem(
+            ("algorithm.adv_estimator", P + "rollout_n"),
+            c.psrl.rollout_n,
+            "GRPO normalises rewards within a prompt's group; a group of one has zero advantage",
+            f"set {P}rollout_n to 2 or more (e.g. 8)",
+        )
+    if c.algorithm.filter_groups.enable and c.psrl.rollout_n < 2:
+        yield problem(
+            ("algorithm.filter_groups.enable", P + "rollout_n"),
+            c.psrl.rollout_n,
+            "a group of one always has zero reward variance, so every group would be dropped",
+            f"set {P}rollout_n >= 2 or algorithm.filter_groups.enable=False",
+        )
+
+
+def partial_rollout_modes(c: Config) -> Iterator[ConfigProblem]:
+    pr = c.psrl.rollout_coordination.partial_rollout
+    if pr.interrupt_as_prompt and not pr.enable:
+        yield problem(
+            (RC + "partial_rollout.interrupt_as_prompt", RC + "partial_rollout.enable"),
+            False,
+            "interrupt_as_prompt is a mode of partial rollout",
+            f"set {RC}partial_rollout.enable=True",
+        )
+
+
+def proactive_filter_threshold(c: Config) -> Iterator[ConfigProblem]:
+    pf = c.psrl.rollout_coordination.proactive_filter_strategy
+    path = RC + "proactive_filter_strategy.threshold"
+    if pf.threshold < 0:
+        yield problem(path, pf.threshold, "cannot be negative", "use 0 or more")
+    elif pf.method is not None and pf.threshold >= c.psrl.staleness_buffer_entries:
+        yield problem(
+            (path, P + "staleness_buffer_entries"),
+            pf.threshold,
+            "the filter would act on buffers that have almost nothing yet",
+            f"use a threshold below {c.psrl.staleness_buffer_entries} (a few groups)",
+        )
+
+
+def tms_rules(c: Config) -> Iterator[ConfigProblem]:
+    if c.psrl.tms.enable_cuda_graph and c.psrl.tms.range != "all":
+        yield problem(
+            (P + "tms.enable_cuda_graph", P + "tms.range"),
+            c.psrl.tms.range,
+            "releasing CUDA graphs needs every region managed",
+            f"set {P}tms.range=all",
+        )
+
+
+RULES: tuple[Rule, ...] = (
+    staleness_non_negative,
+    pre_step_needs_mini_batch,
+    micro_batch_needs_static_sizes,
+    trainer_strategy_available,
+    mini_batch_fits_buffer,
+    migration_prerequisites,
+    status_consumers_need_status,
+    redundancy_sizes,
+    p2p_needs_versioned_kv,
+    kv_transfer_prerequisites,
+    sticky_sessions_need_bucketed,
+    cost_model_readable,
+    sync_threshold_set,
+    token_is_needs_engine_logprobs,
+    group_algorithms_need_groups,
+    partial_rollout_modes,
+    proactive_filter_threshold,
+    tms_rules,
+)
+
+
+def check(config: Config) -> list[ConfigProblem]:
+    """Run every rule; return all problems found (empty when the config is valid)."""
+    return [p for rule in RULES for p in rule(config)]
+
+
+def chunk_plan(c: Config) -> ChunkPlan:
+    fgo = c.psrl.fine_grain_overlap
+    return plan_chunks(
+        fgo.granularity,
+        fgo.multiplier,
+        buffer_groups=c.psrl.staleness_buffer_entries,
+        rollout_n=c.psrl.rollout_n,
+        ppo_mini_batch_size=c.actor.ppo_mini_batch_size,
+        ppo_micro_batch_size_per_gpu=c.actor.ppo_micro_batch_size_per_gpu,
+        dp_size=c.topology.n_trainer_ranks,
+    )
+
+
+def _largest_divisor(n: int, at_most: int) -> int:
+    return max(d for d in range(1, min(n, at_most) + 1) if n % d == 0)

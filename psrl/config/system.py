@@ -1,0 +1,65 @@
+"""The project's own sections: model, task, topology, engine, bus and run directory."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from psrl.config.base import Section, field
+
+
+class Model(Section):
+    path: str | None = field(
+        None, "Hugging Face checkpoint directory (config.json + safetensors); unset = the shipped demo model."
+    )
+    tokenizer_path: str | None = field(None, "Tokenizer directory; unset = the model directory.")
+
+
+class Task(Section):
+    name: str = field("demo", "Task module: prompt generator and reward function (see psrl.tasks).")
+    seed: int = field(0, "Seed of the prompt generator.")
+    max_prompt_length: int = field(128, "Longest prompt in tokens.", ge=1)
+    max_response_length: int = field(256, "Longest response in tokens.", ge=1)
+    temperature: float = field(1.0, "Sampling temperature of training rollouts.", ge=0)
+    top_p: float = field(1.0, "Nucleus sampling mass.", gt=0, le=1)
+    top_k: int = field(-1, "Top-k sampling (-1 = off).")
+
+
+class Topology(Section):
+    n_rollout_instances: int = field(2, "Rollout instances (one engine each).", ge=1)
+    n_trainer_ranks: int = field(1, "Data-parallel trainer ranks.", ge=1)
+    n_ps_shards: int = field(2, "Parameter-server shards; tensors are balanced across them by bytes.", ge=1)
+    device: Literal["auto", "cpu", "cuda"] = field("auto", "Device of engines and trainer (auto = cuda if present).")
+    threads_per_actor: int = field(1, "torch intra-op threads per actor process (0 = torch default).", ge=0)
+
+
+class Engine(Section):
+    backend: Literal["embedded", "vllm"] = field("embedded", "Rollout engine: psrl's own, or vLLM (vllm extra).")
+    dtype: Literal["auto", "float32", "bfloat16"] = field(
+        "auto", "Engine weight dtype (auto: bf16 on GPU, fp32 on CPU)."
+    )
+    block_size: int = field(16, "Tokens per KV-cache block.", ge=1)
+    num_kv_blocks: int = field(512, "KV-cache blocks per instance.", ge=1)
+    max_num_seqs: int = field(64, "Largest decode batch.", ge=1)
+    max_num_batched_tokens: int = field(2048, "Token budget of one engine step (prefill chunking).", ge=1)
+    enable_prefix_caching: bool = field(True, "Reuse KV of identical prompt prefixes.")
+
+
+class Bus(Section):
+    transport: Literal["ipc", "tcp"] = field("ipc", "Socket transport on one machine; across hosts tcp is used.")
+    host: str = field("127.0.0.1", "Address the run's sockets bind to on this host (loopback by default).")
+    curve: Literal["auto", "on", "off"] = field(
+        "auto", "ZeroMQ CURVE encryption: auto = on whenever actors span several hosts."
+    )
+    hwm: int = field(100_000, "High-water mark of event sockets (messages).", ge=0)
+    request_timeout_ms: int = field(5000, "Default timeout of a request/reply call.", ge=1)
+    heartbeat_interval_ms: int = field(250, "Actor heartbeat period.", ge=10)
+    heartbeat_misses: int = field(4, "Missed heartbeats before an actor is declared dead.", ge=1)
+
+
+class Run(Section):
+    name: str | None = field(None, "Run name; unset = a timestamp.")
+    root: str = field("runs", "Directory under which run directories are created.")
+    log_level: Literal["debug", "info", "warning", "error"] = field("info", "Console log level.")
+    fsync: Literal["never", "segment", "always"] = field(
+        "segment", "Event-log fsync policy: never, at segment rotation, or after every record."
+    )

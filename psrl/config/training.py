@@ -1,0 +1,68 @@
+"""`algorithm.*`, `actor.*` and `critic.*`: the RL algorithm and the trainer's optimisation."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from psrl.config.base import Section, field, section
+
+
+class RolloutCorrection(Section):
+    rollout_is: Literal["token"] | None = field(
+        None, "Importance-sampling correction of rollout/trainer mismatch (token = per-token ratio)."
+    )
+    rollout_is_threshold: float = field(2.0, "Upper truncation of the importance ratio.", gt=0)
+    bypass_mode: bool = field(
+        False, "Use the engine log-probs as the old policy instead of recomputing them on the trainer."
+    )
+
+
+class FilterGroups(Section):
+    enable: bool = field(False, "Drop prompt groups whose rewards have zero variance (no learning signal).")
+    metric: Literal["score", "acc"] = field("score", "Per-trajectory value whose variance is tested.")
+
+
+class Algorithm(Section):
+    adv_estimator: Literal["gae", "grpo", "reinforce_plus_plus"] = field("gae", "Advantage estimator.")
+    gamma: float = field(1.0, "Discount factor (GAE, REINFORCE++).", ge=0, le=1)
+    lam: float = field(1.0, "GAE lambda.", ge=0, le=1)
+    norm_adv_by_std_in_grpo: bool = field(True, "GRPO: divide the group-centred reward by the group std.")
+    kl_loss_coef: float = field(0.0, "Weight of the KL penalty to the reference policy (0 = no reference model).", ge=0)
+    kl_loss_type: Literal["k1", "k2", "low_var_kl"] = field("low_var_kl", "KL estimator.")
+    entropy_coeff: float = field(0.0, "Weight of the entropy bonus.", ge=0)
+    clip_ratio_low: float = field(0.2, "PPO clip range below 1.", gt=0)
+    clip_ratio_high: float = field(0.2, "PPO clip range above 1 (DAPO uses 0.28).", gt=0)
+    loss_agg_mode: Literal["token-mean", "seq-mean-token-mean"] = field(
+        "token-mean", "How token losses are averaged into the batch loss."
+    )
+    rollout_correction: RolloutCorrection = section(RolloutCorrection, "Off-policy correction.")
+    filter_groups: FilterGroups = section(FilterGroups, "Dynamic sampling filter.")
+
+
+class Actor(Section):
+    strategy: Literal["fsdp2", "ddp", "megatron"] = field(
+        "fsdp2", "Data-parallel strategy of the trainer (megatron is not available in psrl)."
+    )
+    ppo_epochs: int = field(1, "Passes over each buffer.", ge=1)
+    ppo_mini_batch_size: int = field(16, "Prompt groups per optimizer step.", ge=1)
+    ppo_micro_batch_size_per_gpu: int = field(4, "Samples per forward/backward per rank.", ge=1)
+    use_dynamic_bsz: bool = field(False, "Pack micro-batches by token count instead of a fixed sample count.")
+    ppo_max_token_len_per_gpu: int = field(16384, "Token budget per micro-batch with use_dynamic_bsz.", ge=1)
+    lr: float = field(1e-6, "Learning rate.", gt=0)
+    weight_decay: float = field(0.0, "AdamW weight decay.", ge=0)
+    betas: tuple[float, float] = field((0.9, 0.999), "AdamW betas.")
+    grad_clip: float = field(1.0, "Gradient norm clip (0 = off).", ge=0)
+    dtype: Literal["float32", "bfloat16"] = field("float32", "Parameter dtype of the trained model.")
+
+
+class Critic(Section):
+    lr: float = field(1e-5, "Critic learning rate (GAE only).", gt=0)
+    cliprange_value: float = field(0.5, "Value clip range.", gt=0)
+    vf_coef: float = field(0.5, "Weight of the value loss.", gt=0)
+
+
+class TrainerLoop(Section):
+    total_steps: int = field(20, "Training steps (= versions produced) before the run ends.", ge=1)
+    save_freq: int = field(0, "Checkpoint every this many steps (0 = only at the end).", ge=0)
+    resume: bool = field(True, "Resume from the run directory's latest checkpoint when one exists.")
+    seed: int = field(0, "Seed of the trainer's randomness.")

@@ -1,0 +1,1 @@
+"""Routing: request queues, worker selection and the routing policies (pure decision code)."""

@@ -1,0 +1,136 @@
+import json
+
+import pytest
+
+from psrl.config import load_config
+from psrl.errors import ConfigError
+from psrl.routing.cost_model import CostModel
+
+RC = "psrl.rollout_coordination."
+FGO = "psrl.fine_grain_overlap."
+
+
+def refused(*overrides: str) -> str:
+    with pytest.raises(ConfigError) as info:
+        load_config(None, list(overrides))
+    return str(info.value)
+
+
+def test_negative_staleness() -> None:
+    assert "psrl.staleness = -1" in refused("psrl.staleness=-1")
+
+
+def test_throughput_optimal_needs_cost_model() -> None:
+    assert "routing_strategy.cost_model_path" in refused(RC + "routing_strategy.method=throughput_optimal")
+
+
+def test_throughput_optimal_needs_readable_cost_model(tmp_path) -> None:
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    msg = refused(RC + "routing_strategy.method=throughput_optimal", f"{RC}routing_strategy.cost_model_path={bad}")
+    assert "not readable JSON" in msg
+    good = tmp_path / "good.json"
+    CostModel(1e-8, 0.004, 1e-4, 0.002).save(good)
+    load_config(
+        None, [RC + "routing_strategy.method=throughput_optimal", f"{RC}routing_strategy.cost_model_path={good}"]
+    )
+
+
+def test_pre_step_with_unclamped_micro_batch_names_both_fields() -> None:
+    msg = refused(FGO + "overlap_scope=pre_step", FGO + "granularity=micro_batch")
+    assert FGO + "overlap_scope" in msg and FGO + "granularity" in msg
+
+
+def test_pre_step_with_micro_batch_that_clamps_up_is_accepted() -> None:
+    # 4 samples x multiplier 64 > one mini-batch of 16 groups x 1 sample -> clamps to mini_batch
+    load_config(None, [FGO + "overlap_scope=pre_step", FGO + "granularity=micro_batch", FGO + "multiplier=64"])
+
+
+def test_pre_step_needs_one_epoch() -> None:
+    assert "actor.ppo_epochs" in refused(
+        FGO + "overlap_scope=pre_step", FGO + "granularity=mini_batch", "actor.ppo_epochs=2"
+    )
+
+
+def test_micro_batch_with_dynamic_bsz() -> None:
+    assert "actor.use_dynamic_bsz" in refused(FGO + "granularity=micro_batch", "actor.use_dynamic_bsz=True")
+
+
+def test_micro_batch_pre_step_megatron_refused_even_after_clamp() -> None:
+    msg = refused(
+        FGO + "overlap_scope=pre_step",
+        FGO + "granularity=micro_batch",
+        FGO + "multiplier=64",
+        "actor.strategy=megatron",
+    )
+    assert "micro_batch + pre_step + megatron" in msg
+
+
+def test_migration_needs_status_and_partial_rollout() -> None:
+    msg = refused(
+        RC + "sync_and_mig_strategy.mig.enable=True",
+        RC + "sync_and_mig_strategy.mig.threshold=5",
+        "psrl.status_collection.enable=False",
+        RC + "partial_rollout.enable=False",
+    )
+    assert "psrl.status_collection.enable" in msg and RC + "partial_rollout.enable" in msg
+
+
+def test_redundant_sizes_at_least_algorithm_sizes() -> None:
+    msg = refused(RC + "redundant_rollout.enable=True", RC + "redundant_rollout.redundant_global_batch_size=4")
+    assert "redundant_global_batch_size" in msg
+    load_config(
+        None,
+        [
+            "psrl.staleness_buffer_entries=64",
+            "psrl.rollout_n=8",
+            RC + "redundant_rollout.enable=True",
+            RC + "redundant_rollout.redundant_global_batch_size=80",
+            RC + "redundant_rollout.redundant_rollout_n=10",
+        ],
+    )
+
+
+def test_p2p_needs_multi_version_kv() -> None:
+    msg = refused("psrl.lmcache.enable=True", "psrl.lmcache.enable_p2p=True", "psrl.lmcache.multi_version_kv=False")
+    assert "psrl.lmcache.multi_version_kv" in msg
+    msg = refused(
+        "psrl.lmcache.enable=True", "psrl.lmcache.enable_p2p=True", "psrl.lmcache.clear_on_weight_update=True"
+    )
+    assert "clear_on_weight_update" in msg
+
+
+def test_sticky_with_sessions_needs_bucketed() -> None:
+    msg = refused(
+        RC + "routing_strategy.enable_trajectory_sticky=True",
+        RC + "session_strategy.thunder_agent.enable=True",
+        RC + "session_strategy.thunder_agent.continue_scope=global",
+    )
+    assert "continue_scope" in msg
+
+
+def test_token_is_needs_engine_logprobs() -> None:
+    msg = refused("algorithm.rollout_correction.rollout_is=token", "psrl.log_prob.enable_rollout_engine_log_prob=False")
+    assert "enable_rollout_engine_log_prob" in msg
+
+
+def test_status_based_needs_threshold() -> None:
+    assert "sync.threshold" in refused(RC + "sync_and_mig_strategy.method=status_based")
+
+
+def test_grpo_needs_groups() -> None:
+    assert "psrl.rollout_n" in refused("algorithm.adv_estimator=grpo")
+
+
+def test_cost_model_json_round_trip(tmp_path) -> None:
+    from psrl.routing.cost_model import load_cost_model
+
+    model = CostModel(2e-8, 0.004, 1.5e-4, 0.001, meta={"device": "cpu"})
+    path = tmp_path / "m.json"
+    model.save(path)
+    assert load_cost_model(path) == model
+    data = json.loads(path.read_text())
+    data["k3"] = -1
+    path.write_text(json.dumps(data))
+    with pytest.raises(ValueError, match="k3"):
+        load_cost_model(path)
