@@ -42,6 +42,12 @@ class Engine(Section):
     max_num_seqs: int = field(64, "Largest decode batch.", ge=1)
     max_num_batched_tokens: int = field(2048, "Token budget of one engine step (prefill chunking).", ge=1)
     enable_prefix_caching: bool = field(True, "Reuse KV of identical prompt prefixes.")
+    max_model_len: int | None = field(
+        None,
+        "Context limit in tokens; unset = the model's max_position_embeddings (always capped by KV capacity).",
+        ge=2,
+    )
+    seed: int = field(0, "Seed of the engine's sampling stream for requests without their own seed.")
 
 
 class Bus(Section):

@@ -1,0 +1,56 @@
+"""Engine construction arguments, and their derivation from the run configuration."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
+
+import torch
+
+if TYPE_CHECKING:
+    from psrl.config import Config
+
+DEMO_MODEL_DIR = Path(__file__).resolve().parent.parent / "assets" / "demo_model"
+
+
+@dataclass(frozen=True, slots=True)
+class EngineArgs:
+    model_path: str | Path = DEMO_MODEL_DIR
+    dtype: Literal["auto", "float32", "bfloat16"] = "auto"
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    block_size: int = 16
+    num_kv_blocks: int = 512
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 2048
+    enable_prefix_caching: bool = True
+    # context limit; None = the model's max_position_embeddings (always capped by KV capacity)
+    max_model_len: int | None = None
+    seed: int = 0
+    initial_weight_version: int = 0
+
+    @classmethod
+    def from_config(cls, config: Config) -> EngineArgs:
+        engine = config.engine
+        return cls(
+            model_path=config.model.path or DEMO_MODEL_DIR,
+            dtype=engine.dtype,
+            device=config.topology.device,
+            block_size=engine.block_size,
+            num_kv_blocks=engine.num_kv_blocks,
+            max_num_seqs=engine.max_num_seqs,
+            max_num_batched_tokens=engine.max_num_batched_tokens,
+            enable_prefix_caching=engine.enable_prefix_caching,
+            max_model_len=engine.max_model_len,
+            seed=engine.seed,
+        )
+
+    def resolve_device(self) -> torch.device:
+        if self.device == "auto":
+            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        return torch.device(self.device)
+
+    def resolve_dtype(self, device: torch.device) -> torch.dtype:
+        if self.dtype == "auto":
+            return torch.bfloat16 if device.type == "cuda" else torch.float32
+        return torch.bfloat16 if self.dtype == "bfloat16" else torch.float32

@@ -1,0 +1,168 @@
+"""Paged KV-cache allocator with a prefix cache.
+
+A block holds `block_size` consecutive token positions. Full blocks whose keys/values have been
+computed are registered under a chained hash (the previous block's hash folded into this block's
+token ids), so a block stands for its whole prefix; a lookup hit is confirmed by comparing token
+ids, so a hash collision cannot corrupt a sequence. Freed blocks keep contents and hash until they
+are reused, least recently freed first, so a finished or preempted sequence's prefix can still be
+hit. `reset_prefix_cache` starts a new epoch: blocks computed before it (e.g. with older weights)
+are never shared again, not even when their sequence fills them later.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from psrl.engine.sequence import Sequence
+
+NO_HASH = -1
+
+
+@dataclass(slots=True)
+class Block:
+    block_id: int
+    ref_count: int = 0
+    hash: int = NO_HASH
+    token_ids: tuple[int, ...] = ()
+
+
+@dataclass(slots=True)
+class PrefixCacheStats:
+    num_queried_tokens: int = 0
+    num_hit_tokens: int = 0
+
+    @property
+    def hit_rate(self) -> float:
+        return self.num_hit_tokens / self.num_queried_tokens if self.num_queried_tokens else 0.0
+
+
+class BlockManager:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True) -> None:
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self.blocks = [Block(block_id) for block_id in range(num_blocks)]
+        # insertion-ordered set: O(1) removal of a hit block, oldest-freed first on allocation
+        self._free: dict[int, None] = dict.fromkeys(range(num_blocks))
+        self._hash_to_block_id: dict[int, int] = {}
+        self.cache_epoch = 0
+        self.stats = PrefixCacheStats()
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self._free)
+
+    @property
+    def num_used_blocks(self) -> int:
+        return self.num_blocks - len(self._free)
+
+    def num_blocks_for(self, num_tokens: int) -> int:
+        return (num_tokens + self.block_size - 1) // self.block_size
+
+    # admission: blocks for a sequence's whole current context
+
+    def can_allocate(self, seq: Sequence) -> bool:
+        # conservative: prefix hits may need fewer free blocks, never more
+        return self.num_blocks_for(seq.num_tokens) <= len(self._free)
+
+    def allocate(self, seq: Sequence) -> None:
+        """Give `seq` blocks for all its tokens, reusing cached full blocks of its prefix."""
+        if seq.block_table:
+            raise ValueError(f"sequence {seq.request_id} already holds blocks")
+        hit_block_ids = self._lookup_prefix(seq) if self.enable_prefix_caching else []
+        for block_id in hit_block_ids:
+            self._take(block_id)
+        num_hits = len(hit_block_ids)
+        seq.block_table = hit_block_ids
+        for _ in range(self.num_blocks_for(seq.num_tokens) - num_hits):
+            seq.block_table.append(self._take_fresh())
+        seq.cache_epoch = self.cache_epoch
+        seq.num_hashed_blocks = num_hits
+        seq.num_cached_tokens = num_hits * self.block_size
+        seq.num_computed_tokens = seq.num_cached_tokens
+        self.stats.num_queried_tokens += seq.num_tokens
+        self.stats.num_hit_tokens += seq.num_cached_tokens
+
+    def deallocate(self, seq: Sequence) -> None:
+        """Release every block of `seq`; contents and hashes stay for later prefix hits."""
+        for block_id in reversed(seq.block_table):
+            block = self.blocks[block_id]
+            block.ref_count -= 1
+            if block.ref_count == 0:
+                self._free[block_id] = None
+        seq.block_table = []
+        seq.num_hashed_blocks = 0
+        seq.num_computed_tokens = 0
+        seq.num_cached_tokens = 0
+
+    # growth: one more token per decode step
+
+    def can_append(self, seq: Sequence) -> bool:
+        return self._num_missing_blocks(seq) <= len(self._free)
+
+    def may_append(self, seq: Sequence) -> None:
+        """Make the block table cover every token of `seq` (after can_append said it can)."""
+        for _ in range(self._num_missing_blocks(seq)):
+            seq.block_table.append(self._take_fresh())
+
+    def hash_blocks(self, seq: Sequence) -> None:
+        """Register the full blocks of `seq` whose keys/values are now computed."""
+        if not self.enable_prefix_caching or seq.cache_epoch != self.cache_epoch:
+            return
+        num_full = min(seq.num_computed_tokens // self.block_size, len(seq.block_table))
+        index = seq.num_hashed_blocks
+        parent = self.blocks[seq.block_table[index - 1]].hash if index > 0 else NO_HASH
+        for index in range(seq.num_hashed_blocks, num_full):
+            block = self.blocks[seq.block_table[index]]
+            tokens = tuple(seq.token_ids[index * self.block_size : (index + 1) * self.block_size])
+            block.hash = chained_hash(parent, tokens)
+            block.token_ids = tokens
+            self._hash_to_block_id.setdefault(block.hash, block.block_id)
+            parent = block.hash
+        seq.num_hashed_blocks = max(num_full, seq.num_hashed_blocks)
+
+    def reset_prefix_cache(self) -> None:
+        """Forget every cached prefix; blocks in use stay with their sequences but are never shared."""
+        for block in self.blocks:
+            block.hash = NO_HASH
+            block.token_ids = ()
+        self._hash_to_block_id.clear()
+        self.cache_epoch += 1
+
+    def _lookup_prefix(self, seq: Sequence) -> list[int]:
+        hits: list[int] = []
+        parent = NO_HASH
+        # the last token is always recomputed, so the step that finishes the prefill has its logits
+        for index in range((seq.num_tokens - 1) // self.block_size):
+            tokens = tuple(seq.token_ids[index * self.block_size : (index + 1) * self.block_size])
+            parent = chained_hash(parent, tokens)
+            block_id = self._hash_to_block_id.get(parent)
+            if block_id is None or self.blocks[block_id].token_ids != tokens:
+                break
+            hits.append(block_id)
+        return hits
+
+    def _num_missing_blocks(self, seq: Sequence) -> int:
+        return max(0, self.num_blocks_for(seq.num_tokens) - len(seq.block_table))
+
+    def _take(self, block_id: int) -> None:
+        block = self.blocks[block_id]
+        if block.ref_count == 0:
+            del self._free[block_id]
+        block.ref_count += 1
+
+    def _take_fresh(self) -> int:
+        block_id = next(iter(self._free))
+        del self._free[block_id]
+        block = self.blocks[block_id]
+        if block.hash != NO_HASH and self._hash_to_block_id.get(block.hash) == block_id:
+            del self._hash_to_block_id[block.hash]
+        block.hash = NO_HASH
+        block.token_ids = ()
+        block.ref_count = 1
+        return block_id
+
+
+def chained_hash(parent: int, token_ids: tuple[int, ...]) -> int:
+    """Hash of a full block that also stands for every block before it."""
+    return hash((parent, token_ids))

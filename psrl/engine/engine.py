@@ -1,0 +1,252 @@
+"""The embedded rollout engine: add requests, step, stream tokens, abort, swap weights.
+
+Single-threaded by design: the rollout actor calls every method from one thread, between steps.
+Each step is schedule -> run the model -> sample -> post-process. Every sampled token is stamped
+with the weight version that produced it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Iterable, Mapping
+from collections.abc import Sequence as SequenceLike
+from typing import Any
+
+import structlog
+import torch
+
+from psrl.engine.args import EngineArgs
+from psrl.engine.block_manager import BlockManager
+from psrl.engine.model_runner import ModelRunner
+from psrl.engine.outputs import EngineStatus, RequestOutput, RequestResult, StepOutput
+from psrl.engine.request_checks import check_prior_outputs, check_token_ids
+from psrl.engine.sampler import Sampler
+from psrl.engine.sampling_params import SamplingParams
+from psrl.engine.scheduler import Scheduler
+from psrl.engine.sequence import FinishReason, Sequence
+from psrl.errors import RequestError
+from psrl.models import ModelSpec, WeightLoadError, build_model, iter_safetensors
+
+log = structlog.get_logger(__name__)
+
+WeightSource = Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]]
+THROUGHPUT_WINDOW_S = 5.0
+
+
+class Engine:
+    def __init__(self, args: EngineArgs, weights: WeightSource | None = None) -> None:
+        """Load the checkpoint at `args.model_path` (or `weights` with that directory's config.json)."""
+        self.args = args
+        self.spec = ModelSpec.from_dir(args.model_path)
+        self.device = args.resolve_device()
+        self.dtype = args.resolve_dtype(self.device)
+        self.max_model_len = _max_model_len(args, self.spec)
+        source = iter_safetensors(args.model_path) if weights is None else _named_tensors(weights)
+        model = build_model(self.spec, self.max_model_len, self.dtype, self.device, source)
+        self.runner = ModelRunner(model, args.num_kv_blocks, args.block_size, self.dtype, self.device)
+        self.block_manager = BlockManager(args.num_kv_blocks, args.block_size, args.enable_prefix_caching)
+        self.scheduler = Scheduler(self.block_manager, args.max_num_seqs, args.max_num_batched_tokens)
+        self.sampler = Sampler(self.device, self.spec.eos_token_ids, args.seed)
+        self.weight_version = args.initial_weight_version
+        self.is_paused = False
+        self._seqs: dict[str, Sequence] = {}
+        self._num_arrivals = 0
+        self._num_generated_total = 0
+        self._recent_steps: deque[tuple[float, int]] = deque()
+        log.info("engine_ready", model=str(args.model_path), device=str(self.device), dtype=str(self.dtype),
+                 max_model_len=self.max_model_len, kv_blocks=args.num_kv_blocks)  # fmt: skip
+
+    # requests
+
+    def add_request(
+        self,
+        request_id: str,
+        prompt_ids: SequenceLike[int],
+        sampling: SamplingParams | Mapping[str, Any] | None = None,
+        *,
+        prior_output_ids: SequenceLike[int] | None = None,
+        prior_logprobs: SequenceLike[float] | None = None,
+        prior_versions: SequenceLike[int] | None = None,
+    ) -> None:
+        """Queue a request; `prior_*` continue it from tokens an earlier run already generated.
+
+        max_tokens counts prior outputs too, so a continued request ends where an uninterrupted
+        one would. Raises RequestError (and changes nothing) when the request is invalid.
+        """
+        params = _sampling_params(request_id, sampling)
+        if request_id in self._seqs:
+            raise RequestError(request_id, "a request with this id is already in the engine")
+        prompt = check_token_ids(request_id, "prompt_ids", prompt_ids, self.spec.vocab_size, allow_empty=False)
+        prior = check_prior_outputs(request_id, prior_output_ids, prior_logprobs, prior_versions, self.spec.vocab_size)
+        if len(prompt) + len(prior.token_ids) >= self.max_model_len:
+            raise RequestError(request_id, f"{len(prompt)} prompt + {len(prior.token_ids)} prior tokens leave "
+                               f"no room in the context of {self.max_model_len} tokens")  # fmt: skip
+        if len(prior.token_ids) >= params.max_tokens:
+            raise RequestError(request_id, f"max_tokens={params.max_tokens} already reached by the prior outputs")
+        generator = None if params.seed is None else self.sampler.make_generator(params.seed)
+        seq = Sequence(
+            request_id,
+            prompt,
+            params,
+            self._num_arrivals,
+            prior_output_ids=prior.token_ids,
+            prior_logprobs=prior.logprobs,
+            prior_versions=prior.versions,
+            generator=generator,
+        )
+        self._num_arrivals += 1
+        self._seqs[request_id] = seq
+        self.scheduler.add(seq)
+
+    def abort(self, request_id: str) -> RequestResult | None:
+        """Stop a request; returns exactly what it generated so far (None if it is not in the engine)."""
+        seq = self._seqs.pop(request_id, None)
+        if seq is None:
+            return None
+        self.scheduler.remove(seq)
+        return RequestResult.from_sequence(seq, FinishReason.ABORT)
+
+    def abort_all(self) -> list[RequestResult]:
+        return [result for request_id in list(self._seqs) if (result := self.abort(request_id)) is not None]
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self._seqs)
+
+    # stepping
+
+    def step(self) -> StepOutput:
+        """Run one scheduling step and return the tokens it produced (nothing while paused)."""
+        if self.is_paused:
+            return StepOutput()
+        batch = self.scheduler.schedule()
+        if batch is None:
+            return StepOutput()
+        logits, sampled_seqs = self.runner.execute(batch)
+        for seq, num_new in zip(batch.seqs, batch.num_new_tokens, strict=True):
+            seq.num_computed_tokens += num_new
+            self.block_manager.hash_blocks(seq)
+        out = StepOutput(num_computed_tokens=batch.num_tokens)
+        if sampled_seqs:
+            self._postprocess(sampled_seqs, logits, out)
+        self._record_throughput(len(sampled_seqs))
+        return out
+
+    def _postprocess(self, seqs: list[Sequence], logits: torch.Tensor, out: StepOutput) -> None:
+        sample = self.sampler.sample(logits, seqs)
+        for row, seq in enumerate(seqs):
+            token_id, logprob = sample.token_ids[row], sample.logprobs[row]
+            seq.append_token(token_id, logprob, self.weight_version)
+            top = sample.top_logprobs[row]
+            if seq.top_logprobs is not None and top is not None:
+                seq.top_logprobs.append(top)
+            reason = self._finish_reason(seq, token_id)
+            out.outputs.append(RequestOutput(seq.request_id, [token_id], [logprob], [self.weight_version],
+                                             None if top is None else [top], reason))  # fmt: skip
+            if reason is not None:
+                self.scheduler.remove(seq)
+                del self._seqs[seq.request_id]
+                out.finished.append(RequestResult.from_sequence(seq, reason))
+
+    def _finish_reason(self, seq: Sequence, token_id: int) -> FinishReason | None:
+        params = seq.params
+        if seq.num_outputs >= params.min_tokens and (
+            token_id in params.stop_token_ids or (not params.ignore_eos and token_id in self.spec.eos_token_ids)
+        ):
+            return FinishReason.STOP
+        if seq.num_outputs >= params.max_tokens or seq.num_tokens >= self.max_model_len:
+            return FinishReason.LENGTH
+        return None
+
+    # control
+
+    def pause(self) -> None:
+        """Stop stepping; requests keep their state and KV and can still be added or aborted."""
+        self.is_paused = True
+
+    def resume(self) -> None:
+        self.is_paused = False
+
+    def load_weights(self, weights: WeightSource, version: int, *, reset_prefix_cache: bool = True) -> int:
+        """Replace weights in place (all or some tensors, any dtype); the next step uses them.
+
+        Every name and shape is checked before anything is copied, so a bad update changes nothing.
+        Cached prefixes are dropped by default: their keys/values came from the old weights.
+        """
+        named = _named_tensors(weights)
+        self._check_weights(named)
+        self.runner.model.load_weights(named)
+        self.weight_version = version
+        if reset_prefix_cache:
+            self.reset_prefix_cache()
+        log.info("weights_loaded", version=version, num_tensors=len(named))
+        return len(named)
+
+    def reset_prefix_cache(self) -> None:
+        self.block_manager.reset_prefix_cache()
+
+    def _check_weights(self, named: list[tuple[str, torch.Tensor]]) -> None:
+        model = self.runner.model
+        for name, tensor in named:
+            target = model.weight_target(name)
+            if target is not None and target.shape != tensor.shape:
+                raise WeightLoadError(f"{name}: shape {tuple(tensor.shape)} does not match {tuple(target.shape)}")
+
+    # status
+
+    def status(self) -> EngineStatus:
+        scheduler, blocks = self.scheduler, self.block_manager
+        return EngineStatus(
+            weight_version=self.weight_version,
+            is_paused=self.is_paused,
+            num_running=len(scheduler.running),
+            num_waiting=len(scheduler.waiting),
+            num_preempted_waiting=sum(1 for seq in scheduler.waiting if seq.num_preemptions > 0),
+            num_preemptions_total=scheduler.num_preemptions,
+            num_kv_blocks_used=blocks.num_used_blocks,
+            num_kv_blocks_total=blocks.num_blocks,
+            num_kv_tokens=sum(seq.num_computed_tokens for seq in scheduler.running),
+            kv_capacity_tokens=blocks.num_blocks * blocks.block_size,
+            tokens_per_s=self._tokens_per_s(),
+            prefix_hit_rate=blocks.stats.hit_rate,
+            num_prefix_hit_tokens=blocks.stats.num_hit_tokens,
+            num_prefix_queried_tokens=blocks.stats.num_queried_tokens,
+            num_generated_tokens_total=self._num_generated_total,
+            max_model_len=self.max_model_len,
+            request_tokens={rid: (seq.num_prompt_tokens, seq.num_outputs) for rid, seq in self._seqs.items()},
+        )
+
+    def _record_throughput(self, num_generated: int) -> None:
+        now = time.monotonic()
+        self._num_generated_total += num_generated
+        self._recent_steps.append((now, num_generated))
+        while self._recent_steps and now - self._recent_steps[0][0] > THROUGHPUT_WINDOW_S:
+            self._recent_steps.popleft()
+
+    def _tokens_per_s(self) -> float:
+        if len(self._recent_steps) < 2:
+            return 0.0
+        elapsed = self._recent_steps[-1][0] - self._recent_steps[0][0]
+        num_tokens = sum(count for _, count in list(self._recent_steps)[1:])
+        return num_tokens / elapsed if elapsed > 0 else 0.0
+
+
+def _sampling_params(request_id: str, sampling: SamplingParams | Mapping[str, Any] | None) -> SamplingParams:
+    if sampling is None:
+        return SamplingParams()
+    if isinstance(sampling, SamplingParams):
+        sampling.validate(request_id)
+        return sampling
+    if isinstance(sampling, Mapping):
+        return SamplingParams.from_mapping(request_id, sampling)
+    raise RequestError(request_id, f"sampling must be SamplingParams or a mapping, got {type(sampling).__name__}")
+
+
+def _named_tensors(weights: WeightSource) -> list[tuple[str, torch.Tensor]]:
+    items = weights.items() if isinstance(weights, Mapping) else weights
+    return list(items)
+
+
+def _max_model_len(args: EngineArgs, spec: ModelSpec) -> int:
+    limit = min(spec.max_position_embeddings, args.num_kv_blocks * args.block_size)
+    return limit if args.max_model_len is None else min(limit, args.max_model_len)

@@ -1,0 +1,103 @@
+"""Execution: owns the model and the KV cache, turns a scheduled batch into tensors and logits."""
+
+from __future__ import annotations
+
+import itertools
+
+import torch
+
+from psrl.engine.scheduler import ScheduledBatch
+from psrl.engine.sequence import Sequence
+from psrl.models.attention import AttentionBatch
+from psrl.models.llama import DecoderModel
+
+
+class ModelRunner:
+    def __init__(
+        self, model: DecoderModel, num_blocks: int, block_size: int, dtype: torch.dtype, device: torch.device
+    ) -> None:
+        spec = model.spec
+        self.model = model
+        self.block_size = block_size
+        self.device = device
+        self.kv_cache = torch.zeros(
+            spec.num_layers, 2, num_blocks, block_size, spec.num_kv_heads, spec.head_dim, dtype=dtype, device=device
+        )
+
+    @torch.inference_mode()
+    def execute(self, batch: ScheduledBatch) -> tuple[torch.Tensor, list[Sequence]]:
+        """Run one step; returns fp32 logits for the sequences that now need a token, and those sequences."""
+        if batch.is_prefill:
+            input_ids, positions, attention, logits_rows, sampled = self._prepare_prefill(batch)
+        else:
+            input_ids, positions, attention = self._prepare_decode(batch.seqs)
+            logits_rows, sampled = None, batch.seqs
+        hidden = self.model(input_ids, positions, self.kv_cache, attention)
+        if logits_rows is not None:
+            hidden = hidden.index_select(0, logits_rows)
+        return self.model.compute_logits(hidden), sampled
+
+    def _prepare_decode(self, seqs: list[Sequence]) -> tuple[torch.Tensor, torch.Tensor, AttentionBatch]:
+        block_size = self.block_size
+        positions = [seq.num_tokens - 1 for seq in seqs]
+        slots = [
+            seq.block_table[p // block_size] * block_size + p % block_size
+            for seq, p in zip(seqs, positions, strict=True)
+        ]
+        num_blocks_per_seq = max(len(seq.block_table) for seq in seqs)
+        tables = [seq.block_table + [0] * (num_blocks_per_seq - len(seq.block_table)) for seq in seqs]
+        num_key_slots = num_blocks_per_seq * block_size
+        context_lens = torch.tensor(positions, device=self.device) + 1
+        key_index = torch.arange(num_key_slots, device=self.device)
+        attention = AttentionBatch(
+            slot_mapping=torch.tensor(slots, device=self.device),
+            block_tables=torch.tensor(tables, device=self.device).view(-1),
+            mask=(key_index.unsqueeze(0) < context_lens.unsqueeze(1)).view(len(seqs), 1, 1, num_key_slots),
+            num_seqs=len(seqs),
+            max_query_len=1,
+            num_key_slots=num_key_slots,
+            query_pad_index=None,
+        )
+        input_ids = torch.tensor([seq.token_ids[-1] for seq in seqs], device=self.device)
+        return input_ids, context_lens - 1, attention
+
+    def _prepare_prefill(
+        self, batch: ScheduledBatch
+    ) -> tuple[torch.Tensor, torch.Tensor, AttentionBatch, torch.Tensor, list[Sequence]]:
+        device, block_size = self.device, self.block_size
+        seqs, num_new = batch.seqs, batch.num_new_tokens
+        starts = [seq.num_computed_tokens for seq in seqs]
+        ends = [start + n for start, n in zip(starts, num_new, strict=True)]
+        input_ids: list[int] = []
+        for seq, start, end in zip(seqs, starts, ends, strict=True):
+            input_ids.extend(seq.token_ids[start:end])
+        num_blocks_per_seq = max((end + block_size - 1) // block_size for end in ends)
+        tables = [seq.block_table[:num_blocks_per_seq] for seq in seqs]
+        tables = [table + [0] * (num_blocks_per_seq - len(table)) for table in tables]
+        table_tensor = torch.tensor(tables, device=device)
+        max_query_len = max(num_new)
+        num_tokens_t = torch.tensor(num_new, device=device)
+        seq_index = torch.repeat_interleave(torch.arange(len(seqs), device=device), num_tokens_t)
+        first_token = torch.cumsum(num_tokens_t, 0) - num_tokens_t
+        offset_in_seq = torch.arange(len(input_ids), device=device) - first_token[seq_index]
+        starts_t = torch.tensor(starts, device=device)
+        positions = starts_t[seq_index] + offset_in_seq
+        slots = table_tensor[seq_index, positions // block_size] * block_size + positions % block_size
+        num_key_slots = num_blocks_per_seq * block_size
+        query_positions = starts_t.unsqueeze(1) + torch.arange(max_query_len, device=device).unsqueeze(0)
+        key_index = torch.arange(num_key_slots, device=device)
+        mask = key_index.view(1, 1, -1) <= query_positions.unsqueeze(2)
+        attention = AttentionBatch(
+            slot_mapping=slots,
+            block_tables=table_tensor.view(-1),
+            mask=mask.unsqueeze(1),
+            num_seqs=len(seqs),
+            max_query_len=max_query_len,
+            num_key_slots=num_key_slots,
+            query_pad_index=seq_index * max_query_len + offset_in_seq,
+        )
+        row_ends = list(itertools.accumulate(num_new))
+        finishing = [i for i, (seq, end) in enumerate(zip(seqs, ends, strict=True)) if end == seq.num_tokens]
+        last_rows = torch.tensor([row_ends[i] - 1 for i in finishing], device=device, dtype=torch.long)
+        ids = torch.tensor(input_ids, device=device)
+        return ids, positions, attention, last_rows, [seqs[i] for i in finishing]

@@ -1,0 +1,109 @@
+"""Batched sampling with per-request temperature, top-k, top-p, seeds and log-probabilities.
+
+All rows are processed together; per-row Python work happens only for rows that need it (seeded
+requests, min_tokens suppression). Sampling uses the exponential race: argmax(p / E) with
+E ~ Exp(1) picks token i with probability p_i, and lets each seeded row draw its noise from its
+own generator, so a seed gives the same samples whatever else is in the batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from psrl.engine.sequence import Sequence
+
+
+@dataclass(slots=True)
+class SampleResult:
+    token_ids: list[int]
+    logprobs: list[float]
+    # per row: (token, logprob) pairs of the most likely tokens, for rows that asked for them
+    top_logprobs: list[list[tuple[int, float]] | None]
+
+
+class Sampler:
+    def __init__(self, device: torch.device, eos_token_ids: tuple[int, ...], seed: int = 0) -> None:
+        self.device = device
+        self.eos_token_ids = eos_token_ids
+        self.generator = torch.Generator(device=device)
+        self.generator.manual_seed(seed)
+
+    def make_generator(self, seed: int) -> torch.Generator:
+        generator = torch.Generator(device=self.device)
+        generator.manual_seed(seed)
+        return generator
+
+    @torch.inference_mode()
+    def sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> SampleResult:
+        """logits [len(seqs), vocab] fp32 -> one token per sequence."""
+        self._suppress_early_stops(logits, seqs)
+        temperatures = [seq.params.temperature for seq in seqs]
+        scaled = logits
+        if any(t not in (0.0, 1.0) for t in temperatures):
+            scale = torch.tensor([t if t > 0 else 1.0 for t in temperatures], device=logits.device)
+            scaled = logits / scale.unsqueeze(1)
+        logprobs_all = torch.log_softmax(scaled, dim=-1)
+        token_ids = self._choose(scaled, logprobs_all, seqs)
+        chosen = logprobs_all.gather(1, token_ids.unsqueeze(1)).squeeze(1)
+        return SampleResult(
+            token_ids=token_ids.tolist(),
+            logprobs=chosen.tolist(),
+            top_logprobs=_top_logprobs(logprobs_all, seqs),
+        )
+
+    def _choose(self, scaled: torch.Tensor, logprobs_all: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+        is_greedy = [seq.params.is_greedy for seq in seqs]
+        greedy_ids = scaled.argmax(dim=-1)
+        if all(is_greedy):
+            return greedy_ids
+        if any(seq.params.needs_truncation for seq in seqs):
+            logprobs_all = _truncate(logprobs_all, seqs)
+        noise = torch.empty_like(logprobs_all).exponential_(generator=self.generator)
+        for row, seq in enumerate(seqs):
+            if seq.generator is not None:
+                noise[row].exponential_(generator=seq.generator)
+        sampled_ids = (logprobs_all.exp() / noise).argmax(dim=-1)
+        if not any(is_greedy):
+            return sampled_ids
+        return torch.where(torch.tensor(is_greedy, device=scaled.device), greedy_ids, sampled_ids)
+
+    def _suppress_early_stops(self, logits: torch.Tensor, seqs: list[Sequence]) -> None:
+        """Forbid end-of-sequence and stop tokens for rows that have not reached min_tokens yet."""
+        for row, seq in enumerate(seqs):
+            if seq.num_outputs < seq.params.min_tokens:
+                stop_ids = list(seq.params.stop_token_ids)
+                if not seq.params.ignore_eos:
+                    stop_ids += self.eos_token_ids
+                if stop_ids:
+                    logits[row, stop_ids] = float("-inf")
+
+
+def _truncate(logprobs: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+    """Mask tokens outside each row's top-k and top-p nucleus (at least one token always stays)."""
+    vocab_size = logprobs.shape[1]
+    top_ks = torch.tensor(
+        [seq.params.top_k if seq.params.top_k > 0 else vocab_size for seq in seqs], device=logprobs.device
+    )
+    top_ps = torch.tensor([seq.params.top_p for seq in seqs], device=logprobs.device, dtype=logprobs.dtype)
+    sorted_logprobs, order = logprobs.sort(dim=-1, descending=True)
+    ranks = torch.arange(vocab_size, device=logprobs.device).unsqueeze(0)
+    probs = sorted_logprobs.exp()
+    mass_before = probs.cumsum(dim=-1) - probs
+    is_dropped = (ranks >= top_ks.unsqueeze(1)) | (mass_before >= top_ps.unsqueeze(1))
+    is_dropped[:, 0] = False
+    sorted_logprobs = sorted_logprobs.masked_fill(is_dropped, float("-inf"))
+    return torch.empty_like(logprobs).scatter_(1, order, sorted_logprobs)
+
+
+def _top_logprobs(logprobs_all: torch.Tensor, seqs: list[Sequence]) -> list[list[tuple[int, float]] | None]:
+    wanted = [seq.params.num_logprobs for seq in seqs]
+    if not any(wanted):
+        return [None] * len(seqs)
+    values, indices = logprobs_all.topk(max(wanted), dim=-1)
+    rows_values, rows_indices = values.tolist(), indices.tolist()
+    return [
+        list(zip(rows_indices[row][:count], rows_values[row][:count], strict=True)) if count else None
+        for row, count in enumerate(wanted)
+    ]

@@ -1,0 +1,107 @@
+"""Continuous batching: which sequences run in the next step, and how many tokens of each.
+
+A step is either a prefill step (new or resumed sequences, chunked to the token budget) or a
+decode step (one token for every running sequence). Prefill goes first so new work joins the
+batch quickly. When the KV cache cannot hold the next decode token of every running sequence,
+the most recently admitted ones are preempted: their blocks are freed and they go back to the
+front of the waiting queue with all their tokens, to be recomputed later (their prefix blocks
+often still hit the prefix cache). No request is ever dropped.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from psrl.engine.block_manager import BlockManager
+from psrl.engine.sequence import Sequence, SequenceStatus
+
+
+@dataclass(slots=True)
+class ScheduledBatch:
+    seqs: list[Sequence]
+    num_new_tokens: list[int]  # tokens each sequence computes this step
+    is_prefill: bool
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(self.num_new_tokens)
+
+
+class Scheduler:
+    def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int) -> None:
+        self.block_manager = block_manager
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.num_preemptions = 0
+
+    @property
+    def num_unfinished(self) -> int:
+        return len(self.waiting) + len(self.running)
+
+    def add(self, seq: Sequence) -> None:
+        self.waiting.append(seq)
+
+    def schedule(self) -> ScheduledBatch | None:
+        """The next step's batch, or None when there is nothing that can run."""
+        return self._schedule_prefill() or self._schedule_decode()
+
+    def remove(self, seq: Sequence) -> None:
+        """Take `seq` out of the queues and free its blocks (finish or abort)."""
+        if seq.status == SequenceStatus.RUNNING:
+            self.running.remove(seq)
+        elif seq.status == SequenceStatus.WAITING:
+            self.waiting.remove(seq)
+        self.block_manager.deallocate(seq)
+        seq.status = SequenceStatus.FINISHED
+
+    def _schedule_prefill(self) -> ScheduledBatch | None:
+        batch = ScheduledBatch(seqs=[], num_new_tokens=[], is_prefill=True)
+        budget = self.max_num_batched_tokens
+        # running sequences whose chunked prefill is unfinished come first
+        for seq in self.running:
+            if seq.is_prefilling and budget > 0:
+                budget -= self._add_chunk(batch, seq, budget)
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+            seq = self.waiting[0]
+            if not self.block_manager.can_allocate(seq):
+                break
+            self.waiting.popleft()
+            self.block_manager.allocate(seq)
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+            budget -= self._add_chunk(batch, seq, budget)
+        return batch if batch.seqs else None
+
+    def _add_chunk(self, batch: ScheduledBatch, seq: Sequence, budget: int) -> int:
+        num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
+        batch.seqs.append(seq)
+        batch.num_new_tokens.append(num_new)
+        return num_new
+
+    def _schedule_decode(self) -> ScheduledBatch | None:
+        scheduled: list[Sequence] = []
+        candidates = deque(self.running)
+        while candidates:
+            seq = candidates.popleft()
+            while not self.block_manager.can_append(seq):
+                victim = candidates.pop() if candidates else seq
+                self._preempt(victim)
+                if victim is seq:
+                    break
+            else:
+                self.block_manager.may_append(seq)
+                scheduled.append(seq)
+        if not scheduled:
+            return None
+        return ScheduledBatch(seqs=scheduled, num_new_tokens=[1] * len(scheduled), is_prefill=False)
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.running.remove(seq)
+        self.block_manager.deallocate(seq)
+        seq.status = SequenceStatus.WAITING
+        seq.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(seq)

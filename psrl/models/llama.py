@@ -1,0 +1,167 @@
+"""Llama / Qwen2-family decoder for inference: fused projections, RMSNorm, RoPE, GQA, SwiGLU.
+
+One class covers both families; the differences (qkv bias, MLP bias, tied embeddings, RoPE
+scaling) come from `ModelSpec`. Projections are fused (q|k|v and gate|up) so a layer runs four
+matmuls; `load_weights` maps Hugging Face parameter names onto the fused slices.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from typing import cast
+
+import torch
+from torch import nn
+from torch.nn import functional
+
+from psrl.models.attention import AttentionBatch, paged_attention
+from psrl.models.rope import apply_rotary, cos_sin_table
+from psrl.models.spec import ModelSpec
+
+_LAYER_NAME = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
+# HF names ignored on load: buffers some checkpoints carry
+_IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+
+
+class WeightLoadError(ValueError):
+    """A weight does not belong to this model or has the wrong shape."""
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm computed in fp32 and cast back before the weight multiply, as the reference does."""
+    if x.dtype == torch.float32:
+        return functional.rms_norm(x, (x.shape[-1],), weight, eps)
+    normed = functional.rms_norm(x.float(), (x.shape[-1],), None, eps)
+    return weight * normed.to(x.dtype)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__()
+        self.spec = spec
+        self.input_layernorm = nn.Parameter(torch.empty(spec.hidden_size))
+        self.post_attention_layernorm = nn.Parameter(torch.empty(spec.hidden_size))
+        qkv_size = spec.q_size + 2 * spec.kv_size
+        self.qkv_proj = nn.Linear(spec.hidden_size, qkv_size, bias=spec.has_qkv_bias)
+        self.o_proj = nn.Linear(spec.q_size, spec.hidden_size, bias=False)
+        self.gate_up_proj = nn.Linear(spec.hidden_size, 2 * spec.intermediate_size, bias=spec.has_mlp_bias)
+        self.down_proj = nn.Linear(spec.intermediate_size, spec.hidden_size, bias=spec.has_mlp_bias)
+
+    def forward(
+        self,
+        hidden: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        *,
+        cache_k: torch.Tensor,
+        cache_v: torch.Tensor,
+        batch: AttentionBatch,
+    ) -> torch.Tensor:
+        spec = self.spec
+        num_tokens = hidden.shape[0]
+        qkv = self.qkv_proj(rms_norm(hidden, self.input_layernorm, spec.rms_norm_eps))
+        q, k, v = qkv.split([spec.q_size, spec.kv_size, spec.kv_size], dim=-1)
+        q = apply_rotary(q.view(num_tokens, spec.num_heads, spec.head_dim), cos, sin)
+        k = apply_rotary(k.view(num_tokens, spec.num_kv_heads, spec.head_dim), cos, sin)
+        v = v.reshape(num_tokens, spec.num_kv_heads, spec.head_dim)
+        hidden = hidden + self.o_proj(paged_attention(q, k, v, cache_k=cache_k, cache_v=cache_v, batch=batch))
+        gate, up = self.gate_up_proj(rms_norm(hidden, self.post_attention_layernorm, spec.rms_norm_eps)).chunk(2, -1)
+        out: torch.Tensor = hidden + self.down_proj(functional.silu(gate) * up)
+        return out
+
+
+class DecoderModel(nn.Module):
+    """Token ids in, hidden states out; `compute_logits` applies the final norm and LM head."""
+
+    rope_cos: torch.Tensor
+    rope_sin: torch.Tensor
+
+    def __init__(self, spec: ModelSpec, max_positions: int) -> None:
+        super().__init__()
+        self.spec = spec
+        self.embed_tokens = nn.Embedding(spec.vocab_size, spec.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(spec) for _ in range(spec.num_layers))
+        self.norm = nn.Parameter(torch.empty(spec.hidden_size))
+        self.lm_head = (
+            None if spec.tie_word_embeddings else nn.Parameter(torch.empty(spec.vocab_size, spec.hidden_size))
+        )
+        cos, sin = cos_sin_table(spec.rope, spec.head_dim, max_positions)
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, kv_cache: torch.Tensor, batch: AttentionBatch
+    ) -> torch.Tensor:
+        """kv_cache: [num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim]."""
+        hidden: torch.Tensor = self.embed_tokens(input_ids)
+        cos = self.rope_cos.index_select(0, positions)
+        sin = self.rope_sin.index_select(0, positions)
+        for index, layer in enumerate(self.layers):
+            hidden = layer(hidden, cos, sin, cache_k=kv_cache[index, 0], cache_v=kv_cache[index, 1], batch=batch)
+        return hidden
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Final norm and LM head on the selected rows; fp32 logits [rows, vocab]."""
+        weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head
+        return functional.linear(rms_norm(hidden, self.norm, self.spec.rms_norm_eps), weight).float()
+
+    @torch.no_grad()
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        """Copy Hugging Face-named tensors into the fused parameters (casting dtype); returns the names used."""
+        loaded: set[str] = set()
+        for name, tensor in weights:
+            target = self.weight_target(name)
+            if target is None:
+                continue
+            if target.shape != tensor.shape:
+                raise WeightLoadError(f"{name}: shape {tuple(tensor.shape)} does not match {tuple(target.shape)}")
+            target.copy_(tensor)
+            loaded.add(name)
+        return loaded
+
+    def weight_target(self, name: str) -> torch.Tensor | None:
+        """The parameter (slice) an HF tensor name maps to; None for names deliberately skipped.
+
+        Raises WeightLoadError for a name that is not part of this model.
+        """
+        if name.endswith(_IGNORED_SUFFIXES):
+            return None
+        if name == "model.embed_tokens.weight":
+            return self.embed_tokens.weight
+        if name == "model.norm.weight":
+            return self.norm
+        if name == "lm_head.weight":
+            return None if self.lm_head is None else self.lm_head
+        match = _LAYER_NAME.match(name)
+        if match is None or int(match.group(1)) >= len(self.layers):
+            raise WeightLoadError(f"{name} is not a parameter of this {self.spec.model_type} model")
+        layer = cast(DecoderLayer, self.layers[int(match.group(1))])
+        return _layer_target(layer, match.group(2), name)
+
+
+def _layer_target(layer: DecoderLayer, local: str, full_name: str) -> torch.Tensor:
+    spec = layer.spec
+    module, _, kind = local.rpartition(".")
+    if local == "input_layernorm.weight":
+        return layer.input_layernorm
+    if local == "post_attention_layernorm.weight":
+        return layer.post_attention_layernorm
+    fused: dict[str, tuple[nn.Linear, int, int]] = {
+        "self_attn.q_proj": (layer.qkv_proj, 0, spec.q_size),
+        "self_attn.k_proj": (layer.qkv_proj, spec.q_size, spec.kv_size),
+        "self_attn.v_proj": (layer.qkv_proj, spec.q_size + spec.kv_size, spec.kv_size),
+        "mlp.gate_proj": (layer.gate_up_proj, 0, spec.intermediate_size),
+        "mlp.up_proj": (layer.gate_up_proj, spec.intermediate_size, spec.intermediate_size),
+    }
+    plain = {"self_attn.o_proj": layer.o_proj, "mlp.down_proj": layer.down_proj}
+    if module in fused and kind in ("weight", "bias"):
+        linear, start, size = fused[module]
+        param: torch.Tensor | None = getattr(linear, kind)
+        if param is not None:
+            return param.narrow(0, start, size)
+    elif module in plain and kind in ("weight", "bias"):
+        param = getattr(plain[module], kind)
+        if param is not None:
+            return param
+    raise WeightLoadError(f"{full_name} is not a parameter of this {spec.model_type} model")
