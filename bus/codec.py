@@ -1,0 +1,177 @@
+"""Wire codec: an event is ZeroMQ frames ``[kind, body, *array_frames]``.
+
+``kind`` is the ASCII kind name (the pub/sub topic), ``body`` is the msgpack array
+``[envelope, message]`` (both positional structs), and each trailing frame is the raw buffer of
+one large array referenced from the body (see `bus.arrays`). Decoding is typed per kind; every
+failure becomes a `DecodeError` with a `DropReason`, so a receiver can count it and move on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import msgspec
+import numpy as np
+import zmq
+
+from bus import upgrade
+from bus.arrays import MAX_ARRAY_FRAMES, Buffer, decode_array, encode_array
+from bus.errors import DecodeError, DropReason
+from bus.schema import CATALOGUE, Envelope, Event, Message
+
+DEFAULT_ARRAY_FRAME_BYTES = 64 * 1024
+DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+_MAX_KIND_BYTES = 64
+
+
+class Encoder:
+    """Encodes (envelope, message) into frames. One per thread (it reuses internal state)."""
+
+    def __init__(self, array_frame_bytes: int = DEFAULT_ARRAY_FRAME_BYTES) -> None:
+        self._threshold = array_frame_bytes
+        self._frames: list[Buffer] = []
+        self._encoder = msgspec.msgpack.Encoder(enc_hook=self._enc_hook)
+
+    def _enc_hook(self, obj: Any) -> Any:
+        return encode_array(obj, self._frames, self._threshold)
+
+    def encode(self, envelope: Envelope, message: Message) -> list[Buffer]:
+        self._frames = []
+        body = self._encoder.encode((envelope, message))
+        return [message.KIND_BYTES, body, *self._frames]
+
+
+def frame_buffer(frame: Any) -> Buffer:
+    """A buffer view of a received frame (bytes as is, zmq.Frame without copying)."""
+    if isinstance(frame, bytes):
+        return frame
+    if isinstance(frame, zmq.Frame):
+        return frame.buffer
+    return memoryview(frame)
+
+
+class Decoder:
+    """Typed decoding of received frames, with size limits and schema upgrades.
+
+    Not thread-safe: the array hook reads the frames of the message being decoded.
+    """
+
+    def __init__(
+        self,
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+        catalogue: Mapping[str, type[Message]] = CATALOGUE,
+    ) -> None:
+        self.max_message_bytes = max_message_bytes
+        self._catalogue = dict(catalogue)
+        self._typed = {kind.encode(): self._typed_decoder(cls) for kind, cls in self._catalogue.items()}
+        self._generic = msgspec.msgpack.Decoder(ext_hook=self._ext_hook)
+        self._array_frames: Sequence[Buffer] = ()
+        self._used_frames: list[int] = []
+
+    def _typed_decoder(self, cls: type[Message]) -> msgspec.msgpack.Decoder[Any]:
+        body_type: Any = tuple[Envelope, cls]  # type: ignore[valid-type]
+        return msgspec.msgpack.Decoder(body_type, ext_hook=self._ext_hook, dec_hook=_dec_hook)
+
+    def _ext_hook(self, code: int, data: memoryview) -> Any:
+        return decode_array(code, data, self._array_frames, self._used_frames)
+
+    def decode(self, frames: Sequence[Any]) -> Event[Any]:
+        """The typed event of `frames`; raises DecodeError (never anything else) when it is bad."""
+        try:
+            return self._decode(frames)
+        except DecodeError:
+            raise
+        except Exception as exc:  # hostile bytes must never escape as a crash
+            raise DecodeError(DropReason.MALFORMED, f"{type(exc).__name__}: {exc}") from exc
+
+    def _decode(self, frames: Sequence[Any]) -> Event[Any]:
+        buffers = _checked_buffers(frames, self.max_message_bytes)
+        kind_bytes = buffers[0] if type(buffers[0]) is bytes else bytes(buffers[0])
+        typed = self._typed.get(kind_bytes)
+        if typed is None:
+            raise DecodeError(DropReason.UNKNOWN_KIND, f"kind {kind_bytes[:_MAX_KIND_BYTES]!r} is not in the catalogue")
+        num_array_frames = len(buffers) - 2
+        self._array_frames = buffers[2:]
+        self._used_frames = []
+        try:
+            envelope, message = typed.decode(buffers[1])
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            return self._decode_old(kind_bytes.decode(), buffers, exc)
+        finally:
+            self._array_frames = ()
+        if envelope.kind != message.KIND:
+            raise DecodeError(DropReason.MALFORMED, f"topic {message.KIND!r} but envelope kind {envelope.kind!r}")
+        if envelope.schema_version != message.SCHEMA_VERSION:
+            return self._decode_old(message.KIND, buffers, None)
+        if num_array_frames or self._used_frames:
+            self._check_frames_used(num_array_frames)
+        return Event(envelope, message)
+
+    def _decode_old(self, kind: str, buffers: Sequence[Buffer], error: Exception | None) -> Event[Any]:
+        """Decode a message of another schema version through its upgrade functions."""
+        cls = self._catalogue[kind]
+        self._array_frames = buffers[2:]
+        self._used_frames = []
+        try:
+            raw = self._generic.decode(buffers[1])
+        finally:
+            self._array_frames = ()
+        version = _raw_schema_version(raw)
+        if version is None or version == cls.SCHEMA_VERSION:
+            raise DecodeError(DropReason.MALFORMED, f"{kind}: {error}")
+        if version > cls.SCHEMA_VERSION:
+            raise DecodeError(
+                DropReason.UNSUPPORTED_VERSION,
+                f"{kind} schema version {version} is newer than this reader's {cls.SCHEMA_VERSION}",
+            )
+        envelope_fields, payload = upgrade.upgrade(kind, version, cls.SCHEMA_VERSION, raw[0], raw[1])
+        try:
+            envelope = msgspec.convert(envelope_fields, Envelope)
+            message = msgspec.convert(payload, cls, dec_hook=_dec_hook)
+        except msgspec.ValidationError as exc:
+            raise DecodeError(DropReason.MALFORMED, f"{kind} upgraded from version {version}: {exc}") from exc
+        self._check_frames_used(len(buffers) - 2)
+        return Event(envelope, message)
+
+    def _check_frames_used(self, num_frames: int) -> None:
+        if sorted(self._used_frames) != list(range(num_frames)):
+            raise DecodeError(
+                DropReason.MALFORMED, f"{num_frames} array frame(s) but references {sorted(self._used_frames)}"
+            )
+
+
+def _dec_hook(type_: type, obj: Any) -> Any:
+    if type_ is np.ndarray and isinstance(obj, np.ndarray):
+        return obj
+    raise NotImplementedError(f"cannot decode {type(obj).__name__} as {type_}")
+
+
+def _checked_buffers(frames: Sequence[Any], max_message_bytes: int) -> Sequence[Buffer]:
+    num_frames = len(frames)
+    if num_frames < 2:
+        raise DecodeError(DropReason.MALFORMED, f"{num_frames} frame(s); an event has at least kind and body")
+    if num_frames > 2 + MAX_ARRAY_FRAMES:
+        raise DecodeError(DropReason.MALFORMED, f"{num_frames} frames (at most {2 + MAX_ARRAY_FRAMES})")
+    if num_frames == 2 and type(frames[0]) is bytes and type(frames[1]) is bytes:
+        buffers: Sequence[Buffer] = frames  # the common small event: no conversion
+    else:
+        buffers = [frame_buffer(f) for f in frames]
+    total = 0
+    for buffer in buffers:
+        total += len(buffer)
+    if total > max_message_bytes:
+        raise DecodeError(DropReason.OVERSIZED, f"{total} bytes (limit {max_message_bytes})")
+    if len(buffers[0]) > _MAX_KIND_BYTES:
+        raise DecodeError(DropReason.UNKNOWN_KIND, f"topic frame of {len(buffers[0])} bytes")
+    return buffers
+
+
+def _raw_schema_version(raw: Any) -> int | None:
+    """schema_version of an untyped ``[envelope, message]`` body, or None if it is not one."""
+    if not (isinstance(raw, list) and len(raw) == 2 and isinstance(raw[0], list) and isinstance(raw[1], list)):
+        return None
+    envelope = raw[0]
+    if len(envelope) < 2 or not isinstance(envelope[1], int) or isinstance(envelope[1], bool):
+        return None
+    return int(envelope[1])

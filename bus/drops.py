@@ -1,0 +1,38 @@
+"""Counting dropped messages: per reason, logged sparsely so a flood cannot flood the log."""
+
+from __future__ import annotations
+
+from bus.errors import DecodeError, DropReason
+from psrl.log import get_logger
+
+
+class DropCounter:
+    """Counts messages a receiver dropped, by reason.
+
+    The 1st, 10th, 100th, ... drop of each reason is logged (with the latest detail), so a
+    receiver under a storm of bad frames spends its time counting, not writing log lines.
+    """
+
+    def __init__(self, receiver: str) -> None:
+        self.receiver = receiver
+        self.counts: dict[DropReason, int] = dict.fromkeys(DropReason, 0)
+        self._log = get_logger("bus.drops", receiver=receiver)
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+    def record(self, error: DecodeError) -> None:
+        count = self.counts[error.reason] + 1
+        self.counts[error.reason] = count
+        if _is_power_of_ten(count):
+            self._log.warning("dropped message", reason=error.reason.value, count=count, detail=error.detail[:200])
+
+    def as_dict(self) -> dict[str, int]:
+        return {reason.value: count for reason, count in self.counts.items()}
+
+
+def _is_power_of_ten(count: int) -> bool:
+    while count % 10 == 0:
+        count //= 10
+    return count == 1

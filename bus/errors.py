@@ -1,0 +1,42 @@
+"""Errors raised by the bus. Decoding problems are data (counted and dropped), never crashes."""
+
+from __future__ import annotations
+
+from enum import Enum
+
+from psrl.errors import PsrlError
+
+
+class BusError(PsrlError):
+    """A bus operation failed (bad address, bad keys, closed socket, ...)."""
+
+
+class DropReason(str, Enum):
+    """Why a received message was dropped; the receiver counts drops per reason."""
+
+    MALFORMED = "malformed"
+    UNKNOWN_KIND = "unknown_kind"
+    OVERSIZED = "oversized"
+    UNSUPPORTED_VERSION = "unsupported_version"
+
+
+class DecodeError(BusError):
+    """One received message cannot be decoded; it is dropped and counted under `reason`."""
+
+    def __init__(self, reason: DropReason, detail: str) -> None:
+        super().__init__(f"{reason.value}: {detail}")
+        self.reason = reason
+        self.detail = detail
+
+
+class RequestTimeoutError(BusError):
+    """A request got no reply within its timeout after every retry."""
+
+    def __init__(self, address: str, kind: str, num_attempts: int, timeout_ms: int) -> None:
+        super().__init__(
+            f"no reply to {kind} from {address} after {num_attempts} attempt(s) of {timeout_ms} ms each; "
+            "is the replying actor running and connected to this address?"
+        )
+        self.address = address
+        self.kind = kind
+        self.num_attempts = num_attempts

@@ -1,0 +1,119 @@
+"""The log writer that subscribes to the run's proxies and appends every event to the log.
+
+It stores each event's frames exactly as received; it decodes only the envelope, to drop
+malformed messages (counted) and to count events lost before they reached it (from per-sender
+sequence numbers). Control events are taken first, as everywhere on the bus. Buffered records
+are flushed to the operating system whenever the bus goes quiet and at least every
+`flush_interval_s`, so a reader of a live run sees recent events.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import zmq
+
+from bus.addresses import BusAddresses
+from bus.drops import DropCounter
+from bus.errors import BusError, DecodeError, DropReason
+from bus.eventlog.writer import DEFAULT_SEGMENT_BYTES, EventLogWriter, FsyncPolicy
+from bus.gaps import GapTracker
+from bus.schema import Envelope
+from bus.sockets import DEFAULT_SOCKET_OPTIONS, SocketOptions, make_socket
+from bus.subscriber import recv_event_frames
+
+_MAX_BATCH = 1000  # messages taken from one socket before looking at the other again
+
+
+class EventLogger:
+    """Appends every event of both channels to ``events_dir``. Use `run` in a thread or process."""
+
+    def __init__(
+        self,
+        ctx: zmq.Context[zmq.Socket[bytes]],
+        addresses: BusAddresses,
+        events_dir: str | Path,
+        *,
+        options: SocketOptions = DEFAULT_SOCKET_OPTIONS,
+        segment_bytes: int = DEFAULT_SEGMENT_BYTES,
+        fsync: FsyncPolicy = "segment",
+        flush_interval_s: float = 0.2,
+    ) -> None:
+        self.writer = EventLogWriter(events_dir, segment_bytes=segment_bytes, fsync=fsync)
+        self.drops = DropCounter("event-logger")
+        self.gaps = GapTracker(from_first_seen=False)
+        self.flush_interval_s = flush_interval_s
+        self._envelope_only = msgspec.msgpack.Decoder(tuple[Envelope, msgspec.Raw])
+        self._sockets = [
+            make_socket(ctx, zmq.SUB, addresses.control_out, options=options, subscribe=[b""]),
+            make_socket(ctx, zmq.SUB, addresses.events_out, options=options, subscribe=[b""]),
+        ]
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+
+    def run(self, stop: threading.Event) -> None:
+        """Log until `stop` is set, then take what is already queued, fsync (per policy) and close."""
+        poller = zmq.Poller()
+        for socket in self._sockets:
+            poller.register(socket, zmq.POLLIN)
+        last_flush = time.monotonic()
+        poll_ms = max(1, int(self.flush_interval_s * 1000))
+        try:
+            while not stop.is_set():
+                ready = dict(poller.poll(poll_ms))
+                num_taken = sum(self._drain(s) for s in self._sockets if s in ready)
+                now = time.monotonic()
+                if num_taken == 0 or now - last_flush >= self.flush_interval_s:
+                    self.writer.flush()
+                    last_flush = now
+            while sum(self._drain(s) for s in self._sockets):
+                pass
+        finally:
+            self.writer.close()
+            for socket in self._sockets:
+                socket.close(0)
+
+    def _drain(self, socket: zmq.Socket[bytes]) -> int:
+        num_taken = 0
+        while num_taken < _MAX_BATCH and socket.poll(0):
+            self.take(recv_event_frames(socket))
+            num_taken += 1
+        return num_taken
+
+    def take(self, frames: list[Any]) -> bool:
+        """Append one received message if its envelope is sound; False (counted) if dropped."""
+        try:
+            if len(frames) < 2:
+                raise DecodeError(DropReason.MALFORMED, f"{len(frames)} frame(s)")
+            envelope, _ = self._envelope_only.decode(frames[1])
+            if envelope.kind.encode() != bytes(frames[0]):
+                raise DecodeError(DropReason.MALFORMED, f"topic {bytes(frames[0])[:64]!r} != {envelope.kind!r}")
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            self.drops.record(DecodeError(DropReason.MALFORMED, str(exc)))
+            return False
+        except DecodeError as error:
+            self.drops.record(error)
+            return False
+        self.gaps.observe(envelope)
+        self.writer.append(frames)
+        return True
+
+    def start(self) -> None:
+        """Run in a background thread (sockets move to it; do not use them from here afterwards)."""
+        if self._thread is not None:
+            raise BusError("event logger already started")
+        self._thread = threading.Thread(target=self.run, args=(self._stop,), name="event-logger", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        if self._thread is None:
+            return
+        self._stop.set()
+        self._thread.join(timeout_s)
+        if self._thread.is_alive():
+            raise BusError(f"event logger did not stop within {timeout_s} s")
+        self._thread = None

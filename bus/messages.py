@@ -1,0 +1,655 @@
+"""Every message kind on the bus: one frozen struct per kind, grouped by area.
+
+Adding a kind is one struct here plus its line in docs/protocol.md (``python -m bus.spec``
+regenerates the catalogue section). Each docstring lists the fields, one ``name: meaning`` line
+each; the spec generator reads them and a test checks that none is missing.
+
+Arrays (token ids, logprobs, per-token versions) are numpy arrays: int32 for ids and versions,
+float32 for logprobs. Small ones travel inside the message, large ones as zero-copy trailing
+frames (see `bus.arrays`); a decoded array may be a read-only view on the received frame.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+import numpy as np
+from msgspec import field
+
+from bus.schema import Channel, Message, Part, message
+
+# ---------------------------------------------------------------------------- enums
+
+
+class ActorState(IntEnum):
+    STARTING = 0
+    READY = 1
+    BUSY = 2
+    IDLE = 3
+    DRAINING = 4
+    DEAD = 5
+
+
+class FinishReason(IntEnum):
+    STOP = 0
+    LENGTH = 1
+    ABORT = 2
+    ERROR = 3
+
+
+# ---------------------------------------------------------------------------- actor lifecycle
+
+
+@message("actor.hello")
+class Hello(Message, frozen=True):
+    """First event of an actor incarnation, before it serves anything.
+
+    role: actor role (coordinator, router, rollout, trainer, ps, session, logger).
+    host: host name the actor runs on.
+    pid: operating-system process id.
+    protocol_major: major protocol version the actor speaks.
+    protocol_minor: minor protocol version the actor speaks.
+    request_address: address of the actor's request (ROUTER) socket; empty if it serves no requests.
+    """
+
+    role: str
+    host: str
+    pid: int
+    protocol_major: int
+    protocol_minor: int
+    request_address: str = ""
+
+
+@message("actor.ready")
+class Ready(Message, frozen=True):
+    """The actor finished starting and serves requests.
+
+    capacity: what the actor offers, by name (e.g. kv_blocks, max_num_seqs, shard_bytes).
+    """
+
+    capacity: dict[str, int] = field(default_factory=dict)
+
+
+@message("actor.heartbeat")
+class Heartbeat(Message, frozen=True):
+    """Periodic liveness signal (every bus.heartbeat_interval_ms).
+
+    state: current lifecycle state.
+    num_inflight: requests or work items the actor holds right now.
+    """
+
+    state: ActorState
+    num_inflight: int = 0
+
+
+@message("actor.status")
+class ActorStatus(Message, frozen=True):
+    """The actor changed lifecycle state.
+
+    state: new lifecycle state (starting, ready, busy, idle, draining, dead).
+    detail: free text, e.g. what it is busy with.
+    """
+
+    state: ActorState
+    detail: str = ""
+
+
+@message("actor.dead")
+class ActorDead(Message, frozen=True):
+    """Last event of an actor that hit a fatal error, flushed before it exits.
+
+    reason: one-line cause.
+    traceback: formatted traceback, if any.
+    """
+
+    reason: str
+    traceback: str = ""
+
+
+# ---------------------------------------------------------------------------- supervisor
+
+
+@message("sup.started")
+class ActorStarted(Message, frozen=True):
+    """The supervisor started an actor process.
+
+    actor: actor name.
+    incarnation: incarnation number of this start (0 for the first).
+    pid: process id.
+    host: host it runs on.
+    """
+
+    actor: str
+    incarnation: int
+    pid: int
+    host: str
+
+
+@message("sup.exited")
+class ActorExited(Message, frozen=True):
+    """An actor process exited.
+
+    actor: actor name.
+    incarnation: incarnation that exited.
+    returncode: exit status; negative = killed by that signal.
+    """
+
+    actor: str
+    incarnation: int
+    returncode: int
+
+
+@message("sup.restarted")
+class ActorRestarted(Message, frozen=True):
+    """The supervisor restarted an actor after it exited.
+
+    actor: actor name.
+    old_incarnation: incarnation that exited.
+    new_incarnation: incarnation started in its place.
+    num_restarts: restarts of this actor so far in the run.
+    reason: why it was restarted.
+    """
+
+    actor: str
+    old_incarnation: int
+    new_incarnation: int
+    num_restarts: int
+    reason: str = ""
+
+
+# ---------------------------------------------------------------------------- control
+
+
+@message("ctl.pause", channel=Channel.CONTROL)
+class Pause(Message, frozen=True):
+    """Stop starting new work; in-flight work is kept and resumes on Resume.
+
+    targets: actor names addressed; empty = every actor.
+    reason: why.
+    """
+
+    targets: list[str] = field(default_factory=list)
+    reason: str = ""
+
+
+@message("ctl.resume", channel=Channel.CONTROL)
+class Resume(Message, frozen=True):
+    """Undo a Pause.
+
+    targets: actor names addressed; empty = every actor.
+    """
+
+    targets: list[str] = field(default_factory=list)
+
+
+@message("ctl.drain", channel=Channel.CONTROL)
+class Drain(Message, frozen=True):
+    """Finish in-flight work, accept nothing new, then report state draining -> idle.
+
+    targets: actor names addressed; empty = every actor.
+    timeout_s: after this, remaining work is aborted (0 = wait forever).
+    """
+
+    targets: list[str] = field(default_factory=list)
+    timeout_s: float = 0.0
+
+
+@message("ctl.shutdown", channel=Channel.CONTROL)
+class Shutdown(Message, frozen=True):
+    """Exit cleanly (after flushing state and a final status event).
+
+    targets: actor names addressed; empty = every actor.
+    reason: why.
+    """
+
+    targets: list[str] = field(default_factory=list)
+    reason: str = ""
+
+
+# ---------------------------------------------------------------------------- generation
+
+
+class SamplingParams(Part, frozen=True):
+    """Sampling settings of one generation request (nested in GenerateRequest, not a kind).
+
+    max_tokens: largest number of new tokens in total (including already-generated ones).
+    temperature: softmax temperature (0 = greedy).
+    top_p: nucleus mass.
+    top_k: top-k cut (-1 = off).
+    stop_token_ids: token ids that end the response.
+    seed: per-request sampling seed; unset = engine's generator.
+    """
+
+    max_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    stop_token_ids: list[int] = field(default_factory=list)
+    seed: int | None = None
+
+
+@message("gen.request")
+class GenerateRequest(Message, frozen=True):
+    """Generate (or continue) one trajectory.
+
+    request_id: trajectory id (prompt_id * responses_per_prompt + child index).
+    prompt_id: prompt group id.
+    prompt_token_ids: prompt tokens (int32).
+    sampling: sampling settings.
+    pinned_version: V_traj, the version the trajectory is pinned to (-1 = not yet pinned).
+    generated_token_ids: tokens already generated, for a continuation (int32); unset = fresh.
+    generated_logprobs: their logprobs (float32).
+    generated_versions: the weight version that produced each of them (int32).
+    instance_hint: preferred instance id; empty = no preference.
+    is_sticky: keep the trajectory on the hinted instance.
+    """
+
+    request_id: int
+    prompt_id: int
+    prompt_token_ids: np.ndarray
+    sampling: SamplingParams
+    pinned_version: int = -1
+    generated_token_ids: np.ndarray | None = None
+    generated_logprobs: np.ndarray | None = None
+    generated_versions: np.ndarray | None = None
+    instance_hint: str = ""
+    is_sticky: bool = False
+
+
+@message("gen.chunk")
+class TokenChunk(Message, frozen=True):
+    """Tokens streamed by an instance since the previous chunk of the request.
+
+    request_id: trajectory id.
+    token_ids: new tokens (int32).
+    logprobs: their logprobs (float32).
+    versions: weight version that produced each token (int32).
+    instance: instance id that generated them.
+    """
+
+    request_id: int
+    token_ids: np.ndarray
+    logprobs: np.ndarray
+    versions: np.ndarray
+    instance: str
+
+
+@message("gen.result")
+class GenerateResult(Message, frozen=True):
+    """A request finished (stopped, hit its length, was aborted or failed).
+
+    request_id: trajectory id.
+    prompt_id: prompt group id.
+    token_ids: every generated token, continuation included (int32).
+    logprobs: their logprobs (float32).
+    versions: weight version of each token (int32).
+    finish_reason: stop, length, abort or error.
+    instance: instance id that generated the last token.
+    error: error text when finish_reason is error.
+    """
+
+    request_id: int
+    prompt_id: int
+    token_ids: np.ndarray
+    logprobs: np.ndarray
+    versions: np.ndarray
+    finish_reason: FinishReason
+    instance: str
+    error: str = ""
+
+
+@message("gen.abort", channel=Channel.CONTROL)
+class Abort(Message, frozen=True):
+    """Abort requests; each returns a GenerateResult with what it generated so far.
+
+    request_ids: requests to abort.
+    reason: why (staleness, migration, group complete, shutdown, ...).
+    """
+
+    request_ids: list[int]
+    reason: str = ""
+
+
+@message("inst.status")
+class InstanceStatus(Message, frozen=True):
+    """Snapshot of one rollout instance, published periodically.
+
+    instance: instance id.
+    weight_version: version of the loaded weights.
+    num_running: requests being decoded.
+    num_waiting: requests queued.
+    kv_blocks_used: KV-cache blocks in use.
+    kv_blocks_total: KV-cache blocks in all.
+    tokens_per_s: decode throughput over the last interval.
+    prefix_hit_rate: share of prompt tokens served from the prefix cache.
+    num_tokens_running: tokens (prompt + generated) of the running requests, summed.
+    is_paused: the instance is paused.
+    """
+
+    instance: str
+    weight_version: int
+    num_running: int
+    num_waiting: int
+    kv_blocks_used: int
+    kv_blocks_total: int
+    tokens_per_s: float = 0.0
+    prefix_hit_rate: float = 0.0
+    num_tokens_running: int = 0
+    is_paused: bool = False
+
+
+# ---------------------------------------------------------------------------- staleness ledger
+
+
+@message("ledger.reserve")
+class Reserve(Message, frozen=True):
+    """A prompt group reserved a slot in the latest legal staleness buffer (worst case).
+
+    prompt_id: prompt group id.
+    version: trajectory version V_traj.
+    buffer: buffer index b, V_traj <= b <= V_traj + eta.
+    slot: entry index inside the buffer.
+    """
+
+    prompt_id: int
+    version: int
+    buffer: int
+    slot: int
+
+
+@message("ledger.occupy")
+class Occupy(Message, frozen=True):
+    """A completed prompt group moved from its reservation to the earliest legal buffer with room.
+
+    prompt_id: prompt group id.
+    version: group version (minimum over its trajectories).
+    from_buffer: buffer it had reserved.
+    buffer: buffer it now occupies.
+    slot: entry index inside that buffer.
+    """
+
+    prompt_id: int
+    version: int
+    from_buffer: int
+    buffer: int
+    slot: int
+
+
+@message("ledger.buffer_ready")
+class BufferReady(Message, frozen=True):
+    """A staleness buffer is full and may be consumed.
+
+    buffer: buffer index.
+    prompt_ids: the groups it holds, in slot order.
+    """
+
+    buffer: int
+    prompt_ids: list[int]
+
+
+@message("ledger.consume")
+class Consume(Message, frozen=True):
+    """The trainer took a ready buffer.
+
+    buffer: buffer index.
+    trainer_version: trainer's version when it consumed (trains version trainer_version + 1).
+    """
+
+    buffer: int
+    trainer_version: int
+
+
+@message("ledger.version_aborted")
+class VersionAborted(Message, frozen=True):
+    """Every buffer a version could still land in is full: its remaining work is aborted.
+
+    version: the aborted trajectory version.
+    num_requests: requests aborted.
+    """
+
+    version: int
+    num_requests: int
+
+
+# ---------------------------------------------------------------------------- weights
+
+
+@message("wt.pushed")
+class WeightsPushed(Message, frozen=True):
+    """A trainer rank finished pushing its part of a version to the parameter server.
+
+    version: version pushed.
+    rank: trainer rank.
+    num_bytes: bytes pushed by this rank.
+    """
+
+    version: int
+    rank: int
+    num_bytes: int
+
+
+@message("wt.shard_stored")
+class ShardStored(Message, frozen=True):
+    """A parameter-server shard holds its complete part of a version.
+
+    version: version stored.
+    shard: shard index.
+    num_tensors: tensors in the shard.
+    num_bytes: bytes in the shard.
+    digest: content digest of the shard.
+    """
+
+    version: int
+    shard: int
+    num_tensors: int
+    num_bytes: int
+    digest: str
+
+
+@message("wt.published")
+class WeightsPublished(Message, frozen=True):
+    """Every shard holds the version: rollout instances may pull it.
+
+    version: published version.
+    manifest_digest: digest of the version's manifest (tensor names, shapes, shards, digests).
+    num_shards: shards holding it.
+    """
+
+    version: int
+    manifest_digest: str
+    num_shards: int
+
+
+@message("wt.pull")
+class PullRequest(Message, frozen=True):
+    """An instance starts pulling a version.
+
+    instance: instance id.
+    version: version pulled.
+    """
+
+    instance: str
+    version: int
+
+
+@message("wt.loaded")
+class WeightsLoaded(Message, frozen=True):
+    """An instance loaded a version in place.
+
+    instance: instance id.
+    version: loaded version.
+    load_ms: pull plus load time in milliseconds.
+    """
+
+    instance: str
+    version: int
+    load_ms: float = 0.0
+
+
+# ---------------------------------------------------------------------------- coordination
+
+
+@message("coord.sync", channel=Channel.CONTROL)
+class SyncCommand(Message, frozen=True):
+    """Instances must pull a newer version (the sync strategy decided so).
+
+    instances: instance ids addressed.
+    version: version to load.
+    abort_running: abort running requests first (otherwise they are paused and continued).
+    strategy: the sync strategy that decided.
+    """
+
+    instances: list[str]
+    version: int
+    abort_running: bool = False
+    strategy: str = ""
+
+
+@message("coord.migrate", channel=Channel.CONTROL)
+class MigrateCommand(Message, frozen=True):
+    """Move requests from a busy instance to an idle one (partial-rollout continuation).
+
+    source: instance the requests leave.
+    target: instance they continue on.
+    request_ids: requests moved.
+    reason: the indicator values that triggered it.
+    """
+
+    source: str
+    target: str
+    request_ids: list[int]
+    reason: str = ""
+
+
+class RouteCandidate(Part, frozen=True):
+    """One instance as the router saw it when choosing (nested in RouteDecision, not a kind).
+
+    instance: instance id.
+    weight_version: its weight version.
+    num_running: requests it was decoding.
+    num_waiting: requests queued on it.
+    kv_tokens: KV tokens resident.
+    prefix_match_tokens: prompt tokens of this request already in its prefix cache.
+    score: the policy's score of the instance (lower is better).
+    """
+
+    instance: str
+    weight_version: int
+    num_running: int
+    num_waiting: int
+    kv_tokens: int = 0
+    prefix_match_tokens: int = 0
+    score: float = 0.0
+
+
+@message("coord.route")
+class RouteDecision(Message, frozen=True):
+    """The router placed a request: enough inputs to replay the decision.
+
+    request_id: request placed.
+    policy: routing policy name.
+    candidates: every instance considered, with its inputs.
+    chosen: instance chosen; empty = queued for later.
+    """
+
+    request_id: int
+    policy: str
+    candidates: list[RouteCandidate]
+    chosen: str
+
+
+@message("coord.session_hang")
+class SessionHang(Message, frozen=True):
+    """A multi-turn session is parked (waiting for its environment) and holds no slot.
+
+    session_id: session id.
+    instance: instance it is pinned to.
+    reason: why it was parked.
+    """
+
+    session_id: str
+    instance: str
+    reason: str = ""
+
+
+@message("coord.session_continue")
+class SessionContinue(Message, frozen=True):
+    """A parked session continues with its next turn.
+
+    session_id: session id.
+    instance: instance it continues on.
+    """
+
+    session_id: str
+    instance: str
+
+
+# ---------------------------------------------------------------------------- training
+
+
+@message("train.batch")
+class TrainBatch(Message, frozen=True):
+    """Metadata of a ready buffer handed to the trainer (the data itself travels elsewhere).
+
+    step: trainer step.
+    buffer: staleness buffer index.
+    prompt_ids: groups in the batch.
+    num_trajectories: trajectories in the batch.
+    num_tokens: tokens in the batch.
+    min_version: oldest trajectory version in the batch.
+    """
+
+    step: int
+    buffer: int
+    prompt_ids: list[int]
+    num_trajectories: int
+    num_tokens: int
+    min_version: int
+
+
+@message("train.chunk")
+class TrainChunk(Message, frozen=True):
+    """Metadata of one fine-grain chunk of a buffer handed to the trainer.
+
+    step: trainer step.
+    buffer: staleness buffer index.
+    chunk: chunk index within the buffer.
+    num_chunks: chunks the buffer is split into.
+    prompt_ids: groups in the chunk.
+    num_tokens: tokens in the chunk.
+    """
+
+    step: int
+    buffer: int
+    chunk: int
+    num_chunks: int
+    prompt_ids: list[int]
+    num_tokens: int
+
+
+@message("train.progress")
+class TrainerProgress(Message, frozen=True):
+    """The trainer finished a step and produced a version.
+
+    step: finished step.
+    version: version produced.
+    num_samples: trajectories trained on in the step.
+    step_s: wall time of the step in seconds.
+    """
+
+    step: int
+    version: int
+    num_samples: int
+    step_s: float = 0.0
+
+
+@message("obs.metrics")
+class Metrics(Message, frozen=True):
+    """Scalar metrics of one actor at one step.
+
+    step: step the values belong to.
+    values: metric name -> value.
+    """
+
+    step: int
+    values: dict[str, float]

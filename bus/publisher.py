@@ -1,0 +1,103 @@
+"""Publishing events: envelope stamping, encoding and a non-blocking send on the right channel.
+
+A `Publisher` belongs to one actor incarnation and one thread (ZeroMQ sockets are not
+thread-safe). It numbers every event it sends 1, 2, 3, ... across both channels, which is what
+lets receivers and the replay count lost events.
+
+Its sockets are XPUB rather than PUB: they see the subscriptions forwarded by the proxy, so
+`wait_subscribed` can hold the first events until someone (the event logger) listens, instead
+of losing them to the ZeroMQ slow-joiner race.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import zmq
+
+from bus.addresses import BusAddresses
+from bus.codec import DEFAULT_ARRAY_FRAME_BYTES, Encoder
+from bus.errors import BusError
+from bus.schema import Channel, Envelope, Message
+from bus.sockets import DEFAULT_SOCKET_OPTIONS, SocketOptions, make_socket
+from bus.stamp import Stamper
+
+DEFAULT_PUBLISHER_LINGER_MS = 2000  # let an exiting actor's last events (ActorDead) leave
+
+
+class Publisher:
+    """Stamps and sends events of one actor incarnation on the events and control proxies."""
+
+    def __init__(
+        self,
+        ctx: zmq.Context[zmq.Socket[bytes]],
+        addresses: BusAddresses,
+        sender: str,
+        incarnation: int = 0,
+        *,
+        options: SocketOptions = DEFAULT_SOCKET_OPTIONS,
+        array_frame_bytes: int = DEFAULT_ARRAY_FRAME_BYTES,
+        linger_ms: int = DEFAULT_PUBLISHER_LINGER_MS,
+    ) -> None:
+        self.stamper = Stamper(sender, incarnation)
+        self._encoder = Encoder(array_frame_bytes)
+        self._sockets: dict[Channel, zmq.Socket[bytes]] = {}
+        try:
+            for channel, address in ((Channel.EVENTS, addresses.events_in), (Channel.CONTROL, addresses.control_in)):
+                self._sockets[channel] = make_socket(
+                    ctx, zmq.XPUB, address, options=options, bind=False, linger_ms=linger_ms
+                )
+        except BusError:
+            self.close()
+            raise
+        self._subscriptions: dict[Channel, set[bytes]] = {channel: set() for channel in self._sockets}
+
+    def publish(
+        self,
+        message: Message,
+        *,
+        parent: str | None = None,
+        model_version: int | None = None,
+        request_id: int | None = None,
+        prompt_id: int | None = None,
+    ) -> Envelope:
+        """Send one event; never blocks (a full subscriber queue drops it for that subscriber)."""
+        envelope = self.stamper.stamp(message, parent, model_version, request_id, prompt_id)
+        frames = self._encoder.encode(envelope, message)
+        send_frames(self._sockets[message.CHANNEL], frames)
+        return envelope
+
+    def wait_subscribed(self, timeout_s: float, channel: Channel = Channel.EVENTS) -> bool:
+        """Wait until at least one subscription reached this publisher; False on timeout."""
+        socket = self._sockets[channel]
+        deadline = time.monotonic() + timeout_s
+        while not self._subscriptions[channel]:
+            remaining_ms = int((deadline - time.monotonic()) * 1000)
+            if remaining_ms <= 0 or not socket.poll(remaining_ms):
+                return False
+            self._read_subscriptions(channel)
+        return True
+
+    def _read_subscriptions(self, channel: Channel) -> None:
+        socket = self._sockets[channel]
+        while socket.poll(0):
+            update = socket.recv()
+            if update[:1] == b"\x01":
+                self._subscriptions[channel].add(update[1:])
+            elif update[:1] == b"\x00":
+                self._subscriptions[channel].discard(update[1:])
+
+    def close(self) -> None:
+        for socket in self._sockets.values():
+            socket.close()
+        self._sockets.clear()
+
+
+def send_frames(socket: zmq.Socket[bytes], frames: list[Any]) -> None:
+    """Send an event's frames: small ones copied, trailing array buffers without copying."""
+    last = len(frames) - 1
+    socket.send(frames[0], zmq.SNDMORE)
+    socket.send(frames[1], zmq.SNDMORE if last > 1 else 0)
+    for index in range(2, last + 1):
+        socket.send(frames[index], zmq.SNDMORE if index < last else 0, copy=False)

@@ -1,0 +1,203 @@
+"""Request/reply over ROUTER/DEALER: timeouts, retries, correlation ids, duplicate suppression.
+
+Frames: a request is an ordinary event (``[kind, body, *arrays]``) sent by a DEALER; the ROUTER
+sees the peer identity in front of it. A reply is an event whose envelope ``parent`` is the
+request's event id: that is the correlation id, so a client never takes a late reply to an
+earlier request for the answer to the current one.
+
+Retries resend the very same request (same event id) on a fresh socket ("lazy pirate"), so a
+request queued to a dead peer is discarded rather than delivered twice later. The server keeps
+the last replies by request event id: a retried request that it already answered gets the same
+reply again without running the handler twice, and one still being handled is ignored.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+
+import zmq
+
+from bus.codec import DEFAULT_ARRAY_FRAME_BYTES, DEFAULT_MAX_MESSAGE_BYTES, Decoder, Encoder
+from bus.drops import DropCounter
+from bus.errors import DecodeError, RequestTimeoutError
+from bus.publisher import send_frames
+from bus.schema import Envelope, Event, Message
+from bus.sockets import DEFAULT_SOCKET_OPTIONS, SocketOptions, bound_address, make_socket
+from bus.stamp import Stamper
+from bus.subscriber import recv_event_frames
+
+
+@dataclass(frozen=True)
+class Request:
+    """A received request: the peer to answer and the decoded event."""
+
+    identity: bytes
+    event: Event[Any]
+
+
+class Replier:
+    """The server side: a ROUTER that binds, receives requests and sends correlated replies."""
+
+    def __init__(
+        self,
+        ctx: zmq.Context[zmq.Socket[bytes]],
+        address: str,
+        sender: str,
+        incarnation: int = 0,
+        *,
+        options: SocketOptions = DEFAULT_SOCKET_OPTIONS,
+        bind: bool = True,
+        num_cached_replies: int = 1024,
+        array_frame_bytes: int = DEFAULT_ARRAY_FRAME_BYTES,
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+    ) -> None:
+        self.socket = make_socket(ctx, zmq.ROUTER, address, options=options, bind=bind)
+        self.address = bound_address(self.socket) if bind else address
+        self.stamper = Stamper(sender, incarnation)
+        self.drops = DropCounter(f"{sender}:router")
+        self.num_duplicates = 0
+        self._encoder = Encoder(array_frame_bytes)
+        self._decoder = Decoder(max_message_bytes)
+        self._replies: OrderedDict[str, list[Any] | None] = OrderedDict()
+        self._num_cached = num_cached_replies
+
+    def recv(self, timeout_ms: int | None = None) -> Request | None:
+        """The next new request; None when `timeout_ms` passes. Bad and duplicate ones are handled here."""
+        deadline = None if timeout_ms is None else time.monotonic() + timeout_ms / 1000
+        while True:
+            remaining = None if deadline is None else max(0, int((deadline - time.monotonic()) * 1000))
+            if remaining is not None and not self.socket.poll(remaining):
+                return None
+            request = self._take_one(recv_event_frames(self.socket))
+            if request is not None:
+                return request
+
+    def _take_one(self, frames: list[Any]) -> Request | None:
+        identity = frames[0]
+        try:
+            event = self._decoder.decode(frames[1:])
+        except DecodeError as error:
+            self.drops.record(error)
+            return None
+        event_id = event.envelope.event_id
+        if event_id in self._replies:
+            self.num_duplicates += 1
+            cached = self._replies[event_id]
+            if cached is not None:
+                self._send(identity, cached)
+            return None
+        self._replies[event_id] = None
+        while len(self._replies) > self._num_cached:
+            self._replies.popitem(last=False)
+        return Request(identity, event)
+
+    def reply(self, request: Request, message: Message, *, model_version: int | None = None) -> Envelope:
+        """Answer `request`; the reply's parent is the request's event id."""
+        req = request.event.envelope
+        envelope = self.stamper.stamp(message, req.event_id, model_version, req.request_id, req.prompt_id)
+        frames = self._encoder.encode(envelope, message)
+        if req.event_id in self._replies:
+            self._replies[req.event_id] = frames
+        self._send(request.identity, frames)
+        return envelope
+
+    def _send(self, identity: bytes, frames: list[Any]) -> None:
+        self.socket.send(identity, zmq.SNDMORE)
+        send_frames(self.socket, frames)
+
+    def close(self) -> None:
+        self.socket.close()
+
+
+class Requester:
+    """The client side: a DEALER connected to one Replier."""
+
+    def __init__(
+        self,
+        ctx: zmq.Context[zmq.Socket[bytes]],
+        address: str,
+        sender: str,
+        incarnation: int = 0,
+        *,
+        options: SocketOptions = DEFAULT_SOCKET_OPTIONS,
+        timeout_ms: int = 5000,
+        retries: int = 2,
+        array_frame_bytes: int = DEFAULT_ARRAY_FRAME_BYTES,
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+    ) -> None:
+        self.address = address
+        self.timeout_ms = timeout_ms
+        self.retries = retries
+        self.stamper = Stamper(sender, incarnation)
+        self.drops = DropCounter(f"{sender}:dealer")
+        self.num_stale_replies = 0
+        self._ctx = ctx
+        self._options = options
+        self._encoder = Encoder(array_frame_bytes)
+        self._decoder = Decoder(max_message_bytes)
+        self.socket = self._connect()
+
+    def _connect(self) -> zmq.Socket[bytes]:
+        return make_socket(self._ctx, zmq.DEALER, self.address, options=self._options, linger_ms=0)
+
+    def call(
+        self,
+        message: Message,
+        *,
+        timeout_ms: int | None = None,
+        retries: int | None = None,
+        parent: str | None = None,
+        model_version: int | None = None,
+        request_id: int | None = None,
+        prompt_id: int | None = None,
+    ) -> Event[Any]:
+        """Send a request and wait for its reply, retrying on timeout; raises RequestTimeoutError."""
+        timeout = self.timeout_ms if timeout_ms is None else timeout_ms
+        num_attempts = 1 + (self.retries if retries is None else retries)
+        envelope = self.stamper.stamp(message, parent, model_version, request_id, prompt_id)
+        frames = self._encoder.encode(envelope, message)
+        for attempt in range(num_attempts):
+            if attempt > 0:
+                self.socket.close(0)
+                self.socket = self._connect()
+            send_frames(self.socket, frames)
+            reply = self.recv_reply(envelope.event_id, timeout)
+            if reply is not None:
+                return reply
+        raise RequestTimeoutError(self.address, message.KIND, num_attempts, timeout)
+
+    def send(
+        self,
+        message: Message,
+        *,
+        parent: str | None = None,
+        model_version: int | None = None,
+        request_id: int | None = None,
+        prompt_id: int | None = None,
+    ) -> Envelope:
+        """Send without waiting (pipelined use); match replies by their parent = this event id."""
+        envelope = self.stamper.stamp(message, parent, model_version, request_id, prompt_id)
+        send_frames(self.socket, self._encoder.encode(envelope, message))
+        return envelope
+
+    def recv_reply(self, correlation_id: str | None, timeout_ms: int) -> Event[Any] | None:
+        """The next good reply (to `correlation_id` if given; others are counted stale and dropped)."""
+        deadline = time.monotonic() + timeout_ms / 1000
+        while True:
+            remaining = max(0, int((deadline - time.monotonic()) * 1000))
+            if not self.socket.poll(remaining):
+                return None
+            try:
+                reply = self._decoder.decode(recv_event_frames(self.socket))
+            except DecodeError as error:
+                self.drops.record(error)
+                continue
+            if correlation_id is None or reply.envelope.parent == correlation_id:
+                return reply
+            self.num_stale_replies += 1
+
+    def close(self) -> None:
+        self.socket.close(0)

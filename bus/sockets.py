@@ -1,0 +1,89 @@
+"""The one place where bus sockets are created.
+
+`make_socket` sets high-water marks, linger, identity and CURVE, and binds or connects. Which of
+the two it does follows the socket's role unless told otherwise: the stable ends (proxy XSUB and
+XPUB, request ROUTERs) bind, the actors' ends (publishers, subscribers, DEALERs) connect.
+
+Back-pressure: every send on the event path is non-blocking by construction. PUB/XPUB sockets
+drop a message for a subscriber whose queue is at its high-water mark instead of waiting, so a
+slow subscriber loses events (and detects it from sequence numbers), but never slows anyone else.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import zmq
+
+from bus.errors import BusError
+from bus.security import CurveKeys, apply_curve
+
+_BINDS_BY_DEFAULT: dict[int, bool] = {
+    zmq.XSUB: True,
+    zmq.XPUB: True,
+    zmq.ROUTER: True,
+    zmq.PUB: False,
+    zmq.SUB: False,
+    zmq.DEALER: False,
+    zmq.PAIR: True,
+}
+
+
+@dataclass(frozen=True)
+class SocketOptions:
+    """Settings shared by the run's sockets (from the `bus` config section)."""
+
+    hwm: int = 100_000
+    linger_ms: int = 0
+    curve: CurveKeys | None = None
+
+
+DEFAULT_SOCKET_OPTIONS = SocketOptions()
+
+
+def make_socket(
+    ctx: zmq.Context[zmq.Socket[bytes]],
+    socket_type: int,
+    address: str,
+    *,
+    options: SocketOptions = DEFAULT_SOCKET_OPTIONS,
+    bind: bool | None = None,
+    identity: bytes | None = None,
+    linger_ms: int | None = None,
+    subscribe: Sequence[bytes] = (),
+) -> zmq.Socket[bytes]:
+    """Create, configure and bind or connect one socket. Raises BusError with the address on failure."""
+    is_bind = _BINDS_BY_DEFAULT.get(socket_type, False) if bind is None else bind
+    socket = ctx.socket(socket_type)
+    try:
+        socket.sndhwm = options.hwm
+        socket.rcvhwm = options.hwm
+        socket.linger = options.linger_ms if linger_ms is None else linger_ms
+        if identity is not None:
+            socket.identity = identity
+        if options.curve is not None and not address.startswith("inproc://"):
+            apply_curve(socket, options.curve, is_server=is_bind)
+        for prefix in subscribe:
+            socket.setsockopt(zmq.SUBSCRIBE, prefix)
+        if is_bind:
+            socket.bind(address)
+        else:
+            socket.connect(address)
+    except zmq.ZMQError as exc:
+        socket.close(0)
+        verb = "bind" if is_bind else "connect"
+        raise BusError(f"cannot {verb} {_type_name(socket_type)} socket to {address}: {exc}") from exc
+    return socket
+
+
+def bound_address(socket: zmq.Socket[bytes]) -> str:
+    """The concrete address a socket bound (resolves ``tcp://host:*`` to the chosen port)."""
+    endpoint = socket.getsockopt(zmq.LAST_ENDPOINT)
+    if not isinstance(endpoint, bytes):
+        raise BusError("socket has no bound endpoint")
+    return endpoint.decode()
+
+
+def _type_name(socket_type: int) -> str:
+    return zmq.SocketType(socket_type).name

@@ -1,0 +1,100 @@
+"""Receiving events: subscribe by kind prefix, decode, count what is dropped or missing.
+
+Filtering by kind happens inside libzmq (the topic frame is the kind name), so a subscriber to
+``gen.`` never even copies the other kinds. Bad messages are counted per reason in `drops` and
+skipped; `gaps` counts events lost upstream (only meaningful when subscribed to every kind).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import zmq
+
+from bus.arrays import MAX_ARRAY_FRAMES
+from bus.codec import DEFAULT_MAX_MESSAGE_BYTES, Decoder
+from bus.drops import DropCounter
+from bus.errors import DecodeError
+from bus.gaps import GapTracker
+from bus.schema import Event
+from bus.sockets import DEFAULT_SOCKET_OPTIONS, SocketOptions, make_socket
+
+_MAX_FRAMES = 2 + MAX_ARRAY_FRAMES
+
+
+class Subscriber:
+    """One SUB socket connected to a proxy's XPUB side (or any publisher)."""
+
+    def __init__(
+        self,
+        ctx: zmq.Context[zmq.Socket[bytes]],
+        address: str,
+        kinds: Sequence[str] = ("",),
+        *,
+        options: SocketOptions = DEFAULT_SOCKET_OPTIONS,
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+        name: str = "subscriber",
+    ) -> None:
+        self.address = address
+        self.kinds = tuple(kinds)
+        self.socket = make_socket(ctx, zmq.SUB, address, options=options, subscribe=[k.encode() for k in self.kinds])
+        self.decoder = Decoder(max_message_bytes)
+        self.drops = DropCounter(name)
+        self.gaps = GapTracker(from_first_seen=True)
+        self._is_tracking_gaps = "" in self.kinds
+
+    def recv_frames(self, timeout_ms: int | None = None) -> list[Any] | None:
+        """The next message's raw frames (topic and body as bytes, array frames uncopied), or None."""
+        if timeout_ms is not None and not self.socket.poll(timeout_ms):
+            return None
+        return recv_event_frames(self.socket)
+
+    def try_recv(self) -> Event[Any] | None:
+        """Decode one waiting message; None if nothing is waiting or it was dropped."""
+        frames = self.recv_frames(0)
+        if frames is None:
+            return None
+        return self.decode(frames)
+
+    def recv(self, timeout_ms: int | None = None) -> Event[Any] | None:
+        """The next good event, skipping (and counting) bad ones; None when `timeout_ms` passes."""
+        deadline = None if timeout_ms is None else time.monotonic() + timeout_ms / 1000
+        while True:
+            remaining = None if deadline is None else max(0, int((deadline - time.monotonic()) * 1000))
+            frames = self.recv_frames(remaining)
+            if frames is None:
+                return None
+            event = self.decode(frames)
+            if event is not None:
+                return event
+
+    def decode(self, frames: Sequence[Any]) -> Event[Any] | None:
+        try:
+            event = self.decoder.decode(frames)
+        except DecodeError as error:
+            self.drops.record(error)
+            return None
+        if self._is_tracking_gaps:
+            self.gaps.observe(event.envelope)
+        return event
+
+    def close(self) -> None:
+        self.socket.close()
+
+
+def recv_event_frames(socket: zmq.Socket[bytes]) -> list[Any]:
+    """Receive one multipart message: the first two frames copied, the rest as zero-copy Frames.
+
+    Frames beyond what an event may have are received and discarded (one extra is kept so the
+    decoder reports the message as malformed), so a hostile sender cannot pile up frame objects.
+    """
+    frames: list[Any] = [socket.recv()]
+    if socket.rcvmore:
+        frames.append(socket.recv())
+        while socket.rcvmore:
+            frame = socket.recv(copy=False)
+            if len(frames) <= _MAX_FRAMES:
+                frames.append(frame)
+    return frames
