@@ -60,6 +60,12 @@ class Bus(Section):
     request_timeout_ms: int = field(5000, "Default timeout of a request/reply call.", ge=1)
     heartbeat_interval_ms: int = field(250, "Actor heartbeat period.", ge=10)
     heartbeat_misses: int = field(4, "Missed heartbeats before an actor is declared dead.", ge=1)
+    request_retries: int = field(2, "Resends of a timed-out request (same event id) before it fails.", ge=0)
+    array_frame_bytes: int = field(
+        65536, "Arrays at least this large travel as zero-copy trailing frames, smaller ones inline.", ge=0
+    )
+    max_message_mib: int = field(64, "Largest message a receiver accepts; larger ones are dropped and counted.", ge=1)
+    log_segment_mib: int = field(64, "Event-log segment size before the logger starts a new segment.", ge=1)
 
 
 class Run(Section):
