@@ -1,0 +1,60 @@
+"""Dtype names on the wire and byte views of tensors (bfloat16 included, which numpy lacks)."""
+
+from __future__ import annotations
+
+import torch
+
+_DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "float64": torch.float64,
+    "int64": torch.int64,
+    "int32": torch.int32,
+    "int16": torch.int16,
+    "int8": torch.int8,
+    "uint8": torch.uint8,
+    "bool": torch.bool,
+}
+_NAMES = {v: k for k, v in _DTYPES.items()}
+
+
+class DtypeError(ValueError):
+    """A dtype that cannot travel through the parameter server."""
+
+
+def dtype_from_name(name: str) -> torch.dtype:
+    try:
+        return _DTYPES[name]
+    except KeyError:
+        raise DtypeError(f"unsupported dtype {name!r}; supported: {sorted(_DTYPES)}") from None
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    try:
+        return _NAMES[dtype]
+    except KeyError:
+        raise DtypeError(f"unsupported dtype {dtype}; supported: {sorted(_DTYPES)}") from None
+
+
+def itemsize_of(name: str) -> int:
+    return torch.empty((), dtype=dtype_from_name(name)).element_size()
+
+
+def byte_view(tensor: torch.Tensor) -> memoryview:
+    """A writable memoryview over the bytes of a contiguous CPU tensor (no copy)."""
+    if tensor.device.type != "cpu":
+        raise DtypeError(f"byte_view needs a CPU tensor, got {tensor.device}")
+    if not tensor.is_contiguous():
+        raise DtypeError("byte_view needs a contiguous tensor")
+    flat = tensor.reshape(-1)
+    if flat.numel() == 0:
+        return memoryview(bytearray())
+    return flat.view(torch.uint8).numpy().data
+
+
+def tensor_from_buffer(buffer: memoryview, dtype: str, shape: tuple[int, ...] | None = None) -> torch.Tensor:
+    """A tensor viewing ``buffer`` (no copy); the buffer must stay alive as long as the tensor."""
+    torch_dtype = dtype_from_name(dtype)
+    out = torch.empty(0, dtype=torch_dtype) if len(buffer) == 0 else torch.frombuffer(buffer, dtype=torch_dtype)
+    return out if shape is None else out.reshape(shape)

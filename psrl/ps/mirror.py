@@ -1,0 +1,89 @@
+"""Delta sync's host copy of the weights an instance loaded, entry by entry.
+
+The mirror knows, for every entry, the manifest entry whose bytes it holds, so the next pull
+fetches exactly the entries whose checksum (or layout) differs. Tensors whose bytes changed but
+were not yet handed to the engine (a pull failed halfway through a split tensor) stay *dirty* and
+are loaded by the next successful pull even if nothing else in them changes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from psrl.ps.dtypes import byte_view, dtype_from_name
+from psrl.ps.manifest import ManifestEntry
+
+
+def _same_bytes(a: ManifestEntry, b: ManifestEntry) -> bool:
+    return (a.name, a.shape, a.dtype, a.elem_start, a.num_elems, a.checksum) == (
+        b.name,
+        b.shape,
+        b.dtype,
+        b.elem_start,
+        b.num_elems,
+        b.checksum,
+    )
+
+
+class Mirror:
+    def __init__(self) -> None:
+        self._tensors: dict[str, torch.Tensor] = {}
+        self._held: dict[int, ManifestEntry] = {}
+        self._dirty: set[str] = set()
+
+    def changed(self, entries: Sequence[ManifestEntry]) -> list[ManifestEntry]:
+        """Entries whose bytes the mirror does not hold."""
+        out = []
+        for entry in entries:
+            held = self._held.get(entry.index)
+            if held is None or not _same_bytes(held, entry) or not self._fits(entry):
+                out.append(entry)
+        return out
+
+    def prepare(self, entries: Sequence[ManifestEntry]) -> None:
+        """Allocate (or re-allocate on a layout change) a tensor for every name in the version."""
+        for entry in entries:
+            if self._fits(entry):
+                continue
+            self._tensors[entry.name] = torch.empty(entry.shape, dtype=dtype_from_name(entry.dtype))
+            for index in [i for i, held in self._held.items() if held.name == entry.name]:
+                del self._held[index]
+            self._dirty.add(entry.name)
+
+    def store(self, entry: ManifestEntry, view: memoryview) -> None:
+        start, stop = entry.byte_range()
+        byte_view(self._tensors[entry.name])[start:stop] = view
+        self._held[entry.index] = entry
+        self._dirty.add(entry.name)
+
+    def take(self, name: str) -> torch.Tensor:
+        """The tensor, now considered loaded by the engine."""
+        self._dirty.discard(name)
+        return self._tensors[name]
+
+    def mark_dirty(self, name: str) -> None:
+        self._dirty.add(name)
+
+    def take_dirty(self) -> list[str]:
+        names = sorted(self._dirty)
+        self._dirty.clear()
+        return names
+
+    def tensor(self, name: str) -> torch.Tensor:
+        return self._tensors[name]
+
+    def entry_view(self, entry: ManifestEntry) -> memoryview:
+        start, stop = entry.byte_range()
+        return byte_view(self._tensors[entry.name])[start:stop]
+
+    @property
+    def num_bytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self._tensors.values())
+
+    def _fits(self, entry: ManifestEntry) -> bool:
+        tensor = self._tensors.get(entry.name)
+        return (
+            tensor is not None and tuple(tensor.shape) == entry.shape and tensor.dtype == dtype_from_name(entry.dtype)
+        )

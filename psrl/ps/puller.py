@@ -1,0 +1,460 @@
+"""Rollout side: pull one committed version from every shard in parallel, straight into the engine.
+
+A pull fetches the version's manifest from every shard (all must report the same digest), asks
+each shard for its entries, verifies every entry against its checksum as it lands, and hands each
+tensor to the engine as soon as it is complete: ``pull(version, load)`` calls ``load(name, tensor)``,
+and ``stream(version)`` is the same as an iterator for ``engine.load_weights(iterator, version)``.
+Tensors handed out are valid during that call only (they may view a received frame); the engine
+copies them into its weights, casting to its own dtype.
+
+Every chunk carries its version and request id, so a pull never mixes versions: a chunk of another
+version or request is dropped, and a shard that no longer serves the version fails the pull
+(``PullFailedError``). After a failure the engine may hold some tensors of the failed version;
+``sync()`` retries until one version loads completely.
+
+Delta sync keeps a host copy (the *mirror*) of what was loaded and fetches only entries whose
+checksum changed; afterwards every entry of the mirror is re-hashed against the new manifest, so
+the reconstruction is checked exactly.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+
+import torch
+import zmq
+
+from psrl.log import get_logger
+from psrl.ps import links
+from psrl.ps.checksum import checksum
+from psrl.ps.dtypes import dtype_from_name, tensor_from_buffer
+from psrl.ps.errors import PullFailedError
+from psrl.ps.manifest import NO_CHECKSUM, ManifestEntry, ManifestError, validate_served_parts
+from psrl.ps.mirror import Mirror
+from psrl.ps.protocol import (
+    LATEST,
+    LiveCheck,
+    LiveReply,
+    ManifestReply,
+    ManifestRequest,
+    Message,
+    ProtocolError,
+    PullChunk,
+    PullDone,
+    PullError,
+    PullRequest,
+    Unavailable,
+)
+from psrl.ps.serving import is_intact
+from psrl.ps.transports import PullDataPlane, pull_plane
+from psrl.ps.versions import NONE
+
+LoadFn = Callable[[str, torch.Tensor], None]
+
+
+@dataclass(frozen=True)
+class PullResult:
+    version: int
+    digest: bytes
+    num_bytes: int  # bytes transferred
+    num_bytes_total: int  # bytes of the whole version as served
+    num_entries: int  # entries transferred
+    num_tensors_loaded: int
+    manifest_s: float
+    transfer_s: float  # time in the pull itself (receive + verify), excluding load
+    load_s: float  # time spent in the engine's load callback
+    num_attempts: int = 1
+
+    @property
+    def num_bytes_saved(self) -> int:
+        return self.num_bytes_total - self.num_bytes
+
+
+@dataclass
+class _Plan:
+    version: int
+    digest: bytes
+    algorithm: str
+    entries: tuple[ManifestEntry, ...]
+    parts: list[ManifestReply]
+
+
+class Puller:
+    def __init__(
+        self,
+        pull_endpoints: Sequence[str],
+        *,
+        transport: str = "zmq",
+        delta_sync: bool = False,
+        verify: bool = True,
+        load_dtype: torch.dtype | None = None,
+        timeout_s: float = 30.0,
+        host: str = "127.0.0.1",
+        ctx: zmq.Context[zmq.Socket[bytes]] | None = None,
+    ) -> None:
+        self.num_shards = len(pull_endpoints)
+        self.delta_sync = delta_sync
+        self.verify = verify
+        self.load_dtype = load_dtype
+        self.timeout_s = timeout_s
+        self.held_version = NONE
+        self.mirror = Mirror() if delta_sync else None
+        self._log = get_logger("psrl.ps.puller")
+        self._plane: PullDataPlane = pull_plane(transport, host=host)
+        self._own_ctx = ctx is None
+        self._ctx = ctx or zmq.Context()
+        self._socks = [links.make_dealer(self._ctx, ep) for ep in pull_endpoints]
+        self._shard_of = {sock: i for i, sock in enumerate(self._socks)}
+        self._poller = zmq.Poller()
+        for sock in self._socks:
+            self._poller.register(sock, zmq.POLLIN)
+        self._request_ids = itertools.count(1)
+        self.num_dropped = 0
+
+    # public -------------------------------------------------------------------------------------
+
+    def pull(self, version: int, load: LoadFn) -> PullResult:
+        """Pull ``version`` (``LATEST`` = shard 0's newest) into ``load``; PullFailedError on failure."""
+        stream = self.stream(version)
+        iterator = iter(stream)
+        try:
+            for name, tensor in iterator:
+                load(name, tensor)
+        finally:
+            close = getattr(iterator, "close", None)
+            if close is not None:
+                close()
+        return stream.result
+
+    def stream(self, version: int) -> PullStream:
+        """The same pull as an iterator of (name, tensor); ``.result`` once exhausted."""
+        return PullStream(self, version)
+
+    def sync(self, load: LoadFn, version: int = LATEST, max_attempts: int = 5) -> PullResult:
+        """Pull until one version loads completely; a retired version moves on to the newest one."""
+        target = version
+        last_error: PullFailedError | None = None
+        for attempt in range(1, max_attempts + 1):
+            try:
+                result = self.pull(target, load)
+            except PullFailedError as exc:
+                last_error = exc
+                self._log.warning("ps.pull_retry", version=target, attempt=attempt, reason=exc.reason)
+                if exc.latest > target >= 0 or (target >= 0 and "retired" in exc.reason):
+                    target = LATEST
+                continue
+            return _with_attempts(result, attempt)
+        if last_error is None:
+            raise PullFailedError(version, "no attempt was made")
+        raise last_error
+
+    def latest_version(self) -> int:
+        """The newest version shard 0 (the announcer) has committed, or -1."""
+        reply = self._manifest_from(0, LATEST)
+        return reply.version if isinstance(reply, ManifestReply) else reply.latest
+
+    def close(self) -> None:
+        self._plane.close()
+        for sock in self._socks:
+            sock.close(linger=0)
+        if self._own_ctx:
+            self._ctx.term()
+
+    # manifest -----------------------------------------------------------------------------------
+
+    def _resolve(self, version: int) -> _Plan:
+        if version == LATEST:
+            first = self._manifest_from(0, LATEST)
+            if isinstance(first, Unavailable):
+                raise PullFailedError(version, "no version is committed yet", first.latest)
+            version = first.version
+        replies = self._manifests(version)
+        digests = {r.digest for r in replies}
+        if len(digests) != 1 or len({(r.num_entries, r.algorithm, r.num_shards) for r in replies}) != 1:
+            raise PullFailedError(version, "shards disagree on the version's manifest")
+        if replies[0].num_shards != self.num_shards:
+            raise PullFailedError(version, f"PS has {replies[0].num_shards} shards, puller knows {self.num_shards}")
+        try:
+            validate_served_parts(version, [r.entries for r in replies], replies[0].num_entries)
+        except ManifestError as exc:
+            raise PullFailedError(version, str(exc)) from None
+        entries = tuple(sorted((e for r in replies for e in r.entries), key=lambda e: e.index))
+        return _Plan(version, replies[0].digest, replies[0].algorithm, entries, replies)
+
+    def _manifests(self, version: int) -> list[ManifestReply]:
+        ids = {}
+        for shard, sock in enumerate(self._socks):
+            ids[shard] = next(self._request_ids)
+            links.send(sock, ManifestRequest(ids[shard], version))
+        replies: dict[int, ManifestReply] = {}
+        deadline = time.monotonic() + self.timeout_s
+        while len(replies) < self.num_shards:
+            for shard, message in self._receive(deadline, version):
+                if getattr(message, "request_id", None) != ids[shard]:
+                    continue
+                if isinstance(message, Unavailable):
+                    raise PullFailedError(version, f"shard {shard}: version {message.reason}", message.latest)
+                if isinstance(message, ManifestReply):
+                    replies[shard] = message
+        return [replies[s] for s in range(self.num_shards)]
+
+    def _manifest_from(self, shard: int, version: int) -> ManifestReply | Unavailable:
+        request_id = next(self._request_ids)
+        links.send(self._socks[shard], ManifestRequest(request_id, version))
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            for got_shard, message in self._receive(deadline, version):
+                is_reply = isinstance(message, ManifestReply | Unavailable) and message.request_id == request_id
+                if got_shard == shard and is_reply:
+                    return message  # type: ignore[return-value]
+
+    def _receive(self, deadline: float, version: int) -> Iterator[tuple[int, Message]]:
+        """Control messages that arrive before ``deadline`` (payload chunks of old pulls are dropped)."""
+        remaining_ms = int((deadline - time.monotonic()) * 1000)
+        if remaining_ms <= 0:
+            raise PullFailedError(version, f"no reply from the PS within {self.timeout_s:.0f} s")
+        for sock, _ in self._poller.poll(min(remaining_ms, 100)):
+            for message, payload in self._drain(sock):
+                if payload is None:
+                    yield self._shard_of[sock], message
+                else:
+                    self.num_dropped += 1
+
+    def _drain(self, sock: zmq.Socket[bytes]) -> Iterator[tuple[Message, zmq.Frame | None]]:
+        while True:
+            try:
+                frames = sock.recv_multipart(flags=zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            try:
+                _, message, payload = links.split_frames(frames, has_ident=False)
+            except ProtocolError as exc:
+                self.num_dropped += 1
+                self._log.warning("ps.puller.malformed", detail=str(exc))
+                continue
+            yield message, payload
+
+    # transfer -----------------------------------------------------------------------------------
+
+    def _needed(self, plan: _Plan) -> list[ManifestEntry]:
+        if self.mirror is None or plan.algorithm == NO_CHECKSUM:
+            return list(plan.entries)
+        return self.mirror.changed(plan.entries)
+
+    def _run(self, version: int, stream: PullStream) -> Iterator[tuple[str, torch.Tensor]]:
+        started = time.perf_counter()
+        plan = self._resolve(version)
+        stream.manifest_s = time.perf_counter() - started
+        needed = self._needed(plan)
+        assembly = _Assembly(plan.entries, needed, self.mirror)
+        request_ids = self._request(plan, needed)
+        try:
+            for name, tensor in self._tensors(plan, needed, request_ids, assembly, stream):
+                self.held_version = NONE  # the engine now holds part of another version
+                try:
+                    yield name, tensor
+                except GeneratorExit:
+                    if self.mirror is not None:
+                        self.mirror.mark_dirty(name)
+                    raise
+            self._confirm_live(plan)
+        finally:
+            for request_id in request_ids.values():
+                self._plane.finish(request_id)
+        self.held_version = plan.version
+        stream.finish(plan, needed, assembly.num_loaded)
+
+    def _tensors(
+        self,
+        plan: _Plan,
+        needed: Sequence[ManifestEntry],
+        request_ids: dict[int, int],
+        assembly: _Assembly,
+        stream: PullStream,
+    ) -> Iterator[tuple[str, torch.Tensor]]:
+        yield from self._receive_entries(plan, needed, request_ids, assembly, stream)
+        if self.mirror is not None:
+            yield from self._flush_dirty(plan, assembly)
+
+    def _request(self, plan: _Plan, needed: Sequence[ManifestEntry]) -> dict[int, int]:
+        request_ids: dict[int, int] = {}
+        for shard, sock in enumerate(self._socks):
+            part = [e for e in needed if e.shard == shard]
+            if not part:
+                continue
+            request_ids[shard] = next(self._request_ids)
+            request = PullRequest(request_ids[shard], plan.version, tuple(e.index for e in part), self._plane.peer)
+            self._plane.request(sock, request, plan.parts[shard].offer, part)
+        return request_ids
+
+    def _receive_entries(
+        self,
+        plan: _Plan,
+        needed: Sequence[ManifestEntry],
+        request_ids: dict[int, int],
+        assembly: _Assembly,
+        stream: PullStream,
+    ) -> Iterator[tuple[str, torch.Tensor]]:
+        pending = {e.index: e for e in needed}
+        owner = {rid: shard for shard, rid in request_ids.items()}
+        last_progress = time.monotonic()
+        while pending:
+            arrived = list(self._arrivals(plan, request_ids, owner, pending))
+            if arrived:
+                last_progress = time.monotonic()
+            elif time.monotonic() - last_progress > self.timeout_s:
+                raise PullFailedError(plan.version, f"stalled; {len(pending)} entries missing", plan.version)
+            for entry, view in arrived:
+                del pending[entry.index]
+                if self.verify and not is_intact(entry, view, plan.algorithm):
+                    raise PullFailedError(plan.version, f"entry {entry.index} ({entry.name}) failed its checksum")
+                stream.num_bytes += entry.num_bytes
+                completed = assembly.add(entry, view)
+                if completed is not None:
+                    yield completed[0], self._cast(completed[1])
+
+    def _arrivals(
+        self, plan: _Plan, request_ids: dict[int, int], owner: dict[int, int], pending: dict[int, ManifestEntry]
+    ) -> Iterator[tuple[ManifestEntry, memoryview]]:
+        for landed in self._plane.poll_landed():
+            if landed.key in owner and landed.entry_index in pending:
+                yield pending[landed.entry_index], landed.view
+        timeout_ms = 1 if self._plane.is_busy else 100
+        for sock, _ in self._poller.poll(timeout_ms):
+            shard = self._shard_of[sock]
+            for message, payload in self._drain(sock):
+                if getattr(message, "request_id", None) != request_ids.get(shard):
+                    self.num_dropped += 1
+                    continue
+                if isinstance(message, PullError):
+                    raise PullFailedError(plan.version, f"shard {shard}: {message.reason}")
+                if isinstance(message, PullChunk) and payload is not None:
+                    entry = pending.get(message.entry_index)
+                    if entry is None or message.version != plan.version:
+                        self.num_dropped += 1
+                        continue
+                    yield entry, self._plane.accept_payload(entry, payload)
+                elif not isinstance(message, PullDone):
+                    self.num_dropped += 1
+
+    def _flush_dirty(self, plan: _Plan, assembly: _Assembly) -> Iterator[tuple[str, torch.Tensor]]:
+        """Delta sync: re-hash the whole mirror against the manifest, then load tensors left dirty."""
+        mirror = self.mirror
+        if mirror is None:
+            return
+        if plan.algorithm != NO_CHECKSUM:
+            for entry in plan.entries:
+                if checksum(mirror.entry_view(entry)) != entry.checksum:
+                    raise PullFailedError(plan.version, f"reconstruction of entry {entry.index} ({entry.name}) differs")
+        for name in mirror.take_dirty():
+            assembly.num_loaded += 1
+            yield name, self._cast(mirror.tensor(name))
+
+    def _confirm_live(self, plan: _Plan) -> None:
+        """One-sided transports: the shards must still serve the version the bytes were read from."""
+        if not self._plane.needs_live_check:
+            return
+        ids = {}
+        for shard, sock in enumerate(self._socks):
+            ids[shard] = next(self._request_ids)
+            links.send(sock, LiveCheck(ids[shard], plan.version))
+        live: dict[int, bool] = {}
+        deadline = time.monotonic() + self.timeout_s
+        while len(live) < self.num_shards:
+            for shard, message in self._receive(deadline, plan.version):
+                if isinstance(message, LiveReply) and message.request_id == ids[shard]:
+                    live[shard] = message.is_live
+        if not all(live.values()):
+            raise PullFailedError(plan.version, "version retired during the pull")
+
+    def _cast(self, tensor: torch.Tensor) -> torch.Tensor:
+        if self.load_dtype is None or tensor.dtype == self.load_dtype:
+            return tensor
+        return tensor.to(self.load_dtype)
+
+
+class _Assembly:
+    """Turns landed entries into complete tensors (whole tensors pass through without a copy)."""
+
+    def __init__(
+        self, entries: Sequence[ManifestEntry], needed: Sequence[ManifestEntry], mirror: Mirror | None
+    ) -> None:
+        self._mirror = mirror
+        self._missing: dict[str, int] = {}
+        for entry in needed:
+            self._missing[entry.name] = self._missing.get(entry.name, 0) + 1
+        self._blocks: dict[str, torch.Tensor] = {}
+        if mirror is not None:
+            mirror.prepare(entries)
+        self.num_loaded = 0
+
+    def add(self, entry: ManifestEntry, view: memoryview) -> tuple[str, torch.Tensor] | None:
+        self._missing[entry.name] -= 1
+        is_complete = self._missing[entry.name] == 0
+        if self._mirror is not None:
+            self._mirror.store(entry, view)
+            if not is_complete:
+                return None
+            self.num_loaded += 1
+            return entry.name, self._mirror.take(entry.name)
+        if entry.is_whole_tensor:
+            self.num_loaded += 1
+            return entry.name, tensor_from_buffer(view, entry.dtype, entry.shape)
+        whole = self._blocks.get(entry.name)
+        if whole is None:
+            whole = torch.empty(entry.shape, dtype=dtype_from_name(entry.dtype))
+            self._blocks[entry.name] = whole
+        start, stop = entry.byte_range()
+        flat = whole.reshape(-1).view(torch.uint8)
+        flat[start:stop].copy_(torch.frombuffer(view, dtype=torch.uint8))
+        if not is_complete:
+            return None
+        self.num_loaded += 1
+        return entry.name, self._blocks.pop(entry.name)
+
+
+class PullStream:
+    """Iterator of (name, tensor) for one pull; time spent by the consumer is counted as load time."""
+
+    def __init__(self, puller: Puller, version: int) -> None:
+        self._puller = puller
+        self._version = version
+        self.manifest_s = 0.0
+        self.num_bytes = 0
+        self._load_s = 0.0
+        self._result: PullResult | None = None
+        self._started = 0.0
+
+    def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
+        self._started = time.perf_counter()
+        for item in self._puller._run(self._version, self):
+            handed = time.perf_counter()
+            yield item
+            self._load_s += time.perf_counter() - handed
+
+    def finish(self, plan: _Plan, needed: Sequence[ManifestEntry], num_loaded: int) -> None:
+        elapsed = time.perf_counter() - self._started
+        self._result = PullResult(
+            version=plan.version,
+            digest=plan.digest,
+            num_bytes=self.num_bytes,
+            num_bytes_total=sum(e.num_bytes for e in plan.entries),
+            num_entries=len(needed),
+            num_tensors_loaded=num_loaded,
+            manifest_s=self.manifest_s,
+            transfer_s=max(0.0, elapsed - self._load_s - self.manifest_s),
+            load_s=self._load_s,
+        )
+
+    @property
+    def result(self) -> PullResult:
+        if self._result is None:
+            raise RuntimeError("the pull has not completed (iterate the stream to the end first)")
+        return self._result
+
+
+def _with_attempts(result: PullResult, attempts: int) -> PullResult:
+    return PullResult(**{**result.__dict__, "num_attempts": attempts})

@@ -1,0 +1,311 @@
+"""Trainer side: push a version to every shard in parallel, then commit it (two phases).
+
+Phase 1 (transfer): ``PushBegin`` to every shard, then each shard's entries as soon as it is
+ready; a shard acknowledges once every entry landed and verified. A shard that restarts, reports a
+checksum failure or stops answering status probes gets its part again (``attempt`` + 1) until the
+push deadline. Phase 2 (commit): every shard but shard 0 is committed first, then shard 0, whose
+commit hook announces the version. A shard that lost the version before committing (it restarted)
+is refilled from the tensors still held here and committed again. Nothing is published unless every
+shard holds the version completely.
+
+The tensors must not change until ``push`` returns (the payload frames view them in place).
+"""
+
+from __future__ import annotations
+
+import enum
+import functools
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import torch
+import zmq
+
+from psrl.log import get_logger
+from psrl.ps import links
+from psrl.ps.errors import PushFailedError, PushRefusedError
+from psrl.ps.manifest import Manifest, ManifestEntry, build_manifest, entry_bytes
+from psrl.ps.plan import ShardPlan, TensorSpec, plan_shards
+from psrl.ps.protocol import (
+    Abort,
+    Commit,
+    CommitRefused,
+    Committed,
+    Message,
+    ProtocolError,
+    PushAck,
+    PushBegin,
+    PushReady,
+    PushRefused,
+    ShardStatus,
+    StatusRequest,
+)
+from psrl.ps.transports import PushDataPlane, push_plane
+
+MAX_ATTEMPTS_PER_SHARD = 8
+
+
+class _Stage(enum.IntEnum):
+    BEGIN_SENT = 0
+    SENDING = 1
+    ACKED = 2
+    COMMIT_SENT = 3
+    COMMITTED = 4
+
+
+@dataclass
+class _ShardLink:
+    shard: int
+    sock: zmq.Socket[bytes]
+    stage: _Stage = _Stage.BEGIN_SENT
+    attempt: int = 0
+    boot_id: str = ""
+    begin: PushBegin | None = None
+    last_heard: float = 0.0
+    last_probe: float = 0.0
+    may_commit: bool = False
+
+
+@dataclass(frozen=True)
+class PushResult:
+    version: int
+    digest: bytes
+    num_bytes: int
+    num_entries: int
+    serialize_s: float
+    transfer_s: float
+    commit_s: float
+    num_restarts: int
+    shard_bytes: list[int] = field(default_factory=list)
+
+    @property
+    def total_s(self) -> float:
+        return self.serialize_s + self.transfer_s + self.commit_s
+
+
+class Pusher:
+    def __init__(
+        self,
+        push_endpoints: Sequence[str],
+        incarnation: int,
+        *,
+        transport: str = "zmq",
+        max_block_bytes: int = 16 << 20,
+        with_checksums: bool = True,
+        timeout_s: float = 120.0,
+        probe_interval_s: float = 1.0,
+        host: str = "127.0.0.1",
+        ctx: zmq.Context[zmq.Socket[bytes]] | None = None,
+    ) -> None:
+        self.incarnation = incarnation
+        self.num_shards = len(push_endpoints)
+        self.max_block_bytes = max_block_bytes
+        self.with_checksums = with_checksums
+        self.timeout_s = timeout_s
+        self.probe_interval_s = probe_interval_s
+        self._log = get_logger("psrl.ps.pusher", incarnation=incarnation)
+        self._plane: PushDataPlane = push_plane(transport, host=host)
+        self._own_ctx = ctx is None
+        self._ctx = ctx or zmq.Context()
+        self._links = [_ShardLink(i, links.make_dealer(self._ctx, ep)) for i, ep in enumerate(push_endpoints)]
+        self._by_sock = {link.sock: link for link in self._links}
+        self._poller = zmq.Poller()
+        for link in self._links:
+            self._poller.register(link.sock, zmq.POLLIN)
+        self._plan: ShardPlan | None = None
+        self._plan_specs: list[TensorSpec] = []
+        self._probe_ids = 0
+
+    # public -------------------------------------------------------------------------------------
+
+    def push(self, version: int, tensors: Mapping[str, torch.Tensor]) -> PushResult:
+        """Push ``tensors`` as ``version`` and commit it on every shard; raises a RequestError subclass."""
+        start = time.perf_counter()
+        plan = self.plan_for(tensors)
+        manifest = build_manifest(version, plan, tensors, with_checksums=self.with_checksums)
+        digest = manifest.digest()
+        payloads = [[(e, entry_bytes(tensors, e)) for e in manifest.shard_part(s)] for s in range(self.num_shards)]
+        serialized = time.perf_counter()
+        job = _Job(version, digest, manifest, payloads, deadline=serialized + self.timeout_s)
+        try:
+            for link in self._links:
+                link.attempt, link.boot_id, link.may_commit = 0, "", False
+                self._begin(job, link)
+            self._drive(job, lambda: all(link.stage >= _Stage.ACKED for link in self._links))
+            transferred = time.perf_counter()
+            self._commit_all(job)
+        except BaseException:
+            self._abort(version)
+            raise
+        done = time.perf_counter()
+        self._log.info("ps.pushed", version=version, bytes=manifest.total_bytes, restarts=job.num_restarts)
+        return PushResult(
+            version=version,
+            digest=digest,
+            num_bytes=manifest.total_bytes,
+            num_entries=len(manifest.entries),
+            serialize_s=serialized - start,
+            transfer_s=transferred - serialized,
+            commit_s=done - transferred,
+            num_restarts=job.num_restarts,
+            shard_bytes=plan.shard_bytes(),
+        )
+
+    def plan_for(self, tensors: Mapping[str, torch.Tensor]) -> ShardPlan:
+        """The sharding plan of this layout (computed once, reused while the layout is unchanged)."""
+        specs = [TensorSpec.of(name, t) for name, t in tensors.items()]
+        if self._plan is None or specs != self._plan_specs:
+            self._plan = plan_shards(specs, self.num_shards, self.max_block_bytes)
+            self._plan_specs = specs
+        return self._plan
+
+    def close(self) -> None:
+        self._plane.close()
+        for link in self._links:
+            link.sock.close(linger=0)
+        if self._own_ctx:
+            self._ctx.term()
+
+    # phases -------------------------------------------------------------------------------------
+
+    def _begin(self, job: _Job, link: _ShardLink) -> None:
+        if link.attempt >= MAX_ATTEMPTS_PER_SHARD:
+            raise PushFailedError(job.version, f"shard {link.shard} failed {link.attempt} attempts")
+        if link.attempt > 0:
+            job.num_restarts += 1
+            self._plane.cancel(link.shard)
+        link.attempt += 1
+        link.stage = _Stage.BEGIN_SENT
+        link.begin = PushBegin(
+            version=job.version,
+            incarnation=self.incarnation,
+            attempt=link.attempt,
+            digest=job.digest,
+            num_shards=self.num_shards,
+            num_entries=len(job.manifest.entries),
+            algorithm=job.manifest.algorithm,
+            entries=tuple(e for e, _ in job.payloads[link.shard]),
+            peer=self._plane.peer,
+        )
+        link.last_heard = time.monotonic()
+        links.send(link.sock, link.begin)
+
+    def _commit_all(self, job: _Job) -> None:
+        # Shard 0 last: its commit is the announcement, so every other shard must already serve v.
+        for group in ([link for link in self._links if link.shard != 0], [self._links[0]]):
+            for link in group:
+                link.may_commit = True
+                self._send_commit(job, link)
+            self._drive(job, functools.partial(_all_committed, group))
+
+    def _send_commit(self, job: _Job, link: _ShardLink) -> None:
+        link.stage = _Stage.COMMIT_SENT
+        link.last_heard = time.monotonic()
+        links.send(link.sock, Commit(job.version, self.incarnation))
+
+    def _abort(self, version: int) -> None:
+        for link in self._links:
+            try:
+                links.send(link.sock, Abort(version, self.incarnation))
+            except zmq.ZMQError:
+                continue
+
+    def _drive(self, job: _Job, is_done: Callable[[], bool]) -> None:
+        """Handle replies until ``is_done()`` holds; restarts shards that fail or restart."""
+        while not is_done():
+            if time.perf_counter() > job.deadline:
+                stuck = [link.shard for link in self._links if link.stage < _Stage.ACKED]
+                raise PushFailedError(job.version, f"timed out; shards not done: {stuck}")
+            self._plane.progress()
+            timeout_ms = 1 if self._plane.is_busy else 50
+            for sock, _ in self._poller.poll(timeout_ms):
+                self._drain(job, self._by_sock[sock])
+            self._probe_silent(job)
+
+    def _drain(self, job: _Job, link: _ShardLink) -> None:
+        while True:
+            try:
+                frames = link.sock.recv_multipart(flags=zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            try:
+                _, message, _ = links.split_frames(frames, has_ident=False)
+            except ProtocolError as exc:
+                self._log.warning("ps.pusher.malformed", shard=link.shard, detail=str(exc))
+                continue
+            link.last_heard = time.monotonic()
+            self._on_reply(job, link, message)
+
+    def _on_reply(self, job: _Job, link: _ShardLink, message: Message) -> None:
+        if isinstance(message, PushReady | PushAck | PushRefused) and (
+            message.version != job.version or message.attempt != link.attempt
+        ):
+            return  # a reply to an earlier attempt
+        if isinstance(message, PushReady) and link.stage == _Stage.BEGIN_SENT and link.begin is not None:
+            link.stage, link.boot_id = _Stage.SENDING, message.boot_id
+            self._plane.send(link.sock, link.begin, message.offer, job.payloads[link.shard])
+        elif isinstance(message, PushRefused):
+            raise PushRefusedError(job.version, message.reason, message.latest_version, message.max_incarnation)
+        elif isinstance(message, PushAck) and link.stage in (_Stage.BEGIN_SENT, _Stage.SENDING):
+            self._on_ack(job, link, message)
+        elif isinstance(message, Committed) and message.version == job.version:
+            link.stage = _Stage.COMMITTED
+        elif isinstance(message, CommitRefused) and message.version == job.version:
+            self._log.warning("ps.pusher.refill", shard=link.shard, version=job.version, reason=message.reason)
+            self._begin(job, link)
+        elif isinstance(message, ShardStatus):
+            self._on_status(job, link, message)
+
+    def _on_ack(self, job: _Job, link: _ShardLink, ack: PushAck) -> None:
+        if ack.is_ok:
+            link.stage = _Stage.ACKED
+            if link.may_commit:
+                self._send_commit(job, link)
+            return
+        self._log.warning("ps.pusher.shard_retry", shard=link.shard, version=job.version, reason=ack.reason)
+        self._begin(job, link)
+
+    def _on_status(self, job: _Job, link: _ShardLink, status: ShardStatus) -> None:
+        if link.stage in (_Stage.BEGIN_SENT, _Stage.COMMITTED):
+            return
+        if status.latest == job.version:
+            link.stage = _Stage.COMMITTED if link.stage == _Stage.COMMIT_SENT else link.stage
+            return
+        restarted = bool(link.boot_id) and status.boot_id != link.boot_id
+        lost = status.incoming != job.version or status.counters.get("incoming_attempt") != link.attempt
+        if restarted or lost:
+            self._log.warning("ps.pusher.shard_lost_push", shard=link.shard, version=job.version, restarted=restarted)
+            self._begin(job, link)
+
+    def _probe_silent(self, job: _Job) -> None:
+        now = time.monotonic()
+        for link in self._links:
+            if link.stage in (_Stage.ACKED, _Stage.COMMITTED):
+                continue
+            silent_for = now - max(link.last_heard, link.last_probe)
+            if silent_for < self.probe_interval_s:
+                continue
+            if link.stage == _Stage.BEGIN_SENT and link.begin is not None:
+                # The begin may have been lost with a shard that went down: send the same attempt again
+                # (the pipe is ordered, so a duplicate begin always precedes this attempt's chunks).
+                link.last_heard = now
+                links.send(link.sock, link.begin)
+                continue
+            self._probe_ids += 1
+            link.last_probe = now
+            links.send(link.sock, StatusRequest(self._probe_ids))
+
+
+def _all_committed(group: list[_ShardLink]) -> bool:
+    return all(link.stage == _Stage.COMMITTED for link in group)
+
+
+@dataclass
+class _Job:
+    version: int
+    digest: bytes
+    manifest: Manifest
+    payloads: list[list[tuple[ManifestEntry, memoryview]]]
+    deadline: float
+    num_restarts: int = 0

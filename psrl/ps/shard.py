@@ -1,0 +1,373 @@
+"""One parameter-server shard as a server object: its sockets, its versions and a run loop.
+
+An actor (or a test, or a benchmark) hosts it: ``run(stop_event)`` in its own thread or process,
+or ``poll_once()`` from an existing loop. The shard binds two ROUTER sockets, one for the pusher
+and one for pullers, so a large pull never queues in front of a push's control messages.
+
+Publication: a version becomes readable on a shard when the pusher commits it there, which it does
+only after every shard acknowledged holding the version completely. Shard 0 is committed last, so
+its commit hook (``on_commit``) is the single point where the hosting actor announces
+``WeightsPublished(version)``: at that moment every shard serves the version.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import uuid
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import zmq
+
+from psrl.log import get_logger
+from psrl.ps import links
+from psrl.ps.manifest import ManifestEntry
+from psrl.ps.protocol import (
+    Abort,
+    Commit,
+    CommitRefused,
+    Committed,
+    LiveCheck,
+    LiveReply,
+    ManifestReply,
+    ManifestRequest,
+    Message,
+    ProtocolError,
+    PullError,
+    PullRequest,
+    PushAck,
+    PushBegin,
+    PushChunk,
+    PushReady,
+    PushRefused,
+    PushWritten,
+    ShardStatus,
+    StatusRequest,
+    Unavailable,
+)
+from psrl.ps.serving import cast_entries, is_intact, needs_cast
+from psrl.ps.transports import ShardDataPlane, shard_plane
+from psrl.ps.transports.base import EntryBuffers, Landed
+from psrl.ps.versions import NONE, HeldVersion, ShardVersions
+
+IDLE_POLL_MS = 100
+BUSY_POLL_MS = 2
+
+CommitHook = Callable[[int, bytes], None]
+
+
+@dataclass(frozen=True)
+class ShardOptions:
+    shard: int
+    num_shards: int
+    push_endpoint: str
+    pull_endpoint: str
+    transport: str = "zmq"
+    serve_dtype: str | None = None  # None: serve the training dtype as pushed
+    host: str = "127.0.0.1"  # address out-of-band transports listen on
+
+
+class ShardServer:
+    def __init__(
+        self,
+        options: ShardOptions,
+        on_commit: CommitHook | None = None,
+        ctx: zmq.Context[zmq.Socket[bytes]] | None = None,
+    ) -> None:
+        self.options = options
+        self.boot_id = uuid.uuid4().hex[:12]
+        self.counters: Counter[str] = Counter()
+        self.versions: ShardVersions[EntryBuffers] = ShardVersions(options.shard, options.num_shards)
+        self._on_commit = on_commit
+        self._log = get_logger("psrl.ps.shard", shard=options.shard, boot=self.boot_id)
+        self._plane: ShardDataPlane = shard_plane(options.transport, host=options.host)
+        self._own_ctx = ctx is None
+        self._ctx = ctx or zmq.Context()
+        self._push_sock = links.make_router(self._ctx, options.push_endpoint)
+        self._pull_sock = links.make_router(self._ctx, options.pull_endpoint)
+        self._poller = zmq.Poller()
+        self._poller.register(self._push_sock, zmq.POLLIN)
+        self._poller.register(self._pull_sock, zmq.POLLIN)
+        self._push_keys = itertools.count(1)
+        self._incoming_key = 0
+        self._incoming_ident = b""
+        self._nacked: set[tuple[int, int, int]] = set()
+        self._push_handlers: dict[type[Any], Callable[[bytes, Any, zmq.Frame | None], None]] = {
+            PushBegin: self._on_begin,
+            PushChunk: self._on_chunk,
+            PushWritten: self._on_written,
+            Commit: self._on_commit_msg,
+            Abort: self._on_abort,
+            StatusRequest: lambda ident, msg, _: self._reply_status(self._push_sock, ident, msg),
+        }
+        self._pull_handlers: dict[type[Any], Callable[[bytes, Any, zmq.Frame | None], None]] = {
+            ManifestRequest: self._on_manifest,
+            PullRequest: self._on_pull,
+            LiveCheck: self._on_live_check,
+            StatusRequest: lambda ident, msg, _: self._reply_status(self._pull_sock, ident, msg),
+        }
+        self._closed = False
+
+    # loop ---------------------------------------------------------------------------------------
+
+    def run(self, stop: threading.Event) -> None:
+        """Serve until ``stop`` is set, then close the sockets."""
+        try:
+            while not stop.is_set():
+                self.poll_once()
+        finally:
+            self.close()
+
+    def poll_once(self, timeout_ms: int | None = None) -> None:
+        """Wait for traffic (at most ``timeout_ms``) and handle everything that is ready."""
+        if timeout_ms is None:
+            timeout_ms = BUSY_POLL_MS if self._plane.is_busy else IDLE_POLL_MS
+        ready = dict(self._poller.poll(timeout_ms))
+        if self._push_sock in ready:
+            self._drain(self._push_sock, self._push_handlers)
+        if self._pull_sock in ready:
+            self._drain(self._pull_sock, self._pull_handlers)
+        for landed in self._plane.poll_landed():
+            self._on_landed(landed)
+
+    def start_thread(self) -> tuple[threading.Thread, threading.Event]:
+        stop = threading.Event()
+        thread = threading.Thread(target=self.run, args=(stop,), name=f"ps-shard-{self.options.shard}", daemon=True)
+        thread.start()
+        return thread, stop
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._plane.close()
+        self._push_sock.close(linger=0)
+        self._pull_sock.close(linger=0)
+        if self._own_ctx:
+            self._ctx.term()
+
+    def _drain(self, sock: zmq.Socket[bytes], handlers: dict[type[Any], Any]) -> None:
+        # Bounded, so a flood on one socket cannot starve the other.
+        for _ in range(256):
+            try:
+                frames = sock.recv_multipart(flags=zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            try:
+                ident, message, payload = links.split_frames(frames, has_ident=True)
+            except ProtocolError as exc:
+                self._drop("malformed", str(exc))
+                continue
+            handler = handlers.get(type(message))
+            if handler is None:
+                self._drop("unexpected", type(message).__name__)
+                continue
+            try:
+                handler(ident, message, payload)
+            except links.LinkError as exc:
+                self._drop("unroutable", str(exc))
+
+    def _drop(self, what: str, detail: str) -> None:
+        self.counters[f"dropped_{what}"] += 1
+        self._log.warning("ps.shard.dropped", what=what, detail=detail)
+
+    def _push_reply(self, ident: bytes, message: Message) -> None:
+        links.reply(self._push_sock, ident, message)
+
+    # push ---------------------------------------------------------------------------------------
+
+    def _on_begin(self, ident: bytes, begin: PushBegin, _: zmq.Frame | None) -> None:
+        reason = self.versions.check_begin(begin)
+        if reason is not None:
+            self.counters["pushes_refused"] += 1
+            refusal = PushRefused(
+                begin.version, begin.attempt, reason, self.versions.latest_version, self.versions.max_incarnation
+            )
+            self._push_reply(ident, refusal)
+            return
+        buffers = self._plane.allocate(begin.entries)
+        replaced = self.versions.begin(begin, buffers)
+        if replaced is not None:
+            self._plane.release(replaced.buffers)
+        self._incoming_key = next(self._push_keys)
+        self._incoming_ident = ident
+        offer = self._plane.push_offer(buffers, begin, self._incoming_key)
+        self._push_reply(ident, PushReady(begin.version, begin.attempt, self.boot_id, offer))
+        if not begin.entries:
+            self._finish_landing()
+
+    def _on_chunk(self, ident: bytes, chunk: PushChunk, payload: zmq.Frame | None) -> None:
+        match = self.versions.match_chunk(chunk.version, chunk.incarnation, chunk.attempt, chunk.entry_index)
+        if isinstance(match, str):
+            self._nack(ident, (chunk.version, chunk.incarnation, chunk.attempt), match)
+            return
+        incoming = self.versions.incoming
+        if incoming is None or payload is None:
+            return
+        try:
+            view = self._plane.accept_payload(incoming.buffers, match, payload)
+        except ProtocolError as exc:
+            self._fail_incoming(str(exc))
+            return
+        self._land(match, view)
+
+    def _on_written(self, ident: bytes, written: PushWritten, _: zmq.Frame | None) -> None:
+        for index in written.entry_indices:
+            match = self.versions.match_chunk(written.version, written.incarnation, written.attempt, index)
+            if isinstance(match, str):
+                self._nack(ident, (written.version, written.incarnation, written.attempt), match)
+                return
+            incoming = self.versions.incoming
+            if incoming is not None:
+                self._land(match, incoming.buffers.view(index))
+
+    def _on_landed(self, landed: Landed) -> None:
+        incoming = self.versions.incoming
+        if incoming is None or landed.key != self._incoming_key:
+            self.counters["dropped_stale_landing"] += 1
+            return
+        entry = incoming.entries.get(landed.entry_index)
+        if entry is None or landed.entry_index in incoming.landed:
+            self.counters["dropped_stale_landing"] += 1
+            return
+        self._land(entry, landed.view)
+
+    def _land(self, entry: ManifestEntry, view: memoryview) -> None:
+        incoming = self.versions.incoming
+        if incoming is None:
+            return
+        if not is_intact(entry, view, incoming.algorithm):
+            self.counters["checksum_failures"] += 1
+            self._fail_incoming(f"entry {entry.index} ({entry.name}) failed its checksum")
+            return
+        self.counters["bytes_received"] += entry.num_bytes
+        if self.versions.mark_landed(entry.index):
+            self._finish_landing()
+
+    def _finish_landing(self) -> None:
+        incoming = self.versions.incoming
+        if incoming is None:
+            return
+        entries = tuple(incoming.entries[i] for i in sorted(incoming.entries))
+        if needs_cast(entries, self.options.serve_dtype) and self.options.serve_dtype is not None:
+            served, buffers = cast_entries(entries, incoming.buffers, self.options.serve_dtype, incoming.algorithm)
+            self._plane.adopt(buffers)
+            self._plane.release(incoming.buffers)
+        else:
+            served, buffers = entries, incoming.buffers
+        self.versions.finalize(served, buffers)
+        self._push_reply(self._incoming_ident, PushAck(incoming.version, incoming.attempt, is_ok=True))
+
+    def _fail_incoming(self, reason: str) -> None:
+        incoming = self.versions.incoming
+        if incoming is None:
+            return
+        self._log.warning("ps.shard.push_failed", version=incoming.version, attempt=incoming.attempt, reason=reason)
+        self.versions.abort(incoming.version, incoming.incarnation)
+        self._plane.release(incoming.buffers)
+        self._push_reply(self._incoming_ident, PushAck(incoming.version, incoming.attempt, is_ok=False, reason=reason))
+
+    def _nack(self, ident: bytes, key: tuple[int, int, int], reason: str) -> None:
+        self.counters["dropped_stale_chunks"] += 1
+        if key in self._nacked:
+            return
+        if len(self._nacked) > 1024:
+            self._nacked.clear()
+        self._nacked.add(key)
+        self._push_reply(ident, PushAck(key[0], key[2], is_ok=False, reason=reason))
+
+    def _on_commit_msg(self, ident: bytes, commit: Commit, _: zmq.Frame | None) -> None:
+        outcome = self.versions.commit(commit.version, commit.incarnation)
+        if not outcome.is_ok:
+            self._push_reply(ident, CommitRefused(commit.version, outcome.reason))
+            return
+        if outcome.retired is not None:
+            self._plane.release(outcome.retired.buffers)
+            self.counters["versions_retired"] += 1
+        if outcome.is_new:
+            self.counters["versions_committed"] += 1
+            self._log.info("ps.shard.committed", version=commit.version)
+            if self._on_commit is not None and self.versions.latest is not None:
+                self._on_commit(commit.version, self.versions.latest.digest)
+        self._push_reply(ident, Committed(commit.version))
+
+    def _on_abort(self, ident: bytes, abort: Abort, _: zmq.Frame | None) -> None:
+        dropped = self.versions.abort(abort.version, abort.incarnation)
+        if dropped is not None:
+            self._plane.release(dropped.buffers)
+
+    # pull ---------------------------------------------------------------------------------------
+
+    def _unavailable(self, request_id: int, version: int) -> Unavailable:
+        reason = "retired" if 0 <= version < self.versions.previous_version else "not committed"
+        return Unavailable(request_id, version, self.versions.latest_version, self.versions.previous_version, reason)
+
+    def _on_manifest(self, ident: bytes, request: ManifestRequest, _: zmq.Frame | None) -> None:
+        held = self.versions.lookup(request.version)
+        if held is None:
+            links.reply(self._pull_sock, ident, self._unavailable(request.request_id, request.version))
+            return
+        reply = ManifestReply(
+            request.request_id,
+            held.version,
+            held.digest,
+            held.num_shards,
+            held.num_entries,
+            held.algorithm,
+            held.entries,
+            self._plane.pull_offer(held.buffers),
+        )
+        links.reply(self._pull_sock, ident, reply)
+
+    def _on_pull(self, ident: bytes, request: PullRequest, _: zmq.Frame | None) -> None:
+        held = self.versions.lookup(request.version)
+        if held is None:
+            self.counters["pulls_refused"] += 1
+            reason = f"version {request.version} is {self._unavailable(request.request_id, request.version).reason}"
+            links.reply(self._pull_sock, ident, PullError(request.request_id, request.version, reason))
+            return
+        entries = _requested(held, request.entry_indices)
+        if entries is None:
+            links.reply(self._pull_sock, ident, PullError(request.request_id, request.version, "unknown entry indices"))
+            return
+
+        def reply(message: Message, payload: memoryview | None) -> None:
+            links.reply(self._pull_sock, ident, message, payload)
+
+        self._plane.serve(reply, request, entries, held.buffers)
+        self.counters["pulls_served"] += 1
+        self.counters["bytes_served"] += sum(e.num_bytes for e in entries)
+
+    def _on_live_check(self, ident: bytes, check: LiveCheck, _: zmq.Frame | None) -> None:
+        is_live = self.versions.lookup(check.version) is not None
+        links.reply(self._pull_sock, ident, LiveReply(check.request_id, check.version, is_live))
+
+    def status(self, request_id: int = 0) -> ShardStatus:
+        incoming = self.versions.incoming
+        counters = dict(self.counters)
+        if incoming is not None:
+            counters["incoming_attempt"] = incoming.attempt
+            counters["incoming_landed"] = len(incoming.landed)
+        return ShardStatus(
+            request_id,
+            self.options.shard,
+            self.boot_id,
+            self.versions.latest_version,
+            self.versions.previous_version,
+            incoming.version if incoming is not None else NONE,
+            self.versions.max_incarnation,
+            counters,
+        )
+
+    def _reply_status(self, sock: zmq.Socket[bytes], ident: bytes, request: StatusRequest) -> None:
+        links.reply(sock, ident, self.status(request.request_id))
+
+
+def _requested(held: HeldVersion[EntryBuffers], indices: tuple[int, ...]) -> list[ManifestEntry] | None:
+    entries = [held.by_index.get(i) for i in indices]
+    if any(e is None for e in entries):
+        return None
+    return [e for e in entries if e is not None]
