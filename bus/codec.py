@@ -15,6 +15,7 @@ import msgspec
 import numpy as np
 import zmq
 
+import bus.messages  # noqa: F401  (registers every kind in CATALOGUE)
 from bus import upgrade
 from bus.arrays import MAX_ARRAY_FRAMES, Buffer, decode_array, encode_array
 from bus.errors import DecodeError, DropReason

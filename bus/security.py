@@ -70,8 +70,12 @@ def _create_pair(root: Path, name: str, force: bool) -> list[Path]:
         raise BusError(f"{public} already exists; pass --force to replace the key pair")
     for path in (public, secret):
         path.unlink(missing_ok=True)
-    public_file, secret_file = zmq.auth.create_certificates(str(root), name)
-    os.chmod(secret_file, 0o600)
+    old_umask = os.umask(0o077)  # the secret file must never exist world-readable, even briefly
+    try:
+        public_file, secret_file = zmq.auth.create_certificates(str(root), name)
+    finally:
+        os.umask(old_umask)
+    os.chmod(public_file, 0o644)
     return [Path(public_file), Path(secret_file)]
 
 

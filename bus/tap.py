@@ -1,0 +1,129 @@
+"""What `psrl tap` shows: event filters and the readable and JSON renderings of an event."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass
+from enum import IntEnum
+from typing import Any
+
+import msgspec
+import numpy as np
+
+from bus.schema import Event
+
+_SHOWN_ITEMS = 8
+
+
+@dataclass(frozen=True)
+class TapFilter:
+    """Which events to show. Kind prefixes filter inside libzmq; the rest is checked per event."""
+
+    kinds: tuple[str, ...] = ()
+    actors: tuple[str, ...] = ()
+    request_ids: tuple[int, ...] = ()
+    versions: tuple[int, ...] = ()
+
+    def subscriptions(self) -> list[str]:
+        return list(self.kinds) or [""]
+
+    def matches(self, event: Event[Any]) -> bool:
+        env = event.envelope
+        if self.actors and env.sender not in self.actors and env.actor not in self.actors:
+            return False
+        if self.request_ids and not set(self.request_ids) & set(request_ids_of(event)):
+            return False
+        return not self.versions or bool(set(self.versions) & set(versions_of(event)))
+
+
+def request_ids_of(event: Event[Any]) -> list[int]:
+    """Request ids an event is about: the envelope's, and the message's request_id(s) fields."""
+    ids = [] if event.envelope.request_id is None else [event.envelope.request_id]
+    message = event.message
+    single = getattr(message, "request_id", None)
+    if isinstance(single, int):
+        ids.append(single)
+    many = getattr(message, "request_ids", None)
+    if isinstance(many, list):
+        ids.extend(many)
+    return ids
+
+
+def versions_of(event: Event[Any]) -> list[int]:
+    """Model versions an event is about: the envelope's, and the message's version field."""
+    versions = [] if event.envelope.model_version is None else [event.envelope.model_version]
+    version = getattr(event.message, "version", None)
+    if isinstance(version, int):
+        versions.append(version)
+    return versions
+
+
+def to_builtins(value: Any) -> Any:
+    """JSON-ready form: structs as objects with field names, arrays as lists, enums by name."""
+    if isinstance(value, msgspec.Struct):
+        return {name: to_builtins(getattr(value, name)) for name in value.__struct_fields__}
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, IntEnum):
+        return value.name.lower()
+    if isinstance(value, list | tuple):
+        return [to_builtins(v) for v in value]
+    if isinstance(value, dict):
+        return {k: to_builtins(v) for k, v in value.items()}
+    return value
+
+
+def format_json(event: Event[Any]) -> str:
+    data = {
+        "event_id": event.envelope.event_id,
+        "envelope": to_builtins(event.envelope),
+        "message": to_builtins(event.message),
+    }
+    return json.dumps(data, separators=(",", ":"))
+
+
+def format_line(event: Event[Any]) -> str:
+    """One readable line: wall time, event id, kind, envelope context, then the message fields."""
+    env = event.envelope
+    when = dt.datetime.fromtimestamp(env.wall_ns / 1e9, tz=dt.timezone.utc).strftime("%H:%M:%S.%f")
+    context = [
+        f"{label}={value}"
+        for label, value in (
+            ("req", env.request_id),
+            ("prompt", env.prompt_id),
+            ("v", env.model_version),
+            ("parent", env.parent),
+        )
+        if value is not None
+    ]
+    fields = [f"{name}={_short(getattr(event.message, name))}" for name in event.message.__struct_fields__]
+    return " ".join([when, f"{env.event_id:<22}", f"{env.kind:<22}", *context, "|", *fields])
+
+
+def _short(value: Any) -> str:
+    if isinstance(value, np.ndarray):
+        items = _items(value.ravel().tolist())
+        return f"{value.dtype}{list(value.shape)}{items}"
+    if isinstance(value, IntEnum):
+        return value.name.lower()
+    if isinstance(value, msgspec.Struct):
+        inner = ",".join(f"{n}={_short(getattr(value, n))}" for n in value.__struct_fields__)
+        return "{" + inner + "}"
+    if isinstance(value, list):
+        return _items(value)
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    if isinstance(value, str):
+        return repr(value) if (not value or " " in value) else value
+    if isinstance(value, dict):
+        return "{" + ",".join(f"{k}:{_short(v)}" for k, v in value.items()) + "}"
+    return str(value)
+
+
+def _items(values: Iterable[Any]) -> str:
+    listed = list(values)
+    shown = ",".join(_short(v) for v in listed[:_SHOWN_ITEMS])
+    more = f",…+{len(listed) - _SHOWN_ITEMS}" if len(listed) > _SHOWN_ITEMS else ""
+    return f"[{shown}{more}]"

@@ -1,0 +1,117 @@
+"""`psrl tap`: a live, filtered view of a running run's bus.
+
+Tapping only subscribes: it sends nothing, and a tap that falls behind loses events at its own
+high-water mark without slowing the run (see docs/protocol.md, back-pressure).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import click
+import zmq
+
+from bus.addresses import BusAddresses
+from bus.errors import BusError
+from bus.schema import kinds_matching
+from bus.security import load_keys
+from bus.sockets import SocketOptions
+from bus.subscriber import Subscriber
+from bus.tap import TapFilter, format_json, format_line
+
+TAP_HWM = 10_000
+_MAX_BATCH = 100
+
+
+@click.command()
+@click.argument("run_dir", required=False, type=click.Path(file_okay=False, path_type=Path))
+@click.option("--address", help="Events address of a proxy (events_out), instead of reading RUN_DIR/bus.json.")
+@click.option("--control-address", help="With --address: the control channel's address (control_out) too.")
+@click.option("--kind", "kinds", multiple=True, help="Kind or kind prefix, e.g. gen.result or gen. (repeatable).")
+@click.option("--actor", "actors", multiple=True, help="Sender name, or name#incarnation (repeatable).")
+@click.option("--request", "request_ids", multiple=True, type=int, help="Request id (repeatable).")
+@click.option("--version", "versions", multiple=True, type=int, help="Model version (repeatable).")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per line instead of readable lines.")
+@click.option("--count", type=int, default=0, help="Exit after this many events (0 = run until Ctrl-C).")
+@click.option("--duration", type=float, default=0.0, help="Exit after this many seconds (0 = no limit).")
+def tap(
+    *,
+    run_dir: Path | None,
+    address: str | None,
+    control_address: str | None,
+    kinds: tuple[str, ...],
+    actors: tuple[str, ...],
+    request_ids: tuple[int, ...],
+    versions: tuple[int, ...],
+    as_json: bool,
+    count: int,
+    duration: float,
+) -> None:
+    """Show the events of a running run: psrl tap RUN_DIR [--kind gen.] [--json]."""
+    filters = TapFilter(kinds, actors, request_ids, versions)
+    for prefix in kinds:
+        if not kinds_matching(prefix):
+            click.echo(f"warning: no known kind starts with {prefix!r}", err=True)
+    try:
+        addresses, options = _resolve(run_dir, address, control_address)
+    except BusError as exc:
+        raise click.ClickException(str(exc)) from exc
+    ctx = zmq.Context()
+    subs = _subscribers(ctx, addresses, filters, options)
+    try:
+        num_shown = _show(subs, filters, as_json, count, duration)
+    except KeyboardInterrupt:
+        num_shown = -1
+    except BrokenPipeError:
+        sys.stderr.close()  # the reader went away (e.g. `| head`): nothing left to report
+        num_shown = -1
+    finally:
+        drops = sum(s.drops.total for s in subs)
+        for sub in subs:
+            sub.close()
+        ctx.term()
+    if num_shown >= 0 and drops:
+        click.echo(f"{drops} malformed message(s) dropped", err=True)
+
+
+def _resolve(run_dir: Path | None, address: str | None, control_address: str | None) -> tuple[list[str], SocketOptions]:
+    if address is None and run_dir is None:
+        raise BusError("give a run directory or --address")
+    if address is not None:
+        return [a for a in (control_address, address) if a], SocketOptions(hwm=TAP_HWM)
+    saved = BusAddresses.load(run_dir or Path("."))
+    curve = load_keys(saved.curve_dir) if saved.curve_dir else None
+    return [saved.control_out, saved.events_out], SocketOptions(hwm=TAP_HWM, curve=curve)
+
+
+def _subscribers(
+    ctx: zmq.Context[zmq.Socket[bytes]], addresses: list[str], filters: TapFilter, options: SocketOptions
+) -> list[Subscriber]:
+    return [Subscriber(ctx, a, filters.subscriptions(), options=options, name=f"tap:{a}") for a in addresses]
+
+
+def _show(subs: list[Subscriber], filters: TapFilter, as_json: bool, count: int, duration: float) -> int:
+    """Print matching events until count or duration is reached; returns how many were shown."""
+    poller = zmq.Poller()
+    for sub in subs:
+        poller.register(sub.socket, zmq.POLLIN)
+    deadline = time.monotonic() + duration if duration > 0 else None
+    render = format_json if as_json else format_line
+    num_shown = 0
+    while count <= 0 or num_shown < count:
+        wait_ms = 200 if deadline is None else int((deadline - time.monotonic()) * 1000)
+        if wait_ms <= 0:
+            break
+        poller.poll(min(wait_ms, 200))
+        for sub in subs:  # control first: it is listed first
+            for _ in range(_MAX_BATCH):
+                if (count > 0 and num_shown >= count) or not sub.socket.poll(0):
+                    break
+                event = sub.try_recv()
+                if event is not None and filters.matches(event):
+                    click.echo(render(event))
+                    num_shown += 1
+        sys.stdout.flush()
+    return num_shown
