@@ -68,15 +68,18 @@ class Publisher:
         send_frames(self._sockets[message.CHANNEL], frames)
         return envelope
 
-    def wait_subscribed(self, timeout_s: float, channel: Channel = Channel.EVENTS) -> bool:
-        """Wait until at least one subscription reached this publisher; False on timeout."""
-        socket = self._sockets[channel]
+    def wait_subscribed(
+        self, timeout_s: float, channels: tuple[Channel, ...] = (Channel.EVENTS, Channel.CONTROL)
+    ) -> bool:
+        """Wait until each channel has at least one subscription (e.g. the logger's); False on timeout."""
         deadline = time.monotonic() + timeout_s
-        while not self._subscriptions[channel]:
-            remaining_ms = int((deadline - time.monotonic()) * 1000)
-            if remaining_ms <= 0 or not socket.poll(remaining_ms):
-                return False
-            self._read_subscriptions(channel)
+        for channel in channels:
+            socket = self._sockets[channel]
+            while not self._subscriptions[channel]:
+                remaining_ms = int((deadline - time.monotonic()) * 1000)
+                if remaining_ms <= 0 or not socket.poll(remaining_ms):
+                    return False
+                self._read_subscriptions(channel)
         return True
 
     def _read_subscriptions(self, channel: Channel) -> None:

@@ -12,6 +12,7 @@ from typing import Any
 import msgspec
 import numpy as np
 
+from bus.plain import to_builtins
 from bus.schema import Event
 
 _SHOWN_ITEMS = 8
@@ -58,21 +59,6 @@ def versions_of(event: Event[Any]) -> list[int]:
     if isinstance(version, int):
         versions.append(version)
     return versions
-
-
-def to_builtins(value: Any) -> Any:
-    """JSON-ready form: structs as objects with field names, arrays as lists, enums by name."""
-    if isinstance(value, msgspec.Struct):
-        return {name: to_builtins(getattr(value, name)) for name in value.__struct_fields__}
-    if isinstance(value, np.ndarray):
-        return value.tolist()
-    if isinstance(value, IntEnum):
-        return value.name.lower()
-    if isinstance(value, list | tuple):
-        return [to_builtins(v) for v in value]
-    if isinstance(value, dict):
-        return {k: to_builtins(v) for k, v in value.items()}
-    return value
 
 
 def format_json(event: Event[Any]) -> str:

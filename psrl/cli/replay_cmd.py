@@ -1,0 +1,47 @@
+"""`psrl replay RUN`: the timeline of a recorded run and its decision checks."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from psrl.errors import ConfigError
+
+
+@click.command()
+@click.argument("run_dir", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="Print the report as one JSON document.")
+@click.option("--check", "checks", multiple=True, help="Run a decision checker (repeatable; 'all' = every one).")
+@click.option(
+    "--what-if", "what_if", multiple=True, help="key=value override: report which checked decisions would change."
+)
+@click.option("--list-checkers", is_flag=True, help="List the registered checkers and exit.")
+def replay(
+    *, run_dir: Path, as_json: bool, checks: tuple[str, ...], what_if: tuple[str, ...], list_checkers: bool
+) -> None:
+    """Summarize RUN_DIR/events and check recorded decisions.
+
+    Exit status 1 when a checker disagrees with a recorded decision (under the run's own config).
+    """
+    from psrl.replay import ReplayError, available_checkers, replay_run
+    from psrl.replay.render import render_report
+
+    if list_checkers:
+        for name, cls in available_checkers().items():
+            click.echo(f"{name:<16} decisions: {', '.join(cls.decisions) or '-'}   {(cls.__doc__ or '').strip()[:60]}")
+        return
+    if what_if and not checks:
+        raise click.UsageError("--what-if needs at least one --check")
+    try:
+        report = replay_run(run_dir, checks, what_if)
+    except (ReplayError, ConfigError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    if as_json:
+        click.echo(json.dumps(report.to_json(), indent=1, default=str))
+    else:
+        click.echo(render_report(report))
+    if any(c.agreement.num_disagree for c in report.checkers):
+        sys.exit(1)
