@@ -63,6 +63,11 @@ class Mirror:
         self._dirty.discard(name)
         return self._tensors[name]
 
+    def forget(self, entry: ManifestEntry) -> None:
+        """The mirror's bytes of ``entry`` are not trusted any more."""
+        self._held.pop(entry.index, None)
+        self._dirty.add(entry.name)
+
     def mark_dirty(self, name: str) -> None:
         self._dirty.add(name)
 

@@ -346,9 +346,12 @@ class Puller:
         if mirror is None:
             return
         if plan.algorithm != NO_CHECKSUM:
-            for entry in plan.entries:
-                if checksum(mirror.entry_view(entry)) != entry.checksum:
-                    raise PullFailedError(plan.version, f"reconstruction of entry {entry.index} ({entry.name}) differs")
+            wrong = [e for e in plan.entries if checksum(mirror.entry_view(e)) != e.checksum]
+            for entry in wrong:
+                mirror.forget(entry)  # the retry fetches it again
+            if wrong:
+                names = sorted({e.name for e in wrong})
+                raise PullFailedError(plan.version, f"reconstruction differs in {len(wrong)} entries: {names[:3]}")
         for name in mirror.take_dirty():
             assembly.num_loaded += 1
             yield name, self._cast(mirror.tensor(name))
