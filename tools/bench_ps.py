@@ -35,10 +35,10 @@ import zmq
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from psrl.log import configure  # noqa: E402
-from psrl.ps.local import LocalShards  # noqa: E402
-from psrl.ps.puller import Puller, PullResult  # noqa: E402
-from psrl.ps.pusher import Pusher, PushResult  # noqa: E402
+from psrl.log import configure
+from psrl.ps.local import LocalShards
+from psrl.ps.puller import Puller, PullResult
+from psrl.ps.pusher import Pusher, PushResult
 
 GB = 1e9
 HIDDEN, INTER, HEADS, KV_HEADS = 896, 4864, 14, 2  # Qwen2.5-0.5B

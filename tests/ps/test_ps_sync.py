@@ -9,7 +9,7 @@ import torch
 import zmq
 from ps_helpers import Collector, ThreadShards, assert_same, small_model, transport_params
 
-from psrl.ps import LATEST, PullFailedError, Puller, Pusher, PushRefusedError
+from psrl.ps import LATEST, Puller, PullFailedError, Pusher, PushRefusedError
 from psrl.ps.protocol import PushBegin, encode
 from psrl.ps.transports.zmq_frames import ZmqPushDataPlane
 
