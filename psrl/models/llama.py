@@ -44,7 +44,7 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = nn.Parameter(torch.empty(spec.hidden_size))
         qkv_size = spec.q_size + 2 * spec.kv_size
         self.qkv_proj = nn.Linear(spec.hidden_size, qkv_size, bias=spec.has_qkv_bias)
-        self.o_proj = nn.Linear(spec.q_size, spec.hidden_size, bias=False)
+        self.o_proj = nn.Linear(spec.q_size, spec.hidden_size, bias=spec.has_o_bias)
         self.gate_up_proj = nn.Linear(spec.hidden_size, 2 * spec.intermediate_size, bias=spec.has_mlp_bias)
         self.down_proj = nn.Linear(spec.intermediate_size, spec.hidden_size, bias=spec.has_mlp_bias)
 

@@ -59,6 +59,8 @@ def expected_weight_names(spec: ModelSpec) -> list[str]:
             if spec.has_qkv_bias:
                 names.append(f"{prefix}self_attn.{proj}.bias")
         names.append(prefix + "self_attn.o_proj.weight")
+        if spec.has_o_bias:
+            names.append(prefix + "self_attn.o_proj.bias")
         for proj in ("gate_proj", "up_proj", "down_proj"):
             names.append(f"{prefix}mlp.{proj}.weight")
             if spec.has_mlp_bias:

@@ -43,6 +43,7 @@ class ModelSpec:
     max_position_embeddings: int
     rope: RopeSpec
     has_qkv_bias: bool
+    has_o_bias: bool  # Llama's attention_bias covers o_proj too; Qwen2's qkv bias does not
     has_mlp_bias: bool
     tie_word_embeddings: bool
     eos_token_ids: tuple[int, ...]
@@ -88,6 +89,7 @@ class ModelSpec:
             max_position_embeddings=int(config.get("max_position_embeddings", 2048)),
             rope=_read_rope(config),
             has_qkv_bias=model_type == "qwen2" or bool(config.get("attention_bias", False)),
+            has_o_bias=model_type == "llama" and bool(config.get("attention_bias", False)),
             has_mlp_bias=bool(config.get("mlp_bias", False)),
             tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
             eos_token_ids=_read_eos(config, generation or {}),
