@@ -49,7 +49,7 @@ from psrl.ps.protocol import (
     Unavailable,
 )
 from psrl.ps.serving import is_intact
-from psrl.ps.transports import PullDataPlane, pull_plane
+from psrl.ps.transports import PullDataPlane, TransportError, pull_plane
 from psrl.ps.versions import NONE
 
 LoadFn = Callable[[str, torch.Tensor], None]
@@ -319,7 +319,11 @@ class Puller:
     def _arrivals(
         self, plan: _Plan, request_ids: dict[int, int], owner: dict[int, int], pending: dict[int, ManifestEntry]
     ) -> Iterator[tuple[ManifestEntry, memoryview]]:
-        for landed in self._plane.poll_landed():
+        try:
+            landed_now = self._plane.poll_landed()
+        except TransportError as exc:
+            raise PullFailedError(plan.version, str(exc)) from None
+        for landed in landed_now:
             if landed.key in owner and landed.entry_index in pending:
                 yield pending[landed.entry_index], landed.view
         timeout_ms = 1 if self._plane.is_busy else 100

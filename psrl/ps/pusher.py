@@ -217,7 +217,9 @@ class Pusher:
             if time.perf_counter() > job.deadline:
                 stuck = [link.shard for link in self._links if link.stage < _Stage.ACKED]
                 raise PushFailedError(job.version, f"timed out; shards not done: {stuck}")
-            self._plane.progress()
+            for shard in self._plane.progress():
+                self._log.warning("ps.pusher.transport_failed", shard=shard, version=job.version)
+                self._begin(job, self._links[shard])
             timeout_ms = 1 if self._plane.is_busy else 50
             for sock, _ in self._poller.poll(timeout_ms):
                 self._drain(job, self._by_sock[sock])

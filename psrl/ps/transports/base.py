@@ -127,8 +127,9 @@ class PushDataPlane(ABC):
     ) -> None:
         """Start sending one shard its entries (returns without waiting for the bytes to arrive)."""
 
-    def progress(self) -> None:  # noqa: B027 (optional hook)
-        """Drive asynchronous sends; raises TransportError when one failed."""
+    def progress(self) -> list[int]:
+        """Drive asynchronous sends; returns the shards whose send failed (their attempt restarts)."""
+        return []
 
     @property
     def is_busy(self) -> bool:
