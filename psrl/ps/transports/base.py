@@ -41,6 +41,7 @@ class EntryBuffers:
 
     views: dict[int, memoryview] = field(default_factory=dict)
     backing: np.ndarray | None = None
+    offsets: dict[int, int] = field(default_factory=dict)  # byte offset of each entry in ``backing``
     handle: Any = None
 
     @classmethod
@@ -50,7 +51,13 @@ class EntryBuffers:
         backing = np.empty(max(size, 1), dtype=np.uint8)
         whole = backing.data
         views = {e.index: whole[o : o + e.num_bytes] for e, o in zip(entries, offsets, strict=True)}
-        return cls(views=views, backing=backing)
+        return cls(views=views, backing=backing, offsets={e.index: o for e, o in zip(entries, offsets, strict=True)})
+
+    def address(self, index: int) -> int:
+        """Virtual address of an entry in the contiguous backing buffer."""
+        if self.backing is None:
+            raise TransportError("entry buffers without a contiguous backing have no address")
+        return int(self.backing.ctypes.data) + self.offsets[index]
 
     def view(self, index: int) -> memoryview:
         return self.views[index]

@@ -1,0 +1,241 @@
+"""NIXL one-sided transfers over UCX (DRAM to DRAM here; GPU memory where UCX supports it).
+
+Needs the optional ``nixl`` package (extra ``kv``). Each shard, pusher and puller owns one NIXL
+agent. A shard registers the contiguous buffer of every version it holds and advertises, in its
+``PushReady`` and ``ManifestReply`` offers, the agent's metadata and the address of every entry.
+Push: the pusher WRITEs its tensors' bytes straight into the shard's incoming buffer, then tells
+the shard with ``PushWritten``; the shard verifies the entries like any others. Pull: the puller
+READs the entries into its own registered buffer without involving the shard's loop; because a
+one-sided read cannot see a version being retired, the puller confirms with a ``LiveCheck`` after
+the read (and every entry is checked against its checksum anyway).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+import msgspec
+import numpy as np
+import zmq
+
+from psrl.errors import MissingExtraError
+from psrl.ps import links
+from psrl.ps.manifest import ManifestEntry
+from psrl.ps.protocol import PullError, PullRequest, PushBegin, PushWritten
+from psrl.ps.transports.base import (
+    EntryBuffers,
+    Landed,
+    PullDataPlane,
+    PushDataPlane,
+    Replier,
+    ShardDataPlane,
+    TransportError,
+)
+
+DRAM = "DRAM"
+
+
+class _Offer(msgspec.Struct, array_like=True, frozen=True):
+    agent: str
+    metadata: bytes
+    addresses: dict[int, tuple[int, int]]  # entry index -> (address, bytes)
+
+
+def _agent(prefix: str) -> Any:
+    try:
+        from nixl._api import nixl_agent, nixl_agent_config
+    except ImportError:
+        raise MissingExtraError("psrl.ps.transport=nixl", "kv", "nixl") from None
+    return nixl_agent(f"{prefix}-{uuid.uuid4().hex[:12]}", nixl_agent_config(backends=["UCX"]))
+
+
+def _address(view: memoryview) -> int:
+    return int(np.frombuffer(view, dtype=np.uint8).ctypes.data)
+
+
+def _register(agent: Any, buffers: EntryBuffers) -> None:
+    if buffers.backing is not None and buffers.backing.nbytes and buffers.handle is None:
+        buffers.handle = agent.register_memory(
+            [(int(buffers.backing.ctypes.data), buffers.backing.nbytes, 0, "")], DRAM
+        )
+
+
+def _start(
+    agent: Any, op: str, local: list[tuple[int, int, int]], remote: list[tuple[int, int, int]], peer: str
+) -> Any:
+    handle = agent.initialize_xfer(op, agent.get_xfer_descs(local, DRAM), agent.get_xfer_descs(remote, DRAM), peer)
+    if agent.transfer(handle) == "ERR":
+        agent.release_xfer_handle(handle)
+        raise TransportError(f"NIXL {op} to {peer} failed to start")
+    return handle
+
+
+def _state(agent: Any, handle: Any) -> str:
+    state = agent.check_xfer_state(handle)
+    if state in ("DONE", "ERR"):
+        agent.release_xfer_handle(handle)
+    return str(state)
+
+
+class NixlShardDataPlane(ShardDataPlane):
+    name: ClassVar[str] = "nixl"
+    is_in_band: ClassVar[bool] = False
+
+    def __init__(self) -> None:
+        self._agent = _agent("psrl-ps")
+
+    def allocate(self, entries: Sequence[ManifestEntry]) -> EntryBuffers:
+        buffers = EntryBuffers.contiguous(entries)
+        _register(self._agent, buffers)
+        return buffers
+
+    def adopt(self, buffers: EntryBuffers) -> None:
+        _register(self._agent, buffers)
+
+    def _offer(self, buffers: EntryBuffers) -> bytes:
+        addresses = {i: (buffers.address(i), len(v)) for i, v in buffers.views.items() if len(v)}
+        offer = _Offer(self._agent.name, self._agent.get_agent_metadata(), addresses)
+        return msgspec.msgpack.encode(offer)
+
+    def push_offer(self, buffers: EntryBuffers, begin: PushBegin, key: int) -> bytes:
+        return self._offer(buffers)
+
+    def pull_offer(self, buffers: EntryBuffers) -> bytes:
+        return self._offer(buffers)
+
+    def serve(
+        self, reply: Replier, request: PullRequest, entries: Sequence[ManifestEntry], buffers: EntryBuffers
+    ) -> None:
+        reply(PullError(request.request_id, request.version, "nixl pulls read shard memory directly"), None)
+
+    def release(self, buffers: EntryBuffers) -> None:
+        if buffers.handle is not None:
+            self._agent.deregister_memory(buffers.handle)
+            buffers.handle = None
+
+
+class NixlPushDataPlane(PushDataPlane):
+    name: ClassVar[str] = "nixl"
+
+    def __init__(self) -> None:
+        self._agent = _agent("psrl-pusher")
+        self._registered: dict[tuple[int, int], Any] = {}  # trainer memory stays registered across pushes
+        self._pending: dict[int, tuple[Any, zmq.Socket[bytes], PushBegin, tuple[int, ...]]] = {}
+
+    def send(
+        self,
+        sock: zmq.Socket[bytes],
+        begin: PushBegin,
+        offer: bytes,
+        payloads: Sequence[tuple[ManifestEntry, memoryview]],
+    ) -> None:
+        if not payloads:
+            return
+        remote = msgspec.msgpack.decode(offer, type=_Offer)
+        self._agent.add_remote_agent(remote.metadata)
+        local, far = [], []
+        for entry, view in payloads:
+            if len(view) == 0:
+                continue
+            address = _address(view)
+            self._register(address, len(view))
+            local.append((address, len(view), 0))
+            far.append((*remote.addresses[entry.index], 0))
+        indices = tuple(entry.index for entry, _ in payloads)
+        shard = payloads[0][0].shard
+        if not local:
+            links.send(sock, PushWritten(begin.version, begin.incarnation, begin.attempt, indices))
+            return
+        handle = _start(self._agent, "WRITE", local, far, remote.agent)
+        self._pending[shard] = (handle, sock, begin, indices)
+
+    def _register(self, address: int, size: int) -> None:
+        if (address, size) not in self._registered:
+            self._registered[(address, size)] = self._agent.register_memory([(address, size, 0, "")], DRAM)
+
+    def progress(self) -> list[int]:
+        failed = []
+        for shard, (handle, sock, begin, indices) in list(self._pending.items()):
+            state = _state(self._agent, handle)
+            if state == "DONE":
+                del self._pending[shard]
+                links.send(sock, PushWritten(begin.version, begin.incarnation, begin.attempt, indices))
+            elif state == "ERR":
+                del self._pending[shard]
+                failed.append(shard)
+        return failed
+
+    @property
+    def is_busy(self) -> bool:
+        return bool(self._pending)
+
+    def cancel(self, shard_key: int) -> None:
+        self._pending.pop(shard_key, None)
+
+    def close(self) -> None:
+        for handle in self._registered.values():
+            self._agent.deregister_memory(handle)
+        self._registered.clear()
+
+
+class NixlPullDataPlane(PullDataPlane):
+    name: ClassVar[str] = "nixl"
+
+    def __init__(self) -> None:
+        self._agent = _agent("psrl-puller")
+        self._pending: dict[int, tuple[Any, list[ManifestEntry], EntryBuffers]] = {}
+        self._staging: dict[int, EntryBuffers] = {}  # per shard, reused while the layout is unchanged
+        self._staging_layout: dict[int, tuple[tuple[int, int], ...]] = {}
+
+    @property
+    def needs_live_check(self) -> bool:
+        return True
+
+    def request(
+        self, sock: zmq.Socket[bytes], request: PullRequest, offer: bytes, entries: Sequence[ManifestEntry]
+    ) -> None:
+        remote = msgspec.msgpack.decode(offer, type=_Offer)
+        self._agent.add_remote_agent(remote.metadata)
+        buffers = self._staging_for(entries[0].shard, entries)
+        local = [(buffers.address(e.index), e.num_bytes, 0) for e in entries if e.num_bytes]
+        far = [(*remote.addresses[e.index], 0) for e in entries if e.num_bytes]
+        handle = _start(self._agent, "READ", local, far, remote.agent) if local else None
+        self._pending[request.request_id] = (handle, list(entries), buffers)
+
+    def _staging_for(self, shard: int, entries: Sequence[ManifestEntry]) -> EntryBuffers:
+        layout = tuple((e.index, e.num_bytes) for e in entries)
+        if self._staging_layout.get(shard) != layout:
+            old = self._staging.pop(shard, None)
+            if old is not None and old.handle is not None:
+                self._agent.deregister_memory(old.handle)
+            self._staging[shard] = EntryBuffers.contiguous(entries)
+            _register(self._agent, self._staging[shard])
+            self._staging_layout[shard] = layout
+        return self._staging[shard]
+
+    def poll_landed(self) -> list[Landed]:
+        out: list[Landed] = []
+        for request_id, (handle, entries, buffers) in list(self._pending.items()):
+            state = "DONE" if handle is None else _state(self._agent, handle)
+            if state == "ERR":
+                del self._pending[request_id]
+                raise TransportError(f"NIXL read of request {request_id} failed")
+            if state == "DONE":
+                del self._pending[request_id]
+                out.extend(Landed(request_id, e.index, buffers.view(e.index)) for e in entries)
+        return out
+
+    @property
+    def is_busy(self) -> bool:
+        return bool(self._pending)
+
+    def finish(self, request_id: int) -> None:
+        self._pending.pop(request_id, None)
+
+    def close(self) -> None:
+        for buffers in self._staging.values():
+            if buffers.handle is not None:
+                self._agent.deregister_memory(buffers.handle)
+        self._staging.clear()
