@@ -198,6 +198,8 @@ class Puller:
                 if isinstance(message, Unavailable):
                     raise PullFailedError(version, f"shard {shard}: version {message.reason}", message.latest)
                 if isinstance(message, ManifestReply):
+                    if message.version != version:
+                        raise PullFailedError(version, f"shard {shard} answered for version {message.version}")
                     replies[shard] = message
         return [replies[s] for s in range(self.num_shards)]
 

@@ -12,7 +12,7 @@ import torch
 import zmq
 from ps_helpers import Collector, assert_same
 
-from psrl.ps import LATEST, PullFailedError, Puller, Pusher, PushRefusedError
+from psrl.ps import LATEST, Puller, PullFailedError, Pusher, PushRefusedError
 from psrl.ps.checksum import checksum
 from psrl.ps.dtypes import byte_view
 from psrl.ps.local import LocalShards
