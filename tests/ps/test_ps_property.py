@@ -55,16 +55,25 @@ operations = st.lists(
 )
 
 
+class _SlowCollector(Collector):
+    def __init__(self, delay_s: float) -> None:
+        super().__init__()
+        self.delay_s = delay_s
+
+    def __call__(self, name: str, tensor: torch.Tensor) -> None:
+        super().__call__(name, tensor)
+        time.sleep(self.delay_s)
+
+
 def _reader(puller: Puller, jobs: queue.SimpleQueue[Pull | None], outcome: Outcome, newest: Callable[[], int]) -> None:
     while (job := jobs.get()) is not None:
-        delay = job.load_delay_s
-        collector = Collector()
+        collector = _SlowCollector(job.load_delay_s)
         try:
             if job.target == "sync":
-                result = puller.sync(lambda n, t: (collector(n, t), time.sleep(delay)), max_attempts=3)
+                result = puller.sync(collector, max_attempts=3)
             else:
                 target = {"latest": LATEST, "previous": newest() - 1, "any": max(1, newest() // 2)}[job.target]
-                result = puller.pull(target, lambda n, t: (collector(n, t), time.sleep(delay)))
+                result = puller.pull(target, collector)
         except PullFailedError:
             with outcome.lock:
                 outcome.num_failed += 1
