@@ -68,9 +68,18 @@ class ParameterServer(Section):
     transport: Literal["zmq", "nixl", "torch_dist"] = field(
         "zmq", "Bulk weight transport: ZeroMQ zero-copy frames, NIXL (kv extra) or torch.distributed broadcast."
     )
-    delta_sync: bool = field(False, "Pull only the tensors that changed since the instance's version.")
-    chunk_mb: int = field(16, "Largest frame of a weight transfer in MiB.", gt=0)
-    checksum: bool = field(True, "Verify every pulled tensor against the version manifest.")
+    delta_sync: bool = field(
+        False, "Pull only entries whose checksum changed since the instance's version (keeps a host mirror)."
+    )
+    chunk_mb: int = field(16, "Largest entry of a weight transfer in MiB; bigger tensors are split into blocks.", gt=0)
+    checksum: bool = field(True, "Checksum every entry (xxh3) and verify it on every shard and puller.")
+    serve_dtype: Literal["train", "engine"] = field(
+        "engine", "Dtype shards serve: the trainer's as pushed, or engine.dtype (cast once per version at the shard)."
+    )
+    push_timeout_s: float = field(300.0, "A push (including refills of restarted shards) fails after this long.", gt=0)
+    pull_timeout_s: float = field(60.0, "A pull fails after this long without progress.", gt=0)
+    probe_interval_s: float = field(1.0, "A shard silent this long during a push gets a status probe.", gt=0)
+    pull_attempts: int = field(5, "Pull attempts of one weight sync before the instance reports failure.", ge=1)
 
 
 class AgenticRL(Section):

@@ -1,0 +1,60 @@
+"""Build shards, pushers and pullers from the run configuration (``psrl.ps.*``).
+
+Endpoints come from whoever places the actors (the launcher); the rollout engine's dtype from the
+engine (``EngineArgs.resolve_dtype``), so this module decides nothing about devices.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from psrl.config import Config
+from psrl.ps.dtypes import dtype_name
+from psrl.ps.puller import Puller
+from psrl.ps.pusher import Pusher
+from psrl.ps.shard import ShardOptions
+
+MIB = 1 << 20
+
+
+def shard_options(
+    config: Config, shard: int, push_endpoint: str, pull_endpoint: str, engine_dtype: torch.dtype
+) -> ShardOptions:
+    ps = config.psrl.ps
+    return ShardOptions(
+        shard=shard,
+        num_shards=config.topology.n_ps_shards,
+        push_endpoint=push_endpoint,
+        pull_endpoint=pull_endpoint,
+        transport=ps.transport,
+        serve_dtype=dtype_name(engine_dtype) if ps.serve_dtype == "engine" else None,
+        host=config.bus.host,
+    )
+
+
+def make_pusher(config: Config, push_endpoints: Sequence[str], incarnation: int) -> Pusher:
+    ps = config.psrl.ps
+    return Pusher(
+        push_endpoints,
+        incarnation,
+        transport=ps.transport,
+        max_block_bytes=ps.chunk_mb * MIB,
+        with_checksums=ps.checksum,
+        timeout_s=ps.push_timeout_s,
+        probe_interval_s=ps.probe_interval_s,
+        host=config.bus.host,
+    )
+
+
+def make_puller(config: Config, pull_endpoints: Sequence[str]) -> Puller:
+    ps = config.psrl.ps
+    return Puller(
+        pull_endpoints,
+        transport=ps.transport,
+        delta_sync=ps.delta_sync,
+        verify=ps.checksum,
+        timeout_s=ps.pull_timeout_s,
+        host=config.bus.host,
+    )
