@@ -27,6 +27,7 @@ from bus.addresses import BusAddresses, plan_addresses
 from bus.errors import BusError
 from bus.security import load_keys, start_authenticator
 from bus.sockets import DEFAULT_SOCKET_OPTIONS, SocketOptions, bound_address, make_socket
+from psrl.log import get_logger
 
 _TERMINATE = b"TERMINATE"
 
@@ -116,8 +117,9 @@ class BusProxy:
 def _forward(frontend: zmq.Socket[bytes], backend: zmq.Socket[bytes], control: zmq.Socket[bytes]) -> None:
     try:
         zmq.proxy_steerable(frontend, backend, None, control)
-    except zmq.ContextTerminated:
-        pass
+    except zmq.ZMQError as exc:
+        if exc.errno not in (zmq.ETERM, zmq.ENOTSOCK):  # those mean the context was shut down under us
+            get_logger("bus.proxy").error("proxy stopped forwarding", error=str(exc))
     finally:
         for socket in (frontend, backend, control):
             socket.close(0)

@@ -7,8 +7,9 @@ earlier request for the answer to the current one.
 
 Retries resend the very same request (same event id) on a fresh socket ("lazy pirate"), so a
 request queued to a dead peer is discarded rather than delivered twice later. The server keeps
-the last replies by request event id: a retried request that it already answered gets the same
-reply again without running the handler twice, and one still being handled is ignored.
+the last requests by event id: a retried request that it already answered gets the same reply
+again without running the handler twice, and one still being handled is not handed out again;
+its reply goes to the socket that asked last.
 """
 
 from __future__ import annotations
@@ -38,6 +39,14 @@ class Request:
     event: Event[Any]
 
 
+@dataclass
+class _Recent:
+    """A recently received request: who asked last, and the reply once there is one."""
+
+    identity: bytes
+    reply_frames: list[Any] | None = None
+
+
 class Replier:
     """The server side: a ROUTER that binds, receives requests and sends correlated replies."""
 
@@ -61,7 +70,7 @@ class Replier:
         self.num_duplicates = 0
         self._encoder = Encoder(array_frame_bytes)
         self._decoder = Decoder(max_message_bytes)
-        self._replies: OrderedDict[str, list[Any] | None] = OrderedDict()
+        self._recent: OrderedDict[str, _Recent] = OrderedDict()
         self._num_cached = num_cached_replies
 
     def recv(self, timeout_ms: int | None = None) -> Request | None:
@@ -83,15 +92,16 @@ class Replier:
             self.drops.record(error)
             return None
         event_id = event.envelope.event_id
-        if event_id in self._replies:
+        entry = self._recent.get(event_id)
+        if entry is not None:
             self.num_duplicates += 1
-            cached = self._replies[event_id]
-            if cached is not None:
-                self._send(identity, cached)
+            entry.identity = identity  # a retry comes from a fresh client socket: answer that one
+            if entry.reply_frames is not None:
+                self._send(identity, entry.reply_frames)
             return None
-        self._replies[event_id] = None
-        while len(self._replies) > self._num_cached:
-            self._replies.popitem(last=False)
+        self._recent[event_id] = _Recent(identity)
+        while len(self._recent) > self._num_cached:
+            self._recent.popitem(last=False)
         return Request(identity, event)
 
     def reply(self, request: Request, message: Message, *, model_version: int | None = None) -> Envelope:
@@ -99,8 +109,11 @@ class Replier:
         req = request.event.envelope
         envelope = self.stamper.stamp(message, req.event_id, model_version, req.request_id, req.prompt_id)
         frames = self._encoder.encode(envelope, message)
-        if req.event_id in self._replies:
-            self._replies[req.event_id] = frames
+        entry = self._recent.get(req.event_id)
+        if entry is not None:
+            entry.reply_frames = frames
+            if entry.identity != request.identity:
+                self._send(entry.identity, frames)
         self._send(request.identity, frames)
         return envelope
 
@@ -163,11 +176,20 @@ class Requester:
             if attempt > 0:
                 self.socket.close(0)
                 self.socket = self._connect()
-            send_frames(self.socket, frames)
-            reply = self.recv_reply(envelope.event_id, timeout)
-            if reply is not None:
-                return reply
+            deadline = time.monotonic() + timeout / 1000
+            if self._send_within(frames, timeout):
+                remaining = max(0, int((deadline - time.monotonic()) * 1000))
+                reply = self.recv_reply(envelope.event_id, remaining)
+                if reply is not None:
+                    return reply
         raise RequestTimeoutError(self.address, message.KIND, num_attempts, timeout)
+
+    def _send_within(self, frames: list[Any], timeout_ms: int) -> bool:
+        """Send unless no peer can take the request within the timeout (a DEALER without peers blocks)."""
+        if not self.socket.poll(timeout_ms, zmq.POLLOUT):
+            return False
+        send_frames(self.socket, frames)
+        return True
 
     def send(
         self,
@@ -178,9 +200,13 @@ class Requester:
         request_id: int | None = None,
         prompt_id: int | None = None,
     ) -> Envelope:
-        """Send without waiting (pipelined use); match replies by their parent = this event id."""
+        """Send without waiting for the reply (pipelined use); match replies by parent = this event id.
+
+        Raises RequestTimeoutError if no peer can take the request within the timeout.
+        """
         envelope = self.stamper.stamp(message, parent, model_version, request_id, prompt_id)
-        send_frames(self.socket, self._encoder.encode(envelope, message))
+        if not self._send_within(self._encoder.encode(envelope, message), self.timeout_ms):
+            raise RequestTimeoutError(self.address, message.KIND, 1, self.timeout_ms)
         return envelope
 
     def recv_reply(self, correlation_id: str | None, timeout_ms: int) -> Event[Any] | None:
