@@ -73,6 +73,7 @@ class KvTransfer(Section):
 
 class RoutingStrategy(Section):
     method: RoutingMethod = field("request_num_balance", "Routing policy that ranks eligible instances.")
+    seed: int = field(0, "Seed of the random policy (each decision's draw depends only on seed and decision number).")
     cost_model_path: str | None = field(
         None, "JSON cost model (from `psrl calibrate`); required by throughput_optimal*."
     )

@@ -9,12 +9,18 @@ weight-bound floor versus the compute-bound growth with batch size, and ``k4`` i
 overhead. The instance's decode throughput is ``n / step_time`` tokens per second. This is the
 seeds' formula with the KV term in tokens (utilisation x capacity), so one fit serves
 instances with different KV capacities.
+
+Re-computing a context of ``t`` tokens (a prefill, e.g. after a sync interrupted a request)
+takes ``prefill_time(t)``: ``kp * t + k4`` when the profile measured prefill steps (``kp``
+fitted), otherwise the decode model read as one step over ``t`` tokens,
+``max(k2, k3 * t) + k4``: prefill does per-token work like decode but in one pass.
 """
 
 from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,6 +39,7 @@ class CostModel:
     k2: float
     k3: float
     k4: float
+    kp: float = 0.0  # seconds per prefill token; 0 = not profiled
     meta: dict[str, Any] = field(default_factory=dict)
 
     def step_time(self, num_running: int, kv_tokens: float) -> float:
@@ -50,8 +57,26 @@ class CostModel:
         after = self.throughput(num_running + 1, kv_tokens + request_tokens)
         return after - self.throughput(num_running, kv_tokens)
 
+    def marginal_gains(self, loads: Sequence[tuple[int, float]], request_tokens: float) -> list[float]:
+        """``marginal_gain`` for many (num_running, kv_tokens) loads at once (the routing hot path)."""
+        k1, k2, k3, k4 = self.k1, self.k2, self.k3, self.k4
+        gains = []
+        for n, kv in loads:
+            before = n / (k1 * kv + max(k2, k3 * n) + k4) if n > 0 else 0.0
+            after = (n + 1) / (k1 * (kv + request_tokens) + max(k2, k3 * (n + 1)) + k4)
+            gains.append(after - before)
+        return gains
+
+    def prefill_time(self, num_tokens: float) -> float:
+        """Seconds to (re)compute the KV of ``num_tokens`` context tokens."""
+        if num_tokens <= 0:
+            return 0.0
+        if self.kp > 0:
+            return self.kp * num_tokens + self.k4
+        return max(self.k2, self.k3 * num_tokens) + self.k4
+
     def to_json(self) -> str:
-        data = {"schema": SCHEMA, **{k: getattr(self, k) for k in _COEFFICIENTS}, "meta": self.meta}
+        data = {"schema": SCHEMA, **{k: getattr(self, k) for k in _COEFFICIENTS}, "kp": self.kp, "meta": self.meta}
         return json.dumps(data, indent=2, sort_keys=True)
 
     def save(self, path: str | Path) -> None:
@@ -60,25 +85,40 @@ class CostModel:
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    @classmethod
+    def from_json(cls, text: str, source: str = "<string>") -> CostModel:
+        """Parse and check a cost-model document; raises CostModelError naming what is wrong."""
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise CostModelError(f"cost model {source} is not readable JSON: {exc}") from exc
+        if not isinstance(data, dict) or data.get("schema") != SCHEMA:
+            raise CostModelError(f"cost model {source} is not a '{SCHEMA}' document")
+        values = {key: _coefficient(data, key, source) for key in (*_COEFFICIENTS, "kp")}
+        if values["k2"] + values["k4"] <= 0:
+            raise CostModelError(f"cost model {source}: k2 + k4 must be > 0 (a step cannot take no time)")
+        meta = data.get("meta", {})
+        return cls(**values, meta=meta if isinstance(meta, dict) else {})
+
+    @classmethod
+    def load(cls, path: str | Path) -> CostModel:
+        return load_cost_model(path)
+
+
+def _coefficient(data: dict[str, Any], key: str, source: str) -> float:
+    value = data.get(key, 0.0 if key == "kp" else None)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
+        raise CostModelError(f"cost model {source}: coefficient {key} must be a finite number >= 0")
+    return float(value)
+
 
 def load_cost_model(path: str | Path) -> CostModel:
     """Read and check a cost-model JSON file; raises CostModelError naming what is wrong."""
     p = Path(path).expanduser()
     try:
-        data = json.loads(p.read_text())
+        text = p.read_text()
     except FileNotFoundError as exc:
         raise CostModelError(f"cost model file {p} does not exist") from exc
-    except (OSError, json.JSONDecodeError) as exc:
-        raise CostModelError(f"cost model file {p} is not readable JSON: {exc}") from exc
-    if not isinstance(data, dict) or data.get("schema") != SCHEMA:
-        raise CostModelError(f"cost model file {p} is not a '{SCHEMA}' document")
-    values: dict[str, float] = {}
-    for key in _COEFFICIENTS:
-        value = data.get(key)
-        if not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
-            raise CostModelError(f"cost model file {p}: coefficient {key} must be a finite number >= 0")
-        values[key] = float(value)
-    if values["k2"] + values["k4"] <= 0:
-        raise CostModelError(f"cost model file {p}: k2 + k4 must be > 0 (a step cannot take no time)")
-    meta = data.get("meta", {})
-    return CostModel(**values, meta=meta if isinstance(meta, dict) else {})
+    except OSError as exc:
+        raise CostModelError(f"cost model file {p} is not readable: {exc}") from exc
+    return CostModel.from_json(text, f"file {p}")

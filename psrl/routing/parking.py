@@ -1,0 +1,86 @@
+"""Requests that cannot be placed until something specific changes.
+
+A request deferred for a reason of its own (no instance at its version, the ledger cannot place
+its prompt, its pinned instance is busy) is parked under the events that could change that
+answer, instead of being retried on every dispatch pass. Those events wake it back into the
+queue with its original arrival position. Wake keys:
+
+* ``VERSIONS``: an instance was added, removed, re-versioned or became healthy;
+* ``LEDGER``: the staleness ledger changed outside the router (occupy, consume, abort);
+* ``("prompt", p)``: a sibling of prompt ``p`` opened the group's reservation;
+* ``("instance", i)``: instance ``i`` released a request, reported status, resumed or re-versioned.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+
+from psrl.routing.decision import Reason, RoutingDecision
+from psrl.routing.request import RoutingRequest
+
+WakeKey = tuple[str, ...] | tuple[str, int] | tuple[str, str]
+VERSIONS: WakeKey = ("versions",)
+LEDGER: WakeKey = ("ledger",)
+
+
+def prompt_key(prompt_id: int) -> WakeKey:
+    return ("prompt", prompt_id)
+
+
+def instance_key(instance_id: str) -> WakeKey:
+    return ("instance", instance_id)
+
+
+def wake_keys(decision: RoutingDecision, request: RoutingRequest, pinned_instance: str | None) -> list[WakeKey]:
+    """Events that could let this deferred request through; empty when any capacity change could."""
+    if decision.reason == Reason.NO_ELIGIBLE_VERSION:
+        return [VERSIONS]
+    keys: list[WakeKey] = []
+    if decision.reason == Reason.NO_RESERVABLE:
+        keys = [LEDGER, VERSIONS, prompt_key(request.prompt_id)]
+    if pinned_instance is not None:
+        keys.append(instance_key(pinned_instance))
+    return keys
+
+
+class ParkingLot:
+    def __init__(self) -> None:
+        self._parked: dict[int, tuple[RoutingRequest, int]] = {}  # request id -> (request, arrival seq)
+        self._by_key: dict[WakeKey, set[int]] = {}
+        self._keys_of: dict[int, list[WakeKey]] = {}
+
+    def __len__(self) -> int:
+        return len(self._parked)
+
+    def __contains__(self, request_id: int) -> bool:
+        return request_id in self._parked
+
+    def park(self, request: RoutingRequest, arrival_seq: int, keys: Iterable[WakeKey]) -> None:
+        self.remove(request.request_id)
+        self._parked[request.request_id] = (request, arrival_seq)
+        self._keys_of[request.request_id] = list(keys)
+        for key in self._keys_of[request.request_id]:
+            self._by_key.setdefault(key, set()).add(request.request_id)
+
+    def remove(self, request_id: int) -> bool:
+        if self._parked.pop(request_id, None) is None:
+            return False
+        for key in self._keys_of.pop(request_id):
+            waiting = self._by_key.get(key)
+            if waiting is not None:
+                waiting.discard(request_id)
+                if not waiting:
+                    del self._by_key[key]
+        return True
+
+    def wake(self, key: WakeKey) -> list[tuple[RoutingRequest, int]]:
+        """Un-park every request waiting on ``key`` (in arrival order, so replays agree)."""
+        request_ids = sorted(self._by_key.get(key, ()))
+        woken = [self._parked[rid] for rid in request_ids]
+        for rid in request_ids:
+            self.remove(rid)
+        woken.sort(key=lambda item: item[1])
+        return woken
+
+    def requests(self) -> Iterator[RoutingRequest]:
+        return (request for request, _ in self._parked.values())
