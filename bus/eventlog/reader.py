@@ -50,10 +50,15 @@ class LogProblem:
 class EventLogReader:
     """Iterates the records (or decoded events) of ``<run_dir>/events`` in segment order."""
 
-    def __init__(self, directory: str | Path, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> None:
+    def __init__(
+        self,
+        directory: str | Path,
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+        decoder: Decoder | None = None,
+    ) -> None:
         self.directory = Path(directory)
         self.problems: list[LogProblem] = []
-        self._decoder = Decoder(max_message_bytes)
+        self._decoder = decoder or Decoder(max_message_bytes)
 
     def segments(self) -> list[Path]:
         if not self.directory.is_dir():

@@ -1,0 +1,118 @@
+"""Codec details: frame layout, size limits, array checks, and the addresses file."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import msgspec
+import numpy as np
+import pytest
+
+from bus.addresses import BUS_FILE, BusAddresses, ipc_dir, plan_addresses
+from bus.arrays import MAX_ARRAY_FRAMES
+from bus.codec import Decoder, Encoder
+from bus.errors import BusError, DecodeError, DropReason
+from bus.gaps import GapTracker
+from bus.messages import Metrics, TokenChunk
+from bus.schema import Envelope
+from bus.stamp import Stamper
+
+
+def _chunk(num_tokens: int) -> TokenChunk:
+    tokens = np.arange(num_tokens, dtype=np.int32)
+    return TokenChunk(1, tokens, np.zeros(num_tokens, np.float32), tokens.copy(), "i0")
+
+
+def _env(kind: str = "gen.chunk") -> Envelope:
+    return Envelope(kind, 1, "rollout-0", 0, 1, 2, 3)
+
+
+def test_first_frame_is_the_kind_and_body_is_envelope_then_message() -> None:
+    frames = Encoder().encode(_env("obs.metrics"), Metrics(4, {"a": 1.0}))
+    assert frames[0] == b"obs.metrics"
+    envelope, message = msgspec.msgpack.decode(frames[1])
+    assert envelope[:5] == ["obs.metrics", 1, "rollout-0", 0, 1]
+    assert message == [4, {"a": 1.0}]
+
+
+def test_frame_arrays_are_neither_copied_to_send_nor_after_receiving() -> None:
+    chunk = _chunk(100)
+    frames = Encoder(array_frame_bytes=64).encode(_env(), chunk)
+    assert len(frames) == 5
+    event = Decoder().decode(frames)
+    assert np.shares_memory(event.message.token_ids, chunk.token_ids)
+    small = Decoder().decode(Encoder().encode(_env(), chunk))  # inline arrays are copied out of the body
+    assert not np.shares_memory(small.message.token_ids, chunk.token_ids)
+
+
+def test_oversized_messages_are_refused_before_decoding() -> None:
+    frames = Encoder(array_frame_bytes=64).encode(_env(), _chunk(10_000))
+    with pytest.raises(DecodeError) as caught:
+        Decoder(max_message_bytes=10_000).decode(frames)
+    assert caught.value.reason is DropReason.OVERSIZED
+
+
+@pytest.mark.parametrize(
+    ("mutate", "detail"),
+    [
+        (lambda f: [*f, b"extra"], "references"),
+        (lambda f: f[:3], "refers to frame"),
+        (lambda f: [f[0], f[1], f[2][:-4], *f[3:]], "needs"),
+        (lambda f: [f[0], f[1], *[b"x"] * (MAX_ARRAY_FRAMES + 1)], r"frames \(at most"),
+    ],
+)
+def test_array_frames_must_match_their_references(mutate: object, detail: str) -> None:
+    frames = Encoder(array_frame_bytes=64).encode(_env(), _chunk(100))
+    with pytest.raises(DecodeError, match=detail) as caught:
+        Decoder().decode(mutate(frames))  # type: ignore[operator]
+    assert caught.value.reason is DropReason.MALFORMED
+
+
+def test_object_dtype_headers_are_refused() -> None:
+    frames = Encoder().encode(_env(), _chunk(4))
+    forged = frames[1].replace(b"<i4", b"|O8", 1)
+    with pytest.raises(DecodeError, match="not allowed"):
+        Decoder().decode([frames[0], forged])
+
+
+def test_sender_names_cannot_break_event_ids() -> None:
+    for bad in ("", "a#b", "a:b", "tab\there"):
+        with pytest.raises(BusError):
+            Stamper(bad)
+    stamper = Stamper("router", 3)
+    assert stamper.stamp(Metrics(1, {})).event_id == "router#3:1"
+    assert stamper.stamp(Metrics(2, {})).seq == 2
+
+
+def test_gap_tracker_counts_missing_and_takes_back_late_events() -> None:
+    tracker = GapTracker(from_first_seen=False)
+    for seq in (1, 2, 5, 3, 6):
+        tracker.observe(Envelope("obs.metrics", 1, "a", 0, seq, 0, 0))
+    state = tracker.senders[("a", 0)]
+    assert (state.num_missing, state.num_late, state.next_seq) == (1, 1, 7)
+
+
+def test_addresses_round_trip_through_bus_json(tmp_path: Path) -> None:
+    addresses = BusAddresses("ipc:///x/a", "ipc:///x/b", "ipc:///x/c", "ipc:///x/d", curve_dir="/keys")
+    addresses.save(tmp_path)
+    assert BusAddresses.load(tmp_path) == addresses
+    assert json.loads((tmp_path / BUS_FILE).read_text())["events_out"] == "ipc:///x/b"
+
+
+def test_bad_bus_json_is_named(tmp_path: Path) -> None:
+    (tmp_path / BUS_FILE).write_text('{"events_in": "x"}')
+    with pytest.raises(BusError, match="lacks bus addresses"):
+        BusAddresses.load(tmp_path)
+    (tmp_path / BUS_FILE).write_text("{")
+    with pytest.raises(BusError, match="not readable JSON"):
+        BusAddresses.load(tmp_path)
+
+
+def test_long_run_paths_get_a_short_ipc_directory(tmp_path: Path) -> None:
+    deep = tmp_path / ("d" * 120)
+    assert len(str(ipc_dir(deep))) < 40
+    assert ipc_dir(deep) == ipc_dir(deep)  # stable, so every actor derives the same one
+    plan = plan_addresses(deep)
+    assert all(len(a) < 107 for a in (plan.events_in, plan.control_out))
+    assert plan_addresses(tmp_path, "tcp").events_in == "tcp://127.0.0.1:*"

@@ -1,0 +1,128 @@
+"""`psrl tap` against a real proxy process and a real publisher process."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from bus.addresses import BUS_FILE, BusAddresses
+from bus.messages import FinishReason, GenerateResult, Pause, TokenChunk
+from bus.schema import Envelope, Event
+from bus.tap import TapFilter, format_json, format_line
+
+HERE = Path(__file__).parent
+TAP = [sys.executable, "-m", "psrl.cli.main", "tap"]
+
+
+def _wait_for_file(path: Path, process: subprocess.Popen, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not path.exists():
+        if process.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"{path} did not appear (process exit code {process.poll()})")
+        time.sleep(0.05)
+
+
+@pytest.fixture
+def live_run(tmp_path: Path) -> Iterator[Path]:
+    """A run directory with a proxy process and a publisher process running."""
+    proxy = subprocess.Popen([sys.executable, "-m", "bus.proxy", str(tmp_path)])
+    publisher = None
+    try:
+        _wait_for_file(tmp_path / BUS_FILE, proxy)
+        publisher = subprocess.Popen([sys.executable, str(HERE / "publisher_proc.py"), str(tmp_path), "rollout-0"])
+        yield tmp_path
+    finally:
+        for process in (publisher, proxy):
+            if process is not None:
+                process.send_signal(signal.SIGTERM)
+                process.wait(30)
+    assert proxy.returncode == 0
+
+
+def test_tap_shows_only_the_requested_kind_as_json(live_run: Path) -> None:
+    result = subprocess.run(
+        [*TAP, str(live_run), "--kind", "gen.chunk", "--json", "--count", "3"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    lines = [json.loads(line) for line in result.stdout.splitlines()]
+    assert len(lines) == 3
+    assert {line["envelope"]["kind"] for line in lines} == {"gen.chunk"}
+    first = lines[0]
+    assert first["event_id"].startswith("rollout-0#0:")
+    assert first["message"]["token_ids"] == [first["message"]["request_id"], first["message"]["request_id"] + 1]
+
+
+def test_tap_by_address_with_actor_filter_and_ctrl_c(live_run: Path) -> None:
+    addresses = BusAddresses.load(live_run)
+    process = subprocess.Popen(
+        [*TAP, "--address", addresses.events_out, "--actor", "rollout-0#0", "--kind", "obs."],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert process.stdout is not None
+    first = process.stdout.readline()
+    assert " obs.metrics " in first and "rollout-0#0:" in first
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=30)
+    assert process.returncode == 0
+    assert "Traceback" not in stderr
+
+
+def test_tap_without_a_bus_says_what_is_missing(tmp_path: Path) -> None:
+    result = subprocess.run([*TAP, str(tmp_path)], capture_output=True, text=True, timeout=60, check=False)
+    assert result.returncode == 1
+    assert f"{tmp_path / BUS_FILE} does not exist" in result.stderr
+
+
+def _event(message: object, **envelope: object) -> Event:
+    fields = {"kind": message.KIND, "schema_version": 1, "sender": "router", "incarnation": 2, "seq": 5}
+    fields.update({"mono_ns": 1, "wall_ns": 1_700_000_000_000_000_000, **envelope})
+    return Event(Envelope(**fields), message)  # type: ignore[arg-type]
+
+
+def test_filters_match_actor_request_and_version() -> None:
+    chunk = TokenChunk(11, np.array([1, 2], np.int32), np.zeros(2, np.float32), np.zeros(2, np.int32), "i0")
+    event = _event(chunk, model_version=4)
+    assert TapFilter(actors=("router",)).matches(event)
+    assert TapFilter(actors=("router#2",)).matches(event)
+    assert not TapFilter(actors=("router#1",)).matches(event)
+    assert TapFilter(request_ids=(11,)).matches(event)
+    assert not TapFilter(request_ids=(12,)).matches(event)
+    assert TapFilter(versions=(4,)).matches(event) and not TapFilter(versions=(5,)).matches(event)
+    assert TapFilter(request_ids=(8,)).matches(_event(Pause(), request_id=8))
+
+
+def test_renderings_are_readable_and_valid_json() -> None:
+    tokens = np.arange(20, dtype=np.int32)
+    result = GenerateResult(3, 1, tokens, np.zeros(20, np.float32), np.ones(20, np.int32), FinishReason.LENGTH, "r1")
+    event = _event(result, request_id=3, parent="rollout-1#0:9")
+    line = format_line(event)
+    assert "router#2:5" in line and "gen.result" in line and "req=3" in line and "parent=rollout-1#0:9" in line
+    assert "finish_reason=length" in line and "int32[20][0,1,2,3,4,5,6,7,…+12]" in line
+    data = json.loads(format_json(event))
+    assert data["message"]["token_ids"] == list(range(20))
+    assert data["message"]["finish_reason"] == "length"
+
+
+def test_proxy_process_exits_cleanly_on_sigterm(tmp_path: Path) -> None:
+    proxy = subprocess.Popen([sys.executable, "-m", "bus.proxy", str(tmp_path), "--transport", "tcp"])
+    _wait_for_file(tmp_path / BUS_FILE, proxy)
+    addresses = BusAddresses.load(tmp_path)
+    assert addresses.events_in.startswith("tcp://127.0.0.1:") and not addresses.events_in.endswith("*")
+    proxy.send_signal(signal.SIGTERM)
+    assert proxy.wait(30) == 0
+    assert os.path.exists(tmp_path / BUS_FILE)
