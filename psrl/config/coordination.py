@@ -112,6 +112,15 @@ class SyncStrategy(Section):
     seamless_train_version: int = field(
         0, "For PS versions <= this, sync only once that version's buffer is ready (warm-up guard)."
     )
+    hypothesis_horizon_s: float = field(
+        30.0,
+        "hypothesis_test: horizon over which syncing now is compared with waiting, used until the "
+        "interval between PS versions has been measured.",
+        gt=0,
+    )
+    hypothesis_pull_s: float = field(
+        2.0, "hypothesis_test: expected weight-pull time of an instance whose pulls have not been measured.", ge=0
+    )
 
 
 class MigrationStrategy(Section):
@@ -120,7 +129,11 @@ class MigrationStrategy(Section):
     threshold: float | None = field(None, "Migrate when busiest/idlest load ratio exceeds this.")
     stop_indicator: LoadIndicator = field("request_num", "Metric of the busiest instance checked before migrating.")
     stop_threshold: float | None = field(
-        None, "Migrate only while the busiest instance's stop_indicator is above this."
+        None, "Migrate only while the busiest instance's stop_indicator is at least this."
+    )
+    scope: Literal["all", "excess"] = field(
+        "all",
+        "all: abort every request of the busy instance; excess: only enough to even it with the starved one.",
     )
 
 

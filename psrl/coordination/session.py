@@ -1,0 +1,149 @@
+"""Session strategy: ThunderAgent-style hang / continue of multi-turn sessions.
+
+A multi-turn session holds its prefix KV on its pinned instance across turns, while it is
+generating (``generate``) and while it calls its environment (``env``). Per instance with
+capacity ``total`` KV tokens, of which ``used`` are measured in use, and running sessions R::
+
+    shared       = max(0, sum(tokens of generate sessions in R) - used)      # prefix sharing credit
+    remaining(H) = total - (sum over generate sessions in R - H of tokens
+                            + env_token_weight * sum over env sessions in R - H of tokens
+                            - shared + buffer_per_session * |R - H|)
+
+``shared`` is fixed for the tick. When ``remaining`` (nothing hung) is negative, sessions are
+hung until it is not: env sessions first (already off the GPU, cheapest to shed), then generate
+sessions, smallest first. Hanging never aborts a turn: the session router blocks its next turn.
+
+Hung sessions come back when there is room: ``bucketed`` readmits each instance's own hung
+sessions smallest first while ``tokens + buffer_per_session`` fits its remaining capacity;
+``global`` takes the largest smallest-first set of hung sessions that fits the total remaining
+capacity of instances with room and places them largest first on the instance with the most
+remaining capacity (best-fit decreasing). ``continue_force_pin`` pins the next turn of a
+continued session to the instance chosen for it, once. Ties break by session id, so decisions
+are deterministic.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import msgspec
+
+from psrl.config.coordination import ThunderAgent
+
+
+class SessionInfo(msgspec.Struct, frozen=True, gc=False):
+    session_id: str
+    instance_id: str | None  # pinned instance; unpinned sessions are not scheduled
+    status: Literal["generate", "env"]
+    hang_state: Literal["running", "hung"]
+    total_tokens: int
+    is_closing: bool = False
+
+
+class InstanceCapacity(msgspec.Struct, frozen=True, gc=False):
+    instance_id: str
+    total_tokens: int
+    used_tokens: float  # KV usage fraction x total
+
+
+class ContinueOrder(msgspec.Struct, frozen=True, gc=False):
+    session_id: str
+    instance_id: str
+    force_pin: bool  # pin the session's next turn to instance_id once
+
+
+class SessionDecision(msgspec.Struct, frozen=True, gc=False):
+    hang: tuple[str, ...]
+    resume: tuple[ContinueOrder, ...]
+    remaining: dict[str, float]  # instance -> remaining capacity after this tick's hangs and continues
+
+
+def schedule_sessions(
+    instances: list[InstanceCapacity], sessions: list[SessionInfo], settings: ThunderAgent
+) -> SessionDecision:
+    live = [s for s in sessions if not s.is_closing and s.instance_id is not None]
+    remaining: dict[str, float] = {}
+    hang: list[str] = []
+    for cap in instances:
+        running = [s for s in live if s.instance_id == cap.instance_id and s.hang_state == "running"]
+        hung_now, left = _hang_instance(cap, running, settings)
+        hang.extend(hung_now)
+        remaining[cap.instance_id] = left
+    hung = sorted((s for s in live if s.hang_state == "hung"), key=_size_key)
+    if settings.continue_scope == "bucketed":
+        orders = _continue_bucketed(hung, remaining, settings)
+    else:
+        orders = _continue_global(hung, remaining, settings)
+    return SessionDecision(tuple(hang), tuple(orders), remaining)
+
+
+def _size_key(session: SessionInfo) -> tuple[int, str]:
+    return (session.total_tokens, session.session_id)
+
+
+def _hang_instance(
+    cap: InstanceCapacity, running: list[SessionInfo], settings: ThunderAgent
+) -> tuple[list[str], float]:
+    """Sessions to hang on one instance and its remaining capacity afterwards."""
+    generating = sum(s.total_tokens for s in running if s.status == "generate")
+    shared = max(0.0, generating - cap.used_tokens)
+
+    def demand(session: SessionInfo) -> float:
+        weight = 1.0 if session.status == "generate" else settings.env_token_weight
+        return weight * session.total_tokens + settings.buffer_per_session
+
+    remaining = cap.total_tokens + shared - sum(demand(s) for s in running)
+    order = sorted((s for s in running if s.status == "env"), key=_size_key) + sorted(
+        (s for s in running if s.status == "generate"), key=_size_key
+    )
+    hung: list[str] = []
+    for session in order:
+        if remaining >= 0:
+            break
+        hung.append(session.session_id)
+        remaining += demand(session)
+    return hung, remaining
+
+
+def _continue_bucketed(
+    hung: list[SessionInfo], remaining: dict[str, float], settings: ThunderAgent
+) -> list[ContinueOrder]:
+    buffer, orders = settings.buffer_per_session, []
+    for instance_id, before in list(remaining.items()):
+        if before <= buffer:
+            continue
+        left = before
+        for session in (s for s in hung if s.instance_id == instance_id):
+            need = session.total_tokens + buffer
+            if need > left:
+                break  # smallest first: nothing larger fits either
+            left -= need
+            orders.append(ContinueOrder(session.session_id, instance_id, settings.continue_force_pin))
+        remaining[instance_id] = left
+    return orders
+
+
+def _continue_global(
+    hung: list[SessionInfo], remaining: dict[str, float], settings: ThunderAgent
+) -> list[ContinueOrder]:
+    buffer = settings.buffer_per_session
+    open_ids = [i for i, left in remaining.items() if left > buffer]
+    budget = sum(remaining[i] for i in open_ids)
+    chosen: list[SessionInfo] = []
+    for session in hung:  # smallest first: the largest prefix that fits the total
+        if session.total_tokens + buffer > budget:
+            break
+        budget -= session.total_tokens + buffer
+        chosen.append(session)
+    orders = []
+    for session in sorted(chosen, key=_size_key, reverse=True):  # best-fit decreasing
+        open_ids = sorted((i for i in open_ids if remaining[i] > buffer), key=lambda i: (-remaining[i], i))
+        if not open_ids:
+            break
+        target = open_ids[0]
+        need = session.total_tokens + buffer
+        if need > remaining[target]:
+            continue  # fragmented: try the smaller ones
+        remaining[target] -= need
+        orders.append(ContinueOrder(session.session_id, target, settings.continue_force_pin))
+    return orders
