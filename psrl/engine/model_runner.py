@@ -21,7 +21,7 @@ class ModelRunner:
         self.block_size = block_size
         self.device = device
         self.kv_cache = torch.zeros(
-            spec.num_layers, 2, num_blocks, block_size, spec.num_kv_heads, spec.head_dim, dtype=dtype, device=device
+            spec.num_layers, num_blocks, block_size, 2, spec.num_kv_heads, spec.head_dim, dtype=dtype, device=device
         )
 
     @torch.inference_mode()

@@ -1,9 +1,9 @@
 """Paged attention in plain torch: write new keys/values into the block cache, gather, run SDPA.
 
-The cache of one layer is a pair of tensors [num_blocks, block_size, num_kv_heads, head_dim].
-Gathering whole blocks (not single slots) keeps the copy at memcpy speed, and the gathered keys are
-passed to SDPA as a strided view, so no further copy is made. Grouped-query attention uses SDPA's
-`enable_gqa`, so key/value heads are never repeated in memory.
+One layer's cache is a tensor [num_blocks, block_size, 2, num_kv_heads, head_dim] (keys and values
+of a position side by side, so one copy writes both). Gathering whole blocks, not single slots,
+keeps the copy at memcpy speed, and keys/values reach SDPA as strided views of that one gather.
+Grouped-query attention uses SDPA's `enable_gqa`, so key/value heads are never repeated in memory.
 """
 
 from __future__ import annotations
@@ -34,42 +34,31 @@ class AttentionBatch:
     query_pad_index: torch.Tensor | None
 
 
-def paged_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    *,
-    cache_k: torch.Tensor,
-    cache_v: torch.Tensor,
-    batch: AttentionBatch,
-) -> torch.Tensor:
-    """q [N, Hq, D], k/v [N, Hkv, D] (already rotated) -> attention output [N, Hq * D]."""
-    num_kv_heads, head_dim = cache_k.shape[2], cache_k.shape[3]
-    cache_k.view(-1, num_kv_heads, head_dim).index_copy_(0, batch.slot_mapping, k)
-    cache_v.view(-1, num_kv_heads, head_dim).index_copy_(0, batch.slot_mapping, v)
-    keys = _gather(cache_k, batch)
-    values = _gather(cache_v, batch)
+def paged_attention(q: torch.Tensor, new_kv: torch.Tensor, cache: torch.Tensor, batch: AttentionBatch) -> torch.Tensor:
+    """q [N, Hq, D] and new_kv [N, 2, Hkv, D] (rotated keys, values) -> attention output [N, Hq * D]."""
+    num_kv_heads, head_dim = cache.shape[3], cache.shape[4]
+    cache.view(-1, 2, num_kv_heads, head_dim).index_copy_(0, batch.slot_mapping, new_kv)
+    gathered = cache.index_select(0, batch.block_tables)
+    gathered = gathered.view(batch.num_seqs, batch.num_key_slots, 2, num_kv_heads, head_dim)
+    keys = gathered[:, :, 0].transpose(1, 2)
+    values = gathered[:, :, 1].transpose(1, 2)
+    if batch.query_pad_index is None:
+        # decode: the query heads sharing a key/value head act as that head's query rows (faster than enable_gqa)
+        query = q.view(batch.num_seqs, num_kv_heads, q.shape[1] // num_kv_heads, head_dim)
+        out = functional.scaled_dot_product_attention(query, keys, values, attn_mask=batch.mask)
+        return out.reshape(batch.num_seqs, q.shape[1] * head_dim)
     query = _pad_queries(q, batch)
     out = functional.scaled_dot_product_attention(
         query, keys, values, attn_mask=batch.mask, enable_gqa=query.shape[1] != num_kv_heads
     )
-    num_heads = q.shape[1]
-    out = out.transpose(1, 2).reshape(batch.num_seqs * batch.max_query_len, num_heads * head_dim)
-    if batch.query_pad_index is not None:
-        out = out.index_select(0, batch.query_pad_index)
-    return out
-
-
-def _gather(cache: torch.Tensor, batch: AttentionBatch) -> torch.Tensor:
-    """[B, Hkv, num_key_slots, D] strided view over a block-level gather of the cache."""
-    blocks = cache.index_select(0, batch.block_tables)
-    return blocks.view(batch.num_seqs, batch.num_key_slots, cache.shape[2], cache.shape[3]).transpose(1, 2)
+    out = out.transpose(1, 2).reshape(batch.num_seqs * batch.max_query_len, q.shape[1] * head_dim)
+    return out.index_select(0, batch.query_pad_index)
 
 
 def _pad_queries(q: torch.Tensor, batch: AttentionBatch) -> torch.Tensor:
-    """[B, Hq, max_query_len, D] from packed queries."""
+    """[B, Hq, max_query_len, D] from packed queries (prefill)."""
     if batch.query_pad_index is None:
-        return q.view(batch.num_seqs, 1, q.shape[1], q.shape[2]).transpose(1, 2)
+        raise ValueError("decode batches are not padded")
     padded = q.new_zeros(batch.num_seqs * batch.max_query_len, q.shape[1], q.shape[2])
     padded.index_copy_(0, batch.query_pad_index, q)
     return padded.view(batch.num_seqs, batch.max_query_len, q.shape[1], q.shape[2]).transpose(1, 2)

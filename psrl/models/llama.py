@@ -3,6 +3,10 @@
 One class covers both families; the differences (qkv bias, MLP bias, tied embeddings, RoPE
 scaling) come from `ModelSpec`. Projections are fused (q|k|v and gate|up) so a layer runs four
 matmuls; `load_weights` maps Hugging Face parameter names onto the fused slices.
+
+The rows of the q and k projections are stored with each head's two halves interleaved, so the
+rotary embedding is one complex multiply instead of a dozen elementwise ops. Attention scores
+are unchanged, since q and k get the same permutation of their head dimension.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ from torch import nn
 from torch.nn import functional
 
 from psrl.models.attention import AttentionBatch, paged_attention
-from psrl.models.rope import apply_rotary, cos_sin_table
+from psrl.models.rope import cos_sin_table
 from psrl.models.spec import ModelSpec
 
 _LAYER_NAME = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
@@ -49,33 +53,41 @@ class DecoderLayer(nn.Module):
         self.down_proj = nn.Linear(spec.intermediate_size, spec.hidden_size, bias=spec.has_mlp_bias)
 
     def forward(
-        self,
-        hidden: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
-        *,
-        cache_k: torch.Tensor,
-        cache_v: torch.Tensor,
-        batch: AttentionBatch,
+        self, hidden: torch.Tensor, rotation: torch.Tensor, kv_cache: torch.Tensor, batch: AttentionBatch
     ) -> torch.Tensor:
+        """rotation: [tokens, 1, head_dim/2] complex; kv_cache: this layer's [blocks, block_size, 2, Hkv, D]."""
         spec = self.spec
-        num_tokens = hidden.shape[0]
+        num_tokens, num_heads = hidden.shape[0], spec.num_heads
         qkv = self.qkv_proj(rms_norm(hidden, self.input_layernorm, spec.rms_norm_eps))
-        q, k, v = qkv.split([spec.q_size, spec.kv_size, spec.kv_size], dim=-1)
-        q = apply_rotary(q.view(num_tokens, spec.num_heads, spec.head_dim), cos, sin)
-        k = apply_rotary(k.view(num_tokens, spec.num_kv_heads, spec.head_dim), cos, sin)
-        v = v.reshape(num_tokens, spec.num_kv_heads, spec.head_dim)
-        hidden = hidden + self.o_proj(paged_attention(q, k, v, cache_k=cache_k, cache_v=cache_v, batch=batch))
+        qk = qkv[:, : spec.q_size + spec.kv_size].view(num_tokens, num_heads + spec.num_kv_heads, -1, 2)
+        qk = _rotate(qk, rotation).view(num_tokens, num_heads + spec.num_kv_heads, spec.head_dim)
+        v = qkv[:, spec.q_size + spec.kv_size :].view(num_tokens, 1, spec.num_kv_heads, spec.head_dim)
+        new_kv = torch.cat((qk[:, num_heads:].unsqueeze(1), v), dim=1)
+        attention = paged_attention(qk[:, :num_heads], new_kv, kv_cache, batch)
+        hidden = hidden + self.o_proj(attention)
         gate, up = self.gate_up_proj(rms_norm(hidden, self.post_attention_layernorm, spec.rms_norm_eps)).chunk(2, -1)
         out: torch.Tensor = hidden + self.down_proj(functional.silu(gate) * up)
         return out
 
 
+def _rotate(pairs: torch.Tensor, rotation: torch.Tensor) -> torch.Tensor:
+    """Rotate interleaved (real, imaginary) pairs [..., D/2, 2] by complex factors, in fp32."""
+    if pairs.dtype == torch.float32:
+        return torch.view_as_real(torch.view_as_complex(pairs) * rotation)
+    rotated = torch.view_as_real(torch.view_as_complex(pairs.float()) * rotation)
+    return rotated.to(pairs.dtype)
+
+
+def to_interleaved_halves(tensor: torch.Tensor, num_heads: int) -> torch.Tensor:
+    """Reorder q/k projection rows of each head from (first half, second half) to interleaved pairs."""
+    rest = tensor.shape[1:]
+    return tensor.reshape(num_heads, 2, -1, *rest).transpose(1, 2).reshape(tensor.shape)
+
+
 class DecoderModel(nn.Module):
     """Token ids in, hidden states out; `compute_logits` applies the final norm and LM head."""
 
-    rope_cos: torch.Tensor
-    rope_sin: torch.Tensor
+    rope_rotation: torch.Tensor
 
     def __init__(self, spec: ModelSpec, max_positions: int) -> None:
         super().__init__()
@@ -86,19 +98,17 @@ class DecoderModel(nn.Module):
         self.lm_head = (
             None if spec.tie_word_embeddings else nn.Parameter(torch.empty(spec.vocab_size, spec.hidden_size))
         )
-        cos, sin = cos_sin_table(spec.rope, spec.head_dim, max_positions)
-        self.register_buffer("rope_cos", cos, persistent=False)
-        self.register_buffer("rope_sin", sin, persistent=False)
+        # a plain attribute, not a buffer: Module.to(dtype) would drop its imaginary part
+        self.rope_rotation = rotation_table(spec, max_positions)
 
     def forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, kv_cache: torch.Tensor, batch: AttentionBatch
     ) -> torch.Tensor:
-        """kv_cache: [num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim]."""
+        """kv_cache: [num_layers, num_blocks, block_size, 2, num_kv_heads, head_dim]."""
         hidden: torch.Tensor = self.embed_tokens(input_ids)
-        cos = self.rope_cos.index_select(0, positions)
-        sin = self.rope_sin.index_select(0, positions)
+        rotation = self.rope_rotation.index_select(0, positions).unsqueeze(1)
         for index, layer in enumerate(self.layers):
-            hidden = layer(hidden, cos, sin, cache_k=kv_cache[index, 0], cache_v=kv_cache[index, 1], batch=batch)
+            hidden = layer(hidden, rotation, kv_cache[index], batch)
         return hidden
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -116,9 +126,16 @@ class DecoderModel(nn.Module):
                 continue
             if target.shape != tensor.shape:
                 raise WeightLoadError(f"{name}: shape {tuple(tensor.shape)} does not match {tuple(target.shape)}")
-            target.copy_(tensor)
+            target.copy_(self._to_internal_layout(name, tensor))
             loaded.add(name)
         return loaded
+
+    def _to_internal_layout(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
+        if ".self_attn.q_proj." in name:
+            return to_interleaved_halves(tensor, self.spec.num_heads)
+        if ".self_attn.k_proj." in name:
+            return to_interleaved_halves(tensor, self.spec.num_kv_heads)
+        return tensor
 
     def weight_target(self, name: str) -> torch.Tensor | None:
         """The parameter (slice) an HF tensor name maps to; None for names deliberately skipped.
@@ -165,3 +182,9 @@ def _layer_target(layer: DecoderLayer, local: str, full_name: str) -> torch.Tens
         if param is not None:
             return param
     raise WeightLoadError(f"{full_name} is not a parameter of this {spec.model_type} model")
+
+
+def rotation_table(spec: ModelSpec, max_positions: int) -> torch.Tensor:
+    """Complex rotary factors [positions, head_dim/2] (complex64): cos + i*sin, attention factor included."""
+    cos, sin = cos_sin_table(spec.rope, spec.head_dim, max_positions)
+    return torch.complex(cos, sin)

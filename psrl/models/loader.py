@@ -9,8 +9,7 @@ import torch
 from safetensors import safe_open
 
 from psrl.errors import FatalError
-from psrl.models.llama import DecoderModel, WeightLoadError
-from psrl.models.rope import cos_sin_table
+from psrl.models.llama import DecoderModel, WeightLoadError, rotation_table
 from psrl.models.spec import ModelSpec
 
 
@@ -36,10 +35,9 @@ def build_model(
     with torch.device("meta"):
         model = DecoderModel(spec, max_positions)
     model = model.to_empty(device=device)
-    # rope tables are computed, not loaded: to_empty left them uninitialised
-    cos, sin = cos_sin_table(spec.rope, spec.head_dim, max_positions)
-    model.rope_cos, model.rope_sin = cos.to(device), sin.to(device)
     model = model.to(dtype)
+    # the rotary table is computed, not loaded (to_empty left it uninitialised); it stays complex64
+    model.rope_rotation = rotation_table(spec, max_positions).to(device)
     missing = set(expected_weight_names(spec)) - model.load_weights(weights)
     if missing:
         raise WeightLoadError(f"checkpoint lacks {len(missing)} tensors this model needs, e.g. {sorted(missing)[:3]}")

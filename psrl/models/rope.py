@@ -1,7 +1,7 @@
 """Rotary position embeddings: inverse frequencies for each scaling type, and cos/sin tables.
 
-The tables are computed once for every position up to the engine's context length and indexed by
-position at run time. The formulas follow the published definitions as implemented by
+The tables are computed once (in fp32) for every position up to the engine's context length and
+indexed by position at run time. The formulas follow the published definitions as implemented by
 transformers, so logits agree with it to float rounding.
 """
 
@@ -35,14 +35,6 @@ def cos_sin_table(rope: RopeSpec, head_dim: int, num_positions: int) -> tuple[to
     positions = torch.arange(num_positions, dtype=torch.float32)
     freqs = torch.outer(positions, inv_freq)
     return freqs.cos() * attention_factor, freqs.sin() * attention_factor
-
-
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate x [tokens, heads, head_dim] by per-token half tables cos/sin [tokens, head_dim/2]."""
-    half = x.shape[-1] // 2
-    x1, x2 = x[..., :half], x[..., half:]
-    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
-    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
 
 
 def _base_inverse_frequencies(theta: float, head_dim: int) -> torch.Tensor:

@@ -1,0 +1,174 @@
+"""psrl's embedded engine against transformers `generate` on the same model and prompts.
+
+For each batch size, both generate exactly --gen-len tokens per sequence (sampling at temperature
+1, no top-k/top-p; the engine uses min_tokens/ignore_eos, transformers min_new_tokens) from the
+same random prompts of --prompt-len tokens. Tokens/s counts generated tokens over the whole call
+(prefill included). On CUDA it also reports the fraction of the weights-only memory-bandwidth
+roofline (every decode step reads all weights once: tok/s <= batch * bandwidth / weight bytes).
+
+    .venv/bin/python tools/bench_engine.py                       # the demo model, CPU
+    .venv/bin/python tools/bench_engine.py --model models/smollm2-135m --gen-len 64
+    python tools/bench_engine.py --random-init qwen2.5-0.5b --device cuda --dtype bfloat16
+
+The last line is `RESULT engine_vs_hf_b32=<ratio> ...`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, PreTrainedModel, Qwen2Config
+
+from psrl.engine import DEMO_MODEL_DIR, Engine, EngineArgs, SamplingParams
+
+RANDOM_INIT_SHAPES = {
+    # Qwen2.5-0.5B: 494 M parameters
+    "qwen2.5-0.5b": dict(
+        vocab_size=151936,
+        hidden_size=896,
+        intermediate_size=4864,
+        num_hidden_layers=24,
+        num_attention_heads=14,
+        num_key_value_heads=2,
+        max_position_embeddings=32768,
+        rope_theta=1000000.0,
+        tie_word_embeddings=True,
+    ),
+}
+
+
+def load_reference(args: argparse.Namespace, model_dir: Path) -> PreTrainedModel:
+    dtype = torch.bfloat16 if args.dtype == "bfloat16" else torch.float32
+    if args.random_init:
+        torch.manual_seed(0)
+        config = Qwen2Config(**RANDOM_INIT_SHAPES[args.random_init], eos_token_id=None)
+        config.save_pretrained(model_dir)
+        return AutoModelForCausalLM.from_config(config, dtype=dtype).to(args.device).eval()
+    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(args.device).eval()
+
+
+def make_engine(args: argparse.Namespace, model_dir: Path, reference: PreTrainedModel, batch: int) -> Engine:
+    block_size = 16
+    max_len = args.prompt_len + args.gen_len
+    engine_args = EngineArgs(
+        model_path=model_dir,
+        dtype=args.dtype,
+        device=args.device,
+        block_size=block_size,
+        num_kv_blocks=batch * ((max_len + block_size - 1) // block_size) + 8,
+        max_num_seqs=max(batch, 1),
+        max_num_batched_tokens=max(2048, args.prompt_len),
+        enable_prefix_caching=False,
+    )
+    return Engine(engine_args, weights=reference.state_dict())
+
+
+def run_hf(model: PreTrainedModel, prompts: list[list[int]], gen_len: int, device: str) -> int:
+    with torch.no_grad():
+        out = model.generate(
+            torch.tensor(prompts, device=device),
+            attention_mask=torch.ones(len(prompts), len(prompts[0]), dtype=torch.long, device=device),
+            max_new_tokens=gen_len,
+            min_new_tokens=gen_len,
+            do_sample=True,
+            temperature=1.0,
+            top_k=0,
+            top_p=1.0,
+            pad_token_id=0,
+        )
+    return (out.shape[1] - len(prompts[0])) * len(prompts)
+
+
+def run_engine(engine: Engine, prompts: list[list[int]], gen_len: int) -> int:
+    params = SamplingParams(max_tokens=gen_len, min_tokens=gen_len, ignore_eos=True, temperature=1.0)
+    for index, prompt in enumerate(prompts):
+        engine.add_request(str(index), prompt, params)
+    num_tokens = 0
+    while engine.has_unfinished_requests():
+        num_tokens += sum(len(result.output_ids) for result in engine.step().finished)
+    return num_tokens
+
+
+def timed(function: Callable[[], int], device: str) -> float:
+    """Tokens per second of one call."""
+    if device == "cuda":
+        torch.cuda.synchronize()
+    started = time.perf_counter()
+    num_tokens = function()
+    if device == "cuda":
+        torch.cuda.synchronize()
+    return num_tokens / (time.perf_counter() - started)
+
+
+def bench_batch(
+    args: argparse.Namespace, model_dir: Path, reference: PreTrainedModel, batch: int
+) -> tuple[float, float]:
+    rng = random.Random(batch)
+    vocab = reference.config.vocab_size
+    prompts = [[rng.randrange(1, vocab) for _ in range(args.prompt_len)] for _ in range(batch)]
+    engine = make_engine(args, model_dir, reference, batch)
+    run_engine(engine, prompts[:1], 4)  # warm-up
+    run_hf(reference, prompts[:1], 4, args.device)
+    engine_rates, hf_rates = [], []
+    for _ in range(args.repeats):
+        engine_rates.append(timed(lambda: run_engine(engine, prompts, args.gen_len), args.device))
+        hf_rates.append(timed(lambda: run_hf(reference, prompts, args.gen_len, args.device), args.device))
+    del engine
+    return statistics.median(engine_rates), statistics.median(hf_rates)
+
+
+def weight_bytes(model: PreTrainedModel) -> int:
+    return sum(p.numel() * p.element_size() for p in model.parameters())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", type=Path, default=DEMO_MODEL_DIR)
+    parser.add_argument("--random-init", choices=sorted(RANDOM_INIT_SHAPES))
+    parser.add_argument("--batches", default="1,8,32,64")
+    parser.add_argument("--prompt-len", type=int, default=32)
+    parser.add_argument("--gen-len", type=int, default=128)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--bandwidth-tb-s", type=float, default=4.0, help="HBM bandwidth for the roofline (CUDA)")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    with tempfile.TemporaryDirectory() as scratch:
+        model_dir = Path(scratch) if args.random_init else args.model
+        reference = load_reference(args, model_dir)
+        rows = [(batch, *bench_batch(args, model_dir, reference, batch)) for batch in map(int, args.batches.split(","))]
+        report(args, rows, weight_bytes(reference))
+
+
+def report(args: argparse.Namespace, rows: list[tuple[int, float, float]], num_weight_bytes: int) -> None:
+    name = args.random_init or args.model.name
+    print(f"model={name} device={args.device} dtype={args.dtype} threads={args.threads} "
+          f"prompt_len={args.prompt_len} gen_len={args.gen_len} repeats={args.repeats} (median)")  # fmt: skip
+    roofline = args.device == "cuda"
+    header = f"{'batch':>5} {'engine tok/s':>13} {'hf tok/s':>10} {'ratio':>6}" + ("  roofline" if roofline else "")
+    print(header)
+    fields = []
+    for batch, engine_rate, hf_rate in rows:
+        line = f"{batch:>5} {engine_rate:>13.1f} {hf_rate:>10.1f} {engine_rate / hf_rate:>6.2f}"
+        fields += [f"engine_vs_hf_b{batch}={engine_rate / hf_rate:.2f}", f"engine_tok_s_b{batch}={engine_rate:.1f}",
+                   f"hf_tok_s_b{batch}={hf_rate:.1f}"]  # fmt: skip
+        if roofline:
+            fraction = engine_rate / (batch * args.bandwidth_tb_s * 1e12 / num_weight_bytes)
+            line += f"  {fraction:8.3f}"
+            fields.append(f"roofline_fraction_b{batch}={fraction:.3f}")
+        print(line)
+    key = [field for field in fields if field.startswith("engine_vs_hf_b32=")]
+    print("RESULT " + " ".join(key + [field for field in fields if field not in key]))
+
+
+if __name__ == "__main__":
+    main()
