@@ -120,7 +120,6 @@ def bench_batch(
     for _ in range(args.repeats):
         engine_rates.append(timed(lambda: run_engine(engine, prompts, args.gen_len), args.device))
         hf_rates.append(timed(lambda: run_hf(reference, prompts, args.gen_len, args.device), args.device))
-    del engine
     return statistics.median(engine_rates), statistics.median(hf_rates)
 
 

@@ -1,0 +1,68 @@
+"""The demo task: seeded prompts, verifiable partial-credit reward, registry."""
+
+from __future__ import annotations
+
+import pytest
+
+from psrl.errors import ConfigError
+from psrl.tasks import DemoTask, Prompt, Reward, get_task, task_names
+from psrl.tasks.demo import KINDS
+
+
+def test_prompts_are_a_pure_function_of_seed_and_index() -> None:
+    assert [get_task("demo", 3).prompt(i) for i in range(20)] == [DemoTask(seed=3).prompt(i) for i in range(20)]
+    assert DemoTask(seed=3).prompt(5) != DemoTask(seed=4).prompt(5)
+    assert DemoTask(seed=3).prompt(5).index == 5
+
+
+def test_all_kinds_appear_with_answers_from_a_few_to_over_a_hundred_characters() -> None:
+    task = DemoTask(seed=0)
+    prompts = [task.prompt(i) for i in range(2000)]
+    assert {p.kind for p in prompts} == set(KINDS)
+    lengths = [len(p.answer) for p in prompts]
+    assert min(lengths) <= 3 and max(lengths) >= 120
+    assert sorted(lengths)[len(lengths) // 2] < 40  # skewed: most answers are short
+
+
+@pytest.mark.parametrize("index", range(40))
+def test_reference_answers_are_correct_and_score_one(index: int) -> None:
+    task = DemoTask(seed=1)
+    prompt = task.prompt(index)
+    kind, _, rest = prompt.text.rstrip("=").partition(" ")
+    numbers = [int(n) for n in rest.split()]
+    expected = {
+        "add": lambda: [sum(numbers)],
+        "copy": lambda: numbers,
+        "rev": lambda: numbers[::-1],
+        "sort": lambda: sorted(numbers),
+    }[kind]()
+    assert [int(n) for n in prompt.answer.split()] == expected
+    assert task.reward(prompt, prompt.answer) == Reward(score=1.0, acc=1.0)
+    assert task.reward(prompt, f"  {prompt.answer}\n") == Reward(score=1.0, acc=1.0)
+
+
+def test_partial_credit_is_graded_and_bounded() -> None:
+    task = DemoTask()
+    prompt = Prompt(0, "sort", "sort 3 1 2=", "1 2 3")
+    assert task.reward(prompt, "1 2 4").score == pytest.approx(2 / 3)
+    assert task.reward(prompt, "1 2 3 3").score == pytest.approx(3 / 4)  # extra output costs credit
+    assert task.reward(prompt, "").score == 0.0
+    assert task.reward(prompt, "garbage !!").score == 0.0
+    assert task.reward(prompt, "1 2 4").acc == 0.0
+    add = Prompt(1, "add", "add 500 734=", "1234")
+    assert task.reward(add, "1334").score == pytest.approx(3 / 4)  # digits compared from the right
+    assert task.reward(add, "234").score == pytest.approx(3 / 4)
+    for response in ["1 2 3", "x", "1 2", "3 2 1 0 9", ""]:
+        assert 0.0 <= task.reward(prompt, response).score <= 1.0
+
+
+def test_prompt_round_trips_as_plain_data() -> None:
+    prompt = DemoTask(seed=2).prompt(7)
+    assert Prompt.from_dict(prompt.to_dict()) == prompt
+    assert all(isinstance(value, int | str) for value in prompt.to_dict().values())
+
+
+def test_unknown_task_is_a_config_error() -> None:
+    assert "demo" in task_names()
+    with pytest.raises(ConfigError, match="unknown task"):
+        get_task("nope")
