@@ -17,6 +17,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+import msgspec
+
 from psrl.config.coordination import RoutingStrategy
 from psrl.routing.budget import budget_request_tokens
 from psrl.routing.cluster import Cluster
@@ -255,10 +257,12 @@ class RouterCore:
         hint = request.hint_instance if (request.is_sticky or request.force_pin_once) else None
         group = self._group_pins.get(request.prompt_id) if self.settings.enable_group_sticky else None
         gpu, offload, trees = self._prefix_inputs(request, cands)
+        ledger = self._ledger_answers(request, cands)
+        # The request is copied: commit and loopbacks mutate the live one, the record must not change.
+        copy = msgspec.structs.replace(request)
         return DecisionInputs(
-            seq, request, cands, self.cluster.num_slots, hint, group, self._ledger_answers(request, cands),
-            gpu, offload, trees, self._rr_cursor,
-        )  # fmt: skip
+            seq, copy, cands, self.cluster.num_slots, hint, group, ledger, gpu, offload, trees, self._rr_cursor
+        )
 
     def _decide(self, request: RoutingRequest) -> tuple[RoutingDecision, str | None]:
         """The decision, and the instance the request was pinned to (if any)."""
@@ -281,9 +285,10 @@ class RouterCore:
         buffer: int | None,
         moved_from: str | None,
     ) -> RoutingDecision:
-        request, choice = inputs.request, selection.choice
+        request, choice = inputs.request, selection.choice  # the request as it was before the commit
+        version_tag = self._routed[request.request_id].request.version_tag if instance_id else request.version_tag
         return RoutingDecision(
-            inputs.seq, request.request_id, request.prompt_id, selection.reason, instance_id, request.version_tag,
+            inputs.seq, request.request_id, request.prompt_id, selection.reason, instance_id, version_tag,
             buffer, selection.pinned_by, choice.group if choice else -1, choice.score if choice else 0.0,
             choice.detail if choice else "", moved_from, inputs if self.record_inputs else None,
         )  # fmt: skip
