@@ -8,8 +8,6 @@ mandatory-routing so that a reply to a peer that went away fails loudly instead 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import zmq
 
 from psrl.ps import protocol
@@ -52,28 +50,70 @@ def send(sock: zmq.Socket[bytes], message: Message, payload: memoryview | None =
         sock.send_multipart([header, payload], copy=False)
 
 
-def reply(sock: zmq.Socket[bytes], ident: bytes, message: Message, payload: memoryview | None = None) -> None:
-    """ROUTER side: route ``message`` (and its payload) to ``ident``; LinkError if it is gone."""
+def reply(
+    sock: zmq.Socket[bytes], ident: bytes, message: Message, payload: memoryview | None = None
+) -> zmq.MessageTracker | None:
+    """ROUTER side: route ``message`` (and its payload) to ``ident``; LinkError if it is gone.
+
+    With a payload, returns the tracker that tells when libzmq no longer reads the payload's memory.
+    """
     frames: list[bytes | memoryview] = [ident, protocol.encode(message)]
-    if payload is not None:
-        frames.append(payload)
     try:
-        sock.send_multipart(frames, copy=False)
+        if payload is None:
+            sock.send_multipart(frames)
+            return None
+        frames.append(payload)
+        return sock.send_multipart(frames, copy=False, track=True)
     except zmq.ZMQError as exc:
         if exc.errno == zmq.EHOSTUNREACH:
             raise LinkError(f"peer {ident!r} is gone") from None
         raise
 
 
-def split_frames(frames: Sequence[zmq.Frame], has_ident: bool) -> tuple[bytes, Message, zmq.Frame | None]:
-    """(identity, message, payload) of a received multipart message; ProtocolError when malformed."""
-    offset = 1 if has_ident else 0
-    ident = frames[0].bytes if has_ident else b""
-    if len(frames) < offset + 1:
-        raise protocol.ProtocolError("empty message")
-    message = protocol.decode(frames[offset].buffer)
-    expects_payload = isinstance(message, protocol.WITH_PAYLOAD)
-    num_expected = offset + (2 if expects_payload else 1)
-    if len(frames) != num_expected:
-        raise protocol.ProtocolError(f"{type(message).__name__} with {len(frames) - offset} frames")
-    return ident, message, frames[offset + 1] if expects_payload else None
+def recv_message(sock: zmq.Socket[bytes], has_ident: bool) -> tuple[bytes, Message] | None:
+    """Identity and message of the next waiting multipart message, leaving its payload on the socket.
+
+    None when nothing is waiting. A malformed message is discarded whole and raises ProtocolError.
+    The caller must then take the payload (``recv_payload_into``) of messages in ``WITH_PAYLOAD``.
+    """
+    try:
+        first = sock.recv(flags=zmq.NOBLOCK)
+    except zmq.Again:
+        return None
+    ident = b""
+    header = first
+    if has_ident:
+        if not _has_more(sock):
+            raise protocol.ProtocolError("message without a body")
+        ident, header = first, sock.recv()
+    try:
+        message = protocol.decode(header)
+    except protocol.ProtocolError:
+        discard_rest(sock)
+        raise
+    if isinstance(message, protocol.WITH_PAYLOAD) != _has_more(sock):
+        discard_rest(sock)
+        raise protocol.ProtocolError(f"{type(message).__name__} with a wrong number of frames")
+    return ident, message
+
+
+def recv_payload_into(sock: zmq.Socket[bytes], destination: memoryview) -> None:
+    """Receive the pending payload frame straight into ``destination``; ProtocolError on a size mismatch."""
+    received = sock.recv_into(destination) if len(destination) else len(sock.recv(copy=False).buffer)
+    extra = _has_more(sock)
+    discard_rest(sock)
+    if received != len(destination) or extra:
+        raise protocol.ProtocolError(f"payload of {received} bytes where {len(destination)} were expected")
+
+
+def discard_rest(sock: zmq.Socket[bytes]) -> int:
+    """Drop the remaining frames of the current message; returns how many there were."""
+    count = 0
+    while _has_more(sock):
+        sock.recv(copy=False)
+        count += 1
+    return count
+
+
+def _has_more(sock: zmq.Socket[bytes]) -> bool:
+    return bool(sock.getsockopt(zmq.RCVMORE))

@@ -1,9 +1,13 @@
-"""Delta sync's host copy of the weights an instance loaded, entry by entry.
+"""The puller's host buffers: one tensor per name, received into in place, kept across pulls.
 
-The mirror knows, for every entry, the manifest entry whose bytes it holds, so the next pull
-fetches exactly the entries whose checksum (or layout) differs. Tensors whose bytes changed but
-were not yet handed to the engine (a pull failed halfway through a split tensor) stay *dirty* and
-are loaded by the next successful pull even if nothing else in them changes.
+Entries land straight in their tensor's bytes (a split tensor is assembled where it lands), so a
+tensor handed to the engine is a view of these buffers with no copy after the receive. Reusing the
+buffers across pulls keeps their pages warm.
+
+For delta sync the mirror also knows, for every entry, the manifest entry whose bytes it holds, so
+the next pull fetches exactly the entries whose checksum (or layout) differs. A tensor whose bytes
+changed but which was not yet handed to the engine (a pull failed halfway through it) stays *dirty*
+and is loaded by the next successful pull even if nothing else in it changes.
 """
 
 from __future__ import annotations
@@ -33,15 +37,6 @@ class Mirror:
         self._held: dict[int, ManifestEntry] = {}
         self._dirty: set[str] = set()
 
-    def changed(self, entries: Sequence[ManifestEntry]) -> list[ManifestEntry]:
-        """Entries whose bytes the mirror does not hold."""
-        out = []
-        for entry in entries:
-            held = self._held.get(entry.index)
-            if held is None or not _same_bytes(held, entry) or not self._fits(entry):
-                out.append(entry)
-        return out
-
     def prepare(self, entries: Sequence[ManifestEntry]) -> None:
         """Allocate (or re-allocate on a layout change) a tensor for every name in the version."""
         for entry in entries:
@@ -52,21 +47,34 @@ class Mirror:
                 del self._held[index]
             self._dirty.add(entry.name)
 
-    def store(self, entry: ManifestEntry, view: memoryview) -> None:
-        start, stop = entry.byte_range()
-        byte_view(self._tensors[entry.name])[start:stop] = view
+    def changed(self, entries: Sequence[ManifestEntry]) -> list[ManifestEntry]:
+        """Entries whose bytes the mirror does not hold."""
+        out = []
+        for entry in entries:
+            held = self._held.get(entry.index)
+            if held is None or not _same_bytes(held, entry) or not self._fits(entry):
+                out.append(entry)
+        return out
+
+    def destination(self, entry: ManifestEntry) -> memoryview:
+        """Where ``entry``'s bytes go (its slice of the tensor); the entry is untrusted until ``landed``."""
+        self._held.pop(entry.index, None)
+        self._dirty.add(entry.name)
+        return self.entry_view(entry)
+
+    def landed(self, entry: ManifestEntry) -> None:
+        """``entry``'s bytes were received and verified."""
         self._held[entry.index] = entry
+
+    def forget(self, entry: ManifestEntry) -> None:
+        """The bytes of ``entry`` are not trusted any more (the next pull fetches them)."""
+        self._held.pop(entry.index, None)
         self._dirty.add(entry.name)
 
     def take(self, name: str) -> torch.Tensor:
         """The tensor, now considered loaded by the engine."""
         self._dirty.discard(name)
         return self._tensors[name]
-
-    def forget(self, entry: ManifestEntry) -> None:
-        """The mirror's bytes of ``entry`` are not trusted any more."""
-        self._held.pop(entry.index, None)
-        self._dirty.add(entry.name)
 
     def mark_dirty(self, name: str) -> None:
         self._dirty.add(name)

@@ -4,17 +4,18 @@ A pull fetches the version's manifest from every shard (all must report the same
 each shard for its entries, verifies every entry against its checksum as it lands, and hands each
 tensor to the engine as soon as it is complete: ``pull(version, load)`` calls ``load(name, tensor)``,
 and ``stream(version)`` is the same as an iterator for ``engine.load_weights(iterator, version)``.
-Tensors handed out are valid during that call only (they may view a received frame); the engine
-copies them into its weights, casting to its own dtype.
+Entries are received straight into the puller's host buffers (the *mirror*, one tensor per name,
+reused across pulls), so a tensor handed out is a view of that buffer: valid during the call only,
+since the next pull overwrites it. The engine copies it into its weights, casting to its own dtype.
 
 Every chunk carries its version and request id, so a pull never mixes versions: a chunk of another
 version or request is dropped, and a shard that no longer serves the version fails the pull
 (``PullFailedError``). After a failure the engine may hold some tensors of the failed version;
 ``sync()`` retries until one version loads completely.
 
-Delta sync keeps a host copy (the *mirror*) of what was loaded and fetches only entries whose
-checksum changed; afterwards every entry of the mirror is re-hashed against the new manifest, so
-the reconstruction is checked exactly.
+Delta sync uses the mirror as the record of what was loaded and fetches only entries whose checksum
+changed; afterwards every entry of the mirror is re-hashed against the new manifest, so the
+reconstruction is checked exactly.
 """
 
 from __future__ import annotations
@@ -30,12 +31,12 @@ import zmq
 from psrl.log import get_logger
 from psrl.ps import links
 from psrl.ps.checksum import checksum
-from psrl.ps.dtypes import dtype_from_name, tensor_from_buffer
 from psrl.ps.errors import PullFailedError
 from psrl.ps.manifest import NO_CHECKSUM, ManifestEntry, ManifestError, validate_served_parts
 from psrl.ps.mirror import Mirror
 from psrl.ps.protocol import (
     LATEST,
+    WITH_PAYLOAD,
     LiveCheck,
     LiveReply,
     ManifestReply,
@@ -101,7 +102,7 @@ class Puller:
         self.load_dtype = load_dtype
         self.timeout_s = timeout_s
         self.held_version = NONE
-        self.mirror = Mirror() if delta_sync else None
+        self.mirror = Mirror()
         self._log = get_logger("psrl.ps.puller")
         self._plane: PullDataPlane = pull_plane(transport, host=host)
         self._own_ctx = ctx is None
@@ -214,35 +215,36 @@ class Puller:
                     return message  # type: ignore[return-value]
 
     def _receive(self, deadline: float, version: int) -> Iterator[tuple[int, Message]]:
-        """Control messages that arrive before ``deadline`` (payload chunks of old pulls are dropped)."""
+        """Control messages that arrive before ``deadline`` (payloads of abandoned pulls are dropped)."""
         remaining_ms = int((deadline - time.monotonic()) * 1000)
         if remaining_ms <= 0:
             raise PullFailedError(version, f"no reply from the PS within {self.timeout_s:.0f} s")
         for sock, _ in self._poller.poll(min(remaining_ms, 100)):
-            for message, payload in self._drain(sock):
-                if payload is None:
-                    yield self._shard_of[sock], message
+            while (message := self._next(sock)) is not None:
+                if isinstance(message, WITH_PAYLOAD):
+                    self._discard(sock)
                 else:
-                    self.num_dropped += 1
+                    yield self._shard_of[sock], message
 
-    def _drain(self, sock: zmq.Socket[bytes]) -> Iterator[tuple[Message, zmq.Frame | None]]:
+    def _next(self, sock: zmq.Socket[bytes]) -> Message | None:
+        """The next waiting message (its payload, if any, stays on the socket), skipping malformed ones."""
         while True:
             try:
-                frames = sock.recv_multipart(flags=zmq.NOBLOCK, copy=False)
-            except zmq.Again:
-                return
-            try:
-                _, message, payload = links.split_frames(frames, has_ident=False)
+                received = links.recv_message(sock, has_ident=False)
             except ProtocolError as exc:
                 self.num_dropped += 1
                 self._log.warning("ps.puller.malformed", detail=str(exc))
                 continue
-            yield message, payload
+            return None if received is None else received[1]
+
+    def _discard(self, sock: zmq.Socket[bytes]) -> None:
+        self.num_dropped += 1
+        links.discard_rest(sock)
 
     # transfer -----------------------------------------------------------------------------------
 
     def _needed(self, plan: _Plan) -> list[ManifestEntry]:
-        if self.mirror is None or plan.algorithm == NO_CHECKSUM:
+        if not self.delta_sync or plan.algorithm == NO_CHECKSUM:
             return list(plan.entries)
         return self.mirror.changed(plan.entries)
 
@@ -251,35 +253,35 @@ class Puller:
         plan = self._resolve(version)
         stream.manifest_s = time.perf_counter() - started
         needed = self._needed(plan)
-        assembly = _Assembly(plan.entries, needed, self.mirror)
+        self.mirror.prepare(plan.entries)
         request_ids = self._request(plan, needed)
+        counts = _Counts(needed)
         try:
-            for name, tensor in self._tensors(plan, needed, request_ids, assembly, stream):
+            for name, tensor in self._tensors(plan, needed, request_ids, counts, stream):
                 self.held_version = NONE  # the engine now holds part of another version
                 try:
                     yield name, tensor
                 except GeneratorExit:
-                    if self.mirror is not None:
-                        self.mirror.mark_dirty(name)
+                    self.mirror.mark_dirty(name)
                     raise
             self._confirm_live(plan)
         finally:
             for request_id in request_ids.values():
                 self._plane.finish(request_id)
         self.held_version = plan.version
-        stream.finish(plan, needed, assembly.num_loaded)
+        stream.finish(plan, needed, counts.num_loaded)
 
     def _tensors(
         self,
         plan: _Plan,
         needed: Sequence[ManifestEntry],
         request_ids: dict[int, int],
-        assembly: _Assembly,
+        counts: _Counts,
         stream: PullStream,
     ) -> Iterator[tuple[str, torch.Tensor]]:
-        yield from self._receive_entries(plan, needed, request_ids, assembly, stream)
-        if self.mirror is not None:
-            yield from self._flush_dirty(plan, assembly)
+        yield from self._receive_entries(plan, needed, request_ids, counts, stream)
+        if self.delta_sync:
+            yield from self._flush_dirty(plan, counts)
 
     def _request(self, plan: _Plan, needed: Sequence[ManifestEntry]) -> dict[int, int]:
         request_ids: dict[int, int] = {}
@@ -289,7 +291,8 @@ class Puller:
                 continue
             request_ids[shard] = next(self._request_ids)
             request = PullRequest(request_ids[shard], plan.version, tuple(e.index for e in part), self._plane.peer)
-            self._plane.request(sock, request, plan.parts[shard].offer, part)
+            destinations = [self.mirror.destination(e) for e in part]
+            self._plane.request(sock, request, plan.parts[shard].offer, part, destinations)
         return request_ids
 
     def _receive_entries(
@@ -297,70 +300,78 @@ class Puller:
         plan: _Plan,
         needed: Sequence[ManifestEntry],
         request_ids: dict[int, int],
-        assembly: _Assembly,
+        counts: _Counts,
         stream: PullStream,
     ) -> Iterator[tuple[str, torch.Tensor]]:
         pending = {e.index: e for e in needed}
-        owner = {rid: shard for shard, rid in request_ids.items()}
         last_progress = time.monotonic()
         while pending:
-            arrived = list(self._arrivals(plan, request_ids, owner, pending))
-            if arrived:
+            for entry in self._arrivals(plan, request_ids, pending):
                 last_progress = time.monotonic()
-            elif time.monotonic() - last_progress > self.timeout_s:
-                raise PullFailedError(plan.version, f"stalled; {len(pending)} entries missing", plan.version)
-            for entry, view in arrived:
                 del pending[entry.index]
-                if self.verify and not is_intact(entry, view, plan.algorithm):
+                if self.verify and not is_intact(entry, self.mirror.entry_view(entry), plan.algorithm):
+                    self.mirror.forget(entry)
                     raise PullFailedError(plan.version, f"entry {entry.index} ({entry.name}) failed its checksum")
+                self.mirror.landed(entry)
                 stream.num_bytes += entry.num_bytes
-                completed = assembly.add(entry, view)
-                if completed is not None:
-                    yield completed[0], self._cast(completed[1])
+                if counts.land(entry):
+                    yield entry.name, self._cast(self.mirror.take(entry.name))
+            if pending and time.monotonic() - last_progress > self.timeout_s:
+                raise PullFailedError(plan.version, f"stalled; {len(pending)} entries missing", plan.version)
 
     def _arrivals(
-        self, plan: _Plan, request_ids: dict[int, int], owner: dict[int, int], pending: dict[int, ManifestEntry]
-    ) -> Iterator[tuple[ManifestEntry, memoryview]]:
+        self, plan: _Plan, request_ids: dict[int, int], pending: dict[int, ManifestEntry]
+    ) -> Iterator[ManifestEntry]:
+        """Entries whose bytes are now in the mirror (not yet verified)."""
         try:
             landed_now = self._plane.poll_landed()
         except TransportError as exc:
             raise PullFailedError(plan.version, str(exc)) from None
+        owners = set(request_ids.values())
         for landed in landed_now:
-            if landed.key in owner and landed.entry_index in pending:
-                yield pending[landed.entry_index], landed.view
+            if landed.key in owners and landed.entry_index in pending:
+                yield pending[landed.entry_index]
         timeout_ms = 1 if self._plane.is_busy else 100
         for sock, _ in self._poller.poll(timeout_ms):
             shard = self._shard_of[sock]
-            for message, payload in self._drain(sock):
+            while (message := self._next(sock)) is not None:
                 if getattr(message, "request_id", None) != request_ids.get(shard):
-                    self.num_dropped += 1
-                    continue
-                if isinstance(message, PullError):
+                    self._discard(sock)
+                elif isinstance(message, PullError):
                     raise PullFailedError(plan.version, f"shard {shard}: {message.reason}")
-                if isinstance(message, PullChunk) and payload is not None:
-                    entry = pending.get(message.entry_index)
-                    if entry is None or message.version != plan.version:
-                        self.num_dropped += 1
-                        continue
-                    yield entry, self._plane.accept_payload(entry, payload)
+                elif isinstance(message, PullChunk):
+                    entry = self._take_payload(sock, plan, message, pending)
+                    if entry is not None:
+                        yield entry
                 elif not isinstance(message, PullDone):
-                    self.num_dropped += 1
+                    self._discard(sock)
 
-    def _flush_dirty(self, plan: _Plan, assembly: _Assembly) -> Iterator[tuple[str, torch.Tensor]]:
+    def _take_payload(
+        self, sock: zmq.Socket[bytes], plan: _Plan, chunk: PullChunk, pending: dict[int, ManifestEntry]
+    ) -> ManifestEntry | None:
+        entry = pending.get(chunk.entry_index)
+        if entry is None or chunk.version != plan.version:
+            self._discard(sock)
+            return None
+        try:
+            links.recv_payload_into(sock, self.mirror.entry_view(entry))
+        except ProtocolError as exc:
+            self.mirror.forget(entry)
+            raise PullFailedError(plan.version, str(exc)) from None
+        return entry
+
+    def _flush_dirty(self, plan: _Plan, counts: _Counts) -> Iterator[tuple[str, torch.Tensor]]:
         """Delta sync: re-hash the whole mirror against the manifest, then load tensors left dirty."""
-        mirror = self.mirror
-        if mirror is None:
-            return
         if plan.algorithm != NO_CHECKSUM:
-            wrong = [e for e in plan.entries if checksum(mirror.entry_view(e)) != e.checksum]
+            wrong = [e for e in plan.entries if checksum(self.mirror.entry_view(e)) != e.checksum]
             for entry in wrong:
-                mirror.forget(entry)  # the retry fetches it again
+                self.mirror.forget(entry)  # the retry fetches it again
             if wrong:
                 names = sorted({e.name for e in wrong})
                 raise PullFailedError(plan.version, f"reconstruction differs in {len(wrong)} entries: {names[:3]}")
-        for name in mirror.take_dirty():
-            assembly.num_loaded += 1
-            yield name, self._cast(mirror.tensor(name))
+        for name in self.mirror.take_dirty():
+            counts.num_loaded += 1
+            yield name, self._cast(self.mirror.tensor(name))
 
     def _confirm_live(self, plan: _Plan) -> None:
         """One-sided transports: the shards must still serve the version the bytes were read from."""
@@ -385,44 +396,22 @@ class Puller:
         return tensor.to(self.load_dtype)
 
 
-class _Assembly:
-    """Turns landed entries into complete tensors (whole tensors pass through without a copy)."""
+class _Counts:
+    """How many entries of each tensor are still missing in this pull."""
 
-    def __init__(
-        self, entries: Sequence[ManifestEntry], needed: Sequence[ManifestEntry], mirror: Mirror | None
-    ) -> None:
-        self._mirror = mirror
+    def __init__(self, needed: Sequence[ManifestEntry]) -> None:
         self._missing: dict[str, int] = {}
         for entry in needed:
             self._missing[entry.name] = self._missing.get(entry.name, 0) + 1
-        self._blocks: dict[str, torch.Tensor] = {}
-        if mirror is not None:
-            mirror.prepare(entries)
         self.num_loaded = 0
 
-    def add(self, entry: ManifestEntry, view: memoryview) -> tuple[str, torch.Tensor] | None:
+    def land(self, entry: ManifestEntry) -> bool:
+        """Count a landed entry; True when its tensor is complete."""
         self._missing[entry.name] -= 1
-        is_complete = self._missing[entry.name] == 0
-        if self._mirror is not None:
-            self._mirror.store(entry, view)
-            if not is_complete:
-                return None
-            self.num_loaded += 1
-            return entry.name, self._mirror.take(entry.name)
-        if entry.is_whole_tensor:
-            self.num_loaded += 1
-            return entry.name, tensor_from_buffer(view, entry.dtype, entry.shape)
-        whole = self._blocks.get(entry.name)
-        if whole is None:
-            whole = torch.empty(entry.shape, dtype=dtype_from_name(entry.dtype))
-            self._blocks[entry.name] = whole
-        start, stop = entry.byte_range()
-        flat = whole.reshape(-1).view(torch.uint8)
-        flat[start:stop].copy_(torch.frombuffer(view, dtype=torch.uint8))
-        if not is_complete:
-            return None
+        if self._missing[entry.name]:
+            return False
         self.num_loaded += 1
-        return entry.name, self._blocks.pop(entry.name)
+        return True
 
 
 class PullStream:

@@ -228,16 +228,15 @@ class Pusher:
     def _drain(self, job: _Job, link: _ShardLink) -> None:
         while True:
             try:
-                frames = link.sock.recv_multipart(flags=zmq.NOBLOCK, copy=False)
-            except zmq.Again:
-                return
-            try:
-                _, message, _ = links.split_frames(frames, has_ident=False)
+                received = links.recv_message(link.sock, has_ident=False)
             except ProtocolError as exc:
                 self._log.warning("ps.pusher.malformed", shard=link.shard, detail=str(exc))
                 continue
+            if received is None:
+                return
+            links.discard_rest(link.sock)  # shards send the pusher no payloads
             link.last_heard = time.monotonic()
-            self._on_reply(job, link, message)
+            self._on_reply(job, link, received[1])
 
     def _on_reply(self, job: _Job, link: _ShardLink, message: Message) -> None:
         if isinstance(message, PushReady | PushAck | PushRefused) and (

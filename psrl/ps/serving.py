@@ -7,7 +7,7 @@ and checksums, so pullers verify exactly the bytes they receive.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import msgspec
 
@@ -24,7 +24,11 @@ def needs_cast(entries: Sequence[ManifestEntry], serve_dtype: str | None) -> boo
 
 
 def cast_entries(
-    entries: Sequence[ManifestEntry], buffers: EntryBuffers, serve_dtype: str, algorithm: str
+    entries: Sequence[ManifestEntry],
+    buffers: EntryBuffers,
+    serve_dtype: str,
+    algorithm: str,
+    allocate: Callable[[Sequence[ManifestEntry]], EntryBuffers],
 ) -> tuple[tuple[ManifestEntry, ...], EntryBuffers]:
     """Floating entries cast to ``serve_dtype`` in a new contiguous buffer; others copied as they are."""
     served_dtypes = [serve_dtype if e.dtype in FLOATING else e.dtype for e in entries]
@@ -34,7 +38,7 @@ def cast_entries(
         msgspec.structs.replace(e, dtype=d, num_bytes=n, shard_offset=o)
         for e, d, n, o in zip(entries, served_dtypes, sizes, offsets, strict=True)
     ]
-    out = EntryBuffers.contiguous(draft)
+    out = allocate(draft)
     served = []
     for entry, target in zip(entries, draft, strict=True):
         src = tensor_from_buffer(buffers.view(entry.index), entry.dtype)

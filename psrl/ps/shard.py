@@ -95,19 +95,19 @@ class ShardServer:
         self._incoming_key = 0
         self._incoming_ident = b""
         self._nacked: set[tuple[int, int, int]] = set()
-        self._push_handlers: dict[type[Any], Callable[[bytes, Any, zmq.Frame | None], None]] = {
+        self._push_handlers: dict[type[Any], Callable[[bytes, Any], None]] = {
             PushBegin: self._on_begin,
             PushChunk: self._on_chunk,
             PushWritten: self._on_written,
             Commit: self._on_commit_msg,
             Abort: self._on_abort,
-            StatusRequest: lambda ident, msg, _: self._reply_status(self._push_sock, ident, msg),
+            StatusRequest: lambda ident, msg: self._reply_status(self._push_sock, ident, msg),
         }
-        self._pull_handlers: dict[type[Any], Callable[[bytes, Any, zmq.Frame | None], None]] = {
+        self._pull_handlers: dict[type[Any], Callable[[bytes, Any], None]] = {
             ManifestRequest: self._on_manifest,
             PullRequest: self._on_pull,
             LiveCheck: self._on_live_check,
-            StatusRequest: lambda ident, msg, _: self._reply_status(self._pull_sock, ident, msg),
+            StatusRequest: lambda ident, msg: self._reply_status(self._pull_sock, ident, msg),
         }
         self._closed = False
 
@@ -153,22 +153,23 @@ class ShardServer:
         # Bounded, so a flood on one socket cannot starve the other.
         for _ in range(256):
             try:
-                frames = sock.recv_multipart(flags=zmq.NOBLOCK, copy=False)
-            except zmq.Again:
-                return
-            try:
-                ident, message, payload = links.split_frames(frames, has_ident=True)
+                received = links.recv_message(sock, has_ident=True)
             except ProtocolError as exc:
                 self._drop("malformed", str(exc))
                 continue
+            if received is None:
+                return
+            ident, message = received
             handler = handlers.get(type(message))
-            if handler is None:
-                self._drop("unexpected", type(message).__name__)
-                continue
             try:
-                handler(ident, message, payload)
+                if handler is None:
+                    self._drop("unexpected", type(message).__name__)
+                else:
+                    handler(ident, message)
             except links.LinkError as exc:
                 self._drop("unroutable", str(exc))
+            finally:
+                links.discard_rest(sock)  # a payload the handler did not take
 
     def _drop(self, what: str, detail: str) -> None:
         self.counters[f"dropped_{what}"] += 1
@@ -179,7 +180,7 @@ class ShardServer:
 
     # push ---------------------------------------------------------------------------------------
 
-    def _on_begin(self, ident: bytes, begin: PushBegin, _: zmq.Frame | None) -> None:
+    def _on_begin(self, ident: bytes, begin: PushBegin) -> None:
         reason = self.versions.check_begin(begin)
         if reason is not None:
             self.counters["pushes_refused"] += 1
@@ -199,22 +200,24 @@ class ShardServer:
         if not begin.entries:
             self._finish_landing()
 
-    def _on_chunk(self, ident: bytes, chunk: PushChunk, payload: zmq.Frame | None) -> None:
+    def _on_chunk(self, ident: bytes, chunk: PushChunk) -> None:
         match = self.versions.match_chunk(chunk.version, chunk.incarnation, chunk.attempt, chunk.entry_index)
-        if isinstance(match, str):
-            self._nack(ident, (chunk.version, chunk.incarnation, chunk.attempt), match)
-            return
         incoming = self.versions.incoming
-        if incoming is None or payload is None:
+        if isinstance(match, str) or incoming is None:
+            self._nack(ident, (chunk.version, chunk.incarnation, chunk.attempt), str(match))
             return
+        if not self._plane.is_in_band:
+            self._fail_incoming(f"{self._plane.name} pushes carry no payload frames")
+            return
+        view = incoming.buffers.view(match.index)
         try:
-            view = self._plane.accept_payload(incoming.buffers, match, payload)
+            links.recv_payload_into(self._push_sock, view)
         except ProtocolError as exc:
             self._fail_incoming(str(exc))
             return
         self._land(match, view)
 
-    def _on_written(self, ident: bytes, written: PushWritten, _: zmq.Frame | None) -> None:
+    def _on_written(self, ident: bytes, written: PushWritten) -> None:
         for index in written.entry_indices:
             match = self.versions.match_chunk(written.version, written.incarnation, written.attempt, index)
             if isinstance(match, str):
@@ -253,8 +256,9 @@ class ShardServer:
             return
         entries = tuple(incoming.entries[i] for i in sorted(incoming.entries))
         if needs_cast(entries, self.options.serve_dtype) and self.options.serve_dtype is not None:
-            served, buffers = cast_entries(entries, incoming.buffers, self.options.serve_dtype, incoming.algorithm)
-            self._plane.adopt(buffers)
+            served, buffers = cast_entries(
+                entries, incoming.buffers, self.options.serve_dtype, incoming.algorithm, self._plane.allocate
+            )
             self._plane.release(incoming.buffers)
         else:
             served, buffers = entries, incoming.buffers
@@ -279,7 +283,7 @@ class ShardServer:
         self._nacked.add(key)
         self._push_reply(ident, PushAck(key[0], key[2], is_ok=False, reason=reason))
 
-    def _on_commit_msg(self, ident: bytes, commit: Commit, _: zmq.Frame | None) -> None:
+    def _on_commit_msg(self, ident: bytes, commit: Commit) -> None:
         outcome = self.versions.commit(commit.version, commit.incarnation)
         if not outcome.is_ok:
             self._push_reply(ident, CommitRefused(commit.version, outcome.reason))
@@ -294,7 +298,7 @@ class ShardServer:
                 self._on_commit(commit.version, self.versions.latest.digest)
         self._push_reply(ident, Committed(commit.version))
 
-    def _on_abort(self, ident: bytes, abort: Abort, _: zmq.Frame | None) -> None:
+    def _on_abort(self, ident: bytes, abort: Abort) -> None:
         dropped = self.versions.abort(abort.version, abort.incarnation)
         if dropped is not None:
             self._plane.release(dropped.buffers)
@@ -305,7 +309,7 @@ class ShardServer:
         reason = "retired" if 0 <= version < self.versions.previous_version else "not committed"
         return Unavailable(request_id, version, self.versions.latest_version, self.versions.previous_version, reason)
 
-    def _on_manifest(self, ident: bytes, request: ManifestRequest, _: zmq.Frame | None) -> None:
+    def _on_manifest(self, ident: bytes, request: ManifestRequest) -> None:
         held = self.versions.lookup(request.version)
         if held is None:
             links.reply(self._pull_sock, ident, self._unavailable(request.request_id, request.version))
@@ -322,7 +326,7 @@ class ShardServer:
         )
         links.reply(self._pull_sock, ident, reply)
 
-    def _on_pull(self, ident: bytes, request: PullRequest, _: zmq.Frame | None) -> None:
+    def _on_pull(self, ident: bytes, request: PullRequest) -> None:
         held = self.versions.lookup(request.version)
         if held is None:
             self.counters["pulls_refused"] += 1
@@ -334,14 +338,14 @@ class ShardServer:
             links.reply(self._pull_sock, ident, PullError(request.request_id, request.version, "unknown entry indices"))
             return
 
-        def reply(message: Message, payload: memoryview | None) -> None:
-            links.reply(self._pull_sock, ident, message, payload)
+        def reply(message: Message, payload: memoryview | None) -> zmq.MessageTracker | None:
+            return links.reply(self._pull_sock, ident, message, payload)
 
         self._plane.serve(reply, request, entries, held.buffers)
         self.counters["pulls_served"] += 1
         self.counters["bytes_served"] += sum(e.num_bytes for e in entries)
 
-    def _on_live_check(self, ident: bytes, check: LiveCheck, _: zmq.Frame | None) -> None:
+    def _on_live_check(self, ident: bytes, check: LiveCheck) -> None:
         is_live = self.versions.lookup(check.version) is not None
         links.reply(self._pull_sock, ident, LiveReply(check.request_id, check.version, is_live))
 

@@ -8,9 +8,10 @@ links; a transport only moves entry bytes. It has three sides:
 * ``PushDataPlane``: the trainer side; sends a shard its entries once the shard is ready.
 * ``PullDataPlane``: the rollout side; fetches entries of one shard into buffers it returns.
 
-In-band transports (ZeroMQ frames) carry the bytes as payload frames on the links themselves;
-out-of-band transports (NIXL, torch.distributed) move them on their own channel and report
-entries as *landed* when they complete. Shard, pusher and puller never look at which one is used.
+In-band transports (ZeroMQ frames) carry the bytes as payload frames on the links themselves,
+received straight into the destination buffer; out-of-band transports (NIXL, torch.distributed)
+move them on their own channel and report entries as *landed* when they complete. Shard, pusher
+and puller never look at which one is used.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import numpy as np
 import zmq
 
 from psrl.ps.manifest import ManifestEntry, shard_offsets
-from psrl.ps.protocol import Message, ProtocolError, PullRequest, PushBegin
+from psrl.ps.protocol import Message, PullRequest, PushBegin
 
 
 class TransportError(RuntimeError):
@@ -33,25 +34,34 @@ class TransportError(RuntimeError):
 
 @dataclass
 class EntryBuffers:
-    """The bytes of one version on one shard (or of one pull on a puller), entry by entry.
+    """The bytes of one version on one shard, entry by entry, in one contiguous buffer.
 
-    ``backing`` is a contiguous buffer when the transport needs registered memory; otherwise the
-    views own their memory (received frames). ``handle`` is transport state (a registration).
+    ``handle`` is transport state (a registration); ``trackers`` tell when zero-copy sends of these
+    bytes are finished, so the buffer can be reused for a later version.
     """
 
     views: dict[int, memoryview] = field(default_factory=dict)
     backing: np.ndarray | None = None
     offsets: dict[int, int] = field(default_factory=dict)  # byte offset of each entry in ``backing``
     handle: Any = None
+    trackers: list[zmq.MessageTracker] = field(default_factory=list)
+    num_readers: int = 0  # transfers reading these bytes outside ZeroMQ (helper threads)
 
     @classmethod
-    def contiguous(cls, entries: Sequence[ManifestEntry]) -> EntryBuffers:
-        """One buffer laid out by aligned offsets (the shard layout)."""
+    def contiguous(
+        cls, entries: Sequence[ManifestEntry], backing: np.ndarray | None = None, handle: Any = None
+    ) -> EntryBuffers:
+        """Entries laid out by aligned offsets (the shard layout), in ``backing`` or a new buffer."""
         offsets, size = shard_offsets(e.num_bytes for e in entries)
-        backing = np.empty(max(size, 1), dtype=np.uint8)
+        if backing is None or backing.nbytes != max(size, 1):
+            backing, handle = np.empty(max(size, 1), dtype=np.uint8), None
         whole = backing.data
         views = {e.index: whole[o : o + e.num_bytes] for e, o in zip(entries, offsets, strict=True)}
-        return cls(views=views, backing=backing, offsets={e.index: o for e, o in zip(entries, offsets, strict=True)})
+        offset_of = {e.index: o for e, o in zip(entries, offsets, strict=True)}
+        return cls(views=views, backing=backing, offsets=offset_of, handle=handle)
+
+    def view(self, index: int) -> memoryview:
+        return self.views[index]
 
     def address(self, index: int) -> int:
         """Virtual address of an entry in the contiguous backing buffer."""
@@ -59,12 +69,54 @@ class EntryBuffers:
             raise TransportError("entry buffers without a contiguous backing have no address")
         return int(self.backing.ctypes.data) + self.offsets[index]
 
-    def view(self, index: int) -> memoryview:
-        return self.views[index]
+    def track(self, tracker: zmq.MessageTracker | None) -> None:
+        if tracker is None:
+            return
+        if len(self.trackers) > 512:
+            self.trackers = [t for t in self.trackers if not t.done]
+        self.trackers.append(tracker)
+
+    @property
+    def is_idle(self) -> bool:
+        """No send still reads these bytes."""
+        return self.num_readers == 0 and all(t.done for t in self.trackers)
 
 
-# (message, payload) -> None; raises psrl.ps.links.LinkError when the requester is gone.
-Replier = Callable[[Message, "memoryview | None"], None]
+class BufferPool:
+    """Keeps a few retired version buffers, so the next version is written into warm memory.
+
+    Fresh memory costs a page fault per 4 KiB on first write, which halves receive throughput; a
+    buffer is reused only once no zero-copy send still reads it (a slow reader keeps its buffer).
+    """
+
+    def __init__(self, max_spare: int = 2) -> None:
+        self.max_spare = max_spare
+        self._spare: list[EntryBuffers] = []
+        self.num_reused = 0
+
+    def take(self, entries: Sequence[ManifestEntry]) -> EntryBuffers:
+        _, size = shard_offsets(e.num_bytes for e in entries)
+        for i, spare in enumerate(self._spare):
+            if spare.backing is not None and spare.backing.nbytes == max(size, 1) and spare.is_idle:
+                del self._spare[i]
+                self.num_reused += 1
+                return EntryBuffers.contiguous(entries, backing=spare.backing, handle=spare.handle)
+        return EntryBuffers.contiguous(entries)
+
+    def give(self, buffers: EntryBuffers) -> list[EntryBuffers]:
+        """Keep ``buffers`` for reuse; returns the buffers evicted to make room (their owner frees them)."""
+        if buffers.backing is None:
+            return []
+        self._spare.append(buffers)
+        # Prefer keeping idle buffers; evict the oldest beyond the limit.
+        self._spare.sort(key=lambda b: not b.is_idle)
+        evicted = self._spare[self.max_spare :]
+        del self._spare[self.max_spare :]
+        return evicted
+
+
+# (message, payload) -> tracker of the payload's send; raises psrl.ps.links.LinkError when the peer is gone.
+Replier = Callable[[Message, "memoryview | None"], "zmq.MessageTracker | None"]
 
 
 @dataclass(frozen=True)
@@ -73,7 +125,7 @@ class Landed:
 
     key: int  # push attempt key (shard side) or request id (puller side)
     entry_index: int
-    view: memoryview
+    view: memoryview  # where the bytes are
 
 
 class ShardDataPlane(ABC):
@@ -82,18 +134,11 @@ class ShardDataPlane(ABC):
 
     @abstractmethod
     def allocate(self, entries: Sequence[ManifestEntry]) -> EntryBuffers:
-        """Storage for an incoming push of these entries."""
-
-    def adopt(self, buffers: EntryBuffers) -> None:  # noqa: B027 (optional hook)
-        """Make contiguous buffers built by the shard (a cast copy) servable, e.g. register them."""
+        """Contiguous storage for these entries (an incoming push, or a cast copy of one)."""
 
     def push_offer(self, buffers: EntryBuffers, begin: PushBegin, key: int) -> bytes:
         """What the pusher needs to write into ``buffers`` (descriptors, a rendezvous); b"" if nothing."""
         return b""
-
-    def accept_payload(self, buffers: EntryBuffers, entry: ManifestEntry, frame: zmq.Frame) -> memoryview:
-        """In-band transports: store a payload frame; returns the entry's bytes."""
-        raise ProtocolError(f"{self.name} does not carry payload frames")
 
     def poll_landed(self) -> list[Landed]:
         """Out-of-band transports: entries that arrived since the last call."""
@@ -156,16 +201,22 @@ class PushDataPlane(ABC):
 
 class PullDataPlane(ABC):
     name: ClassVar[str]
+    is_in_band: ClassVar[bool]
 
     @abstractmethod
     def request(
-        self, sock: zmq.Socket[bytes], request: PullRequest, offer: bytes, entries: Sequence[ManifestEntry]
+        self,
+        sock: zmq.Socket[bytes],
+        request: PullRequest,
+        offer: bytes,
+        entries: Sequence[ManifestEntry],
+        destinations: Sequence[memoryview],
     ) -> None:
-        """Start fetching ``entries`` from one shard (replies arrive on ``sock`` or as landed entries)."""
+        """Start fetching ``entries`` of one shard into ``destinations`` (the puller's memory).
 
-    def accept_payload(self, entry: ManifestEntry, frame: zmq.Frame) -> memoryview:
-        """In-band transports: the bytes of a received payload frame."""
-        raise ProtocolError(f"{self.name} does not carry payload frames")
+        In-band transports only send the request: payloads arrive on ``sock`` and the puller receives
+        them into the destinations. Out-of-band ones write the destinations and report landed entries.
+        """
 
     def poll_landed(self) -> list[Landed]:
         """Out-of-band transports: entries that arrived since the last call."""

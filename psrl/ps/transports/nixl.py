@@ -25,6 +25,7 @@ from psrl.ps import links
 from psrl.ps.manifest import ManifestEntry
 from psrl.ps.protocol import PullError, PullRequest, PushBegin, PushWritten
 from psrl.ps.transports.base import (
+    BufferPool,
     EntryBuffers,
     Landed,
     PullDataPlane,
@@ -85,14 +86,14 @@ class NixlShardDataPlane(ShardDataPlane):
 
     def __init__(self) -> None:
         self._agent = _agent("psrl-ps")
+        # Retired buffers stay registered while pooled; one-sided reads of a version retired meanwhile
+        # are caught by the puller's checksums and its live check.
+        self.pool = BufferPool()
 
     def allocate(self, entries: Sequence[ManifestEntry]) -> EntryBuffers:
-        buffers = EntryBuffers.contiguous(entries)
+        buffers = self.pool.take(entries)
         _register(self._agent, buffers)
         return buffers
-
-    def adopt(self, buffers: EntryBuffers) -> None:
-        _register(self._agent, buffers)
 
     def _offer(self, buffers: EntryBuffers) -> bytes:
         addresses = {i: (buffers.address(i), len(v)) for i, v in buffers.views.items() if len(v)}
@@ -111,9 +112,10 @@ class NixlShardDataPlane(ShardDataPlane):
         reply(PullError(request.request_id, request.version, "nixl pulls read shard memory directly"), None)
 
     def release(self, buffers: EntryBuffers) -> None:
-        if buffers.handle is not None:
-            self._agent.deregister_memory(buffers.handle)
-            buffers.handle = None
+        for evicted in self.pool.give(buffers):
+            if evicted.handle is not None:
+                self._agent.deregister_memory(evicted.handle)
+                evicted.handle = None
 
 
 class NixlPushDataPlane(PushDataPlane):
@@ -182,49 +184,51 @@ class NixlPushDataPlane(PushDataPlane):
 
 class NixlPullDataPlane(PullDataPlane):
     name: ClassVar[str] = "nixl"
+    is_in_band: ClassVar[bool] = False
 
     def __init__(self) -> None:
         self._agent = _agent("psrl-puller")
-        self._pending: dict[int, tuple[Any, list[ManifestEntry], EntryBuffers]] = {}
-        self._staging: dict[int, EntryBuffers] = {}  # per shard, reused while the layout is unchanged
-        self._staging_layout: dict[int, tuple[tuple[int, int], ...]] = {}
+        self._pending: dict[int, tuple[Any, list[tuple[int, memoryview]]]] = {}
+        self._registered: dict[tuple[int, int], Any] = {}  # destinations are reused across pulls
 
     @property
     def needs_live_check(self) -> bool:
         return True
 
     def request(
-        self, sock: zmq.Socket[bytes], request: PullRequest, offer: bytes, entries: Sequence[ManifestEntry]
+        self,
+        sock: zmq.Socket[bytes],
+        request: PullRequest,
+        offer: bytes,
+        entries: Sequence[ManifestEntry],
+        destinations: Sequence[memoryview],
     ) -> None:
         remote = msgspec.msgpack.decode(offer, type=_Offer)
         self._agent.add_remote_agent(remote.metadata)
-        buffers = self._staging_for(entries[0].shard, entries)
-        local = [(buffers.address(e.index), e.num_bytes, 0) for e in entries if e.num_bytes]
-        far = [(*remote.addresses[e.index], 0) for e in entries if e.num_bytes]
+        local, far = [], []
+        for entry, view in zip(entries, destinations, strict=True):
+            if not len(view):
+                continue
+            address = _address(view)
+            if (address, len(view)) not in self._registered:
+                self._registered[(address, len(view))] = self._agent.register_memory(
+                    [(address, len(view), 0, "")], DRAM
+                )
+            local.append((address, len(view), 0))
+            far.append((*remote.addresses[entry.index], 0))
         handle = _start(self._agent, "READ", local, far, remote.agent) if local else None
-        self._pending[request.request_id] = (handle, list(entries), buffers)
-
-    def _staging_for(self, shard: int, entries: Sequence[ManifestEntry]) -> EntryBuffers:
-        layout = tuple((e.index, e.num_bytes) for e in entries)
-        if self._staging_layout.get(shard) != layout:
-            old = self._staging.pop(shard, None)
-            if old is not None and old.handle is not None:
-                self._agent.deregister_memory(old.handle)
-            self._staging[shard] = EntryBuffers.contiguous(entries)
-            _register(self._agent, self._staging[shard])
-            self._staging_layout[shard] = layout
-        return self._staging[shard]
+        self._pending[request.request_id] = (handle, [(e.index, d) for e, d in zip(entries, destinations, strict=True)])
 
     def poll_landed(self) -> list[Landed]:
         out: list[Landed] = []
-        for request_id, (handle, entries, buffers) in list(self._pending.items()):
+        for request_id, (handle, targets) in list(self._pending.items()):
             state = "DONE" if handle is None else _state(self._agent, handle)
             if state == "ERR":
                 del self._pending[request_id]
                 raise TransportError(f"NIXL read of request {request_id} failed")
             if state == "DONE":
                 del self._pending[request_id]
-                out.extend(Landed(request_id, e.index, buffers.view(e.index)) for e in entries)
+                out.extend(Landed(request_id, index, view) for index, view in targets)
         return out
 
     @property
@@ -235,7 +239,6 @@ class NixlPullDataPlane(PullDataPlane):
         self._pending.pop(request_id, None)
 
     def close(self) -> None:
-        for buffers in self._staging.values():
-            if buffers.handle is not None:
-                self._agent.deregister_memory(buffers.handle)
-        self._staging.clear()
+        for handle in self._registered.values():
+            self._agent.deregister_memory(handle)
+        self._registered.clear()

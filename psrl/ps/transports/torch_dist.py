@@ -30,6 +30,7 @@ from psrl.ps import links
 from psrl.ps.manifest import ManifestEntry
 from psrl.ps.protocol import PullDone, PullRequest, PushBegin
 from psrl.ps.transports.base import (
+    BufferPool,
     EntryBuffers,
     Landed,
     PullDataPlane,
@@ -123,6 +124,7 @@ class DistShardDataPlane(ShardDataPlane):
         # One thread per transfer: a peer that vanished blocks only its own thread until the group
         # times out, never the next push or another puller.
         self._workers: list[_Worker] = []
+        self.pool = BufferPool()
 
     def _spawn(self, name: str) -> _Worker:
         self._workers = [w for w in self._workers if w.num_active or not w.landed.empty()]
@@ -131,7 +133,10 @@ class DistShardDataPlane(ShardDataPlane):
         return worker
 
     def allocate(self, entries: Sequence[ManifestEntry]) -> EntryBuffers:
-        return EntryBuffers.contiguous(entries)
+        return self.pool.take(entries)
+
+    def release(self, buffers: EntryBuffers) -> None:
+        self.pool.give(buffers)
 
     def push_offer(self, buffers: EntryBuffers, begin: PushBegin, key: int) -> bytes:
         if not begin.entries:
@@ -169,13 +174,17 @@ class DistShardDataPlane(ShardDataPlane):
         if not request.peer:
             raise TransportError("torch_dist pull request without a group key")
         views = [buffers.view(e.index) for e in entries]
-        self._spawn(request.peer).submit(self._send, request.peer, views)
+        buffers.num_readers += 1  # the buffer is not reused while this send reads it
+        self._spawn(request.peer).submit(self._send, request.peer, views, buffers)
         reply(PullDone(request.request_id, request.version), None)
 
-    def _send(self, group_key: str, views: list[memoryview]) -> None:
-        group = _group(self._rendezvous, group_key, rank=0, store=self._store)
-        for view in views:
-            _broadcast(group, view)
+    def _send(self, group_key: str, views: list[memoryview], buffers: EntryBuffers) -> None:
+        try:
+            group = _group(self._rendezvous, group_key, rank=0, store=self._store)
+            for view in views:
+                _broadcast(group, view)
+        finally:
+            buffers.num_readers -= 1
 
     def close(self) -> None:
         for worker in self._workers:
@@ -236,25 +245,28 @@ class DistPushDataPlane(PushDataPlane):
 class DistPullDataPlane(PullDataPlane):
     name: ClassVar[str] = "torch_dist"
 
+    is_in_band: ClassVar[bool] = False
+
     def __init__(self, host: str = "127.0.0.1") -> None:
         self._id = uuid.uuid4().hex[:12]
-        self._worker = _Worker("ps-dist-pull")
-        self._workers: list[_Worker] = [self._worker]
+        self._workers: list[_Worker] = []
 
     def request(
-        self, sock: zmq.Socket[bytes], request: PullRequest, offer: bytes, entries: Sequence[ManifestEntry]
+        self,
+        sock: zmq.Socket[bytes],
+        request: PullRequest,
+        offer: bytes,
+        entries: Sequence[ManifestEntry],
+        destinations: Sequence[memoryview],
     ) -> None:
         group_key = f"pull-{self._id}-{request.request_id}"
-        rendezvous = msgspec.msgpack.decode(offer, type=_Rendezvous)
-        buffers = EntryBuffers.contiguous(entries)
+        rendezvous = msgspec.structs.replace(msgspec.msgpack.decode(offer, type=_Rendezvous), key=group_key)
         links.send(sock, msgspec.structs.replace(request, peer=group_key))
         # One receiving thread per shard, so shards transfer in parallel.
-        worker = _Worker(f"ps-dist-pull-{request.request_id}")
+        worker = _Worker(f"ps-dist-pull-{request.request_id}", single_job=True)
         self._workers.append(worker)
-        rendezvous = msgspec.structs.replace(rendezvous, key=group_key)
-        worker.submit(
-            self._receive, rendezvous, request.request_id, [(e.index, buffers.view(e.index)) for e in entries], worker
-        )
+        order = [(e.index, d) for e, d in zip(entries, destinations, strict=True)]
+        worker.submit(self._receive, rendezvous, request.request_id, order, worker)
 
     @staticmethod
     def _receive(
@@ -278,7 +290,7 @@ class DistPullDataPlane(PullDataPlane):
         return any(w.num_active for w in self._workers)
 
     def finish(self, request_id: int) -> None:
-        idle = [w for w in self._workers if w is not self._worker and w.num_active == 0 and w.landed.empty()]
+        idle = [w for w in self._workers if w.num_active == 0 and w.landed.empty()]
         for worker in idle:
             worker.close()
             self._workers.remove(worker)
