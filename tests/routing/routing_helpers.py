@@ -15,6 +15,7 @@ from typing import Any
 from psrl.config.coordination import RoutingStrategy
 from psrl.routing import InstanceSnapshot, RouterCore, RoutingRequest, make_policy
 from psrl.routing.cost_model import CostModel
+from psrl.routing.selector import select
 
 # Shaped like a 7B model on one GPU: the floor k2 meets k3 * n at n* = 52.
 COST = CostModel(3.35e-8, 0.0064, 1.231e-4, 0.0028)
@@ -101,6 +102,15 @@ def snapshot(instance_id: str, seq: int, **fields: Any) -> InstanceSnapshot:
     }
     values.update(fields)
     return InstanceSnapshot(instance_id, seq, **values)
+
+
+def peek(core: RouterCore, r: RoutingRequest) -> tuple[str | None, str]:
+    """Where selection would send ``r`` now, and why, without committing anything."""
+    inputs = core.gather_inputs(r)
+    selection = select(inputs, core.selection, core.policy)
+    if selection.choice is None:
+        return None, selection.reason
+    return inputs.candidates[selection.choice.index].instance_id, selection.choice.detail
 
 
 def route(core: RouterCore, *requests: RoutingRequest, now: float = 0.0) -> dict[int, str | None]:

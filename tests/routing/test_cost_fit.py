@@ -1,0 +1,92 @@
+"""Cost model: fitting from profiled steps, prefill, and the JSON document."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from psrl.routing.cost_fit import ProfileSample, fit_cost_model
+from psrl.routing.cost_model import CostModel, CostModelError, load_cost_model
+
+TRUE = CostModel(3.35e-8, 0.0064, 1.231e-4, 0.0028, kp=2.0e-5)  # kink at n* = 52
+
+
+def profile(model: CostModel, sizes: list[int], *, noise: float = 0.01, seed: int = 0) -> list[ProfileSample]:
+    rng = random.Random(seed)
+    samples = []
+    for n in sizes:
+        for kv in (0, 30_000, 120_000, 400_000):
+            samples.append(ProfileSample(n, kv, model.step_time(n, kv) * (1 + rng.gauss(0, noise))))
+    return samples
+
+
+def test_recovers_the_coefficients_and_the_kink_from_noisy_steps() -> None:
+    report = fit_cost_model(profile(TRUE, [1, 2, 4, 8, 16, 32, 48, 64, 96, 128, 192, 256]), meta={"gpu": "test"})
+    m = report.model
+    assert m.k1 == pytest.approx(TRUE.k1, rel=0.1)
+    assert m.k3 == pytest.approx(TRUE.k3, rel=0.1)
+    assert m.k2 + m.k4 == pytest.approx(TRUE.k2 + TRUE.k4, rel=0.05)
+    assert report.breakpoint == pytest.approx(52, rel=0.15) and report.is_kink_observed
+    assert report.mean_abs_pct_error < 0.02 and report.r2 > 0.99
+    assert m.meta == {"gpu": "test"}
+    assert "breakpoint" in report.summary()
+
+
+def test_exact_data_fits_exactly() -> None:
+    report = fit_cost_model(profile(TRUE, [1, 8, 16, 40, 64, 100, 200], noise=0.0))
+    assert report.rmse_s < 1e-9
+    assert report.breakpoint == pytest.approx(TRUE.k2 / TRUE.k3, rel=1e-3)
+
+
+def test_a_profile_below_the_kink_reports_it_as_extrapolated() -> None:
+    report = fit_cost_model(profile(TRUE, [1, 4, 8, 16, 32], noise=0.0))
+    assert not report.is_kink_observed
+    for n in (1, 16, 32):  # still predicts what it saw
+        assert report.model.step_time(n, 30_000) == pytest.approx(TRUE.step_time(n, 30_000), rel=1e-6)
+
+
+def test_prefill_cost_is_fitted_from_prefill_steps() -> None:
+    samples = profile(TRUE, [1, 16, 64, 128], noise=0.0)
+    samples += [ProfileSample(8, 10_000, TRUE.step_time(8, 10_000) + TRUE.kp * t, t) for t in (512, 2048, 8192)]
+    model = fit_cost_model(samples).model
+    assert model.kp == pytest.approx(TRUE.kp, rel=1e-3)
+    assert model.prefill_time(1000) == pytest.approx(TRUE.kp * 1000 + model.k4, rel=1e-3)
+    unprofiled = CostModel(model.k1, model.k2, model.k3, model.k4)
+    assert unprofiled.prefill_time(1000) == pytest.approx(max(model.k2, model.k3 * 1000) + model.k4)
+
+
+@pytest.mark.parametrize(
+    ("samples", "message"),
+    [
+        ([ProfileSample(4, 0, 0.01)] * 3, "at least 4"),
+        ([ProfileSample(4, k, 0.01) for k in range(6)], "two batch sizes"),
+        ([ProfileSample(n, 0, 0.01) for n in (1, 2, 3)] + [ProfileSample(0, 0, 0.01)], "unusable sample"),
+        ([ProfileSample(n, 0, -1.0) for n in (1, 2, 3, 4)], "unusable sample"),
+    ],
+)
+def test_unusable_profiles_are_refused(samples: list[ProfileSample], message: str) -> None:
+    with pytest.raises(CostModelError, match=message):
+        fit_cost_model(samples)
+
+
+def test_json_round_trip_and_validation(tmp_path) -> None:
+    model = fit_cost_model(profile(TRUE, [1, 16, 64, 128]), meta={"engine": "embedded"}).model
+    path = tmp_path / "cost.json"
+    model.save(path)
+    assert load_cost_model(path) == model == CostModel.load(path)
+    assert CostModel.from_json(model.to_json()) == model
+    bad = json.loads(model.to_json())
+    bad["kp"] = -1.0
+    with pytest.raises(CostModelError, match="kp"):
+        CostModel.from_json(json.dumps(bad))
+    legacy = {k: v for k, v in json.loads(model.to_json()).items() if k != "kp"}  # files without kp
+    assert CostModel.from_json(json.dumps(legacy)).kp == 0.0
+    with pytest.raises(CostModelError, match="does not exist"):
+        load_cost_model(tmp_path / "missing.json")
+
+
+def test_marginal_gains_match_the_scalar_formula() -> None:
+    loads = [(0, 0.0), (10, 5_000.0), (52, 60_000.0), (200, 300_000.0)]
+    assert TRUE.marginal_gains(loads, 700) == pytest.approx([TRUE.marginal_gain(n, kv, 700) for n, kv in loads])
