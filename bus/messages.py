@@ -653,3 +653,20 @@ class Metrics(Message, frozen=True):
 
     step: int
     values: dict[str, float]
+
+
+# ---------------------------------------------------------------------------- run
+
+
+@message("run.finished", channel=Channel.CONTROL)
+class RunFinished(Message, frozen=True):
+    """The coordinator ends the run: the launcher then shuts every actor down in order.
+
+    success: the run reached its goal (all training steps done).
+    reason: one-line summary of why it ended.
+    summary: final figures (e.g. first and last reward, steps, trajectories per second).
+    """
+
+    success: bool
+    reason: str = ""
+    summary: dict[str, float] = field(default_factory=dict)

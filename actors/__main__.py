@@ -1,0 +1,28 @@
+"""Actor process entry point: ``python -m actors`` reads its boot line from stdin and runs."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from actors.boot import Boot
+from actors.registry import actor_class
+from psrl.log import configure
+
+
+def main() -> int:
+    boot = Boot.read()
+    threads = int(boot.options.get("torch_threads", 0))
+    if threads:
+        os.environ.setdefault("OMP_NUM_THREADS", str(threads))
+    json_log = None
+    if boot.run_dir is not None and boot.options.get("log_to_run_dir", True):
+        json_log = os.path.join(boot.run_dir, "logs", f"{boot.name}.jsonl")
+    configure(str(boot.options.get("log_level", "info")), json_file=json_log)
+    cls = actor_class(str(boot.options.get("actor_class", boot.role)))
+    actor = cls(boot)
+    return int(actor.run())
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,358 @@
+"""The one process shape every actor has.
+
+    run():  hello -> setup -> ready -> loop -> teardown      (a fatal error publishes ActorDead)
+    loop:   1. drain inputs (block only when idle)
+            2. step (the actor's own work; returns whether it is busy)
+            3. timers (status snapshots, periodic decisions)
+
+Inputs are sockets registered with a poller: the events subscriber, the control subscriber and
+any socket the actor adds (`add_input`). Messages are dispatched through a handler table built
+once from the methods decorated with `@handles(Kind, ...)`; an unknown kind is counted and
+logged, a handler exception is logged and counted, and the loop goes on. Pause / Resume /
+Drain / Shutdown arrive on the control channel and are handled here for every actor. SIGTERM
+and end-of-file on stdin (the launcher is gone) become a graceful stop, never an exit from
+inside a signal handler. A heartbeat thread publishes liveness even while `step` blocks (a
+trainer step can take seconds). Every socket and thread is released by one finalizer.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import signal
+import socket as pysocket
+import sys
+import threading
+import time
+import traceback
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, ClassVar, TypeVar
+
+import yaml
+import zmq
+
+from actors.boot import Boot
+from bus import Publisher, Subscriber
+from bus.messages import (
+    ActorDead,
+    ActorState,
+    ActorStatus,
+    Drain,
+    Heartbeat,
+    Hello,
+    Pause,
+    Ready,
+    Resume,
+    Shutdown,
+)
+from bus.schema import PROTOCOL_VERSION, Channel, Event, Message
+from bus.security import start_authenticator
+from bus.settings import BusSettings
+from psrl.config import Config
+from psrl.log import get_logger
+
+IDLE_POLL_MS = 50  # how long an idle loop blocks on its inputs; bounds reaction to signals
+SUBSCRIBE_WAIT_S = 10.0  # wait for the logger to subscribe before the first event
+STDIN_GRACE_S = 5.0  # after the launcher vanished, exit even if the graceful stop hangs
+
+F = TypeVar("F", bound=Callable[..., Any])
+Handler = Callable[[Event[Any]], None]
+
+
+def handles(*kinds: type[Message]) -> Callable[[F], F]:
+    """Mark a method as the handler of the given message kinds."""
+
+    def mark(method: F) -> F:
+        method._psrl_kinds = kinds  # type: ignore[attr-defined]
+        return method
+
+    return mark
+
+
+@dataclass
+class _Timer:
+    interval_s: float
+    callback: Callable[[], None]
+    next_at: float
+
+
+class Actor:
+    """Base class of every actor. Subclasses set ROLE and override setup / step / teardown."""
+
+    ROLE: ClassVar[str] = ""
+
+    def __init__(self, boot: Boot) -> None:
+        self.boot = boot
+        self.name = boot.name
+        self.config = Config.model_validate(yaml.safe_load(boot.config_yaml))
+        self.log = get_logger(f"actors.{self.ROLE}", actor=self.name, incarnation=boot.incarnation)
+        self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+        curve = boot.curve_keys()
+        self.bus = BusSettings.from_config(self.config, curve)
+        self._authenticator = start_authenticator(self.ctx, curve) if curve is not None else None
+        self.addresses = boot.addresses()
+        self.publisher = Publisher(
+            self.ctx,
+            self.addresses,
+            self.name,
+            boot.incarnation,
+            options=self.bus.options,
+            array_frame_bytes=self.bus.array_frame_bytes,
+        )
+        self.state = ActorState.STARTING
+        self.is_paused = False
+        self.is_draining = False
+        self.stop_reason: str | None = None
+        self.num_unhandled = 0
+        self.num_handler_errors = 0
+        self._handlers = self._handler_table()
+        self._inputs: dict[Any, Callable[[], None]] = {}
+        self._poller = zmq.Poller()
+        self._timers: list[_Timer] = []
+        self._subscribers = self._subscribe()
+        self._heartbeat_stop = threading.Event()
+        self._heartbeat_thread: threading.Thread | None = None
+        self._finalizer = weakref.finalize(self, _release, self.ctx, self._heartbeat_stop, self._authenticator)
+
+    # ------------------------------------------------------------------ overridable parts
+
+    def setup(self) -> dict[str, int]:
+        """Build the actor's state; return its capacity for the Ready event."""
+        return {}
+
+    def step(self) -> bool:
+        """Do one unit of work; return True when more work is waiting (do not block)."""
+        return False
+
+    def teardown(self) -> None:
+        """Release the actor's own resources (sockets are closed by the base)."""
+
+    @property
+    def num_inflight(self) -> int:
+        """Work items the actor holds; a draining actor stops when this reaches zero."""
+        return 0
+
+    def on_pause(self) -> None:
+        """Called when paused (after is_paused is set)."""
+
+    def on_resume(self) -> None:
+        """Called when resumed."""
+
+    # ------------------------------------------------------------------ wiring helpers
+
+    def add_input(self, sock: Any, on_readable: Callable[[], None]) -> None:
+        """Poll ``sock`` in the loop and call ``on_readable`` when it has data."""
+        self._inputs[sock] = on_readable
+        self._poller.register(sock, zmq.POLLIN)
+
+    def every(self, interval_s: float, callback: Callable[[], None]) -> None:
+        """Run ``callback`` from the loop about every ``interval_s`` seconds."""
+        self._timers.append(_Timer(interval_s, callback, time.monotonic() + interval_s))
+
+    def dispatch(self, event: Event[Any]) -> None:
+        handler = self._handlers.get(event.envelope.kind)
+        if handler is None:
+            self.num_unhandled += 1
+            self.log.warning("unhandled message kind", kind=event.envelope.kind, sender=event.envelope.sender)
+            return
+        try:
+            handler(event)
+        except Exception as exc:
+            self.num_handler_errors += 1
+            self.log.error("handler failed", kind=event.envelope.kind, error=repr(exc), tb=traceback.format_exc())
+
+    def request_stop(self, reason: str) -> None:
+        if self.stop_reason is None:
+            self.stop_reason = reason
+
+    def set_state(self, state: ActorState, detail: str = "") -> None:
+        if state != self.state:
+            self.state = state
+            self.publisher.publish(ActorStatus(state, detail))
+
+    def is_addressed(self, targets: list[str]) -> bool:
+        return not targets or self.name in targets or self.ROLE in targets
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def run(self) -> int:
+        """Run the actor to completion; returns the process exit code."""
+        signal.signal(signal.SIGTERM, lambda *_: self.request_stop("SIGTERM"))
+        signal.signal(signal.SIGINT, lambda *_: self.request_stop("SIGINT"))
+        try:
+            self.publisher.wait_subscribed(SUBSCRIBE_WAIT_S)
+            self.publisher.publish(
+                Hello(
+                    self.ROLE,
+                    pysocket.gethostname(),
+                    os.getpid(),
+                    *PROTOCOL_VERSION,
+                    request_address=self.boot.endpoints.get(self.name, ""),
+                )
+            )
+            self._start_heartbeat()
+            capacity = self.setup()
+            self.publisher.publish(Ready(capacity))
+            self.set_state(ActorState.READY)
+            self._loop()
+            return 0
+        except Exception as exc:
+            self._report_fatal(exc)
+            return 1
+        finally:
+            self._close()
+
+    def _loop(self) -> None:
+        is_busy = False
+        while self.stop_reason is None:
+            # 1. inputs: block only when idle
+            self._drain_inputs(0 if is_busy else IDLE_POLL_MS)
+            # 2. work
+            is_busy = False if self.is_paused else self.step()
+            # 3. timers
+            self._run_timers()
+            if self.is_draining and self.num_inflight == 0:
+                self.request_stop("drained")
+        self.log.info("stopping", reason=self.stop_reason)
+
+    def _drain_inputs(self, timeout_ms: int) -> None:
+        ready = dict(self._poller.poll(timeout_ms))
+        while ready:
+            for sock in ready:
+                self._inputs[sock]()
+            ready = dict(self._poller.poll(0))
+            if self.stop_reason is not None:
+                return
+
+    def _run_timers(self) -> None:
+        now = time.monotonic()
+        for timer in self._timers:
+            if now >= timer.next_at:
+                timer.next_at = now + timer.interval_s
+                timer.callback()
+
+    def _report_fatal(self, exc: BaseException) -> None:
+        self.log.error("fatal error", error=repr(exc), tb=traceback.format_exc())
+        try:
+            self.state = ActorState.DEAD
+            self.publisher.publish(ActorDead(f"{type(exc).__name__}: {exc}", traceback.format_exc()))
+        except Exception as publish_error:  # the bus itself may be what failed
+            print(f"{self.name}: could not publish ActorDead: {publish_error!r}", file=sys.stderr)
+
+    def _close(self) -> None:
+        self._heartbeat_stop.set()
+        if self._heartbeat_thread is not None:
+            self._heartbeat_thread.join(timeout=2.0)
+        try:
+            self.teardown()
+        finally:
+            if self.state != ActorState.DEAD:
+                self.state = ActorState.DEAD
+                self.publisher.publish(ActorStatus(ActorState.DEAD, self.stop_reason or ""))
+            for subscriber in self._subscribers:
+                subscriber.close()
+            self.publisher.close()
+            self._finalizer()
+
+    # ------------------------------------------------------------------ built-in control
+
+    @handles(Pause)
+    def _on_pause(self, event: Event[Pause]) -> None:
+        if self.is_addressed(event.message.targets) and not self.is_paused:
+            self.is_paused = True
+            self.on_pause()
+
+    @handles(Resume)
+    def _on_resume(self, event: Event[Resume]) -> None:
+        if self.is_addressed(event.message.targets) and self.is_paused:
+            self.is_paused = False
+            self.on_resume()
+
+    @handles(Drain)
+    def _on_drain(self, event: Event[Drain]) -> None:
+        if self.is_addressed(event.message.targets):
+            self.is_draining = True
+            self.set_state(ActorState.DRAINING)
+
+    @handles(Shutdown)
+    def _on_shutdown(self, event: Event[Shutdown]) -> None:
+        if self.is_addressed(event.message.targets):
+            self.request_stop(f"shutdown: {event.message.reason}" if event.message.reason else "shutdown")
+
+    # ------------------------------------------------------------------ internals
+
+    def _handler_table(self) -> dict[str, Handler]:
+        table: dict[str, Handler] = {}
+        for klass in reversed(type(self).__mro__):
+            for attr, value in vars(klass).items():
+                for kind in getattr(value, "_psrl_kinds", ()):
+                    table[kind.KIND] = getattr(self, attr)
+        return table
+
+    def _subscribe(self) -> list[Subscriber]:
+        from bus.schema import CATALOGUE
+
+        by_channel: dict[Channel, list[str]] = {Channel.EVENTS: [], Channel.CONTROL: []}
+        for kind in self._handlers:
+            by_channel[CATALOGUE[kind].CHANNEL].append(kind)
+        subscribers = []
+        for channel, address in (
+            (Channel.EVENTS, self.addresses.events_out),
+            (Channel.CONTROL, self.addresses.control_out),
+        ):
+            kinds = by_channel[channel]
+            if not kinds:
+                continue
+            sub = Subscriber(
+                self.ctx,
+                address,
+                kinds,
+                options=self.bus.options,
+                max_message_bytes=self.bus.max_message_bytes,
+                name=f"{self.name}:{channel.name.lower()}",
+            )
+            self.add_input(sub.socket, functools.partial(self._on_subscriber, sub))
+            subscribers.append(sub)
+        return subscribers
+
+    def _on_subscriber(self, subscriber: Subscriber) -> None:
+        event = subscriber.try_recv()
+        if event is not None:
+            self.dispatch(event)
+
+    def _start_heartbeat(self) -> None:
+        interval_s = self.config.bus.heartbeat_interval_ms / 1000
+        self._heartbeat_thread = threading.Thread(
+            target=self._heartbeat_loop, args=(interval_s,), name="heartbeat", daemon=True
+        )
+        self._heartbeat_thread.start()
+        if self.boot.exit_on_stdin_eof:
+            threading.Thread(target=self._watch_stdin, name="stdin-watch", daemon=True).start()
+
+    def _heartbeat_loop(self, interval_s: float) -> None:
+        beats = Publisher(self.ctx, self.addresses, f"{self.name}/hb", self.boot.incarnation, options=self.bus.options)
+        try:
+            while not self._heartbeat_stop.wait(interval_s):
+                beats.publish(Heartbeat(self.state, self.num_inflight))
+        finally:
+            beats.close()
+
+    def _watch_stdin(self) -> None:
+        """End-of-file on stdin means the launcher is gone: stop, and exit if stopping hangs."""
+        try:
+            while sys.stdin.readline():
+                pass
+        except (OSError, ValueError):
+            return
+        self.request_stop("launcher gone (stdin closed)")
+        if not self._heartbeat_stop.wait(STDIN_GRACE_S):
+            os._exit(3)
+
+
+def _release(ctx: zmq.Context[zmq.Socket[bytes]], heartbeat_stop: threading.Event, authenticator: Any) -> None:
+    heartbeat_stop.set()
+    if authenticator is not None:
+        authenticator.stop()
+    ctx.destroy(linger=2000)

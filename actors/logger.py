@@ -1,0 +1,33 @@
+"""The logger actor: writes every event of the run to the event log in the run directory."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from actors.base import Actor
+from actors.boot import Boot
+from bus.eventlog.logger import EventLogger
+
+
+class LoggerActor(Actor):
+    ROLE = "logger"
+
+    def __init__(self, boot: Boot) -> None:
+        super().__init__(boot)
+        if boot.run_dir is None:
+            raise ValueError("the logger runs on the launching host and needs the run directory")
+        # Subscribe before Hello, so the log holds the logger's own lifecycle events too.
+        self.event_logger = EventLogger(
+            self.ctx,
+            self.addresses,
+            Path(boot.run_dir) / "events",
+            options=self.bus.options,
+            segment_bytes=self.bus.segment_bytes,
+            fsync=self.bus.fsync,
+        )
+        self.event_logger.start()
+
+    def teardown(self) -> None:
+        self.event_logger.stop()
+        if self.event_logger.drops.total:
+            self.log.warning("dropped malformed events", counts=self.event_logger.drops.as_dict())

@@ -1,0 +1,71 @@
+"""`psrl launch [PRESET] [OVERRIDES...] [--hosts hosts.txt]`."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from psrl.cli.config_cmd import split_preset
+from psrl.errors import ConfigError
+
+EPILOG = """\b
+Examples:
+  psrl launch                              the demo (preset 'demo') on this machine
+  psrl launch reasoning psrl.staleness=1   a preset with dotted overrides
+  psrl launch demo --hosts hosts.txt       actors placed on several hosts over ssh
+
+\b
+PRESET is a name from configs/ (see `psrl config presets`) or a path to a YAML file;
+OVERRIDES are key=value pairs exactly as in docs/configuration.md.
+The hosts file has one host per line: NAME [ADDRESS] ROLE[:COUNT]... [python=..] [ssh=..]
+[workdir=..] [local=true]; roles are coordinator, router, logger, session, trainer, ps and
+rollout; '#' starts a comment (format: psrl/launch/hosts.py).
+"""
+
+
+@click.command(epilog=EPILOG)
+@click.argument("args", nargs=-1)
+@click.option(
+    "--hosts",
+    "hosts_file",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="Place actors on several hosts (started over ssh; CURVE encryption on).",
+)
+@click.option("--name", help="Run name (default: a timestamp); an existing run is resumed.")
+@click.option("--root", default=None, help="Directory of run directories (default: run.root, 'runs').")
+@click.option(
+    "--actor-class",
+    "actor_classes",
+    multiple=True,
+    metavar="ROLE=MODULE:CLASS",
+    help="Run a role with another actor class (extensions and tests).",
+)
+@click.option("--quiet", is_flag=True, help="No progress lines on the console.")
+def launch(
+    args: tuple[str, ...],
+    hosts_file: Path | None,
+    name: str | None,
+    root: str | None,
+    actor_classes: tuple[str, ...],
+    quiet: bool,
+) -> None:
+    """Start a run: bus, logger, parameter server, rollout instances, trainer, router, coordinator."""
+    from psrl.config import load_config
+    from psrl.launch.hosts import HostsFileError, parse_hosts_file
+    from psrl.launch.plan import hosts_overrides
+    from psrl.launch.runner import run_launch
+    from psrl.log import configure
+
+    preset, overrides = split_preset(args)
+    preset = preset or "demo"
+    try:
+        hosts = parse_hosts_file(hosts_file) if hosts_file is not None else None
+        config = load_config(preset, [*(hosts_overrides(hosts) if hosts else []), *overrides])
+    except (ConfigError, HostsFileError) as exc:
+        click.echo(str(exc), err=True)
+        sys.exit(2)
+    configure(config.run.log_level)
+    classes = dict(item.split("=", 1) for item in actor_classes)
+    sys.exit(run_launch(config, hosts, name=name, root=root, actor_classes=classes, quiet=quiet))

@@ -1,0 +1,117 @@
+"""One actor process, started on this machine or over ssh, with its boot line on stdin.
+
+Locally the actor is ``python -m actors`` in a new session (so a terminal Ctrl-C reaches only
+the launcher, which then shuts actors down in order). Remotely it is the same command run by
+ssh; the actor watches its stdin, so when the launcher or its ssh client dies the actor stops
+itself, and the launcher can also kill it by the pid it announced in its Hello event.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+from actors.boot import Boot
+from psrl.launch.plan import ActorSpec
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+@dataclass
+class ActorProcess:
+    spec: ActorSpec
+    incarnation: int
+    popen: subprocess.Popen[bytes]
+    started_at: float
+    log: IO[bytes]
+    remote_pid: int | None = None
+    is_ready: bool = False
+    last_heartbeat: float = field(default=0.0)
+
+    @property
+    def pid(self) -> int:
+        """The actor's own pid (for a remote actor, the pid it announced on its host)."""
+        if self.spec.host is not None and not self.spec.host.is_local:
+            return self.remote_pid or -1
+        return self.popen.pid
+
+    @property
+    def is_remote(self) -> bool:
+        return self.spec.host is not None and not self.spec.host.is_local
+
+    def poll(self) -> int | None:
+        return self.popen.poll()
+
+    def signal(self, signum: int) -> None:
+        """Signal the actor (its whole process group locally; by pid over ssh remotely)."""
+        if self.popen.poll() is not None and not self.is_remote:
+            return
+        if self.is_remote:
+            if self.remote_pid is not None:
+                run_on_host(self.spec, f"kill -{signum} {self.remote_pid} 2>/dev/null; true")
+            if signum == signal.SIGKILL:
+                self.popen.kill()
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.popen.pid, signum)
+
+    def close_stdin(self) -> None:
+        if self.popen.stdin is not None and not self.popen.stdin.closed:
+            with contextlib.suppress(OSError):
+                self.popen.stdin.close()
+
+    def wait(self, timeout_s: float) -> int | None:
+        try:
+            return self.popen.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            return None
+
+
+def actor_command(spec: ActorSpec) -> list[str]:
+    host = spec.host
+    python = (host.python if host is not None else None) or sys.executable
+    local = [python, "-u", "-m", "actors"]
+    if host is None or host.is_local:
+        return local
+    workdir = host.workdir or str(REPO_ROOT)
+    remote = f"cd {shlex.quote(workdir)} && exec {' '.join(shlex.quote(p) for p in local)}"
+    return [*host.ssh, "-o", "BatchMode=yes", host.name, remote]
+
+
+def start_actor(spec: ActorSpec, boot: Boot, log_path: Path) -> ActorProcess:
+    """Start the actor and hand it its boot line; stdin stays open as the launcher's lifeline."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    log = log_path.open("ab")
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    popen = subprocess.Popen(
+        actor_command(spec),
+        stdin=subprocess.PIPE,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        cwd=str(REPO_ROOT),
+        env=env,
+        start_new_session=True,
+    )
+    if popen.stdin is None:
+        raise RuntimeError("actor stdin pipe missing")
+    popen.stdin.write((boot.to_json() + "\n").encode())
+    popen.stdin.flush()
+    return ActorProcess(spec, boot.incarnation, popen, time.monotonic(), log)
+
+
+def run_on_host(spec: ActorSpec, command: str, timeout_s: float = 10.0) -> None:
+    host = spec.host
+    if host is None:
+        return
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        subprocess.run(
+            [*host.ssh, "-o", "BatchMode=yes", host.name, command], capture_output=True, timeout=timeout_s, check=False
+        )

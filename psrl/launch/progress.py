@@ -1,0 +1,59 @@
+"""Console progress of a run: one line per training step, from the run's own events."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from bus.messages import InstanceStatus, Metrics, RunFinished, TrainerProgress
+from bus.schema import Event
+from psrl.config import Config
+
+
+class ProgressView:
+    """Turns TrainerProgress / Metrics / InstanceStatus events into progress lines."""
+
+    def __init__(self, config: Config, echo: Callable[[str], None] | None) -> None:
+        self.total_steps = config.trainer.total_steps
+        self.echo = echo
+        self.started = time.monotonic()
+        self.rewards: list[tuple[int, float]] = []
+        self.latest: dict[str, float] = {}
+        self.busy: dict[str, list[int]] = {}
+        self.summary: dict[str, float] = {}
+
+    def on_event(self, event: Event[Any]) -> None:
+        msg = event.message
+        if isinstance(msg, InstanceStatus):
+            seen = self.busy.setdefault(msg.instance, [0, 0])
+            seen[0] += int(msg.num_running > 0)
+            seen[1] += 1
+        elif isinstance(msg, Metrics) and event.envelope.sender == "coordinator":
+            self.latest.update(msg.values)
+            if "reward/mean" in msg.values:
+                self.rewards.append((msg.step, msg.values["reward/mean"]))
+        elif isinstance(msg, TrainerProgress):
+            self._print_step(msg)
+        elif isinstance(msg, RunFinished):
+            self.summary = dict(msg.summary)
+
+    def _print_step(self, msg: TrainerProgress) -> None:
+        if self.echo is None:
+            return
+        reward = self.latest.get("reward/mean", float("nan"))
+        staleness = self.latest.get("staleness/mean", float("nan"))
+        rate = self.latest.get("throughput/trajectories_per_s", float("nan"))
+        util = " ".join(f"{name}:{busy / max(seen, 1):.0%}" for name, (busy, seen) in sorted(self.busy.items()))
+        self.busy = {name: [0, 0] for name in self.busy}
+        elapsed = time.monotonic() - self.started
+        self.echo(
+            f"step {msg.step:>3}/{self.total_steps} | v{msg.version} | reward {reward:.3f} | staleness {staleness:.2f}"
+            f" | {rate:.1f} traj/s | busy {util or '-'} | {elapsed:.0f}s"
+        )
+
+    def summary_lines(self) -> list[str]:
+        if not self.rewards:
+            return []
+        first, last = self.rewards[0], self.rewards[-1]
+        return [f"reward: first step {first[1]:.3f} -> last step {last[1]:.3f}"]

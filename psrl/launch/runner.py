@@ -1,0 +1,40 @@
+"""`psrl launch`: create the run directory, supervise the actors, show progress, summarise."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from psrl.config import Config
+from psrl.launch.hosts import HostsFile
+from psrl.launch.plan import plan_actors
+from psrl.launch.progress import ProgressView
+from psrl.launch.supervisor import EXIT_OK, Supervisor
+from psrl.rundir import RunDir
+
+
+def run_launch(
+    config: Config,
+    hosts: HostsFile | None,
+    *,
+    name: str | None = None,
+    root: str | None = None,
+    actor_classes: dict[str, str] | None = None,
+    quiet: bool = False,
+) -> int:
+    run_dir = RunDir.create(root or config.run.root, name or config.run.name)
+    options: dict[str, dict[str, Any]] = {}
+    for spec in plan_actors(config, hosts):
+        target = (actor_classes or {}).get(spec.role) or (actor_classes or {}).get(spec.name)
+        if target:
+            options[spec.name] = {"actor_class": target}
+    view = ProgressView(config, echo=None if quiet else click.echo)
+    click.echo(f"run directory: {run_dir.path}")
+    supervisor = Supervisor(config, run_dir, hosts, listeners=(view.on_event,), actor_options=options)
+    code = supervisor.run()
+    for line in view.summary_lines():
+        click.echo(line)
+    verdict = "finished" if code == EXIT_OK else f"ended with exit code {code}"
+    click.echo(f"run {run_dir.name} {verdict}: {supervisor.end_reason}")
+    return code

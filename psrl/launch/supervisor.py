@@ -1,0 +1,363 @@
+"""The supervisor: starts a run's actors in order, watches them, restarts or ends the run.
+
+    1. run directory + resolved config; bus proxy (in this process); CURVE keys across hosts
+    2. logger first (so every later event is logged), then every other actor; wait for READY
+    3. watch: process exits and missed heartbeats (a death is seen within ~2 s), restart policy,
+       every start / death / restart published as an event; progress shown on the console
+    4. stop in order (coordinator first, logger last) on RunFinished, Ctrl-C / SIGTERM or a fatal
+       death; stragglers get SIGTERM then SIGKILL; remote ones are killed by pid over ssh
+
+The exit code says how the run ended: 0 finished, 1 failed, 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import signal
+import socket
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import yaml
+import zmq
+
+from actors.boot import Boot, read_curve_files
+from bus import BusProxy, Publisher, Subscriber
+from bus.addresses import ipc_dir, plan_addresses
+from bus.messages import (
+    ActorDead,
+    ActorExited,
+    ActorRestarted,
+    ActorStarted,
+    Heartbeat,
+    Hello,
+    Ready,
+    RunFinished,
+    Shutdown,
+)
+from bus.schema import Event
+from bus.security import generate_keys, load_keys
+from bus.settings import BusSettings
+from psrl.config import Config, to_yaml
+from psrl.launch.hosts import HostsFile
+from psrl.launch.plan import ActorSpec, plan_actors, plan_endpoints
+from psrl.launch.policy import RestartPolicy, Verdict
+from psrl.launch.process import ActorProcess, run_on_host, start_actor
+from psrl.log import get_logger
+from psrl.rundir import RunDir
+
+WATCH_INTERVAL_S = 0.1
+SHUTDOWN_GRACE_S = 5.0  # for actors to exit after Shutdown, before SIGTERM
+TERM_GRACE_S = 1.5  # after SIGTERM, before SIGKILL
+
+EXIT_OK, EXIT_FAILED, EXIT_INTERRUPTED = 0, 1, 130
+
+Listener = Callable[[Event[Any]], None]
+
+
+class HandshakeTimeoutError(RuntimeError):
+    """Some actors did not report ready in time."""
+
+
+class Supervisor:
+    def __init__(
+        self,
+        config: Config,
+        run_dir: RunDir,
+        hosts: HostsFile | None = None,
+        *,
+        listeners: tuple[Listener, ...] = (),
+        actor_options: dict[str, Any] | None = None,
+    ) -> None:
+        self.config = config
+        self.run_dir = run_dir
+        self.hosts = hosts
+        self.listeners = listeners
+        self.actor_options = actor_options or {}
+        self.log = get_logger("psrl.launch", run=run_dir.name)
+        self.specs = plan_actors(config, hosts)
+        self.processes: dict[str, ActorProcess] = {}
+        self.policy = RestartPolicy()
+        self.num_restarts: dict[str, int] = {}
+        self.end_reason: str | None = None
+        self.exit_code = EXIT_OK
+        self.is_stopping = False
+        self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+        self.dead_reasons: dict[str, str] = {}
+
+    # ------------------------------------------------------------------ public
+
+    def run(self) -> int:
+        previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        self.run_dir.config.write_text(to_yaml(self.config))
+        self.run_dir.write_state(status="starting", started_at=time.time(), launcher_pid=_pid())
+        try:
+            self._start_bus()
+            self._start_all()
+            if not self.is_stopping:
+                self.run_dir.write_state(status="running")
+                self._watch()
+        except HandshakeTimeoutError as exc:
+            self._end(EXIT_FAILED, str(exc))
+        except Exception as exc:
+            self.log.error("launcher failed", error=repr(exc))
+            self._end(EXIT_FAILED, f"launcher error: {exc!r}")
+        finally:
+            self._stop_all()
+            self._stop_bus()
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+        status = {EXIT_OK: "finished", EXIT_INTERRUPTED: "interrupted"}.get(self.exit_code, "failed")
+        self.run_dir.write_state(status=status, ended_at=time.time(), exit_code=self.exit_code, reason=self.end_reason)
+        return self.exit_code
+
+    # ------------------------------------------------------------------ bus
+
+    def _start_bus(self) -> None:
+        multi = self.hosts is not None and self.hosts.spans_hosts
+        curve_mode = self.config.bus.curve
+        self.curve_files: dict[str, str] = {}
+        curve = None
+        if curve_mode == "on" or (curve_mode == "auto" and multi):
+            if not (self.run_dir.keys / "server.key_secret").exists():
+                generate_keys(self.run_dir.keys)
+            curve = load_keys(self.run_dir.keys)
+            self.curve_files = read_curve_files(self.run_dir.keys)
+        self.settings = BusSettings.from_config(self.config, curve)
+        transport = "tcp" if multi else self.config.bus.transport
+        host = self._launcher_address() if multi else self.config.bus.host
+        plan = plan_addresses(self.run_dir.path, transport, host, str(self.run_dir.keys) if curve else None)
+        self.proxy = BusProxy(plan, self.settings.options, self.ctx)
+        self.addresses = self.proxy.start()
+        self.addresses.save(self.run_dir.path)
+        self.endpoints = plan_endpoints(
+            self.specs,
+            use_tcp=multi or transport == "tcp",
+            ipc_directory=str(ipc_dir(self.run_dir.path)),
+            base_port=self.config.bus.base_port,
+            local_address=host,
+        )
+        self.publisher = Publisher(self.ctx, self.addresses, "supervisor", 0, options=self.settings.options)
+        self.watcher = Subscriber(
+            self.ctx,
+            self.addresses.events_out,
+            ["actor.", "run.", "train.progress", "obs.metrics", "inst.status", "sup."],
+            options=self.settings.options,
+            name="supervisor",
+        )
+        self.control_watcher = Subscriber(
+            self.ctx, self.addresses.control_out, ["run."], options=self.settings.options, name="supervisor:control"
+        )
+
+    def _launcher_address(self) -> str:
+        if self.hosts is not None:
+            for host in self.hosts.hosts:
+                if host.is_local:
+                    return host.address
+        return self.config.bus.host
+
+    def _stop_bus(self) -> None:
+        for closer in ("watcher", "control_watcher", "publisher"):
+            obj = getattr(self, closer, None)
+            if obj is not None:
+                obj.close()
+        proxy = getattr(self, "proxy", None)
+        if proxy is not None:
+            proxy.stop()
+        self.ctx.destroy(linger=0)
+
+    # ------------------------------------------------------------------ start
+
+    def _boot(self, spec: ActorSpec, incarnation: int) -> Boot:
+        bus = {k: v for k, v in vars(self.addresses).items() if k != "curve_dir"}
+        is_local = spec.host is None or spec.host.is_local
+        return Boot(
+            name=spec.name,
+            role=spec.role,
+            index=spec.index,
+            incarnation=incarnation,
+            config_yaml=to_yaml(self.config),
+            bus=bus,
+            endpoints=self.endpoints,
+            host=spec.host.address if spec.host is not None else self.config.bus.host,
+            run_dir=str(self.run_dir.path) if is_local else None,
+            curve_files=self.curve_files,
+            options={"log_level": self.config.run.log_level, **self.actor_options.get(spec.name, {})},
+        )
+
+    def _start(self, spec: ActorSpec, incarnation: int, *, announce: bool = True) -> ActorProcess:
+        process = start_actor(spec, self._boot(spec, incarnation), self.run_dir.log_file(spec.name))
+        self.processes[spec.name] = process
+        if announce:
+            self._announce(process)
+        return process
+
+    def _announce(self, process: ActorProcess) -> None:
+        spec = process.spec
+        self.publisher.publish(ActorStarted(spec.name, process.incarnation, process.popen.pid, spec.host_name))
+        self.log.info("started", actor=spec.name, incarnation=process.incarnation, host=spec.host_name)
+
+    def _start_all(self) -> None:
+        logger = [s for s in self.specs if s.role == "logger"]
+        others = [s for s in self.specs if s.role != "logger"]
+        for spec in logger:
+            self._start(spec, 0, announce=False)
+        self._await_ready([s.name for s in logger])
+        for spec in logger:  # announced once the log listens
+            self._announce(self.processes[spec.name])
+        for spec in others:
+            self._start(spec, 0)
+        self._await_ready([s.name for s in others])
+
+    def _await_ready(self, names: list[str]) -> None:
+        deadline = time.monotonic() + self.config.bus.handshake_timeout_s
+        while not self.is_stopping:
+            missing = [n for n in names if not self.processes[n].is_ready]
+            if not missing:
+                return
+            for name in missing:
+                code = self.processes[name].poll()
+                if code is not None:
+                    reason = self.dead_reasons.get(name, f"exit code {code}")
+                    raise HandshakeTimeoutError(
+                        f"{name} exited while starting ({reason}); see {self.run_dir.log_file(name)}"
+                    )
+            if time.monotonic() > deadline:
+                raise HandshakeTimeoutError(
+                    f"actors not ready after {self.config.bus.handshake_timeout_s:.0f} s: {', '.join(missing)} "
+                    f"(logs in {self.run_dir.path / 'logs'})"
+                )
+            self._pump_events(WATCH_INTERVAL_S)
+
+    # ------------------------------------------------------------------ watch
+
+    def _watch(self) -> None:
+        while not self.is_stopping:
+            self._pump_events(WATCH_INTERVAL_S)
+            self._check_processes()
+
+    def _pump_events(self, timeout_s: float) -> None:
+        poller = zmq.Poller()
+        poller.register(self.watcher.socket, zmq.POLLIN)
+        poller.register(self.control_watcher.socket, zmq.POLLIN)
+        ready = dict(poller.poll(int(timeout_s * 1000)))
+        while ready:
+            for sub in (self.control_watcher, self.watcher):
+                if sub.socket in ready:
+                    event = sub.try_recv()
+                    if event is not None:
+                        self._on_event(event)
+            ready = dict(poller.poll(0))
+
+    def _on_event(self, event: Event[Any]) -> None:
+        msg, sender = event.message, event.envelope.sender
+        name = sender.removesuffix("/hb")
+        process = self.processes.get(name)
+        if process is not None and event.envelope.incarnation == process.incarnation:
+            if isinstance(msg, Heartbeat):
+                process.last_heartbeat = time.monotonic()
+            elif isinstance(msg, Hello):
+                process.remote_pid = msg.pid
+                process.last_heartbeat = time.monotonic()
+            elif isinstance(msg, Ready):
+                process.is_ready = True
+                process.last_heartbeat = time.monotonic()
+            elif isinstance(msg, ActorDead):
+                self.dead_reasons[name] = msg.reason
+        if isinstance(msg, RunFinished):
+            self._end(EXIT_OK if msg.success else EXIT_FAILED, msg.reason or "run finished")
+        for listener in self.listeners:
+            listener(event)
+
+    def _check_processes(self) -> None:
+        now = time.monotonic()
+        limit_s = self.config.bus.heartbeat_interval_ms * self.config.bus.heartbeat_misses / 1000
+        for name, process in list(self.processes.items()):
+            code = process.poll()
+            if code is None and process.is_ready and now - process.last_heartbeat > limit_s:
+                self.log.warning("missed heartbeats", actor=name, silent_s=round(now - process.last_heartbeat, 2))
+                process.signal(signal.SIGKILL)
+                process.wait(2.0)
+                code = process.poll()
+                self.dead_reasons.setdefault(name, f"no heartbeat for {now - process.last_heartbeat:.1f} s")
+            if code is not None:
+                self._on_death(process, code)
+
+    def _on_death(self, process: ActorProcess, code: int) -> None:
+        spec = process.spec
+        self.publisher.publish(ActorExited(spec.name, process.incarnation, code))
+        reason = self.dead_reasons.pop(spec.name, f"exit code {code}")
+        self.log.warning("actor died", actor=spec.name, incarnation=process.incarnation, reason=reason)
+        process.close_stdin()
+        process.log.close()
+        verdict, why = self.policy.decide(spec.name, spec.role, time.monotonic(), shutting_down=self.is_stopping)
+        if verdict is Verdict.RESTART:
+            self.num_restarts[spec.name] = self.num_restarts.get(spec.name, 0) + 1
+            new = self._start(spec, process.incarnation + 1)
+            self.publisher.publish(
+                ActorRestarted(
+                    spec.name, process.incarnation, new.incarnation, self.num_restarts[spec.name], f"{reason}; {why}"
+                )
+            )
+        elif verdict is Verdict.END_RUN:
+            del self.processes[spec.name]
+            self._end(EXIT_FAILED, f"{spec.name} died ({reason}): {why}")
+
+    # ------------------------------------------------------------------ stop
+
+    def _on_signal(self, signum: int, _frame: Any) -> None:
+        self._end(EXIT_INTERRUPTED, f"interrupted by {signal.Signals(signum).name}")
+
+    def _end(self, code: int, reason: str) -> None:
+        if self.is_stopping:
+            return
+        self.is_stopping = True
+        self.exit_code = code
+        self.end_reason = reason
+        self.log.info("ending run", code=code, reason=reason)
+
+    def _stop_all(self) -> None:
+        self.is_stopping = True
+        order = [s.name for s in reversed(self.specs) if s.name in self.processes]
+        actors = [n for n in order if self.processes[n].spec.role != "logger"]
+        loggers = [n for n in order if self.processes[n].spec.role == "logger"]
+        for group in (actors, loggers):
+            self._stop_group(group)
+
+    def _stop_group(self, names: list[str]) -> None:
+        if not names:
+            return
+        if hasattr(self, "publisher"):
+            self.publisher.publish(Shutdown(targets=names, reason=self.end_reason or ""))
+        deadline = time.monotonic() + SHUTDOWN_GRACE_S
+        while time.monotonic() < deadline and any(self.processes[n].poll() is None for n in names):
+            time.sleep(0.05)
+        for sig, grace in ((signal.SIGTERM, TERM_GRACE_S), (signal.SIGKILL, 1.0)):
+            alive = [self.processes[n] for n in names if self.processes[n].poll() is None]
+            for process in alive:
+                self.log.warning("forcing actor to stop", actor=process.spec.name, signal=sig.name)
+                process.signal(sig)
+            for process in alive:
+                process.wait(grace)
+        for name in names:
+            process = self.processes[name]
+            process.close_stdin()
+            if process.is_remote and process.remote_pid is not None:
+                run_on_host(process.spec, f"kill -9 {process.remote_pid} 2>/dev/null; true")
+            if not process.log.closed:
+                process.log.close()
+
+
+def _pid() -> int:
+    import os
+
+    return os.getpid()
+
+
+def host_name() -> str:
+    return socket.gethostname()
+
+
+def config_from_run(run_dir: Path) -> Config:
+    return Config.model_validate(yaml.safe_load((run_dir / "config.yaml").read_text()))

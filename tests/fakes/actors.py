@@ -1,0 +1,50 @@
+"""A real actor that misbehaves on cue (options in its boot line)."""
+
+from __future__ import annotations
+
+import signal
+import time
+
+from actors.base import Actor, handles
+from bus.messages import Metrics, RunFinished
+from bus.schema import Event
+
+
+class FakeActor(Actor):
+    """Options: fail_at_start, slow_start_s, ignore_sigterm, drop_every, finish_after_s, tick_s."""
+
+    ROLE = "fake"
+
+    def setup(self) -> dict[str, int]:
+        opts = self.boot.options
+        if opts.get("fail_at_start"):
+            raise RuntimeError("told to fail at start")
+        time.sleep(float(opts.get("slow_start_s", 0)))
+        if opts.get("ignore_sigterm"):
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        self.started = time.monotonic()
+        self.num_seen = 0
+        self.num_dropped = 0
+        self.ticks = 0
+        self.every(float(opts.get("tick_s", 0.2)), self._tick)
+        return {"fake": 1}
+
+    def _tick(self) -> None:
+        self.ticks += 1
+        self.publisher.publish(Metrics(self.ticks, {"seen": float(self.num_seen), "dropped": float(self.num_dropped)}))
+        finish_after = self.boot.options.get("finish_after_s")
+        if finish_after is not None and time.monotonic() - self.started >= float(finish_after):
+            self.publisher.publish(RunFinished(True, "fake run done", {"ticks": float(self.ticks)}))
+            self.boot.options["finish_after_s"] = None
+
+    @handles(Metrics)
+    def _on_metrics(self, event: Event[Metrics]) -> None:
+        self.num_seen += 1
+        drop_every = int(self.boot.options.get("drop_every", 0))
+        if drop_every and self.num_seen % drop_every == 0:
+            self.num_dropped += 1
+
+    def request_stop(self, reason: str) -> None:
+        if self.boot.options.get("ignore_sigterm") and reason.startswith(("SIGTERM", "shutdown")):
+            return
+        super().request_stop(reason)
