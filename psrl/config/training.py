@@ -32,8 +32,10 @@ class Algorithm(Section):
     entropy_coeff: float = field(0.0, "Weight of the entropy bonus.", ge=0)
     clip_ratio_low: float = field(0.2, "PPO clip range below 1.", gt=0)
     clip_ratio_high: float = field(0.2, "PPO clip range above 1 (DAPO uses 0.28).", gt=0)
-    loss_agg_mode: Literal["token-mean", "seq-mean-token-mean"] = field(
-        "token-mean", "How token losses are averaged into the batch loss."
+    loss_agg_mode: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"] = field(
+        "token-mean",
+        "How token losses become the batch loss: mean over tokens, mean over sequences of token means, "
+        "or mean over sequences of token sums.",
     )
     rollout_correction: RolloutCorrection = section(RolloutCorrection, "Off-policy correction.")
     filter_groups: FilterGroups = section(FilterGroups, "Dynamic sampling filter.")

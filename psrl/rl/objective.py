@@ -1,0 +1,77 @@
+"""The configured algorithm as two functions: advantages for a batch, and the actor loss of a micro-batch."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch import Tensor
+
+from psrl.config.training import Algorithm
+from psrl.rl.advantages import gae_advantages, grpo_advantages, reinforce_pp_advantages, token_level_rewards
+from psrl.rl.batch import Batch
+from psrl.rl.losses import aggregate, kl_penalty, policy_loss
+
+
+@dataclass(frozen=True)
+class Denominators:
+    """Trained tokens and sequences of a whole mini-batch (all micro-batches, all ranks)."""
+
+    num_tokens: float
+    num_seqs: float
+
+
+def compute_advantages(batch: Batch, algorithm: Algorithm) -> tuple[Tensor, Tensor | None]:
+    """(advantages, returns or None) as `[B, R]`; GAE needs `batch.fields["values"]`."""
+    if algorithm.adv_estimator == "grpo":
+        advantages = grpo_advantages(
+            batch.rewards, batch.group_index, batch.response_mask, norm_by_std=algorithm.norm_adv_by_std_in_grpo
+        )
+        return advantages, None
+    token_rewards = token_level_rewards(batch.rewards, batch.token_mask)
+    if algorithm.adv_estimator == "gae":
+        values = batch.fields["values"]
+        return gae_advantages(
+            token_rewards, values, batch.token_mask, batch.response_mask, gamma=algorithm.gamma, lam=algorithm.lam
+        )
+    return reinforce_pp_advantages(token_rewards, batch.response_mask, gamma=algorithm.gamma)
+
+
+def actor_loss(
+    log_probs: Tensor, entropy: Tensor | None, batch: Batch, algorithm: Algorithm, denominators: Denominators
+) -> tuple[Tensor, dict[str, float]]:
+    """Loss of one micro-batch, scaled so that summing over the mini-batch gives the mini-batch loss.
+
+    The returned metrics are contributions with the same scaling (sum them over micro-batches and
+    ranks to get mini-batch means).
+    """
+    mask = batch.response_mask
+    mode = algorithm.loss_agg_mode
+    scale = {"num_tokens": denominators.num_tokens, "num_seqs": denominators.num_seqs}
+    terms = policy_loss(
+        log_probs,
+        batch.fields["old_log_probs"],
+        batch.fields["advantages"],
+        clip_ratio_low=algorithm.clip_ratio_low,
+        clip_ratio_high=algorithm.clip_ratio_high,
+        is_weights=batch.fields.get("is_weights"),
+    )
+    pg_loss = aggregate(terms.token_losses, mask, mode, **scale)
+    loss = pg_loss
+    token_share = float(mask.sum()) / max(denominators.num_tokens, 1.0)
+    metrics = {
+        "actor/pg_loss": float(pg_loss.detach()),
+        "actor/clip_frac": float(aggregate(terms.is_clipped.float(), mask, "token-mean", **scale)),
+        "actor/ppo_kl": float(aggregate(terms.approx_kl.detach(), mask, "token-mean", **scale)),
+        "actor/token_share": token_share,
+    }
+    if entropy is not None:
+        entropy_term = aggregate(entropy, mask, mode, **scale)
+        metrics["actor/entropy"] = float(aggregate(entropy.detach(), mask, "token-mean", **scale))
+        if algorithm.entropy_coeff > 0:
+            loss = loss - algorithm.entropy_coeff * entropy_term
+    if algorithm.kl_loss_coef > 0:
+        kl = kl_penalty(log_probs, batch.fields["ref_log_probs"], algorithm.kl_loss_type)
+        kl_term = aggregate(kl, mask, mode, **scale)
+        loss = loss + algorithm.kl_loss_coef * kl_term
+        metrics["actor/kl_loss"] = float(aggregate(kl.detach(), mask, "token-mean", **scale))
+    return loss, metrics
