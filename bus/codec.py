@@ -1,9 +1,11 @@
-"""Wire codec: an event is ZeroMQ frames ``[kind, body, *array_frames]``.
+"""Wire codec: a ZeroMQ message is frames ``[kind, body, *array_frames]``.
 
-``kind`` is the ASCII kind name (the pub/sub topic), ``body`` is the msgpack array
-``[envelope, message]`` (both positional structs), and each trailing frame is the raw buffer of
-one large array referenced from the body (see `bus.arrays`). Decoding is typed per kind; every
-failure becomes a `DecodeError` with a `DropReason`, so a receiver can count it and move on.
+``kind`` is the ASCII kind name (the pub/sub topic). ``body`` is a msgpack array of one or more
+events ``[envelope, message]`` of that kind (both positional structs): a publisher may batch
+several events of one kind into one ZeroMQ message to save per-message cost. Each trailing
+frame is the raw buffer of one large array referenced from the body (see `bus.arrays`).
+Decoding is typed per kind; every failure becomes a `DecodeError` with a `DropReason`, so a
+receiver can count it and move on.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ _MAX_KIND_BYTES = 64
 
 
 class Encoder:
-    """Encodes (envelope, message) into frames. One per thread (it reuses internal state)."""
+    """Encodes events into frames. One per thread (it reuses internal state)."""
 
     def __init__(self, array_frame_bytes: int = DEFAULT_ARRAY_FRAME_BYTES) -> None:
         self._threshold = array_frame_bytes
@@ -38,9 +40,21 @@ class Encoder:
         return encode_array(obj, self._frames, self._threshold)
 
     def encode(self, envelope: Envelope, message: Message) -> list[Buffer]:
+        """Frames of one event."""
         self._frames = []
-        body = self._encoder.encode((envelope, message))
+        body = self._encoder.encode(((envelope, message),))
         return [message.KIND_BYTES, body, *self._frames]
+
+    def encode_batch(self, events: Sequence[tuple[Envelope, Message]]) -> list[Buffer]:
+        """Frames of several events of one kind, sent as one ZeroMQ message."""
+        if not events:
+            raise ValueError("a batch needs at least one event")
+        kind = events[0][1].KIND_BYTES
+        if any(kind != message.KIND_BYTES for _, message in events):
+            raise ValueError("every event of a batch must be of the same kind (the topic frame)")
+        self._frames = []
+        body = self._encoder.encode(events)
+        return [kind, body, *self._frames]
 
 
 def frame_buffer(frame: Any) -> Buffer:
@@ -71,14 +85,14 @@ class Decoder:
         self._used_frames: list[int] = []
 
     def _typed_decoder(self, cls: type[Message]) -> msgspec.msgpack.Decoder[Any]:
-        body_type: Any = tuple[Envelope, cls]  # type: ignore[valid-type]
+        body_type: Any = list[Event[cls]]  # type: ignore[valid-type]
         return msgspec.msgpack.Decoder(body_type, ext_hook=self._ext_hook, dec_hook=_dec_hook)
 
     def _ext_hook(self, code: int, data: memoryview) -> Any:
         return decode_array(code, data, self._array_frames, self._used_frames)
 
-    def decode(self, frames: Sequence[Any]) -> Event[Any]:
-        """The typed event of `frames`; raises DecodeError (never anything else) when it is bad."""
+    def decode(self, frames: Sequence[Any]) -> list[Event[Any]]:
+        """The typed events of one message; raises DecodeError (never anything else) when it is bad."""
         try:
             return self._decode(frames)
         except DecodeError:
@@ -86,53 +100,71 @@ class Decoder:
         except Exception as exc:  # hostile bytes must never escape as a crash
             raise DecodeError(DropReason.MALFORMED, f"{type(exc).__name__}: {exc}") from exc
 
-    def _decode(self, frames: Sequence[Any]) -> Event[Any]:
+    def decode_one(self, frames: Sequence[Any]) -> Event[Any]:
+        """The single event of a message that must hold exactly one (requests and replies)."""
+        events = self.decode(frames)
+        if len(events) != 1:
+            raise DecodeError(DropReason.MALFORMED, f"expected one event, got a batch of {len(events)}")
+        return events[0]
+
+    def _decode(self, frames: Sequence[Any]) -> list[Event[Any]]:
         buffers = _checked_buffers(frames, self.max_message_bytes)
         kind_bytes = buffers[0] if type(buffers[0]) is bytes else bytes(buffers[0])
         typed = self._typed.get(kind_bytes)
         if typed is None:
             raise DecodeError(DropReason.UNKNOWN_KIND, f"kind {kind_bytes[:_MAX_KIND_BYTES]!r} is not in the catalogue")
-        num_array_frames = len(buffers) - 2
+        cls = self._catalogue[kind_bytes.decode()]
         self._array_frames = buffers[2:]
         self._used_frames = []
         try:
-            envelope, message = typed.decode(buffers[1])
+            events: list[Event[Any]] = typed.decode(buffers[1])
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-            return self._decode_old(kind_bytes.decode(), buffers, exc)
+            return self._decode_old(cls, buffers, exc)
         finally:
             self._array_frames = ()
-        if envelope.kind != message.KIND:
-            raise DecodeError(DropReason.MALFORMED, f"topic {message.KIND!r} but envelope kind {envelope.kind!r}")
-        if envelope.schema_version != message.SCHEMA_VERSION:
-            return self._decode_old(message.KIND, buffers, None)
-        if num_array_frames or self._used_frames:
-            self._check_frames_used(num_array_frames)
-        return Event(envelope, message)
+        if not events:
+            raise DecodeError(DropReason.MALFORMED, "empty batch")
+        for event in events:
+            envelope = event.envelope
+            if envelope.kind != cls.KIND:
+                raise DecodeError(DropReason.MALFORMED, f"topic {cls.KIND!r} but envelope kind {envelope.kind!r}")
+            if envelope.schema_version != cls.SCHEMA_VERSION:
+                return self._decode_old(cls, buffers, None)
+        if len(buffers) > 2 or self._used_frames:
+            self._check_frames_used(len(buffers) - 2)
+        return events
 
-    def _decode_old(self, kind: str, buffers: Sequence[Buffer], error: Exception | None) -> Event[Any]:
-        """Decode a message of another schema version through its upgrade functions."""
-        cls = self._catalogue[kind]
+    def _decode_old(self, cls: type[Message], buffers: Sequence[Buffer], error: Exception | None) -> list[Event[Any]]:
+        """Decode events of other schema versions through their upgrade functions."""
         self._array_frames = buffers[2:]
         self._used_frames = []
         try:
             raw = self._generic.decode(buffers[1])
         finally:
             self._array_frames = ()
-        version = _raw_schema_version(raw)
-        if version is None or version == cls.SCHEMA_VERSION:
-            raise DecodeError(DropReason.MALFORMED, f"{kind}: {error}")
+        if not isinstance(raw, list) or not raw:
+            raise DecodeError(DropReason.MALFORMED, f"{cls.KIND}: body is not a non-empty array of events")
+        events = [self._upgraded(cls, item, error) for item in raw]
+        self._check_frames_used(len(buffers) - 2)
+        return events
+
+    def _upgraded(self, cls: type[Message], item: Any, error: Exception | None) -> Event[Any]:
+        version = _raw_schema_version(item)
+        if version is None or (version == cls.SCHEMA_VERSION and error is not None):
+            raise DecodeError(DropReason.MALFORMED, f"{cls.KIND}: {error or 'not an [envelope, message] pair'}")
         if version > cls.SCHEMA_VERSION:
             raise DecodeError(
                 DropReason.UNSUPPORTED_VERSION,
-                f"{kind} schema version {version} is newer than this reader's {cls.SCHEMA_VERSION}",
+                f"{cls.KIND} schema version {version} is newer than this reader's {cls.SCHEMA_VERSION}",
             )
-        envelope_fields, payload = upgrade.upgrade(kind, version, cls.SCHEMA_VERSION, raw[0], raw[1])
+        envelope_fields, payload = upgrade.upgrade(cls.KIND, version, cls.SCHEMA_VERSION, item[0], item[1])
         try:
             envelope = msgspec.convert(envelope_fields, Envelope)
             message = msgspec.convert(payload, cls, dec_hook=_dec_hook)
         except msgspec.ValidationError as exc:
-            raise DecodeError(DropReason.MALFORMED, f"{kind} upgraded from version {version}: {exc}") from exc
-        self._check_frames_used(len(buffers) - 2)
+            raise DecodeError(DropReason.MALFORMED, f"{cls.KIND} upgraded from version {version}: {exc}") from exc
+        if envelope.kind != cls.KIND:
+            raise DecodeError(DropReason.MALFORMED, f"topic {cls.KIND!r} but envelope kind {envelope.kind!r}")
         return Event(envelope, message)
 
     def _check_frames_used(self, num_frames: int) -> None:
@@ -155,7 +187,7 @@ def _checked_buffers(frames: Sequence[Any], max_message_bytes: int) -> Sequence[
     if num_frames > 2 + MAX_ARRAY_FRAMES:
         raise DecodeError(DropReason.MALFORMED, f"{num_frames} frames (at most {2 + MAX_ARRAY_FRAMES})")
     if num_frames == 2 and type(frames[0]) is bytes and type(frames[1]) is bytes:
-        buffers: Sequence[Buffer] = frames  # the common small event: no conversion
+        buffers: Sequence[Buffer] = frames  # in-process frames: no conversion
     else:
         buffers = [frame_buffer(f) for f in frames]
     total = 0
@@ -168,11 +200,11 @@ def _checked_buffers(frames: Sequence[Any], max_message_bytes: int) -> Sequence[
     return buffers
 
 
-def _raw_schema_version(raw: Any) -> int | None:
-    """schema_version of an untyped ``[envelope, message]`` body, or None if it is not one."""
-    if not (isinstance(raw, list) and len(raw) == 2 and isinstance(raw[0], list) and isinstance(raw[1], list)):
+def _raw_schema_version(item: Any) -> int | None:
+    """schema_version of an untyped ``[envelope, message]`` pair, or None if it is not one."""
+    if not (isinstance(item, list) and len(item) == 2 and isinstance(item[0], list) and isinstance(item[1], list)):
         return None
-    envelope = raw[0]
+    envelope = item[0]
     if len(envelope) < 2 or not isinstance(envelope[1], int) or isinstance(envelope[1], bool):
         return None
     return int(envelope[1])

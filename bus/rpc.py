@@ -87,7 +87,7 @@ class Replier:
     def _take_one(self, frames: list[Any]) -> Request | None:
         identity = frames[0]
         try:
-            event = self._decoder.decode(frames[1:])
+            event = self._decoder.decode_one(frames[1:])
         except DecodeError as error:
             self.drops.record(error)
             return None
@@ -217,7 +217,7 @@ class Requester:
             if not self.socket.poll(remaining):
                 return None
             try:
-                reply = self._decoder.decode(recv_event_frames(self.socket))
+                reply = self._decoder.decode_one(recv_event_frames(self.socket))
             except DecodeError as error:
                 self.drops.record(error)
                 continue

@@ -8,6 +8,7 @@ skipped; `gaps` counts events lost upstream (only meaningful when subscribed to 
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
@@ -25,7 +26,11 @@ _MAX_FRAMES = 2 + MAX_ARRAY_FRAMES
 
 
 class Subscriber:
-    """One SUB socket connected to a proxy's XPUB side (or any publisher)."""
+    """One SUB socket connected to a proxy's XPUB side (or any publisher).
+
+    A received message may hold a batch of events; `recv` and `try_recv` hand them out one at a
+    time (keeping the rest in `pending`), `recv_batch` returns all events of the next message.
+    """
 
     def __init__(
         self,
@@ -43,58 +48,72 @@ class Subscriber:
         self.decoder = Decoder(max_message_bytes)
         self.drops = DropCounter(name)
         self.gaps = GapTracker(from_first_seen=True)
+        self.pending: deque[Event[Any]] = deque()
         self._is_tracking_gaps = "" in self.kinds
 
     def recv_frames(self, timeout_ms: int | None = None) -> list[Any] | None:
-        """The next message's raw frames (topic and body as bytes, array frames uncopied), or None."""
+        """The next message's raw frames (topic as bytes, the rest as uncopied frames), or None."""
         if timeout_ms is not None and not self.socket.poll(timeout_ms):
             return None
         return recv_event_frames(self.socket)
 
+    def recv_batch(self, timeout_ms: int | None = None) -> list[Event[Any]]:
+        """Pending events, else the events of the next message; [] on timeout or if it was dropped."""
+        if self.pending:
+            batch = list(self.pending)
+            self.pending.clear()
+            return batch
+        frames = self.recv_frames(timeout_ms)
+        return [] if frames is None else self.decode(frames)
+
     def try_recv(self) -> Event[Any] | None:
-        """Decode one waiting message; None if nothing is waiting or it was dropped."""
-        frames = self.recv_frames(0)
-        if frames is None:
-            return None
-        return self.decode(frames)
+        """The next event if one is waiting; None if nothing is waiting or the message was dropped."""
+        if not self.pending:
+            frames = self.recv_frames(0)
+            if frames is None:
+                return None
+            self.pending.extend(self.decode(frames))
+        return self.pending.popleft() if self.pending else None
 
     def recv(self, timeout_ms: int | None = None) -> Event[Any] | None:
-        """The next good event, skipping (and counting) bad ones; None when `timeout_ms` passes."""
+        """The next good event, skipping (and counting) bad messages; None when `timeout_ms` passes."""
         deadline = None if timeout_ms is None else time.monotonic() + timeout_ms / 1000
-        while True:
+        while not self.pending:
             remaining = None if deadline is None else max(0, int((deadline - time.monotonic()) * 1000))
             frames = self.recv_frames(remaining)
             if frames is None:
                 return None
-            event = self.decode(frames)
-            if event is not None:
-                return event
+            self.pending.extend(self.decode(frames))
+        return self.pending.popleft()
 
-    def decode(self, frames: Sequence[Any]) -> Event[Any] | None:
+    def decode(self, frames: Sequence[Any]) -> list[Event[Any]]:
+        """Decode one message; a bad one is counted in `drops` and gives no events."""
         try:
-            event = self.decoder.decode(frames)
+            events = self.decoder.decode(frames)
         except DecodeError as error:
             self.drops.record(error)
-            return None
+            return []
         if self._is_tracking_gaps:
-            self.gaps.observe(event.envelope)
-        return event
+            for event in events:
+                self.gaps.observe(event.envelope)
+        return events
 
     def close(self) -> None:
         self.socket.close()
 
 
 def recv_event_frames(socket: zmq.Socket[bytes]) -> list[Any]:
-    """Receive one multipart message: the first two frames copied, the rest as zero-copy Frames.
+    """Receive one multipart message: the topic as bytes, every other frame as an uncopied zmq.Frame.
 
     Frames beyond what an event may have are received and discarded (one extra is kept so the
     decoder reports the message as malformed), so a hostile sender cannot pile up frame objects.
     """
-    frames: list[Any] = [socket.recv()]
-    if socket.rcvmore:
-        frames.append(socket.recv())
-        while socket.rcvmore:
-            frame = socket.recv(copy=False)
-            if len(frames) <= _MAX_FRAMES:
-                frames.append(frame)
+    first = socket.recv(copy=False)
+    frames: list[Any] = [first.bytes]
+    more = first.more  # Frame.more is far cheaper than getsockopt(RCVMORE) per frame
+    while more:
+        frame = socket.recv(copy=False)
+        more = frame.more
+        if len(frames) <= _MAX_FRAMES:
+            frames.append(frame)
     return frames

@@ -47,7 +47,7 @@ class EventLogger:
         self.drops = DropCounter("event-logger")
         self.gaps = GapTracker(from_first_seen=False)
         self.flush_interval_s = flush_interval_s
-        self._envelope_only = msgspec.msgpack.Decoder(tuple[Envelope, msgspec.Raw])
+        self._envelopes_only = msgspec.msgpack.Decoder(list[tuple[Envelope, msgspec.Raw]])
         self._sockets = [
             make_socket(ctx, zmq.SUB, addresses.control_out, options=options, subscribe=[b""]),
             make_socket(ctx, zmq.SUB, addresses.events_out, options=options, subscribe=[b""]),
@@ -85,20 +85,22 @@ class EventLogger:
         return num_taken
 
     def take(self, frames: list[Any]) -> bool:
-        """Append one received message if its envelope is sound; False (counted) if dropped."""
+        """Append one received message if its envelopes are sound; False (counted) if dropped."""
         try:
             if len(frames) < 2:
                 raise DecodeError(DropReason.MALFORMED, f"{len(frames)} frame(s)")
-            envelope, _ = self._envelope_only.decode(frames[1])
-            if envelope.kind.encode() != bytes(frames[0]):
-                raise DecodeError(DropReason.MALFORMED, f"topic {bytes(frames[0])[:64]!r} != {envelope.kind!r}")
+            events = self._envelopes_only.decode(frames[1])
+            kind = bytes(frames[0])
+            if not events or any(envelope.kind.encode() != kind for envelope, _ in events):
+                raise DecodeError(DropReason.MALFORMED, f"topic {kind[:64]!r} does not match the envelopes")
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             self.drops.record(DecodeError(DropReason.MALFORMED, str(exc)))
             return False
         except DecodeError as error:
             self.drops.record(error)
             return False
-        self.gaps.observe(envelope)
+        for envelope, _ in events:
+            self.gaps.observe(envelope)
         self.writer.append(frames)
         return True
 

@@ -74,14 +74,15 @@ class EventLogReader:
         """Decoded events (upgraded to current schemas); undecodable records become problems."""
         for record in self.records():
             try:
-                event = self._decoder.decode(record.frames)
+                events = self._decoder.decode(record.frames)
             except DecodeError as error:
                 size = sum(len(f) for f in record.frames)
                 self.problems.append(
                     LogProblem(str(record.segment), record.offset, f"undecodable event: {error}", size)
                 )
                 continue
-            yield LoggedEvent(record.segment, record.offset, event)
+            for event in events:  # a record holds one message, which may be a batch of events
+                yield LoggedEvent(record.segment, record.offset, event)
 
     def _segment_records(self, path: Path) -> Iterator[LogRecord]:
         data = memoryview(path.read_bytes())

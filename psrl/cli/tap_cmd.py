@@ -107,7 +107,7 @@ def _show(subs: list[Subscriber], filters: TapFilter, as_json: bool, count: int,
         poller.poll(min(wait_ms, 200))
         for sub in subs:  # control first: it is listed first
             for _ in range(_MAX_BATCH):
-                if (count > 0 and num_shown >= count) or not sub.socket.poll(0):
+                if (count > 0 and num_shown >= count) or not (sub.pending or sub.socket.poll(0)):
                     break
                 event = sub.try_recv()
                 if event is not None and filters.matches(event):

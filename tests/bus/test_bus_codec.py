@@ -31,7 +31,7 @@ def _env(kind: str = "gen.chunk") -> Envelope:
 def test_first_frame_is_the_kind_and_body_is_envelope_then_message() -> None:
     frames = Encoder().encode(_env("obs.metrics"), Metrics(4, {"a": 1.0}))
     assert frames[0] == b"obs.metrics"
-    envelope, message = msgspec.msgpack.decode(frames[1])
+    ((envelope, message),) = msgspec.msgpack.decode(frames[1])  # a batch of one event
     assert envelope[:5] == ["obs.metrics", 1, "rollout-0", 0, 1]
     assert message == [4, {"a": 1.0}]
 
@@ -40,9 +40,9 @@ def test_frame_arrays_are_neither_copied_to_send_nor_after_receiving() -> None:
     chunk = _chunk(100)
     frames = Encoder(array_frame_bytes=64).encode(_env(), chunk)
     assert len(frames) == 5
-    event = Decoder().decode(frames)
+    event = Decoder().decode_one(frames)
     assert np.shares_memory(event.message.token_ids, chunk.token_ids)
-    small = Decoder().decode(Encoder().encode(_env(), chunk))  # inline arrays are copied out of the body
+    small = Decoder().decode_one(Encoder().encode(_env(), chunk))  # inline arrays are copied out of the body
     assert not np.shares_memory(small.message.token_ids, chunk.token_ids)
 
 
@@ -116,3 +116,26 @@ def test_long_run_paths_get_a_short_ipc_directory(tmp_path: Path) -> None:
     plan = plan_addresses(deep)
     assert all(len(a) < 107 for a in (plan.events_in, plan.control_out))
     assert plan_addresses(tmp_path, "tcp").events_in == "tcp://127.0.0.1:*"
+
+
+def test_a_batch_decodes_to_its_events_in_order() -> None:
+    stamper = Stamper("router")
+    messages = [_chunk(n) for n in (1, 2, 3)]
+    frames = Encoder().encode_batch([(stamper.stamp(m), m) for m in messages])
+    events = Decoder().decode(frames)
+    assert [e.envelope.seq for e in events] == [1, 2, 3]
+    assert [len(e.message.token_ids) for e in events] == [1, 2, 3]
+    with pytest.raises(DecodeError, match="expected one event"):
+        Decoder().decode_one(frames)
+
+
+def test_batches_are_all_or_nothing() -> None:
+    good = Envelope("gen.chunk", 1, "router", 0, 1, 2, 3)
+    liar = Envelope("obs.metrics", 1, "router", 0, 2, 2, 3)
+    frames = Encoder().encode_batch([(good, _chunk(1)), (liar, _chunk(1))])  # the second envelope lies
+    with pytest.raises(DecodeError, match="envelope kind"):
+        Decoder().decode(frames)
+    with pytest.raises(DecodeError, match="empty batch"):
+        Decoder().decode([b"gen.chunk", msgspec.msgpack.encode([])])
+    with pytest.raises(ValueError, match="same kind"):
+        Encoder().encode_batch([(good, _chunk(1)), (liar, Metrics(1, {}))])

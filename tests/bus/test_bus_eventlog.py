@@ -140,18 +140,22 @@ def test_logger_records_both_channels_from_the_proxy(ctx: zmq.Context, proxy: Bu
         publishers[step % 2].publish(Metrics(step, {"x": 1.0}))
         if step % 50 == 0:
             publishers[1].publish(Pause(reason=f"step {step}"))
+    batch = [Metrics(1000 + i, {}) for i in range(10)] + [Pause(reason="batched")]
+    assert [e.seq for e in publishers[0].publish_many(batch)] == list(range(101, 112))
     raw = make_socket(ctx, zmq.PUB, proxy.events_in)  # a peer sending junk through the proxy
     deadline = time.monotonic() + 20
     while logger.drops.total == 0 and time.monotonic() < deadline:  # until it has joined and junk arrived
         raw.send_multipart([b"obs.metrics", b"junk"])
         time.sleep(0.02)
-    _wait_until(lambda: logger.writer.num_records == 204)
+    _wait_until(lambda: logger.writer.num_records == 206)  # the batch of 10 metrics is one record
     logger.stop()
     assert logger.drops.total >= 1
     reader = EventLogReader(events_dir)
     events = [logged.event for logged in reader.events()]
-    assert len(events) == 204 and reader.problems == []
-    assert sum(e.kind == "ctl.pause" for e in events) == 4
+    assert len(events) == 215 and reader.problems == []
+    assert sum(e.kind == "ctl.pause" for e in events) == 5
+    router_seqs = [e.envelope.seq for e in events if e.envelope.sender == "router" and e.kind == "obs.metrics"]
+    assert router_seqs == list(range(1, 111))
     assert logger.gaps.num_missing == 0
     raw.close(0)
     for publisher in publishers:

@@ -82,7 +82,7 @@ class Fuzzer:
 
     def wrong_version(self) -> Frames:
         raw = msgspec.msgpack.decode(self.good[1])
-        raw[0][1] = self.rng.choice([0, 2, 99, 2**40])
+        raw[0][0][1] = self.rng.choice([0, 2, 99, 2**40])
         return [self.good[0], msgspec.msgpack.encode(raw)]
 
     def messages(self, count: int) -> Iterator[tuple[DropReason, Frames]]:

@@ -37,7 +37,7 @@ class Link:
         if not self.rx.poll(10_000):
             raise TimeoutError("message did not arrive")
         received = recv_event_frames(self.rx)
-        return self.decoder.decode(received), len(received)
+        return self.decoder.decode_one(received), len(received)
 
     def close(self) -> None:
         self.tx.close(0)

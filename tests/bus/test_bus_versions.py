@@ -51,11 +51,11 @@ def note_upgrade(monkeypatch: pytest.MonkeyPatch) -> Iterator[Decoder]:
 
 def _frames(version: int, message: Message) -> list[bytes]:
     envelope = Envelope("test.note", version, "writer", 0, 1, 2, 3)
-    return [b"test.note", msgspec.msgpack.encode((envelope, message))]
+    return [b"test.note", msgspec.msgpack.encode([(envelope, message)])]
 
 
 def test_old_event_is_upgraded_to_the_current_schema(note_upgrade: Decoder) -> None:
-    event = note_upgrade.decode(_frames(1, NoteV1("disk full", 9)))
+    event = note_upgrade.decode_one(_frames(1, NoteV1("disk full", 9)))
     assert event.message == Note("disk full", [], urgent=True)
     assert event.envelope.schema_version == 2
 
@@ -71,13 +71,13 @@ def test_old_events_in_a_log_are_upgraded_on_read(note_upgrade: Decoder, tmp_pat
 
 def test_newer_version_is_refused(note_upgrade: Decoder) -> None:
     with pytest.raises(DecodeError) as newer:
-        note_upgrade.decode(_frames(3, Note("from the future", [])))
+        note_upgrade.decode_one(_frames(3, Note("from the future", [])))
     assert newer.value.reason is DropReason.UNSUPPORTED_VERSION
 
 
 def test_old_version_without_upgrade_function_is_refused() -> None:
     with pytest.raises(DecodeError) as no_path:
-        Decoder(catalogue={"test.note": Note}).decode(_frames(1, NoteV1("old", 1)))
+        Decoder(catalogue={"test.note": Note}).decode_one(_frames(1, NoteV1("old", 1)))
     assert no_path.value.reason is DropReason.UNSUPPORTED_VERSION
     assert "no upgrade function" in no_path.value.detail
 
@@ -94,8 +94,8 @@ def test_appended_fields_are_compatible_both_ways() -> None:
 
     old_reader = Decoder(catalogue={"test.note": Old})
     new_reader = Decoder(catalogue={"test.note": Note})
-    assert old_reader.decode(_frames(2, Note("n", ["t"], urgent=True))).message == Old("n", ["t"])
-    assert new_reader.decode(_frames(2, Old("o", []))).message == Note("o", [], urgent=False)
+    assert old_reader.decode_one(_frames(2, Note("n", ["t"], urgent=True))).message == Old("n", ["t"])
+    assert new_reader.decode_one(_frames(2, Old("o", []))).message == Note("o", [], urgent=False)
 
 
 def test_duplicate_upgrade_registration_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
