@@ -109,31 +109,43 @@ class FakeHosts:
     def _start_sshd(self, name: str) -> None:
         conf = self.workdir / f"sshd_{name}.conf"
         conf.write_text(
-            "\n".join([
-                f"ListenAddress {self.address(name)}",
-                f"HostKey {self.workdir / 'hostkey'}",
-                f"PidFile {self.workdir / f'sshd_{name}.pid'}",
-                f"AuthorizedKeysFile {self.workdir / 'authorized_keys'}",
-                "PermitRootLogin prohibit-password",
-                "PasswordAuthentication no",
-                "KbdInteractiveAuthentication no",
-                "UsePAM no",
-                "StrictModes no",
-                "SetEnv PYTHONUNBUFFERED=1",
-            ])
+            "\n".join(
+                [
+                    f"ListenAddress {self.address(name)}",
+                    f"HostKey {self.workdir / 'hostkey'}",
+                    f"PidFile {self.workdir / f'sshd_{name}.pid'}",
+                    f"AuthorizedKeysFile {self.workdir / 'authorized_keys'}",
+                    "PermitRootLogin prohibit-password",
+                    "PasswordAuthentication no",
+                    "KbdInteractiveAuthentication no",
+                    "UsePAM no",
+                    "StrictModes no",
+                    "SetEnv PYTHONUNBUFFERED=1",
+                ]
+            )
             + "\n"
         )
         sshd = shutil.which("sshd") or "/usr/sbin/sshd"
-        cmd = ["ip", "netns", "exec", self.namespace(name), "unshare", "--uts", "sh", "-c",
-               f"hostname {name} && exec {sshd} -D -f {conf}"]
+        cmd = [
+            "ip",
+            "netns",
+            "exec",
+            self.namespace(name),
+            "unshare",
+            "--uts",
+            "sh",
+            "-c",
+            f"hostname {name} && exec {sshd} -D -f {conf}",
+        ]
         self.sshd_procs.append(subprocess.Popen(cmd))
 
     def _wait_for_ssh(self, timeout_s: float = 20.0) -> None:
         deadline = time.monotonic() + timeout_s
         for name in self.names:
             while True:
-                probe = subprocess.run(["ssh", "-F", str(self.ssh_config), name, "hostname"],
-                                       capture_output=True, text=True)
+                probe = subprocess.run(
+                    ["ssh", "-F", str(self.ssh_config), name, "hostname"], capture_output=True, text=True
+                )
                 if probe.returncode == 0 and probe.stdout.strip() == name:
                     break
                 if time.monotonic() > deadline:
