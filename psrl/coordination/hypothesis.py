@@ -21,6 +21,8 @@ in-flight cap, and KV capacity at ``p + r`` tokens per request).
 
 ``benefit = tokens(NOW) - tokens(WAIT)``. The instance syncs when the benefit is above the
 threshold (default 0), or when WAIT has no useful work at all (an idle instance loses nothing).
+When both plans finish all their work within the horizon the benefit is 0 and the instance
+keeps running: syncing would only spend GPU time on re-prefill.
 Syncing early is worth it when the new version has much more work than the old one can still
 take; it is not when the running requests carry a large context to re-prefill or the old
 version still has as much work as the new one.
