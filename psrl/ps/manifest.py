@@ -9,6 +9,7 @@ puller refuses to combine shards that report different digests for the same vers
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 import msgspec
 import torch
@@ -97,15 +98,27 @@ def entry_bytes(tensors: Mapping[str, torch.Tensor], entry: PlanEntry | Manifest
 
 
 def build_manifest(
-    version: int, plan: ShardPlan, tensors: Mapping[str, torch.Tensor], with_checksums: bool = True
+    version: int,
+    plan: ShardPlan,
+    tensors: Mapping[str, torch.Tensor],
+    with_checksums: bool = True,
+    num_threads: int = 1,
 ) -> Manifest:
-    """The push manifest of ``tensors`` laid out by ``plan``; checks that tensors match the plan."""
+    """The push manifest of ``tensors`` laid out by ``plan``; checks that tensors match the plan.
+
+    Checksums run on ``num_threads`` threads (xxh3 releases the GIL).
+    """
     _check_tensors(plan, tensors)
     offsets: dict[int, int] = {}
     for shard in range(plan.num_shards):
         part = plan.shard_entries(shard)
         for entry, offset in zip(part, shard_offsets(e.num_bytes for e in part)[0], strict=True):
             offsets[entry.index] = offset
+    if with_checksums:
+        with ThreadPoolExecutor(max_workers=max(1, num_threads)) as pool:
+            sums = list(pool.map(lambda e: checksum(entry_bytes(tensors, e)), plan.entries))
+    else:
+        sums = [0] * len(plan.entries)
     entries = tuple(
         ManifestEntry(
             index=e.index,
@@ -117,9 +130,9 @@ def build_manifest(
             num_elems=e.num_elems,
             shard_offset=offsets[e.index],
             num_bytes=e.num_bytes,
-            checksum=checksum(entry_bytes(tensors, e)) if with_checksums else 0,
+            checksum=value,
         )
-        for e in plan.entries
+        for e, value in zip(plan.entries, sums, strict=True)
     )
     algorithm = ALGORITHM if with_checksums else NO_CHECKSUM
     return Manifest(version=version, num_shards=plan.num_shards, algorithm=algorithm, entries=entries)

@@ -49,8 +49,8 @@ from psrl.ps.protocol import (
     PullRequest,
     Unavailable,
 )
-from psrl.ps.serving import is_intact
 from psrl.ps.transports import PullDataPlane, TransportError, pull_plane
+from psrl.ps.verify import Verifier
 from psrl.ps.versions import NONE
 
 LoadFn = Callable[[str, torch.Tensor], None]
@@ -103,6 +103,7 @@ class Puller:
         self.timeout_s = timeout_s
         self.held_version = NONE
         self.mirror = Mirror()
+        self._verifier = Verifier()
         self._log = get_logger("psrl.ps.puller")
         self._plane: PullDataPlane = pull_plane(transport, host=host)
         self._own_ctx = ctx is None
@@ -158,6 +159,7 @@ class Puller:
         return reply.version if isinstance(reply, ManifestReply) else reply.latest
 
     def close(self) -> None:
+        self._verifier.close()
         self._plane.close()
         for sock in self._socks:
             sock.close(linger=0)
@@ -304,20 +306,31 @@ class Puller:
         stream: PullStream,
     ) -> Iterator[tuple[str, torch.Tensor]]:
         pending = {e.index: e for e in needed}
+        algorithm = plan.algorithm if self.verify else NO_CHECKSUM
+        self._verifier.clear()
         last_progress = time.monotonic()
-        while pending:
-            for entry in self._arrivals(plan, request_ids, pending):
+        while pending or self._verifier.num_pending:
+            for entry in self._arrivals(plan, request_ids, pending) if pending else ():
                 last_progress = time.monotonic()
                 del pending[entry.index]
-                if self.verify and not is_intact(entry, self.mirror.entry_view(entry), plan.algorithm):
-                    self.mirror.forget(entry)
-                    raise PullFailedError(plan.version, f"entry {entry.index} ({entry.name}) failed its checksum")
-                self.mirror.landed(entry)
-                stream.num_bytes += entry.num_bytes
-                if counts.land(entry):
-                    yield entry.name, self._cast(self.mirror.take(entry.name))
-            if pending and time.monotonic() - last_progress > self.timeout_s:
+                self._verifier.submit(entry, self.mirror.entry_view(entry), algorithm)
+                yield from self._verified(plan, self._verifier.completed(), counts, stream)
+            wait_s = 0.0 if pending else 0.1
+            yield from self._verified(plan, self._verifier.completed(wait_s), counts, stream)
+            if time.monotonic() - last_progress > self.timeout_s:
                 raise PullFailedError(plan.version, f"stalled; {len(pending)} entries missing", plan.version)
+
+    def _verified(
+        self, plan: _Plan, verdicts: list[tuple[int, ManifestEntry, bool]], counts: _Counts, stream: PullStream
+    ) -> Iterator[tuple[str, torch.Tensor]]:
+        for _, entry, is_ok in verdicts:
+            if not is_ok:
+                self.mirror.forget(entry)
+                raise PullFailedError(plan.version, f"entry {entry.index} ({entry.name}) failed its checksum")
+            self.mirror.landed(entry)
+            stream.num_bytes += entry.num_bytes
+            if counts.land(entry):
+                yield entry.name, self._cast(self.mirror.take(entry.name))
 
     def _arrivals(
         self, plan: _Plan, request_ids: dict[int, int], pending: dict[int, ManifestEntry]

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import enum
 import functools
+import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -104,6 +105,7 @@ class Pusher:
         self.with_checksums = with_checksums
         self.timeout_s = timeout_s
         self.probe_interval_s = probe_interval_s
+        self.num_hash_threads = min(4, os.cpu_count() or 1)
         self._log = get_logger("psrl.ps.pusher", incarnation=incarnation)
         self._plane: PushDataPlane = push_plane(transport, host=host)
         self._own_ctx = ctx is None
@@ -123,7 +125,9 @@ class Pusher:
         """Push ``tensors`` as ``version`` and commit it on every shard; raises a RequestError subclass."""
         start = time.perf_counter()
         plan = self.plan_for(tensors)
-        manifest = build_manifest(version, plan, tensors, with_checksums=self.with_checksums)
+        manifest = build_manifest(
+            version, plan, tensors, with_checksums=self.with_checksums, num_threads=self.num_hash_threads
+        )
         digest = manifest.digest()
         payloads = [[(e, entry_bytes(tensors, e)) for e in manifest.shard_part(s)] for s in range(self.num_shards)]
         serialized = time.perf_counter()

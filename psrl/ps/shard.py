@@ -48,9 +48,10 @@ from psrl.ps.protocol import (
     StatusRequest,
     Unavailable,
 )
-from psrl.ps.serving import cast_entries, is_intact, needs_cast
+from psrl.ps.serving import cast_entries, needs_cast
 from psrl.ps.transports import ShardDataPlane, shard_plane
 from psrl.ps.transports.base import EntryBuffers, Landed
+from psrl.ps.verify import Verifier
 from psrl.ps.versions import NONE, HeldVersion, ShardVersions
 
 IDLE_POLL_MS = 100
@@ -84,6 +85,7 @@ class ShardServer:
         self._on_commit = on_commit
         self._log = get_logger("psrl.ps.shard", shard=options.shard, boot=self.boot_id)
         self._plane: ShardDataPlane = shard_plane(options.transport, host=options.host)
+        self._verifier = Verifier()
         self._own_ctx = ctx is None
         self._ctx = ctx or zmq.Context()
         self._push_sock = links.make_router(self._ctx, options.push_endpoint)
@@ -124,7 +126,7 @@ class ShardServer:
     def poll_once(self, timeout_ms: int | None = None) -> None:
         """Wait for traffic (at most ``timeout_ms``) and handle everything that is ready."""
         if timeout_ms is None:
-            timeout_ms = BUSY_POLL_MS if self._plane.is_busy else IDLE_POLL_MS
+            timeout_ms = BUSY_POLL_MS if self._plane.is_busy or self._verifier.num_pending else IDLE_POLL_MS
         ready = dict(self._poller.poll(timeout_ms))
         if self._push_sock in ready:
             self._drain(self._push_sock, self._push_handlers)
@@ -132,6 +134,8 @@ class ShardServer:
             self._drain(self._pull_sock, self._pull_handlers)
         for landed in self._plane.poll_landed():
             self._on_landed(landed)
+        for key, entry, is_ok in self._verifier.completed():
+            self._on_verified(key, entry, is_ok)
 
     def start_thread(self) -> tuple[threading.Thread, threading.Event]:
         stop = threading.Event()
@@ -143,6 +147,7 @@ class ShardServer:
         if self._closed:
             return
         self._closed = True
+        self._verifier.close()
         self._plane.close()
         self._push_sock.close(linger=0)
         self._pull_sock.close(linger=0)
@@ -240,9 +245,14 @@ class ShardServer:
 
     def _land(self, entry: ManifestEntry, view: memoryview) -> None:
         incoming = self.versions.incoming
-        if incoming is None:
-            return
-        if not is_intact(entry, view, incoming.algorithm):
+        if incoming is not None:
+            self._verifier.submit(entry, view, incoming.algorithm, tag=self._incoming_key)
+
+    def _on_verified(self, key: int, entry: ManifestEntry, is_ok: bool) -> None:
+        incoming = self.versions.incoming
+        if incoming is None or key != self._incoming_key:
+            return  # a verdict on a push that was restarted or replaced meanwhile
+        if not is_ok:
             self.counters["checksum_failures"] += 1
             self._fail_incoming(f"entry {entry.index} ({entry.name}) failed its checksum")
             return
