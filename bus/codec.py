@@ -79,7 +79,7 @@ class Decoder:
     ) -> None:
         self.max_message_bytes = max_message_bytes
         self._catalogue = dict(catalogue)
-        self._typed = {kind.encode(): self._typed_decoder(cls) for kind, cls in self._catalogue.items()}
+        self._typed = {kind.encode(): (cls, self._typed_decoder(cls)) for kind, cls in self._catalogue.items()}
         self._generic = msgspec.msgpack.Decoder(ext_hook=self._ext_hook)
         self._array_frames: Sequence[Buffer] = ()
         self._used_frames: list[int] = []
@@ -110,12 +110,14 @@ class Decoder:
     def _decode(self, frames: Sequence[Any]) -> list[Event[Any]]:
         buffers = _checked_buffers(frames, self.max_message_bytes)
         kind_bytes = buffers[0] if type(buffers[0]) is bytes else bytes(buffers[0])
-        typed = self._typed.get(kind_bytes)
-        if typed is None:
+        entry = self._typed.get(kind_bytes)
+        if entry is None:
             raise DecodeError(DropReason.UNKNOWN_KIND, f"kind {kind_bytes[:_MAX_KIND_BYTES]!r} is not in the catalogue")
-        cls = self._catalogue[kind_bytes.decode()]
-        self._array_frames = buffers[2:]
-        self._used_frames = []
+        cls, typed = entry
+        num_array_frames = len(buffers) - 2
+        if num_array_frames:
+            self._array_frames = buffers[2:]
+        self._used_frames.clear()
         try:
             events: list[Event[Any]] = typed.decode(buffers[1])
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
@@ -130,14 +132,14 @@ class Decoder:
                 raise DecodeError(DropReason.MALFORMED, f"topic {cls.KIND!r} but envelope kind {envelope.kind!r}")
             if envelope.schema_version != cls.SCHEMA_VERSION:
                 return self._decode_old(cls, buffers, None)
-        if len(buffers) > 2 or self._used_frames:
-            self._check_frames_used(len(buffers) - 2)
+        if num_array_frames or self._used_frames:
+            self._check_frames_used(num_array_frames)
         return events
 
     def _decode_old(self, cls: type[Message], buffers: Sequence[Buffer], error: Exception | None) -> list[Event[Any]]:
         """Decode events of other schema versions through their upgrade functions."""
         self._array_frames = buffers[2:]
-        self._used_frames = []
+        self._used_frames.clear()
         try:
             raw = self._generic.decode(buffers[1])
         finally:
@@ -182,17 +184,16 @@ def _dec_hook(type_: type, obj: Any) -> Any:
 
 def _checked_buffers(frames: Sequence[Any], max_message_bytes: int) -> Sequence[Buffer]:
     num_frames = len(frames)
-    if num_frames < 2:
-        raise DecodeError(DropReason.MALFORMED, f"{num_frames} frame(s); an event has at least kind and body")
-    if num_frames > 2 + MAX_ARRAY_FRAMES:
-        raise DecodeError(DropReason.MALFORMED, f"{num_frames} frames (at most {2 + MAX_ARRAY_FRAMES})")
     if num_frames == 2 and type(frames[0]) is bytes and type(frames[1]) is bytes:
-        buffers: Sequence[Buffer] = frames  # in-process frames: no conversion
+        buffers: Sequence[Buffer] = frames  # the common small message: no conversion
+        total = len(frames[0]) + len(frames[1])
     else:
+        if num_frames < 2:
+            raise DecodeError(DropReason.MALFORMED, f"{num_frames} frame(s); an event has at least kind and body")
+        if num_frames > 2 + MAX_ARRAY_FRAMES:
+            raise DecodeError(DropReason.MALFORMED, f"{num_frames} frames (at most {2 + MAX_ARRAY_FRAMES})")
         buffers = [frame_buffer(f) for f in frames]
-    total = 0
-    for buffer in buffers:
-        total += len(buffer)
+        total = sum(len(b) for b in buffers)
     if total > max_message_bytes:
         raise DecodeError(DropReason.OVERSIZED, f"{total} bytes (limit {max_message_bytes})")
     if len(buffers[0]) > _MAX_KIND_BYTES:

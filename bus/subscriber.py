@@ -23,6 +23,7 @@ from bus.schema import Event
 from bus.sockets import DEFAULT_SOCKET_OPTIONS, SocketOptions, make_socket
 
 _MAX_FRAMES = 2 + MAX_ARRAY_FRAMES
+_COPY_BELOW_BYTES = 64 * 1024
 
 
 class Subscriber:
@@ -52,10 +53,13 @@ class Subscriber:
         self._is_tracking_gaps = "" in self.kinds
 
     def recv_frames(self, timeout_ms: int | None = None) -> list[Any] | None:
-        """The next message's raw frames (topic as bytes, the rest as uncopied frames), or None."""
-        if timeout_ms is not None and not self.socket.poll(timeout_ms):
-            return None
-        return recv_event_frames(self.socket)
+        """The next message's raw frames (see `recv_event_frames`), or None after `timeout_ms`."""
+        try:  # while events flow, a non-blocking receive saves the poll call
+            return recv_event_frames(self.socket, zmq.NOBLOCK)
+        except zmq.Again:
+            if timeout_ms is not None and (timeout_ms <= 0 or not self.socket.poll(timeout_ms)):
+                return None
+            return recv_event_frames(self.socket)
 
     def recv_batch(self, timeout_ms: int | None = None) -> list[Event[Any]]:
         """Pending events, else the events of the next message; [] on timeout or if it was dropped."""
@@ -77,14 +81,18 @@ class Subscriber:
 
     def recv(self, timeout_ms: int | None = None) -> Event[Any] | None:
         """The next good event, skipping (and counting) bad messages; None when `timeout_ms` passes."""
+        if self.pending:
+            return self.pending.popleft()
         deadline = None if timeout_ms is None else time.monotonic() + timeout_ms / 1000
-        while not self.pending:
-            remaining = None if deadline is None else max(0, int((deadline - time.monotonic()) * 1000))
-            frames = self.recv_frames(remaining)
-            if frames is None:
-                return None
-            self.pending.extend(self.decode(frames))
-        return self.pending.popleft()
+        remaining = timeout_ms
+        while (frames := self.recv_frames(remaining)) is not None:
+            events = self.decode(frames)
+            if events:
+                self.pending.extend(events[1:])
+                return events[0]
+            if deadline is not None:  # a dropped message does not restart the timeout
+                remaining = max(0, int((deadline - time.monotonic()) * 1000))
+        return None
 
     def decode(self, frames: Sequence[Any]) -> list[Event[Any]]:
         """Decode one message; a bad one is counted in `drops` and gives no events."""
@@ -102,18 +110,19 @@ class Subscriber:
         self.socket.close()
 
 
-def recv_event_frames(socket: zmq.Socket[bytes]) -> list[Any]:
-    """Receive one multipart message: the topic as bytes, every other frame as an uncopied zmq.Frame.
+def recv_event_frames(socket: zmq.Socket[bytes], flags: int = 0) -> list[Any]:
+    """Receive one multipart message: frames below 64 KiB as bytes, larger ones as uncopied zmq.Frames.
 
     Frames beyond what an event may have are received and discarded (one extra is kept so the
     decoder reports the message as malformed), so a hostile sender cannot pile up frame objects.
     """
-    first = socket.recv(copy=False)
+    first = socket.recv(flags, copy=False)  # flags apply to the first frame; the rest are already here
     frames: list[Any] = [first.bytes]
     more = first.more  # Frame.more is far cheaper than getsockopt(RCVMORE) per frame
     while more:
         frame = socket.recv(copy=False)
         more = frame.more
         if len(frames) <= _MAX_FRAMES:
-            frames.append(frame)
+            # small frames are cheaper as bytes (one short copy) than as zero-copy views
+            frames.append(frame.bytes if len(frame) < _COPY_BELOW_BYTES else frame)
     return frames
