@@ -19,6 +19,7 @@ class Cluster:
         self._healthy: list[CandidateState] = []
         self._position: dict[str, int] = {}  # instance id -> index in _healthy
         self._min_version = 0
+        self._versions: tuple[int, ...] = ()  # distinct versions of healthy instances, ascending
         self.num_slots = 0  # instance orders handed out so far (round robin wraps on it)
 
     def __contains__(self, instance_id: str) -> bool:
@@ -67,8 +68,15 @@ class Cluster:
             return tuple(self._healthy)
         return tuple(c for c in self._healthy if c.version >= min_version)
 
+    def versions(self, min_version: int) -> tuple[int, ...]:
+        """Distinct versions >= ``min_version`` among healthy instances, ascending."""
+        if min_version <= self._min_version:
+            return self._versions
+        return tuple(v for v in self._versions if v >= min_version)
+
     def _rebuild(self) -> None:
         healthy = [v for v in self._views.values() if v.is_healthy]
         self._healthy = [v.candidate() for v in healthy]
         self._position = {v.instance_id: i for i, v in enumerate(healthy)}
-        self._min_version = min((c.version for c in self._healthy), default=0)
+        self._versions = tuple(sorted({c.version for c in self._healthy}))
+        self._min_version = self._versions[0] if self._versions else 0

@@ -257,7 +257,7 @@ class RouterCore:
         hint = request.hint_instance if (request.is_sticky or request.force_pin_once) else None
         group = self._group_pins.get(request.prompt_id) if self.settings.enable_group_sticky else None
         gpu, offload, trees = self._prefix_inputs(request, cands)
-        ledger = self._ledger_answers(request, cands)
+        ledger = self._ledger_answers(request)
         # The request is copied: commit and loopbacks mutate the live one, the record must not change.
         copy = msgspec.structs.replace(request)
         return DecisionInputs(
@@ -293,12 +293,12 @@ class RouterCore:
             choice.detail if choice else "", moved_from, inputs if self.record_inputs else None,
         )  # fmt: skip
 
-    def _ledger_answers(self, request: RoutingRequest, cands: tuple[CandidateState, ...]) -> tuple[LedgerAnswer, ...]:
+    def _ledger_answers(self, request: RoutingRequest) -> tuple[LedgerAnswer, ...]:
         if not request.is_unversioned:
             return ()
         use_indicator = self.selection.candidate_sort_indicator == "reserve_capability"
         answers = []
-        for version in sorted({c.version for c in cands}):
+        for version in self.cluster.versions(request.version_tag):
             can = self.ledger.can_reserve(request.prompt_id, version)
             indicator = self.ledger.reserve_indicator(request.prompt_id, version) if use_indicator and can else 0.0
             answers.append(LedgerAnswer(version, can, indicator))

@@ -103,6 +103,8 @@ def priority_groups(
 ) -> Groups:
     """Candidates grouped by equal sort key, best key first; instance order within a group."""
     cands = inputs.candidates
+    if len(inputs.ledger) == 1 or len(indices) == 1:  # a single candidate version: one group
+        return [indices]
     versions = {cands[i].version for i in indices}
     if len(versions) == 1:
         return [indices]
