@@ -1,10 +1,11 @@
-"""The demo task: arithmetic and list manipulation with answers of very different lengths.
+"""The demo task: arithmetic and digit-string manipulation with answers of very different lengths.
 
-Four kinds, chosen uniformly: `add` (sum of two numbers below 1000, answers of 1-4 characters),
-and `copy`, `rev`, `sort` of a list of numbers below 100, whose length is skewed towards short
-lists but reaches `max_list_len` (answers of a few to about 150 characters with the default 48).
-That spread gives rollouts a long tail. The reward gives partial credit (the fraction of answer
-positions that are right), so an imperfect policy earns a graded signal; `acc` is exact match.
+Four kinds, chosen uniformly: `add` (sum of two numbers below 1000: answers of 1-4 characters),
+and `copy`, `rev`, `sort` of a string of digits whose length is skewed towards short strings but
+reaches `max_length` (answers of 1 to `max_length` characters, 128 by default). That spread gives
+rollouts a long tail. The reward gives partial credit (the fraction of answer positions that are
+right, counted over the longer of answer and response, so rambling on costs credit); `acc` is
+exact match. Responses are compared as text after stripping surrounding whitespace.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ KINDS = ("add", "copy", "rev", "sort")
 @dataclass(frozen=True, slots=True)
 class DemoTask:
     seed: int = 0
-    max_list_len: int = 48
+    max_length: int = 128
     name: str = "demo"
 
     def prompt(self, index: int) -> Prompt:
@@ -29,32 +30,24 @@ class DemoTask:
         if kind == "add":
             a, b = rng.randrange(1000), rng.randrange(1000)
             return Prompt(index, kind, f"add {a} {b}=", str(a + b))
-        # u**2 skews towards short lists while keeping a tail up to max_list_len
-        length = 1 + int((self.max_list_len - 1) * rng.random() ** 2)
-        numbers = [rng.randrange(100) for _ in range(length)]
-        if kind == "rev":
-            result = numbers[::-1]
-        elif kind == "sort":
-            result = sorted(numbers)
-        else:
-            result = numbers
-        return Prompt(index, kind, f"{kind} {_join(numbers)}=", _join(result))
+        # u**3 skews towards short strings while keeping a tail up to max_length
+        length = 1 + int((self.max_length - 1) * rng.random() ** 3)
+        digits = "".join(str(rng.randrange(10)) for _ in range(length))
+        answer = {"copy": digits, "rev": digits[::-1], "sort": "".join(sorted(digits))}[kind]
+        return Prompt(index, kind, f"{kind} {digits}=", answer)
 
     def reward(self, prompt: Prompt, response: str) -> Reward:
         answer = response.strip()
         if answer == prompt.answer:
             return Reward(score=1.0, acc=1.0)
         if prompt.kind == "add":
-            return Reward(score=_aligned_fraction(list(answer[::-1]), list(prompt.answer[::-1])), acc=0.0)
-        return Reward(score=_aligned_fraction(answer.split(), prompt.answer.split()), acc=0.0)
+            # digits of a sum are compared from the right (ones with ones)
+            return Reward(score=_aligned_fraction(answer[::-1], prompt.answer[::-1]), acc=0.0)
+        return Reward(score=_aligned_fraction(answer, prompt.answer), acc=0.0)
 
 
-def _join(numbers: list[int]) -> str:
-    return " ".join(str(number) for number in numbers)
-
-
-def _aligned_fraction(predicted: list[str], target: list[str]) -> float:
-    """Fraction of positions equal in both, over the longer of the two (extra output costs credit)."""
+def _aligned_fraction(predicted: str, target: str) -> float:
+    """Fraction of positions equal in both, over the longer of the two."""
     longest = max(len(predicted), len(target))
     if longest == 0:
         return 1.0

@@ -15,13 +15,13 @@ def test_prompts_are_a_pure_function_of_seed_and_index() -> None:
     assert DemoTask(seed=3).prompt(5).index == 5
 
 
-def test_all_kinds_appear_with_answers_from_a_few_to_over_a_hundred_characters() -> None:
+def test_all_kinds_appear_with_answers_from_one_to_over_a_hundred_characters() -> None:
     task = DemoTask(seed=0)
-    prompts = [task.prompt(i) for i in range(2000)]
+    prompts = [task.prompt(i) for i in range(4000)]
     assert {p.kind for p in prompts} == set(KINDS)
     lengths = [len(p.answer) for p in prompts]
-    assert min(lengths) <= 3 and max(lengths) >= 120
-    assert sorted(lengths)[len(lengths) // 2] < 40  # skewed: most answers are short
+    assert min(lengths) == 1 and max(lengths) >= 120
+    assert sorted(lengths)[len(lengths) // 2] < 20  # skewed: most answers are short
 
 
 @pytest.mark.parametrize("index", range(40))
@@ -29,30 +29,27 @@ def test_reference_answers_are_correct_and_score_one(index: int) -> None:
     task = DemoTask(seed=1)
     prompt = task.prompt(index)
     kind, _, rest = prompt.text.rstrip("=").partition(" ")
-    numbers = [int(n) for n in rest.split()]
-    expected = {
-        "add": lambda: [sum(numbers)],
-        "copy": lambda: numbers,
-        "rev": lambda: numbers[::-1],
-        "sort": lambda: sorted(numbers),
-    }[kind]()
-    assert [int(n) for n in prompt.answer.split()] == expected
+    if kind == "add":
+        expected = str(sum(int(n) for n in rest.split()))
+    else:
+        expected = {"copy": rest, "rev": rest[::-1], "sort": "".join(sorted(rest))}[kind]
+    assert prompt.answer == expected and rest.replace(" ", "").isdigit()
     assert task.reward(prompt, prompt.answer) == Reward(score=1.0, acc=1.0)
     assert task.reward(prompt, f"  {prompt.answer}\n") == Reward(score=1.0, acc=1.0)
 
 
 def test_partial_credit_is_graded_and_bounded() -> None:
     task = DemoTask()
-    prompt = Prompt(0, "sort", "sort 3 1 2=", "1 2 3")
-    assert task.reward(prompt, "1 2 4").score == pytest.approx(2 / 3)
-    assert task.reward(prompt, "1 2 3 3").score == pytest.approx(3 / 4)  # extra output costs credit
+    prompt = Prompt(0, "sort", "sort 312=", "123")
+    assert task.reward(prompt, "124").score == pytest.approx(2 / 3)
+    assert task.reward(prompt, "1233").score == pytest.approx(3 / 4)  # extra output costs credit
     assert task.reward(prompt, "").score == 0.0
     assert task.reward(prompt, "garbage !!").score == 0.0
-    assert task.reward(prompt, "1 2 4").acc == 0.0
+    assert task.reward(prompt, "124").acc == 0.0
     add = Prompt(1, "add", "add 500 734=", "1234")
-    assert task.reward(add, "1334").score == pytest.approx(3 / 4)  # digits compared from the right
-    assert task.reward(add, "234").score == pytest.approx(3 / 4)
-    for response in ["1 2 3", "x", "1 2", "3 2 1 0 9", ""]:
+    assert task.reward(add, "1334").score == pytest.approx(3 / 4)
+    assert task.reward(add, "234").score == pytest.approx(3 / 4)  # digits are compared from the right
+    for response in ["123", "x", "12", "32109", "", "1 2 3"]:
         assert 0.0 <= task.reward(prompt, response).score <= 1.0
 
 
