@@ -32,6 +32,7 @@ from psrl.routing.prefix_tree import PrefixTree
 from psrl.routing.queue import RequestQueue
 from psrl.routing.request import RoutingRequest
 from psrl.routing.selector import Selection, SelectionSettings, select
+from psrl.routing.servable import ServableCounts, count_servable
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,6 +197,10 @@ class RouterCore:
         """Every request waiting for an instance (queued or parked), in no particular order."""
         yield from self.queue.requests()
         yield from self.parking.requests()
+
+    def servable_counts(self, versions: list[int]) -> dict[int, ServableCounts]:
+        """Queued work each version could still take (the coordinator's sync and migration facts)."""
+        return count_servable(self.queued(), self.ledger, versions)
 
     @property
     def num_queued(self) -> int:

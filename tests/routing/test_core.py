@@ -152,6 +152,14 @@ def test_servable_counts_per_version() -> None:
     assert counts[3].total == 4
 
 
+def test_core_reports_servable_work_including_parked_requests() -> None:
+    core = make_core(versions=(0,), ledger=WindowLedger(staleness=0, entries=1))
+    route(core, request(1), request(2), request(3, version_tag=2))
+    counts = core.servable_counts([0, 2])
+    assert counts[0].total == 0  # buffer 0 is full for new groups
+    assert (counts[2].without_new_entry, counts[2].with_new_entry) == (1, 1)
+
+
 def test_preemption_loopback_threshold() -> None:
     assert preempted_to_loop_back([4, 5], num_waiting=3, threshold=0) == (4, 5)
     assert preempted_to_loop_back([4, 5], num_waiting=3, threshold=1024) == ()

@@ -54,13 +54,10 @@ class CacheAwareRoutingPolicy:
             return Choice(choice.index, choice.group, choice.score, "shortest_queue")
         scores = self._scores(inputs, groups)  # only candidates with some overlap
         if scores:
-            cands, trees = inputs.candidates, inputs.tree_tokens
             best_score = max(scores.values())
-            tied = [gi for gi, score in scores.items() if score == best_score]
-            group, index = min(
-                tied, key=lambda gi: (cands[gi[1]].num_inflight, trees.get(cands[gi[1]].instance_id, 0), gi)
-            )
-            if best_score > 0 and self._hit_ratio(inputs, cands[index].instance_id) > self.settings.cache_threshold:
+            group, index = _break_tie(inputs, [gi for gi, score in scores.items() if score == best_score])
+            instance_id = inputs.candidates[index].instance_id
+            if best_score > 0 and self._hit_ratio(inputs, instance_id) > self.settings.cache_threshold:
                 return Choice(index, group, best_score, "cache_hit")
         if self.multi_tier:
             choice = least_loaded(inputs, groups)
@@ -110,3 +107,15 @@ class CacheAwareRoutingPolicy:
         loads = [c.num_inflight for c in flat]
         high, low = max(loads), min(loads)
         return high - low > s.balance_abs_threshold and high > s.balance_rel_threshold * low
+
+
+def _break_tie(inputs: DecisionInputs, tied: list[tuple[int, int]]) -> tuple[int, int]:
+    """Among equally scored (group, index) pairs: lowest load, then smallest tree, then priority order."""
+    cands = inputs.candidates
+    loads = [cands[i].num_inflight for _, i in tied]
+    lowest = min(loads)
+    tied = [gi for gi, load in zip(tied, loads, strict=True) if load == lowest]
+    if len(tied) == 1:
+        return tied[0]
+    trees = inputs.tree_tokens
+    return min(tied, key=lambda gi: (trees.get(cands[gi[1]].instance_id, 0), gi))
