@@ -7,6 +7,7 @@ throughput_optimal walks the groups in order, since only it can refuse a whole g
 from __future__ import annotations
 
 from psrl.routing.decision import DecisionInputs
+from psrl.routing.instance import CandidateState
 from psrl.routing.policies.base import Choice, Groups, flatten, least_loaded
 
 _MASK64 = (1 << 64) - 1
@@ -50,9 +51,25 @@ class RoundRobinPolicy:
         return indices
 
     def choose(self, inputs: DecisionInputs, groups: Groups) -> Choice | str:
-        cands, cursor, size = inputs.candidates, inputs.rr_cursor, max(1, inputs.num_instances)
-        group, index = min(flatten(groups), key=lambda gi: (cands[gi[1]].order - cursor) % size)
+        cands, cursor = inputs.candidates, inputs.rr_cursor
+        # Groups list candidates in instance order: the next in turn is the first at or after the
+        # cursor, wrapping around to the first overall.
+        after = [
+            (cands[g[k]].order, gi, g[k]) for gi, g in enumerate(groups) if (k := _first_at(cands, g, cursor)) >= 0
+        ]
+        if after:
+            _, group, index = min(after)
+        else:
+            _, group, index = min((cands[g[0]].order, gi, g[0]) for gi, g in enumerate(groups))
         return Choice(index, group, float(cands[index].order), "next_in_turn")
+
+
+def _first_at(cands: tuple[CandidateState, ...], group: list[int], cursor: int) -> int:
+    """Position in ``group`` of its first candidate whose order is >= cursor, or -1."""
+    for position, index in enumerate(group):
+        if cands[index].order >= cursor:
+            return position
+    return -1
 
 
 class RequestNumBalancePolicy:
