@@ -129,12 +129,15 @@ class PullRequest(_Msg, frozen=True, tag="pull_request"):
     version: int
     entry_indices: tuple[int, ...]
     peer: str = ""  # the puller's data-plane identity (out-of-band transports)
+    base_version: int = -1  # delta sync: the puller holds this version whole; sparse chunks may be sent
 
 
 class PullChunk(_Msg, frozen=True, tag="pull_chunk"):
     request_id: int
     version: int
     entry_index: int
+    encoding: int = 0  # psrl.ps.delta.DENSE (the entry's bytes) or SPARSE (changes from base_version)
+    num_changed: int = 0  # SPARSE: number of changed elements in the payload
 
 
 class PullDone(_Msg, frozen=True, tag="pull_done"):

@@ -31,6 +31,7 @@ import zmq
 from psrl.log import get_logger
 from psrl.ps import links
 from psrl.ps.checksum import checksum
+from psrl.ps.delta import SPARSE, DeltaError, apply_sparse, sparse_bytes
 from psrl.ps.errors import PullFailedError
 from psrl.ps.manifest import NO_CHECKSUM, ManifestEntry, ManifestError, validate_served_parts
 from psrl.ps.mirror import Mirror
@@ -107,7 +108,8 @@ class Puller:
         self._log = get_logger("psrl.ps.puller")
         self._plane: PullDataPlane = pull_plane(transport, host=host)
         self._own_ctx = ctx is None
-        self._ctx = ctx or zmq.Context()
+        # One I/O thread per shard link (up to 4), so shards' streams are copied in parallel.
+        self._ctx = ctx or zmq.Context(io_threads=min(4, max(1, len(pull_endpoints))))
         self._socks = [links.make_dealer(self._ctx, ep) for ep in pull_endpoints]
         self._shard_of = {sock: i for i, sock in enumerate(self._socks)}
         self._poller = zmq.Poller()
@@ -287,12 +289,17 @@ class Puller:
 
     def _request(self, plan: _Plan, needed: Sequence[ManifestEntry]) -> dict[int, int]:
         request_ids: dict[int, int] = {}
+        # Sparse deltas need the mirror to hold one whole version, the base they apply to.
+        is_whole = self.held_version not in (NONE, plan.version)
+        base_version = self.held_version if self.delta_sync and is_whole else NONE
         for shard, sock in enumerate(self._socks):
             part = [e for e in needed if e.shard == shard]
             if not part:
                 continue
             request_ids[shard] = next(self._request_ids)
-            request = PullRequest(request_ids[shard], plan.version, tuple(e.index for e in part), self._plane.peer)
+            request = PullRequest(
+                request_ids[shard], plan.version, tuple(e.index for e in part), self._plane.peer, base_version
+            )
             destinations = [self.mirror.destination(e) for e in part]
             self._plane.request(sock, request, plan.parts[shard].offer, part, destinations)
         return request_ids
@@ -310,10 +317,10 @@ class Puller:
         self._verifier.clear()
         last_progress = time.monotonic()
         while pending or self._verifier.num_pending:
-            for entry in self._arrivals(plan, request_ids, pending) if pending else ():
+            for entry, num_transferred in self._arrivals(plan, request_ids, pending) if pending else ():
                 last_progress = time.monotonic()
                 del pending[entry.index]
-                self._verifier.submit(entry, self.mirror.entry_view(entry), algorithm)
+                self._verifier.submit(entry, self.mirror.entry_view(entry), algorithm, tag=num_transferred)
                 yield from self._verified(plan, self._verifier.completed(), counts, stream)
             wait_s = 0.0 if pending else 0.1
             yield from self._verified(plan, self._verifier.completed(wait_s), counts, stream)
@@ -323,19 +330,19 @@ class Puller:
     def _verified(
         self, plan: _Plan, verdicts: list[tuple[int, ManifestEntry, bool]], counts: _Counts, stream: PullStream
     ) -> Iterator[tuple[str, torch.Tensor]]:
-        for _, entry, is_ok in verdicts:
+        for num_transferred, entry, is_ok in verdicts:
             if not is_ok:
                 self.mirror.forget(entry)
                 raise PullFailedError(plan.version, f"entry {entry.index} ({entry.name}) failed its checksum")
             self.mirror.landed(entry)
-            stream.num_bytes += entry.num_bytes
+            stream.num_bytes += num_transferred
             if counts.land(entry):
                 yield entry.name, self._cast(self.mirror.take(entry.name))
 
     def _arrivals(
         self, plan: _Plan, request_ids: dict[int, int], pending: dict[int, ManifestEntry]
-    ) -> Iterator[ManifestEntry]:
-        """Entries whose bytes are now in the mirror (not yet verified)."""
+    ) -> Iterator[tuple[ManifestEntry, int]]:
+        """(entry, bytes transferred for it) whose bytes are now in the mirror (not yet verified)."""
         try:
             landed_now = self._plane.poll_landed()
         except TransportError as exc:
@@ -343,7 +350,8 @@ class Puller:
         owners = set(request_ids.values())
         for landed in landed_now:
             if landed.key in owners and landed.entry_index in pending:
-                yield pending[landed.entry_index]
+                entry = pending[landed.entry_index]
+                yield entry, entry.num_bytes
         timeout_ms = 1 if self._plane.is_busy else 100
         for sock, _ in self._poller.poll(timeout_ms):
             shard = self._shard_of[sock]
@@ -353,25 +361,33 @@ class Puller:
                 elif isinstance(message, PullError):
                     raise PullFailedError(plan.version, f"shard {shard}: {message.reason}")
                 elif isinstance(message, PullChunk):
-                    entry = self._take_payload(sock, plan, message, pending)
-                    if entry is not None:
-                        yield entry
+                    arrived = self._take_payload(sock, plan, message, pending)
+                    if arrived is not None:
+                        yield arrived
                 elif not isinstance(message, PullDone):
                     self._discard(sock)
 
     def _take_payload(
         self, sock: zmq.Socket[bytes], plan: _Plan, chunk: PullChunk, pending: dict[int, ManifestEntry]
-    ) -> ManifestEntry | None:
+    ) -> tuple[ManifestEntry, int] | None:
         entry = pending.get(chunk.entry_index)
         if entry is None or chunk.version != plan.version:
             self._discard(sock)
             return None
         try:
+            if chunk.encoding == SPARSE:
+                return entry, self._apply_sparse(sock, entry, chunk.num_changed)
             links.recv_payload_into(sock, self.mirror.entry_view(entry))
-        except ProtocolError as exc:
+        except (ProtocolError, DeltaError) as exc:
             self.mirror.forget(entry)
             raise PullFailedError(plan.version, str(exc)) from None
-        return entry
+        return entry, entry.num_bytes
+
+    def _apply_sparse(self, sock: zmq.Socket[bytes], entry: ManifestEntry, num_changed: int) -> int:
+        payload = memoryview(bytearray(sparse_bytes(num_changed, entry.dtype)))
+        links.recv_payload_into(sock, payload)
+        apply_sparse(self.mirror.entry_view(entry), payload, entry.dtype, num_changed)
+        return len(payload)
 
     def _flush_dirty(self, plan: _Plan, counts: _Counts) -> Iterator[tuple[str, torch.Tensor]]:
         """Delta sync: re-hash the whole mirror against the manifest, then load tensors left dirty."""

@@ -24,6 +24,7 @@ import zmq
 
 from psrl.log import get_logger
 from psrl.ps import links
+from psrl.ps.delta import encode_sparse
 from psrl.ps.manifest import ManifestEntry
 from psrl.ps.protocol import (
     Abort,
@@ -50,7 +51,7 @@ from psrl.ps.protocol import (
 )
 from psrl.ps.serving import cast_entries, needs_cast
 from psrl.ps.transports import ShardDataPlane, shard_plane
-from psrl.ps.transports.base import EntryBuffers, Landed
+from psrl.ps.transports.base import EntryBuffers, Landed, SparseSource
 from psrl.ps.verify import Verifier
 from psrl.ps.versions import NONE, HeldVersion, ShardVersions
 
@@ -351,9 +352,24 @@ class ShardServer:
         def reply(message: Message, payload: memoryview | None) -> zmq.MessageTracker | None:
             return links.reply(self._pull_sock, ident, message, payload)
 
-        self._plane.serve(reply, request, entries, held.buffers)
+        self._plane.serve(reply, request, entries, held.buffers, self._sparse_source(held, request.base_version))
         self.counters["pulls_served"] += 1
         self.counters["bytes_served"] += sum(e.num_bytes for e in entries)
+
+    def _sparse_source(self, held: HeldVersion[EntryBuffers], base_version: int) -> SparseSource | None:
+        """Sparse deltas from ``base_version`` to ``held``, when the shard still holds the base."""
+        base = self.versions.lookup(base_version) if base_version >= 0 else None
+        if base is None or base.version == held.version:
+            return None
+
+        def sparse(entry: ManifestEntry) -> tuple[bytes, int] | None:
+            key = (base.version, entry.index)
+            if key not in held.sparse_cache:
+                held.sparse_cache[key] = _encode_delta(base, held, entry)
+                self.counters["sparse_entries_encoded"] += 1
+            return held.sparse_cache[key]
+
+        return sparse
 
     def _on_live_check(self, ident: bytes, check: LiveCheck) -> None:
         is_live = self.versions.lookup(check.version) is not None
@@ -378,6 +394,20 @@ class ShardServer:
 
     def _reply_status(self, sock: zmq.Socket[bytes], ident: bytes, request: StatusRequest) -> None:
         links.reply(sock, ident, self.status(request.request_id))
+
+
+def _encode_delta(
+    base: HeldVersion[EntryBuffers], held: HeldVersion[EntryBuffers], entry: ManifestEntry
+) -> tuple[bytes, int] | None:
+    old = base.by_index.get(entry.index)
+    if old is None or (old.name, old.elem_start, old.num_elems, old.dtype) != (
+        entry.name,
+        entry.elem_start,
+        entry.num_elems,
+        entry.dtype,
+    ):
+        return None
+    return encode_sparse(base.buffers.view(entry.index), held.buffers.view(entry.index), entry.dtype)
 
 
 def _requested(held: HeldVersion[EntryBuffers], indices: tuple[int, ...]) -> list[ManifestEntry] | None:

@@ -115,6 +115,8 @@ class BufferPool:
         return evicted
 
 
+# entry -> (payload, number of changed elements) of a sparse delta, or None to send it whole.
+SparseSource = Callable[[ManifestEntry], "tuple[bytes, int] | None"]
 # (message, payload) -> tracker of the payload's send; raises psrl.ps.links.LinkError when the peer is gone.
 Replier = Callable[[Message, "memoryview | None"], "zmq.MessageTracker | None"]
 
@@ -155,9 +157,18 @@ class ShardDataPlane(ABC):
 
     @abstractmethod
     def serve(
-        self, reply: Replier, request: PullRequest, entries: Sequence[ManifestEntry], buffers: EntryBuffers
+        self,
+        reply: Replier,
+        request: PullRequest,
+        entries: Sequence[ManifestEntry],
+        buffers: EntryBuffers,
+        sparse: SparseSource | None = None,
     ) -> None:
-        """Send ``entries`` of a committed version to the requester."""
+        """Send ``entries`` of a committed version to the requester.
+
+        ``sparse(entry)`` gives a sparse delta from the requester's base version when one is smaller
+        than the entry; transports that cannot carry it send every entry whole.
+        """
 
     def release(self, buffers: EntryBuffers) -> None:  # noqa: B027 (optional hook)
         """A version was retired or a push abandoned; its buffers are no longer served."""

@@ -32,6 +32,7 @@ from psrl.ps.transports.base import (
     PushDataPlane,
     Replier,
     ShardDataPlane,
+    SparseSource,
     TransportError,
 )
 
@@ -107,7 +108,12 @@ class NixlShardDataPlane(ShardDataPlane):
         return self._offer(buffers)
 
     def serve(
-        self, reply: Replier, request: PullRequest, entries: Sequence[ManifestEntry], buffers: EntryBuffers
+        self,
+        reply: Replier,
+        request: PullRequest,
+        entries: Sequence[ManifestEntry],
+        buffers: EntryBuffers,
+        sparse: SparseSource | None = None,
     ) -> None:
         reply(PullError(request.request_id, request.version, "nixl pulls read shard memory directly"), None)
 

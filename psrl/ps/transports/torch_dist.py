@@ -37,6 +37,7 @@ from psrl.ps.transports.base import (
     PushDataPlane,
     Replier,
     ShardDataPlane,
+    SparseSource,
     TransportError,
 )
 
@@ -169,7 +170,12 @@ class DistShardDataPlane(ShardDataPlane):
         return msgspec.msgpack.encode(self._rendezvous)
 
     def serve(
-        self, reply: Replier, request: PullRequest, entries: Sequence[ManifestEntry], buffers: EntryBuffers
+        self,
+        reply: Replier,
+        request: PullRequest,
+        entries: Sequence[ManifestEntry],
+        buffers: EntryBuffers,
+        sparse: SparseSource | None = None,
     ) -> None:
         if not request.peer:
             raise TransportError("torch_dist pull request without a group key")

@@ -16,9 +16,18 @@ from typing import ClassVar
 import zmq
 
 from psrl.ps import links
+from psrl.ps.delta import SPARSE
 from psrl.ps.manifest import ManifestEntry
 from psrl.ps.protocol import PullChunk, PullDone, PullRequest, PushBegin, PushChunk
-from psrl.ps.transports.base import BufferPool, EntryBuffers, PullDataPlane, PushDataPlane, Replier, ShardDataPlane
+from psrl.ps.transports.base import (
+    BufferPool,
+    EntryBuffers,
+    PullDataPlane,
+    PushDataPlane,
+    Replier,
+    ShardDataPlane,
+    SparseSource,
+)
 
 
 class ZmqShardDataPlane(ShardDataPlane):
@@ -32,9 +41,20 @@ class ZmqShardDataPlane(ShardDataPlane):
         return self.pool.take(entries)
 
     def serve(
-        self, reply: Replier, request: PullRequest, entries: Sequence[ManifestEntry], buffers: EntryBuffers
+        self,
+        reply: Replier,
+        request: PullRequest,
+        entries: Sequence[ManifestEntry],
+        buffers: EntryBuffers,
+        sparse: SparseSource | None = None,
     ) -> None:
         for entry in entries:
+            delta = sparse(entry) if sparse is not None else None
+            if delta is not None:
+                payload, num_changed = delta
+                chunk = PullChunk(request.request_id, request.version, entry.index, SPARSE, num_changed)
+                reply(chunk, memoryview(payload))
+                continue
             tracker = reply(PullChunk(request.request_id, request.version, entry.index), buffers.view(entry.index))
             buffers.track(tracker)
         reply(PullDone(request.request_id, request.version), None)
