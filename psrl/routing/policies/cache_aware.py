@@ -70,13 +70,13 @@ class CacheAwareRoutingPolicy:
         cache_aware scores matched tokens; v1 scores weighted whole blocks.
         """
         cands, gpu, offload = inputs.candidates, inputs.gpu_match_tokens, inputs.offload_match_tokens
-        position = {cands[i].instance_id: (g, i) for g, group in enumerate(groups) for i in group}
-        gpu_hits = [(position[iid], tokens) for iid, tokens in gpu.items() if iid in position]
-        if not self.multi_tier:
-            return {where: float(tokens) for where, tokens in gpu_hits}
         s, block = self.settings, max(1, self.settings.block_size)
-        if not offload:
-            return {where: s.gpu_overlap_weight * (tokens // block) for where, tokens in gpu_hits}
+        if not self.multi_tier or not offload:
+            weight = s.gpu_overlap_weight if self.multi_tier else 1.0
+            size = block if self.multi_tier else 1  # v1 counts whole blocks, cache_aware tokens
+            hits = [((g, i), gpu.get(cands[i].instance_id, 0)) for g, group in enumerate(groups) for i in group]
+            return {where: weight * (tokens // size) for where, tokens in hits if tokens}
+        position = {cands[i].instance_id: (g, i) for g, group in enumerate(groups) for i in group}
         scores: dict[tuple[int, int], float] = {}
         for instance_id in [*gpu, *(k for k in offload if k not in gpu)]:
             where = position.get(instance_id)
@@ -100,11 +100,12 @@ class CacheAwareRoutingPolicy:
 
     def _is_imbalanced(self, inputs: DecisionInputs, groups: Groups) -> bool:
         s, cands = self.settings, inputs.candidates
-        flat = [cands[i] for group in groups for i in group]
         threshold = s.balance_token_usage_threshold
-        if threshold < 1.0 and [c for c in flat if c.kv_tokens >= threshold * c.kv_capacity_tokens > 0]:
+        if threshold < 1.0 and [
+            i for group in groups for i in group if cands[i].kv_tokens >= threshold * cands[i].kv_capacity_tokens > 0
+        ]:
             return True
-        loads = [c.num_inflight for c in flat]
+        loads = [cands[i].num_inflight for group in groups for i in group]
         high, low = max(loads), min(loads)
         return high - low > s.balance_abs_threshold and high > s.balance_rel_threshold * low
 
