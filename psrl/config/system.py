@@ -48,6 +48,7 @@ class Engine(Section):
         ge=2,
     )
     seed: int = field(0, "Seed of the engine's sampling stream for requests without their own seed.")
+    cuda_graphs: bool = field(True, "Replay decode steps as CUDA graphs (embedded engine on CUDA only).")
 
 
 class Bus(Section):

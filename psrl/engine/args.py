@@ -28,6 +28,10 @@ class EngineArgs:
     max_model_len: int | None = None
     seed: int = 0
     initial_weight_version: int = 0
+    # replay decode steps as CUDA graphs (CUDA only)
+    cuda_graphs: bool = True
+    # run decode at the graphs' padded bucket shapes even without graphs (how CPU tests cover that path)
+    bucketed_decode: bool = False
 
     @classmethod
     def from_config(cls, config: Config) -> EngineArgs:
@@ -43,6 +47,7 @@ class EngineArgs:
             enable_prefix_caching=engine.enable_prefix_caching,
             max_model_len=engine.max_model_len,
             seed=engine.seed,
+            cuda_graphs=engine.cuda_graphs,
         )
 
     def resolve_device(self) -> torch.device:

@@ -18,7 +18,7 @@ import torch
 
 from psrl.engine.args import EngineArgs
 from psrl.engine.block_manager import BlockManager
-from psrl.engine.model_runner import ModelRunner
+from psrl.engine.model_runner import ModelRunner, RunnerShape
 from psrl.engine.outputs import EngineStatus, RequestOutput, RequestResult, StepOutput
 from psrl.engine.request_checks import check_prior_outputs, check_token_ids
 from psrl.engine.sampler import Sampler
@@ -44,7 +44,10 @@ class Engine:
         self.max_model_len = _max_model_len(args, self.spec)
         source = iter_safetensors(args.model_path) if weights is None else _named_tensors(weights)
         model = build_model(self.spec, self.max_model_len, self.dtype, self.device, source)
-        self.runner = ModelRunner(model, args.num_kv_blocks, args.block_size, self.dtype, self.device)
+        shape = RunnerShape(args.num_kv_blocks, args.block_size, args.max_num_seqs, self.max_model_len)
+        self.runner = ModelRunner(
+            model, shape, self.dtype, cuda_graphs=args.cuda_graphs, bucketed_decode=args.bucketed_decode
+        )
         self.block_manager = BlockManager(args.num_kv_blocks, args.block_size, args.enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, args.max_num_seqs, args.max_num_batched_tokens)
         self.sampler = Sampler(self.device, self.spec.eos_token_ids, args.seed)

@@ -3,30 +3,58 @@
 from __future__ import annotations
 
 import itertools
+from dataclasses import dataclass
 
 import torch
 
+from psrl.engine.decode_graphs import DecodeGraphRunner
 from psrl.engine.scheduler import ScheduledBatch
 from psrl.engine.sequence import Sequence
 from psrl.models.attention import AttentionBatch
 from psrl.models.llama import DecoderModel
 
 
+@dataclass(frozen=True, slots=True)
+class RunnerShape:
+    num_blocks: int
+    block_size: int
+    max_num_seqs: int
+    max_model_len: int
+
+
 class ModelRunner:
     def __init__(
-        self, model: DecoderModel, num_blocks: int, block_size: int, dtype: torch.dtype, device: torch.device
+        self,
+        model: DecoderModel,
+        shape: RunnerShape,
+        dtype: torch.dtype,
+        *,
+        cuda_graphs: bool = True,
+        bucketed_decode: bool = False,
     ) -> None:
-        spec = model.spec
+        spec, device = model.spec, model.embed_tokens.weight.device
         self.model = model
-        self.block_size = block_size
+        self.block_size = shape.block_size
         self.device = device
+        # one block more than the block manager knows of: the scratch block of padded decode rows
         self.kv_cache = torch.zeros(
-            spec.num_layers, num_blocks, block_size, 2, spec.num_kv_heads, spec.head_dim, dtype=dtype, device=device
-        )
+            spec.num_layers, shape.num_blocks + 1, shape.block_size, 2, spec.num_kv_heads, spec.head_dim,
+            dtype=dtype, device=device,
+        )  # fmt: skip
+        use_graphs = cuda_graphs and device.type == "cuda"
+        self.decode_graphs = None
+        if use_graphs or bucketed_decode:
+            max_blocks_per_seq = (shape.max_model_len + shape.block_size - 1) // shape.block_size
+            self.decode_graphs = DecodeGraphRunner(
+                model, self.kv_cache, shape.block_size, shape.num_blocks, shape.max_num_seqs, max_blocks_per_seq,
+                use_graphs,
+            )  # fmt: skip
 
     @torch.inference_mode()
     def execute(self, batch: ScheduledBatch) -> tuple[torch.Tensor, list[Sequence]]:
         """Run one step; returns fp32 logits for the sequences that now need a token, and those sequences."""
+        if not batch.is_prefill and self.decode_graphs is not None:
+            return self.decode_graphs.run(batch.seqs), batch.seqs
         if batch.is_prefill:
             input_ids, positions, attention, logits_rows, sampled = self._prepare_prefill(batch)
         else:

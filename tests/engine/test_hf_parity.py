@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import random
 
+import pytest
+
 from tests.engine.conftest import Checkpoint, LogitRecorder, greedy, make_engine, run_to_completion
 
 TOLERANCE = 1e-4
@@ -29,6 +31,15 @@ def _check_all(checkpoint: Checkpoint, recorder: LogitRecorder, prompts: list[li
 
 def test_batched_greedy_matches_transformers(checkpoint: Checkpoint) -> None:
     engine = make_engine(checkpoint, num_kv_blocks=128)
+    _run_batched_greedy(checkpoint, engine)
+
+
+def test_bucketed_decode_matches_transformers(qwen2: Checkpoint) -> None:
+    # the padded fixed-shape decode path that CUDA graphs replay, run eagerly
+    _run_batched_greedy(qwen2, make_engine(qwen2, num_kv_blocks=128, bucketed_decode=True, max_num_seqs=8))
+
+
+def _run_batched_greedy(checkpoint: Checkpoint, engine) -> None:  # type: ignore[no-untyped-def]
     recorder = LogitRecorder()
     recorder.attach(engine)
     prompts = _prompts(6, seed=1)
@@ -67,9 +78,10 @@ def test_prefix_cache_hits_match_transformers(qwen2: Checkpoint) -> None:
     _check_all(qwen2, recorder, prompts, results)
 
 
-def test_preemption_matches_transformers(qwen2: Checkpoint) -> None:
+@pytest.mark.parametrize("bucketed_decode", [False, True])
+def test_preemption_matches_transformers(qwen2: Checkpoint, bucketed_decode: bool) -> None:
     # 24 blocks of 4 tokens cannot hold 8 sequences of ~30 tokens: decode must preempt
-    engine = make_engine(qwen2, num_kv_blocks=24)
+    engine = make_engine(qwen2, num_kv_blocks=24, bucketed_decode=bucketed_decode)
     recorder = LogitRecorder()
     recorder.attach(engine)
     prompts = _prompts(8, seed=4, min_len=6, max_len=14)
