@@ -1,8 +1,10 @@
 """RL algorithms: trajectory and batch types, advantage estimators, losses, rollout correction, filters."""
 
 from psrl.rl.advantages import (
+    Moments,
     gae_advantages,
     grpo_advantages,
+    local_moments,
     masked_mean,
     masked_whiten,
     reinforce_pp_advantages,
@@ -21,6 +23,7 @@ __all__ = [
     "FinishReason",
     "ImportanceWeights",
     "InvalidTrajectoryError",
+    "Moments",
     "Sample",
     "Trajectory",
     "actor_loss",
@@ -34,6 +37,7 @@ __all__ = [
     "grpo_advantages",
     "has_learning_signal",
     "kl_penalty",
+    "local_moments",
     "masked_mean",
     "masked_whiten",
     "policy_loss",

@@ -12,10 +12,13 @@ Conventions (those of veRL, so results can be compared):
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import Tensor
 
 WHITEN_EPS = 1e-8
+Moments = Callable[[Tensor, Tensor], tuple[Tensor, Tensor]]  # (values, mask) -> (mean, unbiased variance)
 
 
 def token_level_rewards(rewards: Tensor, token_mask: Tensor) -> Tensor:
@@ -31,12 +34,16 @@ def masked_mean(values: Tensor, mask: Tensor) -> Tensor:
     return (values * mask).sum() / mask.sum().clamp(min=1)
 
 
-def masked_whiten(values: Tensor, mask: Tensor) -> Tensor:
-    """Zero mean, unit (unbiased) variance over the masked entries."""
+def local_moments(values: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
+    """(mean, unbiased variance) of the masked entries."""
     mean = masked_mean(values, mask)
-    count = mask.sum()
     centred = (values - mean) * mask
-    var = (centred**2).sum() / (count - 1).clamp(min=1)
+    return mean, (centred**2).sum() / (mask.sum() - 1).clamp(min=1)
+
+
+def masked_whiten(values: Tensor, mask: Tensor, moments: Moments = local_moments) -> Tensor:
+    """Zero mean, unit variance over the masked entries (`moments` may reduce across ranks)."""
+    mean, var = moments(values, mask)
     return (values - mean) * torch.rsqrt(var + WHITEN_EPS)
 
 
@@ -56,7 +63,14 @@ def grpo_advantages(
 
 
 def gae_advantages(
-    token_rewards: Tensor, values: Tensor, token_mask: Tensor, response_mask: Tensor, *, gamma: float, lam: float
+    token_rewards: Tensor,
+    values: Tensor,
+    token_mask: Tensor,
+    response_mask: Tensor,
+    *,
+    gamma: float,
+    lam: float,
+    moments: Moments = local_moments,
 ) -> tuple[Tensor, Tensor]:
     """(whitened advantages, returns), both `[B, R]`."""
     values = values * token_mask
@@ -69,10 +83,12 @@ def gae_advantages(
         last_gae = (delta + gamma * lam * last_gae) * token_mask[:, t]
         advantages[:, t] = last_gae
     returns = advantages + values
-    return masked_whiten(advantages, response_mask) * response_mask, returns
+    return masked_whiten(advantages, response_mask, moments) * response_mask, returns
 
 
-def reinforce_pp_advantages(token_rewards: Tensor, response_mask: Tensor, *, gamma: float) -> tuple[Tensor, Tensor]:
+def reinforce_pp_advantages(
+    token_rewards: Tensor, response_mask: Tensor, *, gamma: float, moments: Moments = local_moments
+) -> tuple[Tensor, Tensor]:
     """(whitened advantages, discounted returns), both `[B, R]`."""
     returns = torch.zeros_like(token_rewards)
     running = torch.zeros(token_rewards.shape[0])
@@ -80,4 +96,4 @@ def reinforce_pp_advantages(token_rewards: Tensor, response_mask: Tensor, *, gam
         running = token_rewards[:, t] + gamma * running
         returns[:, t] = running
         running = running * response_mask[:, t]
-    return masked_whiten(returns, response_mask) * response_mask, returns
+    return masked_whiten(returns, response_mask, moments) * response_mask, returns

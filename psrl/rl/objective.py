@@ -7,7 +7,14 @@ from dataclasses import dataclass
 from torch import Tensor
 
 from psrl.config.training import Algorithm
-from psrl.rl.advantages import gae_advantages, grpo_advantages, reinforce_pp_advantages, token_level_rewards
+from psrl.rl.advantages import (
+    Moments,
+    gae_advantages,
+    grpo_advantages,
+    local_moments,
+    reinforce_pp_advantages,
+    token_level_rewards,
+)
 from psrl.rl.batch import Batch
 from psrl.rl.losses import aggregate, kl_penalty, policy_loss
 
@@ -20,8 +27,14 @@ class Denominators:
     num_seqs: float
 
 
-def compute_advantages(batch: Batch, algorithm: Algorithm) -> tuple[Tensor, Tensor | None]:
-    """(advantages, returns or None) as `[B, R]`; GAE needs `batch.fields["values"]`."""
+def compute_advantages(
+    batch: Batch, algorithm: Algorithm, moments: Moments = local_moments
+) -> tuple[Tensor, Tensor | None]:
+    """(advantages, returns or None) as `[B, R]`; GAE needs `batch.fields["values"]`.
+
+    GRPO needs whole groups in `batch`; GAE and REINFORCE++ whiten over the batch, and `moments`
+    lets a data-parallel caller whiten over every rank's share instead.
+    """
     if algorithm.adv_estimator == "grpo":
         advantages = grpo_advantages(
             batch.rewards, batch.group_index, batch.response_mask, norm_by_std=algorithm.norm_adv_by_std_in_grpo
@@ -31,9 +44,15 @@ def compute_advantages(batch: Batch, algorithm: Algorithm) -> tuple[Tensor, Tens
     if algorithm.adv_estimator == "gae":
         values = batch.fields["values"]
         return gae_advantages(
-            token_rewards, values, batch.token_mask, batch.response_mask, gamma=algorithm.gamma, lam=algorithm.lam
+            token_rewards,
+            values,
+            batch.token_mask,
+            batch.response_mask,
+            gamma=algorithm.gamma,
+            lam=algorithm.lam,
+            moments=moments,
         )
-    return reinforce_pp_advantages(token_rewards, batch.response_mask, gamma=algorithm.gamma)
+    return reinforce_pp_advantages(token_rewards, batch.response_mask, gamma=algorithm.gamma, moments=moments)
 
 
 def actor_loss(
@@ -57,12 +76,10 @@ def actor_loss(
     )
     pg_loss = aggregate(terms.token_losses, mask, mode, **scale)
     loss = pg_loss
-    token_share = float(mask.sum()) / max(denominators.num_tokens, 1.0)
     metrics = {
         "actor/pg_loss": float(pg_loss.detach()),
         "actor/clip_frac": float(aggregate(terms.is_clipped.float(), mask, "token-mean", **scale)),
         "actor/ppo_kl": float(aggregate(terms.approx_kl.detach(), mask, "token-mean", **scale)),
-        "actor/token_share": token_share,
     }
     if entropy is not None:
         entropy_term = aggregate(entropy, mask, mode, **scale)

@@ -1,0 +1,211 @@
+"""Trainer checkpoints: everything needed to resume with the same version numbering, and no pickle.
+
+Layout of `<root>/step_<version:08d>/` (written under a `.tmp` name and renamed when complete, so
+a directory with the final name is always whole):
+
+    policy/                     Hugging Face layout (config.json + safetensors): loadable by the engine
+    policy_optimizer.safetensors + policy_optimizer.json    AdamW state by parameter name
+    critic/ + critic_optimizer.*                            only with a critic
+    rng.safetensors             torch CPU (and CUDA) generator states
+    trainer_state.json          version, Python `random` state, format number
+
+Under data parallelism the full (unsharded) state is gathered to rank 0, which writes; on resume
+every rank reads the files (one host, or a shared filesystem across hosts).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, cast
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import Tensor, nn
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+
+from psrl.errors import PsrlError
+from psrl.trainer.parallel import ParallelContext
+
+FORMAT = 1
+STEP_PREFIX = "step_"
+KEY_SEPARATOR = "::"
+
+
+class CheckpointError(PsrlError):
+    """A checkpoint is missing, incomplete or does not match the model."""
+
+
+@dataclass
+class Trainable:
+    """A model (possibly wrapped for data parallelism), its unwrapped Hugging Face-style module and optimizer."""
+
+    name: str  # "policy" or "critic"
+    model: nn.Module
+    raw: nn.Module
+    optimizer: torch.optim.Optimizer
+
+
+def step_dir(root: Path, version: int) -> Path:
+    return root / f"{STEP_PREFIX}{version:08d}"
+
+
+def latest_checkpoint(root: str | Path) -> Path | None:
+    """The complete checkpoint with the highest version under `root`, if any."""
+    root = Path(root)
+    if not root.is_dir():
+        return None
+    complete = [p for p in root.iterdir() if p.is_dir() and p.name.startswith(STEP_PREFIX) and p.suffix != ".tmp"]
+    return max(complete, key=lambda p: int(p.name.removeprefix(STEP_PREFIX)), default=None)
+
+
+def save_checkpoint(root: str | Path, version: int, trainables: list[Trainable], parallel: ParallelContext) -> Path:
+    """Write the checkpoint of `version`; collective under data parallelism (every rank must call)."""
+    final = step_dir(Path(root), version)
+    staging = final.with_suffix(".tmp")
+    full_options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    states = [(t, _model_state(t, full_options), _optimizer_state(t, full_options)) for t in trainables]
+    if parallel.rank == 0:
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir(parents=True)
+        for trainable, model_state, optimizer_state in states:
+            _write_model(trainable, model_state, staging / trainable.name)
+            _write_optimizer(optimizer_state, staging / f"{trainable.name}_optimizer")
+        _write_trainer_state(staging, version)
+        shutil.rmtree(final, ignore_errors=True)
+        staging.rename(final)
+    parallel.barrier()
+    return final
+
+
+def load_checkpoint(path: str | Path, trainables: list[Trainable]) -> int:
+    """Restore models, optimizers and RNG from `path`; returns the checkpoint's version."""
+    path = Path(path)
+    state = _read_json(path / "trainer_state.json")
+    if state.get("format") != FORMAT:
+        raise CheckpointError(f"{path}: unknown checkpoint format {state.get('format')!r}")
+    for trainable in trainables:
+        _load_model(trainable, path / trainable.name)
+        _load_optimizer(trainable, path / f"{trainable.name}_optimizer")
+    _restore_rng(path, state)
+    return int(state["version"])
+
+
+# ---------------------------------------------------------------- model
+
+
+def _model_state(trainable: Trainable, options: StateDictOptions) -> dict[str, Tensor]:
+    return cast(dict[str, Tensor], get_model_state_dict(trainable.model, options=options))
+
+
+def _write_model(trainable: Trainable, model_state: dict[str, Tensor], directory: Path) -> None:
+    directory.mkdir(parents=True)
+    save = getattr(trainable.raw, "save", None)
+    if save is not None:  # ValueModel: backbone in HF layout + head
+        save(directory, model_state)
+    else:
+        trainable.raw.save_pretrained(str(directory), state_dict=model_state)  # type: ignore[operator]
+
+
+def _load_model(trainable: Trainable, directory: Path) -> None:
+    files = sorted(directory.glob("*.safetensors"))
+    if not files:
+        raise CheckpointError(f"{directory}: no safetensors files")
+    loaded: dict[str, Tensor] = {}
+    for file in files:
+        prefix = "" if trainable.name == "policy" else _critic_prefix(file)
+        loaded.update({prefix + k: v for k, v in load_file(str(file)).items()})
+    expected = set(get_model_state_dict(trainable.model).keys())
+    missing = expected - set(loaded)
+    tied = (
+        {"lm_head.weight"} if getattr(getattr(trainable.raw, "config", None), "tie_word_embeddings", False) else set()
+    )
+    if missing - tied or set(loaded) - expected:
+        raise CheckpointError(f"{directory}: keys differ from the model (missing {sorted(missing - tied)[:5]}, ...)")
+    options = StateDictOptions(full_state_dict=True, strict=not missing)
+    set_model_state_dict(trainable.model, cast(dict[str, Any], loaded), options=options)
+
+
+def _critic_prefix(file: Path) -> str:
+    return "value_head." if file.name.startswith("value_head") else "backbone."
+
+
+# ---------------------------------------------------------------- optimizer
+
+
+def _optimizer_state(trainable: Trainable, options: StateDictOptions) -> dict[str, Any]:
+    return cast(dict[str, Any], get_optimizer_state_dict(trainable.model, trainable.optimizer, options=options))
+
+
+def _write_optimizer(optimizer_state: dict[str, Any], stem: Path) -> None:
+    tensors: dict[str, Tensor] = {}
+    scalars: dict[str, dict[str, Any]] = {}
+    for param_name, entries in optimizer_state.get("state", {}).items():
+        for key, value in entries.items():
+            if isinstance(value, Tensor):
+                tensors[f"{param_name}{KEY_SEPARATOR}{key}"] = value.detach().cpu().contiguous()
+            else:
+                scalars.setdefault(param_name, {})[key] = value
+    save_file(tensors, str(stem.with_suffix(".safetensors")))
+    meta = {"param_groups": optimizer_state.get("param_groups", []), "scalars": scalars}
+    stem.with_suffix(".json").write_text(json.dumps(meta, indent=1))
+
+
+def _load_optimizer(trainable: Trainable, stem: Path) -> None:
+    meta = _read_json(stem.with_suffix(".json"))
+    state: dict[str, dict[str, Any]] = {}
+    for key, tensor in load_file(str(stem.with_suffix(".safetensors"))).items():
+        param_name, entry = key.rsplit(KEY_SEPARATOR, 1)
+        state.setdefault(param_name, {})[entry] = tensor
+    for param_name, entries in meta["scalars"].items():
+        state.setdefault(param_name, {}).update(entries)
+    groups = [{k: tuple(v) if k == "betas" else v for k, v in g.items()} for g in meta["param_groups"]]
+    set_optimizer_state_dict(
+        trainable.model,
+        trainable.optimizer,
+        cast(Any, {"state": state, "param_groups": groups}),
+        options=StateDictOptions(full_state_dict=True),
+    )
+
+
+# ---------------------------------------------------------------- trainer state and RNG
+
+
+def _write_trainer_state(directory: Path, version: int) -> None:
+    rng = {"torch_cpu": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        for index, cuda_state in enumerate(torch.cuda.get_rng_state_all()):
+            rng[f"torch_cuda_{index}"] = cuda_state
+    save_file(rng, str(directory / "rng.safetensors"))
+    version_tuple, internal, gauss = random.getstate()
+    state = {"format": FORMAT, "version": version, "python_random": [version_tuple, list(internal), gauss]}
+    (directory / "trainer_state.json").write_text(json.dumps(state))
+
+
+def _restore_rng(directory: Path, state: dict[str, Any]) -> None:
+    rng = load_file(str(directory / "rng.safetensors"))
+    torch.set_rng_state(rng["torch_cpu"])
+    if torch.cuda.is_available():
+        cuda_states = [rng[k] for k in sorted(rng) if k.startswith("torch_cuda_")]
+        if len(cuda_states) == torch.cuda.device_count():
+            torch.cuda.set_rng_state_all(cuda_states)
+    version_tuple, internal, gauss = state["python_random"]
+    random.setstate((version_tuple, tuple(internal), gauss))
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    if not path.exists():
+        raise CheckpointError(f"{path} is missing: not a complete checkpoint")
+    value = json.loads(path.read_text())
+    if not isinstance(value, dict):
+        raise CheckpointError(f"{path}: expected a JSON object")
+    return value

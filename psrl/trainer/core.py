@@ -1,0 +1,330 @@
+"""The trainer core: consumes staleness buffers (whole, or in chunks as they fill) and produces versions.
+
+The trainer actor wraps one `TrainerCore` per rank and feeds every rank the same trajectories in
+the same order; each rank trains on its share (prompt group `g` of a buffer belongs to rank
+`g % world_size`). After buffer `v` the weights are version `v + 1`, exposed by `named_weights()`
+for the parameter-server push.
+
+Fine-grain overlap (`psrl.fine_grain_overlap`, chunk size from `psrl.overlap.plan_chunks`):
+
+* granularity `none`: `train_buffer(v, trajectories)` with the whole buffer.
+* `overlap_scope=recompute`: `add_chunk(v, chunk, is_last=...)` as chunks arrive. Each chunk's
+  per-sample forwards run at once (in forward units fixed by group order, see `stages.py`); the
+  advantage and every optimizer step run once, after the last chunk, on the whole buffer in arrival
+  order. Parameters are bit-identical to `none` on the same data.
+* `overlap_scope=pre_step`: each chunk is one mini-batch: its forwards (with the weights as they
+  are when the chunk is processed), its advantage and one optimizer step. Only the last chunk's
+  result is push-ready, so the version advances once per buffer and the push is deferred to it.
+  Exact for GRPO (per-group advantages); GAE and REINFORCE++ whiten per chunk (an approximation).
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+import psrl
+from psrl.config import Config
+from psrl.config.rules import pre_step_needs_mini_batch
+from psrl.errors import ConfigError
+from psrl.overlap import plan_chunks
+from psrl.rl.batch import Sample
+from psrl.rl.trajectory import Trajectory
+from psrl.trainer import checkpoint
+from psrl.trainer.checkpoint import Trainable
+from psrl.trainer.metrics import MetricSums, buffer_metrics
+from psrl.trainer.models import load_critic, load_policy, load_reference, pad_token_id, torch_dtype
+from psrl.trainer.parallel import ParallelContext
+from psrl.trainer.stages import ForwardModels, TrainerError, advantage_stage, per_sample_stage
+from psrl.trainer.update import UpdateSettings, actor_step, critic_step, denominators
+
+
+@dataclass(frozen=True)
+class StepResult:
+    buffer_id: int
+    version: int  # the weights' version after this call
+    is_push_ready: bool  # True once per buffer: push `named_weights()` as `version`
+    metrics: dict[str, float]
+
+
+@dataclass
+class _BufferState:
+    buffer_id: int
+    groups: list[list[Trajectory]] = field(default_factory=list)  # every group, arrival order
+    own: list[list[Sample]] = field(default_factory=list)  # this rank's groups
+    num_forwarded: int = 0  # own groups whose per-sample stage ran
+    num_updated: int = 0  # own groups already trained on (pre_step)
+    sums: MetricSums = field(default_factory=MetricSums)
+    seconds: float = 0.0
+
+
+class TrainerCore:
+    """Policy (and critic) training on consumed buffers; one instance per data-parallel rank."""
+
+    def __init__(
+        self, config: Config, *, model_dir: str | Path | None = None, parallel: ParallelContext | None = None
+    ) -> None:
+        _refuse_invalid_overlap(config)
+        self.config = config
+        self.parallel = parallel or ParallelContext()
+        self.version = 0
+        self._buffer: _BufferState | None = None
+        random.seed(config.trainer.seed)
+        torch.manual_seed(config.trainer.seed)
+        directory = resolve_model_dir(config, model_dir)
+        dtype = torch_dtype(config.actor.dtype)
+        device = self.parallel.device
+        self.policy = self._trainable("policy", load_policy(directory, dtype, device), config.actor.lr)
+        self.reference = load_reference(directory, dtype, device) if config.algorithm.kl_loss_coef > 0 else None
+        self.critic = None
+        if config.algorithm.adv_estimator == "gae":
+            self.critic = self._trainable("critic", load_critic(directory, dtype, device), config.critic.lr)
+        self.group_size = config.psrl.rollout_n
+        self.plan = plan_chunks(
+            config.psrl.fine_grain_overlap.granularity,
+            config.psrl.fine_grain_overlap.multiplier,
+            buffer_groups=config.psrl.staleness_buffer_entries,
+            rollout_n=self.group_size,
+            ppo_mini_batch_size=config.actor.ppo_mini_batch_size,
+            ppo_micro_batch_size_per_gpu=config.actor.ppo_micro_batch_size_per_gpu,
+            dp_size=self.parallel.world_size,
+        )
+        self.settings = UpdateSettings(
+            micro_batch_size=config.actor.ppo_micro_batch_size_per_gpu,
+            grad_clip=config.actor.grad_clip,
+            temperature=config.task.temperature,
+            pad_token_id=pad_token_id(self.policy.raw),  # type: ignore[arg-type]
+        )
+        self._check_sizes()
+
+    # ---------------------------------------------------------------- public API
+
+    @property
+    def is_pre_step(self) -> bool:
+        return self.config.psrl.fine_grain_overlap.overlap_scope == "pre_step" and self.plan.effective != "none"
+
+    def train_buffer(self, buffer_id: int, trajectories: Sequence[Trajectory]) -> StepResult:
+        """Train on a whole buffer (under pre_step: its mini-batch chunks one after the other)."""
+        if not self.is_pre_step:
+            result = self.add_chunk(buffer_id, trajectories, is_last=True)
+        else:
+            groups = group_trajectories(trajectories, self.group_size)
+            size = self.plan.chunk_groups
+            chunks = [groups[i : i + size] for i in range(0, len(groups), size)]
+            if not chunks:
+                raise TrainerError(f"buffer {buffer_id} is empty")
+            for index, chunk in enumerate(chunks):
+                result = self.add_chunk(buffer_id, [t for g in chunk for t in g], is_last=index == len(chunks) - 1)
+        if result is None:  # unreachable: the last chunk always returns
+            raise TrainerError(f"buffer {buffer_id} produced no result")
+        return result
+
+    def add_chunk(self, buffer_id: int, trajectories: Sequence[Trajectory], *, is_last: bool) -> StepResult | None:
+        """Feed the next chunk of buffer `buffer_id` (every rank, same data). Returns a result when
+        an optimizer step happened (every pre_step chunk, and the last chunk), else None."""
+        started = time.perf_counter()
+        state = self._state_for(buffer_id)
+        new_groups = group_trajectories(trajectories, self.group_size)
+        self._add_groups(state, new_groups)
+        if self.is_pre_step:
+            if len(new_groups) != self.plan.chunk_groups:
+                raise TrainerError(
+                    f"pre_step trains one mini-batch per chunk: expected {self.plan.chunk_groups} "
+                    f"groups, got {len(new_groups)}"
+                )
+            result: StepResult | None = self._pre_step_chunk(state, len(new_groups), is_last, started)
+        else:
+            self._forward_units(state, is_final=is_last)
+            result = self._finish_buffer(state, started) if is_last else None
+        state.seconds += time.perf_counter() - started
+        return result
+
+    def named_weights(self) -> Iterator[tuple[str, Tensor]]:
+        """The policy's weights as (Hugging Face name, full tensor), tied weights once.
+
+        Under FSDP2 gathering a tensor is a collective: every rank must iterate to the end."""
+        raw = self.policy.raw
+        persistent = set(raw.state_dict().keys())
+        for name, tensor in [*raw.named_parameters(), *raw.named_buffers()]:
+            if name not in persistent:
+                continue
+            full = getattr(tensor, "full_tensor", None)
+            yield name, (full() if full is not None else tensor).detach()
+
+    def save_checkpoint(self, root: str | Path) -> Path:
+        """Write a resumable checkpoint of the current version (collective under data parallelism)."""
+        if self._buffer is not None:
+            raise TrainerError(f"buffer {self._buffer.buffer_id} is half-trained; checkpoint between buffers")
+        return checkpoint.save_checkpoint(root, self.version, self._trainables(), self.parallel)
+
+    def load_checkpoint(self, path: str | Path) -> int:
+        """Resume from `path`: weights, optimizer state, RNG, and the version numbering."""
+        self.version = checkpoint.load_checkpoint(path, self._trainables())
+        self._buffer = None
+        return self.version
+
+    # ---------------------------------------------------------------- buffer bookkeeping
+
+    def _state_for(self, buffer_id: int) -> _BufferState:
+        if self._buffer is None:
+            if buffer_id != self.version:
+                raise TrainerError(
+                    f"the trainer at version {self.version} consumes buffer {self.version}, got {buffer_id}"
+                )
+            self._buffer = _BufferState(buffer_id)
+        elif self._buffer.buffer_id != buffer_id:
+            raise TrainerError(f"buffer {self._buffer.buffer_id} is unfinished; got a chunk of buffer {buffer_id}")
+        return self._buffer
+
+    def _add_groups(self, state: _BufferState, groups: list[list[Trajectory]]) -> None:
+        rank, world = self.parallel.rank, self.parallel.world_size
+        for group in groups:
+            if len(state.groups) % world == rank:
+                state.own.append([Sample(t) for t in group])
+            state.groups.append(group)
+
+    def _forward_units(self, state: _BufferState, *, is_final: bool) -> None:
+        unit = max(1, self.config.actor.ppo_micro_batch_size_per_gpu // self.group_size)
+        while state.num_forwarded < len(state.own):
+            available = len(state.own) - state.num_forwarded
+            if available < unit and not is_final:
+                return
+            groups = state.own[state.num_forwarded : state.num_forwarded + unit]
+            per_sample_stage(
+                [s for g in groups for s in g],
+                self._forward_models(),
+                self.config.algorithm,
+                temperature=self.settings.temperature,
+                pad_token_id=self.settings.pad_token_id,
+                parallel=self.parallel,
+                sums=state.sums,
+            )
+            state.num_forwarded += len(groups)
+
+    # ---------------------------------------------------------------- updates
+
+    def _finish_buffer(self, state: _BufferState, started: float) -> StepResult:
+        if not state.groups or len(state.groups) % self.parallel.world_size:
+            raise TrainerError(f"{len(state.groups)} groups cannot be split over {self.parallel.world_size} ranks")
+        own = [s for g in state.own for s in g]
+        advantage_stage(own, self.config.algorithm, pad_token_id=self.settings.pad_token_id, parallel=self.parallel)
+        mini = self.config.actor.ppo_mini_batch_size
+        own_mini = mini // self.parallel.world_size
+        for _ in range(self.config.actor.ppo_epochs):
+            for start in range(0, len(state.groups), mini):
+                mini_batch = state.own[start // self.parallel.world_size :][:own_mini]
+                everyone = [t for g in state.groups[start : start + mini] for t in g]
+                self._optimizer_steps([s for g in mini_batch for s in g], everyone, state.sums)
+        return self._complete(state, started)
+
+    def _pre_step_chunk(self, state: _BufferState, num_new_groups: int, is_last: bool, started: float) -> StepResult:
+        # The chunk's forwards use the weights as they are now, after the earlier chunks' steps.
+        self._forward_units(state, is_final=True)
+        chunk_own = [s for g in state.own[state.num_updated :] for s in g]
+        advantage_stage(
+            chunk_own, self.config.algorithm, pad_token_id=self.settings.pad_token_id, parallel=self.parallel
+        )
+        everyone = [t for g in state.groups[len(state.groups) - num_new_groups :] for t in g]
+        chunk_sums = MetricSums()
+        self._optimizer_steps(chunk_own, everyone, chunk_sums)
+        state.num_updated = len(state.own)
+        _merge(state.sums, chunk_sums)
+        if is_last:
+            return self._complete(state, started)
+        return StepResult(state.buffer_id, self.version, False, chunk_sums.reduce(self.parallel))
+
+    def _optimizer_steps(self, own: list[Sample], everyone: list[Trajectory], sums: MetricSums) -> None:
+        scale = denominators(everyone)
+        actor_step(self.policy, own, scale, self.config.algorithm, self.settings, self.parallel, sums)
+        if self.critic is not None:
+            critic_step(
+                self.critic,
+                own,
+                scale,
+                self.config.algorithm,
+                self.settings,
+                self.parallel,
+                sums,
+                clip_range=self.config.critic.cliprange_value,
+                vf_coef=self.config.critic.vf_coef,
+            )
+
+    def _complete(self, state: _BufferState, started: float) -> StepResult:
+        seconds = state.seconds + (time.perf_counter() - started)
+        trajectories = [t for g in state.groups for t in g]
+        metrics = buffer_metrics(state.buffer_id, trajectories, self.config.psrl.staleness)
+        metrics.update(state.sums.reduce(self.parallel))
+        num_tokens = sum(len(t.prompt_token_ids) + t.num_response_tokens for t in trajectories)
+        metrics["perf/train_seconds"] = seconds
+        metrics["perf/tokens_per_s"] = num_tokens / max(seconds, 1e-9)
+        self.version += 1
+        metrics["trainer/version"] = float(self.version)
+        self._buffer = None
+        return StepResult(state.buffer_id, self.version, True, metrics)
+
+    # ---------------------------------------------------------------- helpers
+
+    def _trainable(self, name: str, raw: torch.nn.Module, lr: float) -> Trainable:
+        model = self.parallel.wrap(raw, self.config.actor.strategy)
+        optimizer = torch.optim.AdamW(
+            [p for p in model.parameters() if p.requires_grad],
+            lr=lr,
+            betas=self.config.actor.betas,
+            weight_decay=self.config.actor.weight_decay,
+        )
+        return Trainable(name, model, raw, optimizer)
+
+    def _trainables(self) -> list[Trainable]:
+        return [self.policy] + ([self.critic] if self.critic is not None else [])
+
+    def _forward_models(self) -> ForwardModels:
+        critic = self.critic.model if self.critic is not None else None
+        return ForwardModels(self.policy.model, self.reference, critic)
+
+    def _check_sizes(self) -> None:
+        world = self.parallel.world_size
+        if self.config.actor.ppo_mini_batch_size % world:
+            raise TrainerError(
+                f"actor.ppo_mini_batch_size={self.config.actor.ppo_mini_batch_size} prompt groups cannot be split "
+                f"evenly over {world} data-parallel ranks"
+            )
+
+
+def group_trajectories(trajectories: Sequence[Trajectory], group_size: int) -> list[list[Trajectory]]:
+    """Group by prompt id in order of first appearance; every group must have `group_size` members."""
+    groups: dict[int, list[Trajectory]] = {}
+    for t in trajectories:
+        groups.setdefault(t.prompt_id, []).append(t)
+    wrong = {p: len(g) for p, g in groups.items() if len(g) != group_size}
+    if wrong:
+        raise TrainerError(f"prompt groups must have {group_size} trajectories; got {wrong}")
+    return list(groups.values())
+
+
+def resolve_model_dir(config: Config, model_dir: str | Path | None) -> Path:
+    directory = Path(model_dir or config.model.path or Path(psrl.__file__).parent / "assets" / "demo_model")
+    if not (directory / "config.json").exists():
+        raise TrainerError(f"{directory} is not a Hugging Face checkpoint directory (no config.json)")
+    return directory
+
+
+def _refuse_invalid_overlap(config: Config) -> None:
+    problems = list(pre_step_needs_mini_batch(config))
+    if problems:
+        raise ConfigError(problems)
+
+
+def _merge(total: MetricSums, part: MetricSums) -> None:
+    for name, value in part.sums.items():
+        total.sums[name] = total.sums.get(name, 0.0) + value
+        total.counts[name] = total.counts.get(name, 0.0) + part.counts[name]
+    for name, value in part.maxima.items():
+        total.add_max(name, value)
+    for name, value in part.minima.items():
+        total.add_min(name, value)

@@ -1,0 +1,97 @@
+"""Training metrics: what the buffer contained (rewards, lengths, staleness) and what the update did.
+
+All names are flat `group/name` keys with float values, ready for `metrics.jsonl`.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from psrl.rl.trajectory import FinishReason, Trajectory
+from psrl.trainer.parallel import ParallelContext
+
+
+def buffer_metrics(buffer_id: int, trajectories: Sequence[Trajectory], staleness: int) -> dict[str, float]:
+    """Reward, accuracy, length and staleness statistics of one consumed buffer (every rank sees all of it)."""
+    rewards = [t.reward for t in trajectories]
+    lengths = [t.num_response_tokens for t in trajectories]
+    accs = [t.acc for t in trajectories if t.acc is not None]
+    reasons = Counter(t.finish_reason for t in trajectories)
+    num = len(trajectories)
+    metrics = {
+        "reward/mean": sum(rewards) / num,
+        "reward/max": max(rewards),
+        "reward/min": min(rewards),
+        "response_length/mean": sum(lengths) / num,
+        "response_length/max": float(max(lengths)),
+        "response_length/clip_frac": reasons[FinishReason.LENGTH] / num,
+        "response_length/truncated_frac": reasons[FinishReason.TRUNCATED] / num,
+        "buffer/num_trajectories": float(num),
+        "buffer/num_groups": float(len({t.prompt_id for t in trajectories})),
+    }
+    if accs:
+        metrics["acc/mean"] = sum(accs) / len(accs)
+    metrics.update(staleness_metrics(buffer_id, trajectories, staleness))
+    return metrics
+
+
+def staleness_metrics(buffer_id: int, trajectories: Sequence[Trajectory], staleness: int) -> dict[str, float]:
+    """Histogram of `buffer_id - V_traj` per trajectory, per-token staleness, and bound violations."""
+    histogram = Counter(buffer_id - t.version for t in trajectories)
+    violations = sum(n for s, n in histogram.items() if not 0 <= s <= staleness)
+    token_staleness = [buffer_id - v for t in trajectories for v in t.token_versions]
+    metrics = {f"staleness/hist/{s}": float(n) for s, n in sorted(histogram.items())}
+    metrics["staleness/mean"] = sum(s * n for s, n in histogram.items()) / len(trajectories)
+    metrics["staleness/max"] = float(max(histogram))
+    metrics["staleness/bound_violations"] = float(violations)
+    if token_staleness:
+        metrics["staleness/token_mean"] = sum(token_staleness) / len(token_staleness)
+    return metrics
+
+
+@dataclass
+class MetricSums:
+    """Per-rank sums, maxima and minima that become means after a cross-rank reduction."""
+
+    sums: dict[str, float] = field(default_factory=dict)
+    counts: dict[str, float] = field(default_factory=dict)
+    maxima: dict[str, float] = field(default_factory=dict)
+    minima: dict[str, float] = field(default_factory=dict)
+
+    def add(self, name: str, value: float, weight: float = 1.0) -> None:
+        self.sums[name] = self.sums.get(name, 0.0) + value * weight
+        self.counts[name] = self.counts.get(name, 0.0) + weight
+
+    def add_share(self, name: str, value: float, share: float) -> None:
+        """Add this rank's contribution to one value that is a sum over ranks; `share` = 1 / world_size."""
+        self.sums[name] = self.sums.get(name, 0.0) + value
+        self.counts[name] = self.counts.get(name, 0.0) + share
+
+    def add_max(self, name: str, value: float) -> None:
+        self.maxima[name] = max(self.maxima.get(name, value), value)
+
+    def add_min(self, name: str, value: float) -> None:
+        self.minima[name] = min(self.minima.get(name, value), value)
+
+    def reduce(self, parallel: ParallelContext) -> dict[str, float]:
+        sums = parallel.sum_floats(
+            {**{f"s:{k}": v for k, v in self.sums.items()}, **{f"c:{k}": v for k, v in self.counts.items()}}
+        )
+        out = {k: sums[f"s:{k}"] / max(sums[f"c:{k}"], 1e-12) for k in self.sums}
+        out.update(_reduce_extreme(self.maxima, parallel, is_max=True))
+        out.update(_reduce_extreme(self.minima, parallel, is_max=False))
+        return out
+
+
+def _reduce_extreme(values: dict[str, float], parallel: ParallelContext, *, is_max: bool) -> dict[str, float]:
+    if not parallel.is_distributed or not values:
+        return dict(values)
+    keys = sorted(values)
+    tensor = torch.tensor([values[k] for k in keys], dtype=torch.float64, device=parallel.device)
+    op = torch.distributed.ReduceOp.MAX if is_max else torch.distributed.ReduceOp.MIN
+    torch.distributed.all_reduce(tensor, op=op)
+    return dict(zip(keys, tensor.tolist(), strict=True))

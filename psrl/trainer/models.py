@@ -1,0 +1,88 @@
+"""The trainer's models: the policy, a frozen reference, and the critic.
+
+All load a Hugging Face checkpoint directory (config.json + safetensors) with transformers.
+
+Critic choice: a *second model* with the policy's architecture (the backbone, `AutoModel`, loaded
+from the same checkpoint) plus a zero-initialised scalar head, so the first values are exactly 0
+and the critic's optimisation never perturbs the policy. Sharing the policy backbone would halve
+memory but couples the two losses; separate models keep `vf_coef` and `critic.lr` independent.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import Tensor, nn
+from transformers import AutoModel, AutoModelForCausalLM, PreTrainedModel
+
+VALUE_HEAD_FILE = "value_head.safetensors"
+
+
+def load_policy(model_dir: str | Path, dtype: torch.dtype, device: torch.device) -> PreTrainedModel:
+    model: PreTrainedModel = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype)
+    module: nn.Module = model
+    module.to(device)
+    module.train(False)  # no dropout: log-probs must be those of the deterministic policy
+    return model
+
+
+def load_reference(model_dir: str | Path, dtype: torch.dtype, device: torch.device) -> PreTrainedModel:
+    model = load_policy(model_dir, dtype, device)
+    model.requires_grad_(False)
+    return model
+
+
+class ValueModel(nn.Module):
+    """A transformer backbone and a linear value head: one value per position."""
+
+    def __init__(self, backbone: PreTrainedModel) -> None:
+        super().__init__()
+        self.backbone = backbone
+        hidden = int(backbone.config.hidden_size)
+        self.value_head = nn.Linear(hidden, 1, dtype=next(backbone.parameters()).dtype)
+        nn.init.zeros_(self.value_head.weight)
+        nn.init.zeros_(self.value_head.bias)
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor) -> Tensor:
+        hidden = self.backbone(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
+        ).last_hidden_state
+        values: Tensor = self.value_head(hidden).squeeze(-1).float()
+        return values
+
+    def save(self, directory: Path, state_dict: dict[str, Tensor]) -> None:
+        """Write the backbone in Hugging Face layout and the head next to it."""
+        backbone_state = {k.removeprefix("backbone."): v for k, v in state_dict.items() if k.startswith("backbone.")}
+        head_state = {
+            k.removeprefix("value_head."): v.contiguous() for k, v in state_dict.items() if k.startswith("value_head.")
+        }
+        self.backbone.save_pretrained(str(directory), state_dict=backbone_state)
+        save_file(head_state, str(directory / VALUE_HEAD_FILE))
+
+
+def load_critic(model_dir: str | Path, dtype: torch.dtype, device: torch.device) -> ValueModel:
+    """A critic from a policy checkpoint (fresh head) or from a saved critic (with its head)."""
+    backbone = AutoModel.from_pretrained(str(model_dir), dtype=dtype)
+    critic = ValueModel(backbone)
+    head_path = Path(model_dir) / VALUE_HEAD_FILE
+    if head_path.exists():
+        critic.value_head.load_state_dict(load_file(str(head_path)))
+    critic.to(device)
+    critic.eval()
+    return critic
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16}[name]
+
+
+def pad_token_id(model: PreTrainedModel) -> int:
+    """Padding id for batches: the config's pad token, else EOS, else 0 (padding is always masked out)."""
+    for candidate in (model.config.pad_token_id, model.config.eos_token_id):
+        if isinstance(candidate, int):
+            return candidate
+        if isinstance(candidate, list) and candidate:
+            return int(candidate[0])
+    return 0

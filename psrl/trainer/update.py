@@ -1,0 +1,134 @@
+"""One optimizer step per mini-batch, accumulated over micro-batches, for the actor and the critic.
+
+Losses are normalised by the *whole* mini-batch's trained tokens / sequences (every rank knows
+them, since every rank receives the full buffer), so the accumulated gradient equals that of one
+batch with the mini-batch's data, whatever the micro-batch size or the number of ranks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from psrl.config.training import Algorithm
+from psrl.rl.batch import Batch, Sample, collate
+from psrl.rl.losses import aggregate, value_loss
+from psrl.rl.objective import Denominators, actor_loss
+from psrl.rl.trajectory import Trajectory
+from psrl.trainer.checkpoint import Trainable
+from psrl.trainer.forward import response_log_probs, response_values
+from psrl.trainer.metrics import MetricSums
+from psrl.trainer.parallel import ParallelContext
+
+
+@dataclass(frozen=True)
+class UpdateSettings:
+    micro_batch_size: int  # samples per forward/backward on one rank
+    grad_clip: float  # 0 = no clipping
+    temperature: float
+    pad_token_id: int
+
+
+def denominators(trajectories: Sequence[Trajectory]) -> Denominators:
+    """Trained tokens and sequences of a whole mini-batch (every rank's share)."""
+    return Denominators(
+        num_tokens=float(sum(t.num_trained_tokens for t in trajectories)), num_seqs=float(len(trajectories))
+    )
+
+
+def micro_batches(samples: Sequence[Sample], size: int) -> list[list[Sample]]:
+    return [list(samples[i : i + size]) for i in range(0, len(samples), size)]
+
+
+def actor_step(
+    policy: Trainable,
+    own: Sequence[Sample],
+    scale: Denominators,
+    algorithm: Algorithm,
+    settings: UpdateSettings,
+    parallel: ParallelContext,
+    sums: MetricSums,
+) -> None:
+    """One optimizer step of the policy on this rank's share of a mini-batch."""
+    policy.optimizer.zero_grad(set_to_none=True)
+    parts = micro_batches(own, settings.micro_batch_size)
+    contributions: dict[str, float] = {}
+    for index, part in enumerate(parts):
+        batch = collate(part, settings.pad_token_id).to(parallel.device)
+        with parallel.gradient_sync(policy.model, enabled=index == len(parts) - 1):
+            log_probs, entropy = response_log_probs(
+                policy.model, batch, temperature=settings.temperature, with_entropy=True
+            )
+            loss, metrics = actor_loss(log_probs, entropy, batch, algorithm, scale)
+            _backward(loss * parallel.loss_scale)
+        for name, value in metrics.items():
+            contributions[name] = contributions.get(name, 0.0) + value
+    for name, value in contributions.items():
+        sums.add_share(name, value, 1.0 / parallel.world_size)
+    _finish_step(policy, settings.grad_clip, sums, "actor")
+
+
+def critic_step(
+    critic: Trainable,
+    own: Sequence[Sample],
+    scale: Denominators,
+    algorithm: Algorithm,
+    settings: UpdateSettings,
+    parallel: ParallelContext,
+    sums: MetricSums,
+    *,
+    clip_range: float,
+    vf_coef: float,
+) -> None:
+    """One optimizer step of the critic on this rank's share of a mini-batch."""
+    critic.optimizer.zero_grad(set_to_none=True)
+    parts = micro_batches(own, settings.micro_batch_size)
+    contributions: dict[str, float] = {}
+    for index, part in enumerate(parts):
+        batch = collate(part, settings.pad_token_id).to(parallel.device)
+        with parallel.gradient_sync(critic.model, enabled=index == len(parts) - 1):
+            values = response_values(critic.model, batch)
+            losses, is_clipped = value_loss(
+                values, batch.fields["values"], batch.fields["returns"], clip_range=clip_range
+            )
+            loss = vf_coef * aggregate(losses, batch.response_mask, algorithm.loss_agg_mode, **_scale(scale))
+            _backward(loss * parallel.loss_scale)
+        for name, value in (
+            ("critic/vf_loss", float(loss.detach()) / vf_coef),
+            ("critic/vf_clip_frac", _token_share(is_clipped.float(), batch, scale)),
+            ("critic/values_mean", _token_share(values.detach(), batch, scale)),
+        ):
+            contributions[name] = contributions.get(name, 0.0) + value
+    for name, value in contributions.items():
+        sums.add_share(name, value, 1.0 / parallel.world_size)
+    _finish_step(critic, settings.grad_clip, sums, "critic")
+
+
+def _finish_step(trainable: Trainable, grad_clip: float, sums: MetricSums, prefix: str) -> None:
+    params = [p for p in trainable.model.parameters() if p.requires_grad]
+    max_norm = grad_clip if grad_clip > 0 else float("inf")
+    grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+    norm = _to_float(grad_norm)
+    sums.add(f"{prefix}/grad_norm", norm)
+    sums.add(f"{prefix}/lr", float(trainable.optimizer.param_groups[0]["lr"]))
+    trainable.optimizer.step()
+
+
+def _scale(scale: Denominators) -> dict[str, float]:
+    return {"num_tokens": scale.num_tokens, "num_seqs": scale.num_seqs}
+
+
+def _token_share(values: Tensor, batch: Batch, scale: Denominators) -> float:
+    return float(aggregate(values, batch.response_mask, "token-mean", num_tokens=scale.num_tokens))
+
+
+def _to_float(value: Tensor) -> float:
+    full = getattr(value, "full_tensor", None)
+    return float(full() if full is not None else value)
+
+
+def _backward(loss: Tensor) -> None:
+    torch.autograd.backward([loss])
