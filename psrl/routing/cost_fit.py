@@ -18,6 +18,7 @@ import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -53,6 +54,26 @@ class FitReport:
             f"samples={self.num_samples} rmse={self.rmse_s * 1e3:.3f} ms mape={self.mean_abs_pct_error * 100:.2f}% "
             f"r2={self.r2:.4f} breakpoint n*={self.breakpoint:.1f}{'' if self.is_kink_observed else ' (extrapolated)'}"
         )
+
+
+def save_samples(samples: Sequence[ProfileSample], path: str | Path) -> None:
+    """Write profiled steps as JSON lines ``[num_running, kv_tokens, step_time_s, num_prefill_tokens]``."""
+    encoder = msgspec.json.Encoder()
+    Path(path).write_bytes(b"".join(encoder.encode(s) + b"\n" for s in samples))
+
+
+def load_samples(path: str | Path) -> list[ProfileSample]:
+    """Read profiled steps written by ``save_samples``; raises CostModelError naming the bad line."""
+    decoder = msgspec.json.Decoder(ProfileSample)
+    samples = []
+    for number, line in enumerate(Path(path).read_bytes().splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            samples.append(decoder.decode(line))
+        except msgspec.DecodeError as exc:
+            raise CostModelError(f"{path}:{number}: not a profiled step ({exc})") from exc
+    return samples
 
 
 def fit_cost_model(samples: Sequence[ProfileSample], meta: dict[str, Any] | None = None) -> FitReport:

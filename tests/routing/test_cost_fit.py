@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from psrl.routing.cost_fit import ProfileSample, fit_cost_model
+from psrl.routing.cost_fit import ProfileSample, fit_cost_model, load_samples, save_samples
 from psrl.routing.cost_model import CostModel, CostModelError, load_cost_model
 
 TRUE = CostModel(3.35e-8, 0.0064, 1.231e-4, 0.0028, kp=2.0e-5)  # kink at n* = 52
@@ -90,3 +90,13 @@ def test_json_round_trip_and_validation(tmp_path) -> None:
 def test_marginal_gains_match_the_scalar_formula() -> None:
     loads = [(0, 0.0), (10, 5_000.0), (52, 60_000.0), (200, 300_000.0)]
     assert TRUE.marginal_gains(loads, 700) == pytest.approx([TRUE.marginal_gain(n, kv, 700) for n, kv in loads])
+
+
+def test_profiled_steps_round_trip_through_json_lines(tmp_path) -> None:
+    samples = [*profile(TRUE, [1, 16]), ProfileSample(4, 100.0, 0.02, 512)]
+    path = tmp_path / "steps.jsonl"
+    save_samples(samples, path)
+    assert load_samples(path) == samples
+    path.write_text(path.read_text() + '["four", 1, 1]\n')
+    with pytest.raises(CostModelError, match=r"steps.jsonl:10"):
+        load_samples(path)

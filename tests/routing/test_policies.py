@@ -172,6 +172,19 @@ class TestCacheAware:
         decision = core.decide(request(3, token_ids=prompt_tokens(1)))
         assert decision.detail != "cache_hit"
 
+    def test_tree_eviction_is_paced_by_the_event_clock_and_bounds_each_instance(self) -> None:
+        core = make_core(
+            "cache_aware", versions=(0,), cache_aware_policy={"max_tree_size": 200, "eviction_interval_secs": 60}
+        )
+        route(core, *[request(k, k, token_ids=prompt_tokens(k)) for k in range(10)], now=0.0)
+        assert core.tree.tenant_tokens("i0") == 640  # evicted at t=0 before these were added
+        route(core, request(50, 50, token_ids=prompt_tokens(50)), now=30.0)
+        assert core.tree.tenant_tokens("i0") == 704  # within the interval: no eviction yet
+        route(core, request(51, 51, token_ids=prompt_tokens(51)), now=61.0)
+        assert core.tree.tenant_tokens("i0") == 192 + 64  # trimmed to <= 200, then request 51 added
+        assert core.tree.match(prompt_tokens(51)) == {"i0": 64}  # the newest prefixes survive
+        assert core.tree.match(prompt_tokens(0)) == {}
+
     def test_match_ratio_threshold(self) -> None:
         core = make_core("cache_aware", versions=(0, 0), cache_aware_policy={"cache_threshold": 0.5})
         shared = tuple(range(40))
