@@ -4,10 +4,19 @@ from __future__ import annotations
 
 import math
 
-from coordination_helpers import inputs, inst, strategy
+import msgspec
+from coordination_helpers import COST, inputs, inst, strategy
 
 from psrl.config.coordination import MigrationStrategy
-from psrl.coordination import SyncPolicy, decide_migration, decide_tick, safe_ratio, starved_instances
+from psrl.coordination import (
+    CoordinationInputs,
+    SyncPolicy,
+    TickDecision,
+    decide_migration,
+    decide_tick,
+    safe_ratio,
+    starved_instances,
+)
 
 
 def mig(**fields: object) -> MigrationStrategy:
@@ -96,3 +105,24 @@ class TestTick:
             inputs(0, inst("s", 0), inst("a", 0, running=50), inst("b", 0, is_syncing=True)), policy, settings
         )
         assert mid_sync.migration is None
+
+
+def test_a_recorded_tick_replays_to_the_same_decision() -> None:
+    settings = strategy(
+        sync={"indicator": "hypothesis_test"}, mig={"enable": True, "threshold": 2.0, "stop_threshold": 1.0}
+    )
+    policy = SyncPolicy(settings, partial_rollout=True, cost_model=COST)
+    tick = inputs(
+        1,
+        inst("a", 0, running=30, kv_tokens=9000, response_tokens=3000),
+        inst("b", 1, report_version=1),
+        inst("c", 1, report_version=1, running=12),
+        servable={0: (0, 0), 1: (0, 200)},
+        mean_prompt_tokens=200,
+        mean_response_tokens=1000,
+    )
+    decision = decide_tick(tick, policy, settings)
+    wire_inputs = msgspec.msgpack.decode(msgspec.msgpack.encode(tick), type=CoordinationInputs)
+    wire_decision = msgspec.msgpack.decode(msgspec.msgpack.encode(decision), type=TickDecision)
+    assert decide_tick(wire_inputs, policy, settings) == wire_decision == decision
+    assert decision.sync.instance_ids == ("a",) and decision.migration is None
