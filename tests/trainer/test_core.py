@@ -13,7 +13,7 @@ from psrl.rl import Sample, Trajectory
 from psrl.trainer import TrainerCore, TrainerError, latest_checkpoint
 from psrl.trainer import core as core_module
 
-from .conftest import make_buffer, trainer_config
+from .trainer_helpers import make_buffer, trainer_config
 
 
 def weights(core: TrainerCore) -> dict[str, torch.Tensor]:
