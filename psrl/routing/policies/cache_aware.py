@@ -52,51 +52,43 @@ class CacheAwareRoutingPolicy:
         if self._is_imbalanced(inputs, groups):
             choice = least_loaded(inputs, groups)
             return Choice(choice.index, choice.group, choice.score, "shortest_queue")
-        scores = self._scores(inputs, groups)  # only candidates with some overlap
-        if scores:
-            best_score = max(scores.values())
-            group, index = _break_tie(inputs, [gi for gi, score in scores.items() if score == best_score])
-            instance_id = inputs.candidates[index].instance_id
-            if best_score > 0 and self._hit_ratio(inputs, instance_id) > self.settings.cache_threshold:
-                return Choice(index, group, best_score, "cache_hit")
+        cands, trees = inputs.candidates, inputs.tree_tokens
+        flat = flatten(groups)
+        ids = [cands[i].instance_id for _, i in flat]
+        scores = self._scores(inputs, ids)
+        # (-score, load, tree, group, index): best overlap, then lower load, then smaller tree
+        keys = [
+            (-score, cands[i].num_inflight, trees.get(iid, 0), g, i)
+            for score, iid, (g, i) in zip(scores, ids, flat, strict=True)
+        ]
+        best = min(keys)
+        if best[0] < 0 and self._hit_ratio(inputs, cands[best[4]].instance_id) > self.settings.cache_threshold:
+            return Choice(best[4], best[3], -best[0], "cache_hit")
         if self.multi_tier:
-            choice = least_loaded(inputs, groups)
-            return Choice(choice.index, choice.group, 0.0, "least_load")
-        return self._smallest_tree(inputs, flatten(groups))
+            _, _, _, group, index = min(keys, key=lambda k: k[1:])
+            return Choice(index, group, 0.0, "least_load")
+        _, _, _, group, index = min(keys, key=lambda k: (k[2], k[1], k[3], k[4]))
+        return Choice(index, group, 0.0, "smallest_tree")
 
-    def _scores(self, inputs: DecisionInputs, groups: Groups) -> dict[tuple[int, int], float]:
-        """(group, index) -> overlap score, for admitted candidates that overlap at all.
-
-        cache_aware scores matched tokens; v1 scores weighted whole blocks.
-        """
-        cands, gpu, offload = inputs.candidates, inputs.gpu_match_tokens, inputs.offload_match_tokens
+    def _scores(self, inputs: DecisionInputs, instance_ids: list[str]) -> list[float]:
+        """Overlap score per candidate: matched tokens (cache_aware) or weighted whole blocks (v1)."""
+        gpu, offload = inputs.gpu_match_tokens, inputs.offload_match_tokens
+        if not self.multi_tier:
+            return [float(gpu.get(iid, 0)) for iid in instance_ids]
         s, block = self.settings, max(1, self.settings.block_size)
-        if not self.multi_tier or not offload:
-            weight = s.gpu_overlap_weight if self.multi_tier else 1.0
-            size = block if self.multi_tier else 1  # v1 counts whole blocks, cache_aware tokens
-            hits = [((g, i), gpu.get(cands[i].instance_id, 0)) for g, group in enumerate(groups) for i in group]
-            return {where: weight * (tokens // size) for where, tokens in hits if tokens}
-        position = {cands[i].instance_id: (g, i) for g, group in enumerate(groups) for i in group}
-        scores: dict[tuple[int, int], float] = {}
-        for instance_id in [*gpu, *(k for k in offload if k not in gpu)]:
-            where = position.get(instance_id)
-            if where is None:
-                continue  # not an admitted candidate
-            gpu_blocks = gpu.get(instance_id, 0) // block
-            offload_blocks = max(0, offload.get(instance_id, 0) // block - gpu_blocks)
-            scores[where] = s.gpu_overlap_weight * gpu_blocks + s.lmcache_overlap_weight * offload_blocks
-        return scores
+        gpu_blocks = [gpu.get(iid, 0) // block for iid in instance_ids]
+        if not offload:
+            return [s.gpu_overlap_weight * blocks for blocks in gpu_blocks]
+        return [
+            s.gpu_overlap_weight * blocks + s.lmcache_overlap_weight * max(0, offload.get(iid, 0) // block - blocks)
+            for iid, blocks in zip(instance_ids, gpu_blocks, strict=True)
+        ]
 
     def _hit_ratio(self, inputs: DecisionInputs, instance_id: str) -> float:
         hit = inputs.gpu_match_tokens.get(instance_id, 0)
         if self.multi_tier:
             hit = max(hit, inputs.offload_match_tokens.get(instance_id, 0))
         return hit / max(1, len(inputs.request.token_ids))
-
-    def _smallest_tree(self, inputs: DecisionInputs, flat: list[tuple[int, int]]) -> Choice:
-        cands, trees = inputs.candidates, inputs.tree_tokens
-        group, index = min(flat, key=lambda gi: (trees.get(cands[gi[1]].instance_id, 0), cands[gi[1]].num_inflight, gi))
-        return Choice(index, group, 0.0, "smallest_tree")
 
     def _is_imbalanced(self, inputs: DecisionInputs, groups: Groups) -> bool:
         s, cands = self.settings, inputs.candidates
@@ -108,15 +100,3 @@ class CacheAwareRoutingPolicy:
         loads = [cands[i].num_inflight for group in groups for i in group]
         high, low = max(loads), min(loads)
         return high - low > s.balance_abs_threshold and high > s.balance_rel_threshold * low
-
-
-def _break_tie(inputs: DecisionInputs, tied: list[tuple[int, int]]) -> tuple[int, int]:
-    """Among equally scored (group, index) pairs: lowest load, then smallest tree, then priority order."""
-    cands = inputs.candidates
-    loads = [cands[i].num_inflight for _, i in tied]
-    lowest = min(loads)
-    tied = [gi for gi, load in zip(tied, loads, strict=True) if load == lowest]
-    if len(tied) == 1:
-        return tied[0]
-    trees = inputs.tree_tokens
-    return min(tied, key=lambda gi: (trees.get(cands[gi[1]].instance_id, 0), gi))
