@@ -11,7 +11,7 @@ each instance since its KV cache was last cleared).
 * ``cache_aware_v1``: score = ``gpu_overlap_weight * gpu_blocks + lmcache_overlap_weight *
   offload_blocks`` in whole KV blocks, where offload blocks are those the offloaded tier holds
   beyond the GPU match. Ties go to the lower load, then the smaller tree. With no qualifying
-  hit it falls back to the least loaded instance. It also refuses an instance whose KV would
+  hit it falls back to the least loaded instance (ties: smaller tree). It also refuses an instance whose KV would
   exceed ``kv_capacity_threshold`` x its capacity with this request.
 
 An instance whose KV usage reaches ``overload_token_usage_threshold`` (< 1) is not admitted.
