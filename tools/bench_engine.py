@@ -3,12 +3,14 @@
 For each batch size, both generate exactly --gen-len tokens per sequence (sampling at temperature
 1, no top-k/top-p; the engine uses min_tokens/ignore_eos, transformers min_new_tokens) from the
 same random prompts of --prompt-len tokens. Tokens/s counts generated tokens over the whole call
-(prefill included). On CUDA it also reports the fraction of the weights-only memory-bandwidth
-roofline (every decode step reads all weights once: tok/s <= batch * bandwidth / weight bytes).
+(prefill included); each figure is the median of --repeats runs, contenders interleaved. On CUDA
+it also reports the fraction of the weights-only memory-bandwidth roofline (every decode step
+reads all weights once, so tok/s <= batch * bandwidth / weight bytes), and with --compare-eager
+the engine without CUDA graphs.
 
     .venv/bin/python tools/bench_engine.py                       # the demo model, CPU
-    .venv/bin/python tools/bench_engine.py --model models/smollm2-135m --gen-len 64
-    python tools/bench_engine.py --random-init qwen2.5-0.5b --device cuda --dtype bfloat16
+    .venv/bin/python tools/bench_engine.py --model ~/.cache/psrl/models/SmolLM2-135M-Instruct
+    python tools/bench_engine.py --random-init qwen2.5-0.5b --device cuda --dtype bfloat16 --compare-eager
 
 The last line is `RESULT engine_vs_hf_b32=<ratio> ...`.
 """
@@ -41,6 +43,17 @@ RANDOM_INIT_SHAPES = {
         rope_theta=1000000.0,
         tie_word_embeddings=True,
     ),
+    # for a quick end-to-end check of this script
+    "qwen2-tiny": dict(
+        vocab_size=512,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+        tie_word_embeddings=True,
+    ),
 }
 
 
@@ -50,11 +63,13 @@ def load_reference(args: argparse.Namespace, model_dir: Path) -> PreTrainedModel
         torch.manual_seed(0)
         config = Qwen2Config(**RANDOM_INIT_SHAPES[args.random_init], eos_token_id=None)
         config.save_pretrained(model_dir)
-        return AutoModelForCausalLM.from_config(config, dtype=dtype).to(args.device).eval()
+        return AutoModelForCausalLM.from_config(config).to(device=args.device, dtype=dtype).eval()
     return AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(args.device).eval()
 
 
-def make_engine(args: argparse.Namespace, model_dir: Path, reference: PreTrainedModel, batch: int) -> Engine:
+def make_engine(
+    args: argparse.Namespace, model_dir: Path, reference: PreTrainedModel, batch: int, cuda_graphs: bool = True
+) -> Engine:
     block_size = 16
     max_len = args.prompt_len + args.gen_len
     engine_args = EngineArgs(
@@ -63,9 +78,10 @@ def make_engine(args: argparse.Namespace, model_dir: Path, reference: PreTrained
         device=args.device,
         block_size=block_size,
         num_kv_blocks=batch * ((max_len + block_size - 1) // block_size) + 8,
-        max_num_seqs=max(batch, 1),
+        max_num_seqs=batch,
         max_num_batched_tokens=max(2048, args.prompt_len),
         enable_prefix_caching=False,
+        cuda_graphs=cuda_graphs,
     )
     return Engine(engine_args, weights=reference.state_dict())
 
@@ -107,24 +123,51 @@ def timed(function: Callable[[], int], device: str) -> float:
     return num_tokens / (time.perf_counter() - started)
 
 
-def bench_batch(
-    args: argparse.Namespace, model_dir: Path, reference: PreTrainedModel, batch: int
-) -> tuple[float, float]:
+def bench_batch(args: argparse.Namespace, model_dir: Path, reference: PreTrainedModel, batch: int) -> dict[str, float]:
+    """Median tokens/s of each contender: engine, hf and, with --compare-eager on CUDA, engine_eager."""
     rng = random.Random(batch)
     vocab = reference.config.vocab_size
     prompts = [[rng.randrange(1, vocab) for _ in range(args.prompt_len)] for _ in range(batch)]
+    contenders: dict[str, Callable[[], int]] = {}
     engine = make_engine(args, model_dir, reference, batch)
-    run_engine(engine, prompts[:1], 4)  # warm-up
-    run_hf(reference, prompts[:1], 4, args.device)
-    engine_rates, hf_rates = [], []
+    contenders["engine"] = lambda: run_engine(engine, prompts, args.gen_len)
+    if args.compare_eager and args.device == "cuda":
+        eager = make_engine(args, model_dir, reference, batch, cuda_graphs=False)
+        contenders["engine_eager"] = lambda: run_engine(eager, prompts, args.gen_len)
+    contenders["hf"] = lambda: run_hf(reference, prompts, args.gen_len, args.device)
+    for run in contenders.values():  # warm-up: first calls, and graph captures for the shapes used
+        run()
+    rates: dict[str, list[float]] = {name: [] for name in contenders}
     for _ in range(args.repeats):
-        engine_rates.append(timed(lambda: run_engine(engine, prompts, args.gen_len), args.device))
-        hf_rates.append(timed(lambda: run_hf(reference, prompts, args.gen_len, args.device), args.device))
-    return statistics.median(engine_rates), statistics.median(hf_rates)
+        for name, run in contenders.items():
+            rates[name].append(timed(run, args.device))
+    return {name: statistics.median(values) for name, values in rates.items()}
 
 
 def weight_bytes(model: PreTrainedModel) -> int:
     return sum(p.numel() * p.element_size() for p in model.parameters())
+
+
+def report(args: argparse.Namespace, rows: list[tuple[int, dict[str, float]]], num_weight_bytes: int) -> None:
+    name = args.random_init or args.model.name
+    print(f"model={name} device={args.device} dtype={args.dtype} threads={args.threads} "
+          f"prompt_len={args.prompt_len} gen_len={args.gen_len} repeats={args.repeats} (median tok/s)")  # fmt: skip
+    contenders = list(rows[0][1])
+    columns = [*contenders, "engine/hf"] + (["roofline"] if args.device == "cuda" else [])
+    print(f"{'batch':>5} " + " ".join(f"{column:>13}" for column in columns))
+    fields: list[str] = []
+    for batch, rates in rows:
+        ratio = rates["engine"] / rates["hf"]
+        cells = [f"{rates[c]:>13.1f}" for c in contenders] + [f"{ratio:>13.2f}"]
+        fields.append(f"engine_vs_hf_b{batch}={ratio:.2f}")
+        fields += [f"{c}_tok_s_b{batch}={rates[c]:.1f}" for c in contenders]
+        if args.device == "cuda":
+            fraction = rates["engine"] / (batch * args.bandwidth_tb_s * 1e12 / num_weight_bytes)
+            cells.append(f"{fraction:>13.3f}")
+            fields.append(f"roofline_fraction_b{batch}={fraction:.3f}")
+        print(f"{batch:>5} " + " ".join(cells))
+    key = [field for field in fields if field.startswith("engine_vs_hf_b32=")]
+    print("RESULT " + " ".join(key + [field for field in fields if field not in key]))
 
 
 def main() -> None:
@@ -139,34 +182,14 @@ def main() -> None:
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--bandwidth-tb-s", type=float, default=4.0, help="HBM bandwidth for the roofline (CUDA)")
+    parser.add_argument("--compare-eager", action="store_true", help="CUDA: also time the engine without graphs")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as scratch:
         model_dir = Path(scratch) if args.random_init else args.model
         reference = load_reference(args, model_dir)
-        rows = [(batch, *bench_batch(args, model_dir, reference, batch)) for batch in map(int, args.batches.split(","))]
+        rows = [(batch, bench_batch(args, model_dir, reference, batch)) for batch in map(int, args.batches.split(","))]
         report(args, rows, weight_bytes(reference))
-
-
-def report(args: argparse.Namespace, rows: list[tuple[int, float, float]], num_weight_bytes: int) -> None:
-    name = args.random_init or args.model.name
-    print(f"model={name} device={args.device} dtype={args.dtype} threads={args.threads} "
-          f"prompt_len={args.prompt_len} gen_len={args.gen_len} repeats={args.repeats} (median)")  # fmt: skip
-    roofline = args.device == "cuda"
-    header = f"{'batch':>5} {'engine tok/s':>13} {'hf tok/s':>10} {'ratio':>6}" + ("  roofline" if roofline else "")
-    print(header)
-    fields = []
-    for batch, engine_rate, hf_rate in rows:
-        line = f"{batch:>5} {engine_rate:>13.1f} {hf_rate:>10.1f} {engine_rate / hf_rate:>6.2f}"
-        fields += [f"engine_vs_hf_b{batch}={engine_rate / hf_rate:.2f}", f"engine_tok_s_b{batch}={engine_rate:.1f}",
-                   f"hf_tok_s_b{batch}={hf_rate:.1f}"]  # fmt: skip
-        if roofline:
-            fraction = engine_rate / (batch * args.bandwidth_tb_s * 1e12 / num_weight_bytes)
-            line += f"  {fraction:8.3f}"
-            fields.append(f"roofline_fraction_b{batch}={fraction:.3f}")
-        print(line)
-    key = [field for field in fields if field.startswith("engine_vs_hf_b32=")]
-    print("RESULT " + " ".join(key + [field for field in fields if field not in key]))
 
 
 if __name__ == "__main__":
