@@ -14,8 +14,9 @@ processes over ipc (sender -> receiver, timed at the receiver), plus an in-proce
 Phases: serialize (manifest + checksums), push (bytes to every shard, verified, acknowledged),
 publish (two-phase commit), pull (manifests + bytes from every shard, verified), load (engine copy).
 Ratios: push and pull GB/s over the raw ZeroMQ GB/s, medians over R rounds. Delta sync is measured
-by a second puller that keeps a mirror and fetches only changed entries while the model is updated
-as in RL fine-tuning (see --delta-scenario).
+in a second phase: shards serve bf16 (the usual rollout dtype), the fp32 model takes Adam-sized
+steps of --lr, and a delta puller fetches only what changed (sparse element deltas) next to a
+puller that fetches whole versions; delta_bytes_fraction is its bytes over the whole version's.
 """
 
 from __future__ import annotations
@@ -41,6 +42,8 @@ from psrl.ps.puller import Puller, PullResult
 from psrl.ps.pusher import Pusher, PushResult
 
 GB = 1e9
+# Versions 1-3 fill the shards' double buffers and buffer pools (steady state starts at version 4).
+WARMUP = 3
 HIDDEN, INTER, HEADS, KV_HEADS = 896, 4864, 14, 2  # Qwen2.5-0.5B
 HEAD_DIM = HIDDEN // HEADS
 
@@ -80,21 +83,17 @@ def model_for_size(target_gb: float) -> tuple[int, int]:
     return layers, vocab
 
 
-def simulate_step(sd: dict[str, torch.Tensor], scenario: str, step: int) -> None:
-    """One optimizer step's change to the weights (in place)."""
+def simulate_step(sd: dict[str, torch.Tensor], scenario: str, step: int, lr: float) -> None:
+    """One optimizer step's change to the fp32 weights (in place).
+
+    adam: every element moves by up to ``lr`` (Adam's normalised update), as in RL fine-tuning at a
+    small learning rate; served in bf16 only the elements that cross a rounding boundary change.
+    full: every element moves by 1e-3 (nothing is left unchanged, even in bf16).
+    """
     gen = torch.Generator().manual_seed(1000 + step)
-    for name, t in sd.items():
-        if scenario == "full" or (scenario == "lora_like" and _is_adapted(name)):
-            t.add_(torch.randn(t.shape, generator=gen).to(t.dtype) * 1e-3)
-        elif scenario == "sparse":
-            # RL fine-tuning at a small learning rate: after the cast to the serving dtype only a
-            # small fraction of elements change per step.
-            mask = torch.rand(t.shape, generator=gen) < 0.02
-            t.add_(torch.where(mask, t.abs() * 0.05 + 1e-4, torch.zeros((), dtype=t.dtype)))
-
-
-def _is_adapted(name: str) -> bool:
-    return "self_attn.q_proj.weight" in name or "self_attn.v_proj.weight" in name
+    scale = lr if scenario == "adam" else 1e-3
+    for t in sd.values():
+        t.add_(torch.tanh(torch.randn(t.shape, generator=gen)), alpha=scale)
 
 
 # raw limits -----------------------------------------------------------------------------------------
@@ -162,10 +161,9 @@ def memcpy_gbps(num_bytes: int, reps: int) -> float:
 
 
 def run_psrl(args: argparse.Namespace, sd: dict[str, torch.Tensor], directory: str) -> dict[str, object]:
+    """Push + full pull of every version, loading into an engine state dict."""
     engine_dtype = getattr(torch, args.engine_dtype)
-    engine = {name: torch.empty(t.shape, dtype=engine_dtype) for name, t in sd.items()}
-    for t in engine.values():
-        t.zero_()
+    engine = {name: torch.zeros(t.shape, dtype=engine_dtype) for name, t in sd.items()}
 
     def load(name: str, tensor: torch.Tensor) -> None:
         engine[name].copy_(tensor)
@@ -173,25 +171,46 @@ def run_psrl(args: argparse.Namespace, sd: dict[str, torch.Tensor], directory: s
     shards = LocalShards(directory, args.shards, transport=args.transport, serve_dtype=args.serve_dtype).start()
     pusher = Pusher(shards.push_endpoints, incarnation=1, transport=args.transport, max_block_bytes=args.chunk_mb << 20)
     puller = Puller(shards.pull_endpoints, transport=args.transport)
-    delta = Puller(shards.pull_endpoints, transport=args.transport, delta_sync=True)
     pushes: list[PushResult] = []
     pulls: list[PullResult] = []
-    deltas: list[PullResult] = []
     try:
-        for version in range(1, args.rounds + 2):
+        for version in range(1, args.rounds + WARMUP + 1):
             if version > 1:
-                simulate_step(sd, args.delta_scenario, version)
+                simulate_step(sd, args.delta_scenario, version, args.lr)
             pushes.append(pusher.push(version, sd))
             pulls.append(puller.pull(version, load))
-            deltas.append(delta.pull(version, lambda name, tensor: None))
-        exact = all(torch.equal(engine[n], sd[n].to(engine_dtype)) for n in sd) if args.serve_dtype is None else True
+        served = getattr(torch, args.serve_dtype) if args.serve_dtype else None
+        exact = all(torch.equal(engine[n], sd[n].to(served or sd[n].dtype).to(engine_dtype)) for n in sd)
     finally:
         pusher.close()
         puller.close()
-        delta.close()
         shards.stop()
-    # Round 1 warms up connections, allocators and the delta mirror; report the rest.
-    return {"pushes": pushes[1:], "pulls": pulls[1:], "deltas": deltas[1:], "exact": exact}
+    return {"pushes": pushes[WARMUP:], "pulls": pulls[WARMUP:], "exact": exact}
+
+
+def run_delta(args: argparse.Namespace, sd: dict[str, torch.Tensor], directory: str) -> dict[str, object]:
+    """Delta sync: shards serve ``--delta-serve-dtype``; one puller pulls deltas, one pulls whole versions."""
+    shards = LocalShards(directory, args.shards, transport="zmq", serve_dtype=args.delta_serve_dtype).start()
+    pusher = Pusher(shards.push_endpoints, incarnation=1, max_block_bytes=args.chunk_mb << 20)
+    delta = Puller(shards.pull_endpoints, delta_sync=True)
+    whole = Puller(shards.pull_endpoints)
+    deltas: list[PullResult] = []
+    wholes: list[PullResult] = []
+    mirror_exact = True
+    try:
+        for version in range(1, args.rounds + WARMUP + 1):
+            if version > 1:
+                simulate_step(sd, args.delta_scenario, version, args.lr)
+            pusher.push(version, sd)
+            wholes.append(whole.pull(version, lambda name, tensor: None))
+            deltas.append(delta.pull(version, lambda name, tensor: None))
+            mirror_exact &= all(torch.equal(delta.mirror.tensor(n), whole.mirror.tensor(n)) for n in sd)
+    finally:
+        pusher.close()
+        delta.close()
+        whole.close()
+        shards.stop()
+    return {"deltas": deltas[WARMUP:], "wholes": wholes[WARMUP:], "exact": mirror_exact}
 
 
 def median(values: list[float]) -> float:
@@ -200,15 +219,18 @@ def median(values: list[float]) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="~0.1 GB model, 3 rounds")
+    ap.add_argument("--quick", action="store_true", help="~0.1 GB model, 3 measured rounds")
     ap.add_argument("--size-gb", type=float, default=0.5)
     ap.add_argument("--shards", type=int, default=2)
-    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--rounds", type=int, default=5, help="measured versions (after 3 warm-up versions)")
     ap.add_argument("--chunk-mb", type=int, default=16)
     ap.add_argument("--transport", default="zmq", choices=["zmq", "nixl", "torch_dist"])
     ap.add_argument("--serve-dtype", default=None, choices=[None, "bfloat16", "float16", "float32"])
+    ap.add_argument("--no-delta", dest="delta", action="store_false", help="skip the delta-sync phase")
     ap.add_argument("--engine-dtype", default="float32", choices=["float32", "bfloat16"])
-    ap.add_argument("--delta-scenario", default="sparse", choices=["sparse", "lora_like", "full"])
+    ap.add_argument("--delta-scenario", default="adam", choices=["adam", "full"])
+    ap.add_argument("--lr", type=float, default=1e-6, help="update size of the adam scenario")
+    ap.add_argument("--delta-serve-dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     args = ap.parse_args()
     if args.quick:
         args.size_gb, args.rounds = 0.1, 3
@@ -227,13 +249,13 @@ def main() -> None:
         raw = raw_zmq_gbps(directory, num_bytes, args.chunk_mb << 20, args.rounds)
         copy = memcpy_gbps(num_bytes, 3)
         result = run_psrl(args, sd, directory)
+        result.update(run_delta(args, {n: t.clone() for n, t in sd.items()}, directory) if args.delta else {})
     report(args, num_bytes, raw, copy, result)
 
 
 def report(args: argparse.Namespace, num_bytes: int, raw: list[float], copy: float, result: dict) -> None:
     pushes: list[PushResult] = result["pushes"]
     pulls: list[PullResult] = result["pulls"]
-    deltas: list[PullResult] = result["deltas"]
     raw_gbps = median(raw)
     pulled = pulls[0].num_bytes_total
     phases = {
@@ -247,7 +269,6 @@ def report(args: argparse.Namespace, num_bytes: int, raw: list[float], copy: flo
     pull_gbps = pulled / phases["pull"] / GB
     push_e2e = num_bytes / (phases["serialize"] + phases["push"] + phases["publish"]) / GB
     pull_e2e = pulled / (phases["pull"] + phases["load"]) / GB
-    delta_fraction = median([d.num_bytes / d.num_bytes_total for d in deltas])
     print()
     print(f"raw zmq zero-copy ipc: {raw_gbps:.2f} GB/s (median of {len(raw)}: {', '.join(f'{r:.2f}' for r in raw)})")
     print(f"memcpy in one process: {copy:.2f} GB/s")
@@ -262,13 +283,21 @@ def report(args: argparse.Namespace, num_bytes: int, raw: list[float], copy: flo
     print(f"{'pull (manifest+transfer+verify)':<34} {pull_gbps:>7.2f} {pull_gbps / raw_gbps:>7.2f}")
     print(f"{'push end to end (+serialize)':<34} {push_e2e:>7.2f} {push_e2e / raw_gbps:>7.2f}")
     print(f"{'pull end to end (+load)':<34} {pull_e2e:>7.2f} {pull_e2e / raw_gbps:>7.2f}")
-    print()
-    print(
-        f"delta sync ({args.delta_scenario}): {median([d.num_bytes for d in deltas]) / GB:.3f} of "
-        f"{deltas[0].num_bytes_total / GB:.3f} GB per pull, median "
-        f"{median([d.manifest_s + d.transfer_s for d in deltas]) * 1e3:.1f} ms"
-    )
     print(f"engine weights equal the last pushed version: {result['exact']}")
+    delta_fraction = float("nan")
+    if "deltas" in result:
+        deltas: list[PullResult] = result["deltas"]
+        wholes: list[PullResult] = result["wholes"]
+        delta_fraction = median([d.num_bytes / d.num_bytes_total for d in deltas])
+        delta_ms = median([d.manifest_s + d.transfer_s + d.load_s for d in deltas]) * 1e3
+        whole_ms = median([w.manifest_s + w.transfer_s + w.load_s for w in wholes]) * 1e3
+        print()
+        print(
+            f"delta sync ({args.delta_scenario}, lr {args.lr:g}, served {args.delta_serve_dtype}): "
+            f"{median([d.num_bytes for d in deltas]) / 1e6:.1f} of {deltas[0].num_bytes_total / 1e6:.1f} MB per pull "
+            f"(fraction {delta_fraction:.4f}), {delta_ms:.1f} ms vs {whole_ms:.1f} ms for a whole pull; "
+            f"delta mirror equals whole pull: {result['exact']}"
+        )
     print(f"load average after: {os.getloadavg()[0]:.2f}")
     print(
         f"RESULT ps_pull_vs_raw={pull_gbps / raw_gbps:.3f} ps_push_vs_raw={push_gbps / raw_gbps:.3f} "

@@ -9,7 +9,7 @@ bit for bit, and the puller checks it against the entry's checksum like any othe
 
 from __future__ import annotations
 
-import torch
+import numpy as np
 
 from psrl.ps.dtypes import itemsize_of
 
@@ -17,7 +17,7 @@ DENSE = 0
 SPARSE = 1
 # A sparse entry is sent only when it is at most this fraction of the dense bytes.
 MAX_SPARSE_FRACTION = 0.5
-_INT_OF_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+_INT_OF_SIZE = {1: np.uint8, 2: np.int16, 4: np.int32, 8: np.int64}
 
 
 class DeltaError(ValueError):
@@ -28,21 +28,24 @@ def sparse_bytes(num_changed: int, dtype: str) -> int:
     return num_changed * (4 + itemsize_of(dtype))
 
 
-def encode_sparse(base: memoryview, target: memoryview, dtype: str) -> tuple[bytes, int] | None:
+def encode_sparse(base: memoryview, target: memoryview, dtype: str) -> tuple[memoryview, int] | None:
     """(payload, number of changed elements), or None when sending the entry whole is as cheap."""
     if len(base) != len(target) or not len(target):
         return None
     ints = _INT_OF_SIZE[itemsize_of(dtype)]
-    old = torch.frombuffer(base, dtype=ints)
-    new = torch.frombuffer(target, dtype=ints)
-    if old.numel() >= 2**31:
+    old = np.frombuffer(base, dtype=ints)
+    new = np.frombuffer(target, dtype=ints)
+    if old.size >= 2**31:
         return None
-    changed = torch.nonzero(old != new).flatten()
-    num_changed = int(changed.numel())
+    changed = np.flatnonzero(old != new)
+    num_changed = int(changed.size)
     if sparse_bytes(num_changed, dtype) > MAX_SPARSE_FRACTION * len(target):
         return None
-    payload = changed.to(torch.int32).numpy().tobytes() + new[changed].numpy().tobytes()
-    return payload, num_changed
+    payload = np.empty(sparse_bytes(num_changed, dtype), dtype=np.uint8)
+    split = 4 * num_changed
+    payload[:split].view(np.int32)[:] = changed
+    payload[split:].view(ints)[:] = new[changed]
+    return payload.data, num_changed
 
 
 def apply_sparse(destination: memoryview, payload: memoryview, dtype: str, num_changed: int) -> None:
@@ -53,9 +56,9 @@ def apply_sparse(destination: memoryview, payload: memoryview, dtype: str, num_c
         return
     ints = _INT_OF_SIZE[itemsize_of(dtype)]
     split = 4 * num_changed
-    indices = torch.frombuffer(payload[:split], dtype=torch.int32).long()
-    values = torch.frombuffer(payload[split:], dtype=ints)
-    target = torch.frombuffer(destination, dtype=ints)
-    if int(indices.max()) >= target.numel() or int(indices.min()) < 0:
+    indices = np.frombuffer(payload[:split], dtype=np.int32)
+    values = np.frombuffer(payload[split:], dtype=ints)
+    target = np.frombuffer(destination, dtype=ints)
+    if int(indices.max()) >= target.size or int(indices.min()) < 0:
         raise DeltaError("sparse payload indexes past the entry")
     target[indices] = values

@@ -20,6 +20,7 @@ reconstruction is checked exactly.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -50,6 +51,7 @@ from psrl.ps.protocol import (
     PullRequest,
     Unavailable,
 )
+from psrl.ps.serving import is_intact
 from psrl.ps.transports import PullDataPlane, TransportError, pull_plane
 from psrl.ps.verify import Verifier
 from psrl.ps.versions import NONE
@@ -104,7 +106,7 @@ class Puller:
         self.timeout_s = timeout_s
         self.held_version = NONE
         self.mirror = Mirror()
-        self._verifier = Verifier()
+        self._verifier: Verifier[bool] = Verifier()
         self._log = get_logger("psrl.ps.puller")
         self._plane: PullDataPlane = pull_plane(transport, host=host)
         self._own_ctx = ctx is None
@@ -320,7 +322,8 @@ class Puller:
             for entry, num_transferred in self._arrivals(plan, request_ids, pending) if pending else ():
                 last_progress = time.monotonic()
                 del pending[entry.index]
-                self._verifier.submit(entry, self.mirror.entry_view(entry), algorithm, tag=num_transferred)
+                job = functools.partial(is_intact, entry, self.mirror.entry_view(entry), algorithm)
+                self._verifier.submit(num_transferred, entry, job)
                 yield from self._verified(plan, self._verifier.completed(), counts, stream)
             wait_s = 0.0 if pending else 0.1
             yield from self._verified(plan, self._verifier.completed(wait_s), counts, stream)

@@ -12,6 +12,7 @@ its commit hook (``on_commit``) is the single point where the hosting actor anno
 
 from __future__ import annotations
 
+import functools
 import itertools
 import threading
 import uuid
@@ -49,7 +50,7 @@ from psrl.ps.protocol import (
     StatusRequest,
     Unavailable,
 )
-from psrl.ps.serving import cast_entries, needs_cast
+from psrl.ps.serving import land_entry, needs_cast, served_layout
 from psrl.ps.transports import ShardDataPlane, shard_plane
 from psrl.ps.transports.base import EntryBuffers, Landed, SparseSource
 from psrl.ps.verify import Verifier
@@ -86,7 +87,9 @@ class ShardServer:
         self._on_commit = on_commit
         self._log = get_logger("psrl.ps.shard", shard=options.shard, boot=self.boot_id)
         self._plane: ShardDataPlane = shard_plane(options.transport, host=options.host)
-        self._verifier = Verifier()
+        self._verifier: Verifier[ManifestEntry | None] = Verifier()
+        self._cast: tuple[dict[int, ManifestEntry], EntryBuffers] | None = None
+        self._served: dict[int, ManifestEntry] = {}
         self._own_ctx = ctx is None
         self._ctx = ctx or zmq.Context()
         self._push_sock = links.make_router(self._ctx, options.push_endpoint)
@@ -135,8 +138,8 @@ class ShardServer:
             self._drain(self._pull_sock, self._pull_handlers)
         for landed in self._plane.poll_landed():
             self._on_landed(landed)
-        for key, entry, is_ok in self._verifier.completed():
-            self._on_verified(key, entry, is_ok)
+        for key, entry, served in self._verifier.completed():
+            self._on_verified(key, entry, served)
 
     def start_thread(self) -> tuple[threading.Thread, threading.Event]:
         stop = threading.Event()
@@ -199,6 +202,9 @@ class ShardServer:
         replaced = self.versions.begin(begin, buffers)
         if replaced is not None:
             self._plane.release(replaced.buffers)
+        self._drop_cast()
+        self._cast = self._prepare_cast(begin.entries)
+        self._served = {}
         self._incoming_key = next(self._push_keys)
         self._incoming_ident = ident
         offer = self._plane.push_offer(buffers, begin, self._incoming_key)
@@ -244,19 +250,40 @@ class ShardServer:
             return
         self._land(entry, landed.view)
 
+    def _prepare_cast(self, entries: tuple[ManifestEntry, ...]) -> tuple[dict[int, ManifestEntry], EntryBuffers] | None:
+        """Served layout and buffer when this shard serves another dtype (entries are cast as they land)."""
+        serve_dtype = self.options.serve_dtype
+        if serve_dtype is None or not needs_cast(entries, serve_dtype):
+            return None
+        ordered = sorted(entries, key=lambda e: e.index)
+        draft = served_layout(ordered, serve_dtype)
+        return {e.index: e for e in draft}, self._plane.allocate(draft)
+
+    def _drop_cast(self) -> None:
+        if self._cast is not None:
+            self._plane.release(self._cast[1])
+            self._cast = None
+
     def _land(self, entry: ManifestEntry, view: memoryview) -> None:
         incoming = self.versions.incoming
-        if incoming is not None:
-            self._verifier.submit(entry, view, incoming.algorithm, tag=self._incoming_key)
+        if incoming is None:
+            return
+        cast_to = None
+        if self._cast is not None:
+            drafts, cast_buffers = self._cast
+            cast_to = (drafts[entry.index], cast_buffers.view(entry.index))
+        job = functools.partial(land_entry, entry, view, incoming.algorithm, cast_to)
+        self._verifier.submit(self._incoming_key, entry, job)
 
-    def _on_verified(self, key: int, entry: ManifestEntry, is_ok: bool) -> None:
+    def _on_verified(self, key: int, entry: ManifestEntry, served: ManifestEntry | None) -> None:
         incoming = self.versions.incoming
         if incoming is None or key != self._incoming_key:
             return  # a verdict on a push that was restarted or replaced meanwhile
-        if not is_ok:
+        if served is None:
             self.counters["checksum_failures"] += 1
             self._fail_incoming(f"entry {entry.index} ({entry.name}) failed its checksum")
             return
+        self._served[entry.index] = served
         self.counters["bytes_received"] += entry.num_bytes
         if self.versions.mark_landed(entry.index):
             self._finish_landing()
@@ -265,14 +292,13 @@ class ShardServer:
         incoming = self.versions.incoming
         if incoming is None:
             return
-        entries = tuple(incoming.entries[i] for i in sorted(incoming.entries))
-        if needs_cast(entries, self.options.serve_dtype) and self.options.serve_dtype is not None:
-            served, buffers = cast_entries(
-                entries, incoming.buffers, self.options.serve_dtype, incoming.algorithm, self._plane.allocate
-            )
+        served = tuple(self._served[i] for i in sorted(incoming.entries))
+        if self._cast is not None:
+            buffers = self._cast[1]
+            self._cast = None
             self._plane.release(incoming.buffers)
         else:
-            served, buffers = entries, incoming.buffers
+            buffers = incoming.buffers
         self.versions.finalize(served, buffers)
         self._push_reply(self._incoming_ident, PushAck(incoming.version, incoming.attempt, is_ok=True))
 
@@ -283,6 +309,7 @@ class ShardServer:
         self._log.warning("ps.shard.push_failed", version=incoming.version, attempt=incoming.attempt, reason=reason)
         self.versions.abort(incoming.version, incoming.incarnation)
         self._plane.release(incoming.buffers)
+        self._drop_cast()
         self._push_reply(self._incoming_ident, PushAck(incoming.version, incoming.attempt, is_ok=False, reason=reason))
 
     def _nack(self, ident: bytes, key: tuple[int, int, int], reason: str) -> None:
@@ -313,6 +340,7 @@ class ShardServer:
         dropped = self.versions.abort(abort.version, abort.incarnation)
         if dropped is not None:
             self._plane.release(dropped.buffers)
+            self._drop_cast()
 
     # pull ---------------------------------------------------------------------------------------
 
@@ -362,7 +390,7 @@ class ShardServer:
         if base is None or base.version == held.version:
             return None
 
-        def sparse(entry: ManifestEntry) -> tuple[bytes, int] | None:
+        def sparse(entry: ManifestEntry) -> tuple[memoryview, int] | None:
             key = (base.version, entry.index)
             if key not in held.sparse_cache:
                 held.sparse_cache[key] = _encode_delta(base, held, entry)
@@ -398,7 +426,7 @@ class ShardServer:
 
 def _encode_delta(
     base: HeldVersion[EntryBuffers], held: HeldVersion[EntryBuffers], entry: ManifestEntry
-) -> tuple[bytes, int] | None:
+) -> tuple[memoryview, int] | None:
     old = base.by_index.get(entry.index)
     if old is None or (old.name, old.elem_start, old.num_elems, old.dtype) != (
         entry.name,

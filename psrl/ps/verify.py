@@ -1,35 +1,33 @@
-"""Checksum verification on helper threads, overlapping the receive of the next entries.
+"""Per-entry work (checksums, casts) on a helper thread, overlapping the receive of later entries.
 
-xxh3 releases the GIL, so while a helper thread hashes one entry, the receiving thread copies the
-next one out of ZeroMQ. Results come back in submission order, so callers load tensors in the
-order their bytes arrived.
+xxh3 and torch copies release the GIL, so while the helper checks (and, on a shard, casts) one
+entry, the receiving thread copies the next one out of ZeroMQ. Results come back in submission
+order, so callers load tensors in the order their bytes arrived.
 """
 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
+from typing import Generic, TypeVar
 
-from psrl.ps.manifest import NO_CHECKSUM, ManifestEntry
-from psrl.ps.serving import is_intact
+from psrl.ps.manifest import ManifestEntry
+
+ResultT = TypeVar("ResultT")
 
 
-class Verifier:
+class Verifier(Generic[ResultT]):
     def __init__(self, num_threads: int = 1) -> None:
         self._pool = ThreadPoolExecutor(max_workers=num_threads, thread_name_prefix="ps-verify")
-        self._pending: deque[tuple[int, ManifestEntry, Future[bool]]] = deque()
+        self._pending: deque[tuple[int, ManifestEntry, Future[ResultT]]] = deque()
 
-    def submit(self, entry: ManifestEntry, view: memoryview, algorithm: str, tag: int = 0) -> None:
-        """Check ``view`` against ``entry``; ``tag`` comes back with the verdict (e.g. the push it belongs to)."""
-        if algorithm == NO_CHECKSUM:
-            done: Future[bool] = Future()
-            done.set_result(len(view) == entry.num_bytes)
-            self._pending.append((tag, entry, done))
-            return
-        self._pending.append((tag, entry, self._pool.submit(is_intact, entry, view, algorithm)))
+    def submit(self, tag: int, entry: ManifestEntry, job: Callable[[], ResultT]) -> None:
+        """Run ``job`` for ``entry``; ``tag`` comes back with its result (e.g. the push it belongs to)."""
+        self._pending.append((tag, entry, self._pool.submit(job)))
 
-    def completed(self, timeout_s: float = 0.0) -> list[tuple[int, ManifestEntry, bool]]:
-        """(tag, entry, is_intact) finished so far, in submission order; waits up to ``timeout_s`` for one."""
+    def completed(self, timeout_s: float = 0.0) -> list[tuple[int, ManifestEntry, ResultT]]:
+        """(tag, entry, result) finished so far, in submission order; waits up to ``timeout_s`` for one."""
         if self._pending and timeout_s > 0:
             wait([self._pending[0][2]], timeout=timeout_s)
         out = []
@@ -43,7 +41,7 @@ class Verifier:
         return len(self._pending)
 
     def clear(self) -> None:
-        """Forget outstanding verdicts (their pull or push was abandoned)."""
+        """Forget outstanding results (their pull or push was abandoned)."""
         self._pending.clear()
 
     def close(self) -> None:

@@ -65,7 +65,7 @@ class HeldVersion(Generic[BuffersT]):
     buffers: BuffersT
     by_index: dict[int, ManifestEntry]
     # Sparse deltas from an older version, computed on first request: (base version, entry) -> delta.
-    sparse_cache: dict[tuple[int, int], tuple[bytes, int] | None] = field(default_factory=dict)
+    sparse_cache: dict[tuple[int, int], tuple[memoryview, int] | None] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -116,7 +116,7 @@ class BufferPool:
 
 
 # entry -> (payload, number of changed elements) of a sparse delta, or None to send it whole.
-SparseSource = Callable[[ManifestEntry], "tuple[bytes, int] | None"]
+SparseSource = Callable[[ManifestEntry], "tuple[memoryview, int] | None"]
 # (message, payload) -> tracker of the payload's send; raises psrl.ps.links.LinkError when the peer is gone.
 Replier = Callable[[Message, "memoryview | None"], "zmq.MessageTracker | None"]
 

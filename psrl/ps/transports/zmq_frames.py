@@ -53,7 +53,7 @@ class ZmqShardDataPlane(ShardDataPlane):
             if delta is not None:
                 payload, num_changed = delta
                 chunk = PullChunk(request.request_id, request.version, entry.index, SPARSE, num_changed)
-                reply(chunk, memoryview(payload))
+                reply(chunk, payload)
                 continue
             tracker = reply(PullChunk(request.request_id, request.version, entry.index), buffers.view(entry.index))
             buffers.track(tracker)
