@@ -18,6 +18,7 @@ import queue
 import threading
 import uuid
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import msgspec
@@ -42,6 +43,7 @@ from psrl.ps.transports.base import (
 )
 
 GROUP_TIMEOUT_S = 60.0
+MAX_PULL_LINKS = 256
 
 
 class _Rendezvous(msgspec.Struct, array_like=True, frozen=True):
@@ -125,6 +127,9 @@ class DistShardDataPlane(ShardDataPlane):
         # One thread per transfer: a peer that vanished blocks only its own thread until the group
         # times out, never the next push or another puller.
         self._workers: list[_Worker] = []
+        # Pulls reuse one group per puller link (group setup costs a rendezvous); see DistPullDataPlane.
+        self._links: dict[str, _Worker] = {}
+        self._groups: dict[str, dist.ProcessGroupGloo] = {}
         self.pool = BufferPool()
 
     def _spawn(self, name: str) -> _Worker:
@@ -181,19 +186,35 @@ class DistShardDataPlane(ShardDataPlane):
             raise TransportError("torch_dist pull request without a group key")
         views = [buffers.view(e.index) for e in entries]
         buffers.num_readers += 1  # the buffer is not reused while this send reads it
-        self._spawn(request.peer).submit(self._send, request.peer, views, buffers)
+        self._link(request.peer).submit(self._send, request.peer, views, buffers)
         reply(PullDone(request.request_id, request.version), None)
+
+    def _link(self, group_key: str) -> _Worker:
+        """The thread serving one puller link; its requests run in order on one cached group."""
+        worker = self._links.get(group_key)
+        if worker is None:
+            if len(self._links) >= MAX_PULL_LINKS:
+                oldest = next(iter(self._links))
+                self._links.pop(oldest).close()
+                self._groups.pop(oldest, None)
+            worker = self._links[group_key] = _Worker(f"ps-dist-{group_key}")
+        return worker
 
     def _send(self, group_key: str, views: list[memoryview], buffers: EntryBuffers) -> None:
         try:
-            group = _group(self._rendezvous, group_key, rank=0, store=self._store)
+            group = self._groups.get(group_key)
+            if group is None:
+                group = self._groups[group_key] = _group(self._rendezvous, group_key, rank=0, store=self._store)
             for view in views:
                 _broadcast(group, view)
+        except Exception:
+            self._groups.pop(group_key, None)  # the puller moves on to a new group key
+            raise
         finally:
             buffers.num_readers -= 1
 
     def close(self) -> None:
-        for worker in self._workers:
+        for worker in [*self._workers, *self._links.values()]:
             worker.close()
 
 
@@ -248,14 +269,24 @@ class DistPushDataPlane(PushDataPlane):
             worker.close()
 
 
+@dataclass
+class _PullLink:
+    """One puller's transfers from one shard: a thread and, once built, a cached two-rank group."""
+
+    worker: _Worker
+    rendezvous: _Rendezvous | None = None
+    group: dist.ProcessGroupGloo | None = None
+    generation: int = 0
+    active_request: int | None = None  # the request whose broadcasts are not all received yet
+
+
 class DistPullDataPlane(PullDataPlane):
     name: ClassVar[str] = "torch_dist"
-
     is_in_band: ClassVar[bool] = False
 
     def __init__(self, host: str = "127.0.0.1") -> None:
         self._id = uuid.uuid4().hex[:12]
-        self._workers: list[_Worker] = []
+        self._links: dict[int, _PullLink] = {}
 
     def request(
         self,
@@ -265,46 +296,67 @@ class DistPullDataPlane(PullDataPlane):
         entries: Sequence[ManifestEntry],
         destinations: Sequence[memoryview],
     ) -> None:
-        group_key = f"pull-{self._id}-{request.request_id}"
-        rendezvous = msgspec.structs.replace(msgspec.msgpack.decode(offer, type=_Rendezvous), key=group_key)
-        links.send(sock, msgspec.structs.replace(request, peer=group_key))
-        # One receiving thread per shard, so shards transfer in parallel.
-        worker = _Worker(f"ps-dist-pull-{request.request_id}", single_job=True)
-        self._workers.append(worker)
+        shard = entries[0].shard
+        link = self._links.get(shard)
+        if link is None:
+            link = self._links[shard] = _PullLink(_Worker(f"ps-dist-pull-{shard}"))
+        rendezvous = msgspec.msgpack.decode(offer, type=_Rendezvous)
+        if link.rendezvous is None or (link.rendezvous.host, link.rendezvous.port) != (
+            rendezvous.host,
+            rendezvous.port,
+        ):
+            link.group, link.generation = None, link.generation + 1  # a new shard process: a new group
+        key = f"pull-{self._id}-{shard}-{link.generation}"
+        link.rendezvous = msgspec.structs.replace(rendezvous, key=key)
+        links.send(sock, msgspec.structs.replace(request, peer=key))
         order = [(e.index, d) for e, d in zip(entries, destinations, strict=True)]
-        worker.submit(self._receive, rendezvous, request.request_id, order, worker)
+        link.active_request = request.request_id
+        link.worker.submit(self._receive, link, link.rendezvous, request.request_id, order)
 
     @staticmethod
     def _receive(
-        rendezvous: _Rendezvous, request_id: int, views: list[tuple[int, memoryview]], worker: _Worker
+        link: _PullLink, rendezvous: _Rendezvous, request_id: int, views: list[tuple[int, memoryview]]
     ) -> None:
-        group = _group(rendezvous, rendezvous.key, rank=1)
-        for index, view in views:
-            _broadcast(group, view)
-            worker.landed.put(Landed(request_id, index, view))
+        try:
+            if link.group is None:
+                link.group = _group(rendezvous, rendezvous.key, rank=1)
+            for index, view in views:
+                _broadcast(link.group, view)
+                link.worker.landed.put(Landed(request_id, index, view))
+            if link.active_request == request_id:
+                link.active_request = None
+        except Exception:
+            # The group's broadcast sequence is broken: both sides move on to a new group key.
+            link.group, link.rendezvous = None, None
+            raise
 
     def poll_landed(self) -> list[Landed]:
         out: list[Landed] = []
-        for worker in self._workers:
-            if not worker.errors.empty():
-                raise TransportError(f"torch_dist pull failed: {worker.errors.get()}")
-            out.extend(worker.drain_landed())
+        for link in self._links.values():
+            if not link.worker.errors.empty():
+                raise TransportError(f"torch_dist pull failed: {link.worker.errors.get()}")
+            out.extend(link.worker.drain_landed())
         return out
 
     @property
     def is_busy(self) -> bool:
-        return any(w.num_active for w in self._workers)
+        return any(link.worker.num_active for link in self._links.values())
 
     def finish(self, request_id: int) -> None:
-        idle = [w for w in self._workers if w.num_active == 0 and w.landed.empty()]
-        for worker in idle:
-            worker.close()
-            self._workers.remove(worker)
+        """A pull ended; a link still waiting for its broadcasts (the pull failed) is abandoned.
+
+        Its thread stays blocked until the group times out, so the next pull gets a new thread and
+        a new group instead of queueing behind it.
+        """
+        for shard, link in list(self._links.items()):
+            if link.active_request == request_id:
+                link.worker.close()
+                self._links[shard] = _PullLink(_Worker(f"ps-dist-pull-{shard}"), generation=link.generation + 1)
 
     @property
     def peer(self) -> str:
         return self._id
 
     def close(self) -> None:
-        for worker in self._workers:
-            worker.close()
+        for link in self._links.values():
+            link.worker.close()
