@@ -91,10 +91,10 @@ def admitted_indices(
     cap = settings.max_concurrent_seqs_per_instance or 1 << 62
     if settings.admission_reject_on_waiting:
         admitted = [
-            i for i in group if cands[i].num_inflight < cap and not cands[i].num_waiting and not cands[i].is_paused
+            i for i in group for c in (cands[i],) if c.num_inflight < cap and not c.num_waiting and not c.is_paused
         ]
     else:
-        admitted = [i for i in group if cands[i].num_inflight < cap and not cands[i].is_paused]
+        admitted = [i for i in group for c in (cands[i],) if c.num_inflight < cap and not c.is_paused]
     return policy.admit(inputs, admitted) if admitted else admitted
 
 

@@ -19,9 +19,14 @@ An instance whose KV usage reaches ``overload_token_usage_threshold`` (< 1) is n
 
 from __future__ import annotations
 
+from operator import itemgetter
+
 from psrl.config.coordination import CacheAwarePolicy as CacheAwareSettings
 from psrl.routing.decision import DecisionInputs
-from psrl.routing.policies.base import Choice, Groups, flatten, least_loaded
+from psrl.routing.policies.base import Choice, Groups, least_loaded
+
+_Key = tuple[float, int, int, int, int]  # (-overlap score, load, tree tokens, group, index)
+_LOAD = itemgetter(1)
 
 
 class CacheAwareRoutingPolicy:
@@ -43,25 +48,18 @@ class CacheAwareRoutingPolicy:
             indices = [
                 i
                 for i in indices
-                if cands[i].kv_capacity_tokens <= 0
-                or cands[i].kv_tokens + tokens <= limit * cands[i].kv_capacity_tokens
+                for c in (cands[i],)
+                if c.kv_capacity_tokens <= 0 or c.kv_tokens + tokens <= limit * c.kv_capacity_tokens
             ]
         return indices
 
     def choose(self, inputs: DecisionInputs, groups: Groups) -> Choice | str:
-        if self._is_imbalanced(inputs, groups):
+        keys = self._keys(inputs, groups)
+        if self._is_imbalanced(inputs, groups, keys):
             choice = least_loaded(inputs, groups)
             return Choice(choice.index, choice.group, choice.score, "shortest_queue")
-        cands, trees = inputs.candidates, inputs.tree_tokens
-        flat = flatten(groups)
-        ids = [cands[i].instance_id for _, i in flat]
-        scores = self._scores(inputs, ids)
-        # (-score, load, tree, group, index): best overlap, then lower load, then smaller tree
-        keys = [
-            (-score, cands[i].num_inflight, trees.get(iid, 0), g, i)
-            for score, iid, (g, i) in zip(scores, ids, flat, strict=True)
-        ]
         best = min(keys)
+        cands = inputs.candidates
         if best[0] < 0 and self._hit_ratio(inputs, cands[best[4]].instance_id) > self.settings.cache_threshold:
             return Choice(best[4], best[3], -best[0], "cache_hit")
         if self.multi_tier:
@@ -70,19 +68,38 @@ class CacheAwareRoutingPolicy:
         _, _, _, group, index = min(keys, key=lambda k: (k[2], k[1], k[3], k[4]))
         return Choice(index, group, 0.0, "smallest_tree")
 
-    def _scores(self, inputs: DecisionInputs, instance_ids: list[str]) -> list[float]:
-        """Overlap score per candidate: matched tokens (cache_aware) or weighted whole blocks (v1)."""
-        gpu, offload = inputs.gpu_match_tokens, inputs.offload_match_tokens
-        if not self.multi_tier:
-            return [float(gpu.get(iid, 0)) for iid in instance_ids]
+    def _keys(self, inputs: DecisionInputs, groups: Groups) -> list[_Key]:
+        """Per admitted candidate: (-overlap score, load, tree tokens, group, index), in one pass.
+
+        The score is matched tokens (cache_aware) or weighted whole blocks (v1).
+        """
+        cands, trees, gpu, offload = (
+            inputs.candidates,
+            inputs.tree_tokens,
+            inputs.gpu_match_tokens,
+            inputs.offload_match_tokens,
+        )
         s, block = self.settings, max(1, self.settings.block_size)
-        gpu_blocks = [gpu.get(iid, 0) // block for iid in instance_ids]
-        if not offload:
-            return [s.gpu_overlap_weight * blocks for blocks in gpu_blocks]
-        return [
-            s.gpu_overlap_weight * blocks + s.lmcache_overlap_weight * max(0, offload.get(iid, 0) // block - blocks)
-            for iid, blocks in zip(instance_ids, gpu_blocks, strict=True)
-        ]
+        if not self.multi_tier:
+            weight, block = -1.0, 1
+        else:
+            weight = -s.gpu_overlap_weight
+        if not (self.multi_tier and offload):
+            return [
+                (weight * (gpu.get(c.instance_id, 0) // block), c.num_inflight, trees.get(c.instance_id, 0), g, i)
+                for g, group in enumerate(groups)
+                for i in group
+                for c in (cands[i],)
+            ]
+        offload_weight = -s.lmcache_overlap_weight
+        keys: list[_Key] = []
+        for g, group in enumerate(groups):
+            for i in group:
+                iid = cands[i].instance_id
+                blocks = gpu.get(iid, 0) // block
+                extra = max(0, offload.get(iid, 0) // block - blocks)
+                keys.append((weight * blocks + offload_weight * extra, cands[i].num_inflight, trees.get(iid, 0), g, i))
+        return keys
 
     def _hit_ratio(self, inputs: DecisionInputs, instance_id: str) -> float:
         hit = inputs.gpu_match_tokens.get(instance_id, 0)
@@ -90,13 +107,16 @@ class CacheAwareRoutingPolicy:
             hit = max(hit, inputs.offload_match_tokens.get(instance_id, 0))
         return hit / max(1, len(inputs.request.token_ids))
 
-    def _is_imbalanced(self, inputs: DecisionInputs, groups: Groups) -> bool:
+    def _is_imbalanced(self, inputs: DecisionInputs, groups: Groups, keys: list[_Key]) -> bool:
         s, cands = self.settings, inputs.candidates
         threshold = s.balance_token_usage_threshold
         if threshold < 1.0 and [
-            i for group in groups for i in group if cands[i].kv_tokens >= threshold * cands[i].kv_capacity_tokens > 0
+            i
+            for group in groups
+            for i in group
+            for c in (cands[i],)
+            if c.kv_tokens >= threshold * c.kv_capacity_tokens > 0
         ]:
             return True
-        loads = [cands[i].num_inflight for group in groups for i in group]
-        high, low = max(loads), min(loads)
+        high, low = max(keys, key=_LOAD)[1], min(keys, key=_LOAD)[1]
         return high - low > s.balance_abs_threshold and high > s.balance_rel_threshold * low
