@@ -9,6 +9,12 @@ carries both the engine's log-prob of the sampled token and the weight version t
 Token-level importance sampling needs only the log-prob (it is what the behaviour policy actually
 used, even when a partial rollout spans several versions); the per-token version is kept for
 exact staleness metrics and replay.
+
+`interrupt_as_prompt` (open question 14, settled for the training side): it only changes how an
+interrupted trajectory's continuation is routed (as a new request whose input is prompt + partial
+output). The training sample is unchanged: the original prompt, the whole response (partial output
+and continuation, all trained, each token with its own engine log-prob and version), and the
+trajectory's first version as `version`. The partial output never becomes part of the prompt.
 """
 
 from __future__ import annotations

@@ -52,6 +52,12 @@ Settled questions (design digest section 13)
   into a buffer that is not full; every move is re-checked by the invariant checker in tests.
 * Q4 (proactive filter): see `proactive.py` (retry and a concrete truncate).
 * Q12 (units): everything here counts prompt groups.
+
+Chunk emission (fine-grain overlap): a buffer's occupied groups are kept in occupancy order, and
+for the buffer the trainer consumes next that order is append-only (occupied groups are never
+aborted, and the proactive filter only moves groups *into* it). Chunks can therefore be emitted as
+consecutive slices of `occupied_groups(next_buffer_id)` as it grows; an emitted prefix never
+shifts, unlike upstream's (version, arrival) ordering.
 """
 
 from __future__ import annotations
