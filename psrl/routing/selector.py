@@ -19,6 +19,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from psrl.config.coordination import RoutingStrategy
@@ -86,16 +87,29 @@ def _apply_pins(inputs: DecisionInputs) -> tuple[list[int], str]:
 def admitted_indices(
     inputs: DecisionInputs, group: list[int], settings: SelectionSettings, policy: RoutingPolicy
 ) -> list[int]:
-    """The admission gate: not paused, under the in-flight cap, no engine waiting queue (if set)."""
+    """The admission gate: not paused, under the in-flight cap, no engine waiting queue (if set),
+    and the policy's KV limits (against instances whose KV capacity is known)."""
     cands = inputs.candidates
     cap = settings.max_concurrent_seqs_per_instance or 1 << 62
     if settings.admission_reject_on_waiting:
-        admitted = [
+        open_ = [
             i for i in group for c in (cands[i],) if c.num_inflight < cap and not c.num_waiting and not c.is_paused
         ]
     else:
-        admitted = [i for i in group for c in (cands[i],) if c.num_inflight < cap and not c.is_paused]
-    return policy.admit(inputs, admitted) if admitted else admitted
+        open_ = [i for i in group for c in (cands[i],) if c.num_inflight < cap and not c.is_paused]
+    kv_limit, overload = policy.kv_admission_limit, policy.overload_limit
+    if kv_limit is None and overload is None:
+        return open_
+    tokens = inputs.request.num_tokens
+    kv_limit = math.inf if kv_limit is None else kv_limit
+    overload = math.inf if overload is None else overload
+    return [
+        i
+        for i in open_
+        for c in (cands[i],)
+        if c.kv_capacity_tokens <= 0
+        or (c.kv_tokens + tokens <= kv_limit * c.kv_capacity_tokens and c.kv_tokens < overload * c.kv_capacity_tokens)
+    ]
 
 
 def priority_groups(

@@ -27,12 +27,11 @@ class RandomPolicy:
     name = "random"
     uses_prefix_tree = False
     uses_offload_tier = False
+    kv_admission_limit: float | None = None
+    overload_limit: float | None = None
 
     def __init__(self, seed: int) -> None:
         self.seed = seed
-
-    def admit(self, inputs: DecisionInputs, indices: list[int]) -> list[int]:
-        return indices
 
     def choose(self, inputs: DecisionInputs, groups: Groups) -> Choice | str:
         flat = flatten(groups)
@@ -46,9 +45,8 @@ class RoundRobinPolicy:
     name = "round_robin"
     uses_prefix_tree = False
     uses_offload_tier = False
-
-    def admit(self, inputs: DecisionInputs, indices: list[int]) -> list[int]:
-        return indices
+    kv_admission_limit: float | None = None
+    overload_limit: float | None = None
 
     def choose(self, inputs: DecisionInputs, groups: Groups) -> Choice | str:
         cands, cursor = inputs.candidates, inputs.rr_cursor
@@ -78,9 +76,8 @@ class RequestNumBalancePolicy:
     name = "request_num_balance"
     uses_prefix_tree = False
     uses_offload_tier = False
-
-    def admit(self, inputs: DecisionInputs, indices: list[int]) -> list[int]:
-        return indices
+    kv_admission_limit: float | None = None
+    overload_limit: float | None = None
 
     def choose(self, inputs: DecisionInputs, groups: Groups) -> Choice | str:
         return least_loaded(inputs, groups)

@@ -29,10 +29,9 @@ class RoutingPolicy(Protocol):
     name: str
     uses_prefix_tree: bool  # needs gpu_match_tokens / tree_tokens in the inputs
     uses_offload_tier: bool  # needs offload_match_tokens
-
-    def admit(self, inputs: DecisionInputs, indices: list[int]) -> list[int]:
-        """Policy-specific admission on top of the common gate: the candidates it accepts."""
-        ...
+    # Policy-specific admission, applied with the common gate (None: no such limit):
+    kv_admission_limit: float | None  # admit if kv_tokens + request tokens <= limit x KV capacity
+    overload_limit: float | None  # admit if kv_tokens < limit x KV capacity
 
     def choose(self, inputs: DecisionInputs, groups: Groups) -> Choice | str:
         """Pick a candidate, or return a ``Reason`` for leaving the request queued."""

@@ -36,22 +36,10 @@ class CacheAwareRoutingPolicy:
         self.settings = settings
         self.multi_tier = multi_tier
         self.uses_offload_tier = multi_tier
+        self.kv_admission_limit = settings.kv_capacity_threshold if multi_tier else None
+        overload = settings.overload_token_usage_threshold
+        self.overload_limit = overload if overload < 1.0 else None
         self.name = "cache_aware_v1" if multi_tier else "cache_aware"
-
-    def admit(self, inputs: DecisionInputs, indices: list[int]) -> list[int]:
-        cands, s = inputs.candidates, self.settings
-        overload = s.overload_token_usage_threshold
-        if overload < 1.0:  # usage = kv_tokens / capacity, for a known capacity
-            indices = [i for i in indices if not cands[i].kv_tokens >= overload * cands[i].kv_capacity_tokens > 0]
-        if self.multi_tier:
-            limit, tokens = s.kv_capacity_threshold, inputs.request.num_tokens
-            indices = [
-                i
-                for i in indices
-                for c in (cands[i],)
-                if c.kv_capacity_tokens <= 0 or c.kv_tokens + tokens <= limit * c.kv_capacity_tokens
-            ]
-        return indices
 
     def choose(self, inputs: DecisionInputs, groups: Groups) -> Choice | str:
         keys = self._keys(inputs, groups)

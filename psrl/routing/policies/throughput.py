@@ -31,6 +31,8 @@ _MEMO_LIMIT = 4096
 class ThroughputOptimalPolicy:
     uses_prefix_tree = False
     uses_offload_tier = False
+    kv_admission_limit: float | None = None
+    overload_limit: float | None = None
 
     def __init__(self, cost_model: CostModel, delta_threshold: float, request_budget: int | None = None) -> None:
         self.cost_model = cost_model
@@ -40,9 +42,6 @@ class ThroughputOptimalPolicy:
         # Memo of _terms by candidate identity: a candidate is immutable and most do not change
         # between two decisions. It only caches; results do not depend on it.
         self._memo: dict[int, _Terms] = {}
-
-    def admit(self, inputs: DecisionInputs, indices: list[int]) -> list[int]:
-        return indices
 
     def request_tokens(self, inputs: DecisionInputs) -> int:
         req = inputs.request
