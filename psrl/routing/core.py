@@ -22,7 +22,7 @@ import msgspec
 from psrl.config.coordination import RoutingStrategy
 from psrl.routing.budget import budget_request_tokens
 from psrl.routing.cluster import Cluster
-from psrl.routing.decision import DecisionInputs, LedgerAnswer, RoutingDecision
+from psrl.routing.decision import DecisionInputs, LedgerAnswer, Reason, RoutingDecision
 from psrl.routing.instance import CandidateState, InstanceSnapshot
 from psrl.routing.ledger import StalenessLedger
 from psrl.routing.offload import OffloadTierView
@@ -279,7 +279,13 @@ class RouterCore:
         cand = inputs.candidates[selection.choice.index]
         hint = request.hint_instance
         moved_from = hint if hint is not None and hint != cand.instance_id else None
-        buffer = self._commit(request, cand)
+        try:
+            buffer = self._reserve(request, cand)
+        except Exception as exc:  # an injected ledger's refusal must not lose the request
+            refused = Selection(None, Reason.LEDGER_REFUSED, selection.pinned_by)
+            decision = self._record(inputs, refused, None, None, None)
+            return msgspec.structs.replace(decision, detail=f"{type(exc).__name__}: {exc}"), pinned
+        self._commit(request, cand)
         return self._record(inputs, selection, cand.instance_id, buffer, moved_from), pinned
 
     def _record(
@@ -320,11 +326,15 @@ class RouterCore:
             offload = {k: v for k, v in self.offload_tier.match(request.token_ids).items() if v > 0}
         return self.tree.match(request.token_ids), offload, trees
 
-    def _commit(self, request: RoutingRequest, cand: CandidateState) -> int | None:
-        buffer = None
+    def _reserve(self, request: RoutingRequest, cand: CandidateState) -> int | None:
+        """First routing: reserve the staleness slot at the instance's version (the only step that can fail)."""
+        if not request.is_unversioned:
+            return None
+        return self.ledger.reserve(request.prompt_id, request.child_index, cand.version, cand.instance_id)
+
+    def _commit(self, request: RoutingRequest, cand: CandidateState) -> None:
         if request.is_unversioned:
-            buffer = self.ledger.reserve(request.prompt_id, request.child_index, cand.version, cand.instance_id)
-            request.version_tag = cand.version
+            request.version_tag = cand.version  # V_traj is fixed here, for the trajectory's whole life
             self._wake(prompt_key(request.prompt_id))
         budget = budget_request_tokens(
             request.num_prompt_tokens, request.num_response_tokens, self.settings.request_budget
@@ -342,7 +352,6 @@ class RouterCore:
             self._stamp += 1
             self.tree.insert(request.token_ids, cand.instance_id, self._stamp)
         self._rr_cursor = cand.order + 1
-        return buffer
 
     def _wake(self, *keys: WakeKey) -> None:
         for key in keys:

@@ -21,6 +21,7 @@ class Reason:
     ROUTED = "routed"
     NO_ELIGIBLE_VERSION = "no_eligible_version"  # no routable instance at version >= V_traj
     NO_RESERVABLE = "no_reservable"  # the ledger cannot place the trajectory at any candidate version
+    LEDGER_REFUSED = "ledger_refused"  # the ledger refused the reservation it had allowed (detail: its error)
     NOT_ADMITTED = "not_admitted"  # the admission gate refused every candidate
     NO_GAIN = "no_gain"  # throughput_optimal: no marginal gain above the threshold
     PAUSED = "paused"  # the routing loop is paused

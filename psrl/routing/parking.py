@@ -36,7 +36,7 @@ def wake_keys(decision: RoutingDecision, request: RoutingRequest, pinned_instanc
     if decision.reason == Reason.NO_ELIGIBLE_VERSION:
         return [VERSIONS]
     keys: list[WakeKey] = []
-    if decision.reason == Reason.NO_RESERVABLE:
+    if decision.reason in (Reason.NO_RESERVABLE, Reason.LEDGER_REFUSED):
         keys = [LEDGER, VERSIONS, prompt_key(request.prompt_id)]
     if pinned_instance is not None:
         keys.append(instance_key(pinned_instance))

@@ -68,6 +68,26 @@ class TestRequestLifecycle:
         assert core.num_queued == 0 and core.instance("i0").num_inflight == 0
 
 
+def test_a_ledger_refusal_keeps_the_request_waiting_with_the_reason() -> None:
+    class RefusingLedger(WindowLedger):
+        refuse = True
+
+        def reserve(self, prompt_id: int, child: int, version: int, instance: str) -> int:
+            if self.refuse:
+                raise RuntimeError("window closed meanwhile")
+            return super().reserve(prompt_id, child, version, instance)
+
+    ledger = RefusingLedger()
+    core = make_core(versions=(0,), ledger=ledger)
+    core.submit(request(1))
+    (refused,) = core.dispatch(0.0).deferred
+    assert refused.reason == Reason.LEDGER_REFUSED and "window closed meanwhile" in refused.detail
+    assert core.num_queued == 1 and core.instance("i0").num_inflight == 0
+    ledger.refuse = False
+    core.notify_ledger_changed()
+    assert core.dispatch(0.0).routed[0].version_tag == 0
+
+
 class TestParking:
     def test_parked_requests_are_retried_only_after_a_relevant_event(self) -> None:
         core = make_core(versions=(0,))
