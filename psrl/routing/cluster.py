@@ -68,6 +68,10 @@ class Cluster:
             return tuple(self._healthy)
         return tuple(c for c in self._healthy if c.version >= min_version)
 
+    @property
+    def num_healthy(self) -> int:
+        return len(self._healthy)
+
     def versions(self, min_version: int) -> tuple[int, ...]:
         """Distinct versions >= ``min_version`` among healthy instances, ascending."""
         if min_version <= self._min_version:

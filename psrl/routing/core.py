@@ -222,11 +222,12 @@ class RouterCore:
     def dispatch(self, now: float, max_decisions: int | None = None) -> DispatchResult:
         """Try queued requests in priority order until one is refused for lack of capacity.
 
-        A request refused for a reason of its own (version, ledger, busy pinned instance) is
-        parked until an event can change that answer, and the pass goes on. A request refused
-        because no instance admits it or gains from it stays at the head: everything behind it
-        waits too, as in a strict priority queue. ``now`` (seconds, from the triggering event)
-        only paces prefix-tree eviction.
+        A request refused for a reason of its own (no instance at its version, the ledger, a busy
+        pinned instance, or only some instances open to it and those full) is parked until an
+        event can change that answer, and the pass goes on. A request that every healthy
+        instance was open to, refused because none admits it or gains from it, stays at the
+        head: everything behind it waits too, as in a strict priority queue. ``now`` (seconds,
+        from the triggering event) only paces prefix-tree eviction.
         """
         routed: list[RoutingDecision] = []
         deferred: list[RoutingDecision] = []
@@ -238,12 +239,12 @@ class RouterCore:
             if item is None:
                 break
             request, arrival = item
-            decision, pinned_instance = self._decide(request)
+            decision, pinned_instance, restricted_to = self._decide(request)
             if decision.is_routed:
                 routed.append(decision)
                 continue
             deferred.append(decision)
-            keys = wake_keys(decision, request, pinned_instance)
+            keys = wake_keys(decision, request, pinned_instance, restricted_to)
             if not keys:
                 self.queue.push(request, arrival)
                 break
@@ -269,13 +270,17 @@ class RouterCore:
             seq, copy, cands, self.cluster.num_slots, hint, group, ledger, gpu, offload, trees, self._rr_cursor
         )
 
-    def _decide(self, request: RoutingRequest) -> tuple[RoutingDecision, str | None]:
-        """The decision, and the instance the request was pinned to (if any)."""
+    def _decide(self, request: RoutingRequest) -> tuple[RoutingDecision, str | None, list[str] | None]:
+        """The decision, the instance the request was pinned to (if any), and the instances it was
+        restricted to when fewer than all healthy ones were open to it."""
         inputs = self.gather_inputs(request)
         selection = select(inputs, self.selection, self.policy)
         pinned = {"hint": inputs.hint_pin, "group": inputs.group_pin}.get(selection.pinned_by)
         if selection.choice is None:
-            return self._record(inputs, selection, None, None, None), pinned
+            restricted = None
+            if selection.considered and len(selection.considered) < self.cluster.num_healthy:
+                restricted = [inputs.candidates[i].instance_id for i in selection.considered]
+            return self._record(inputs, selection, None, None, None), pinned, restricted
         cand = inputs.candidates[selection.choice.index]
         hint = request.hint_instance
         moved_from = hint if hint is not None and hint != cand.instance_id else None
@@ -284,9 +289,9 @@ class RouterCore:
         except Exception as exc:  # an injected ledger's refusal must not lose the request
             refused = Selection(None, Reason.LEDGER_REFUSED, selection.pinned_by)
             decision = self._record(inputs, refused, None, None, None)
-            return msgspec.structs.replace(decision, detail=f"{type(exc).__name__}: {exc}"), pinned
+            return msgspec.structs.replace(decision, detail=f"{type(exc).__name__}: {exc}"), pinned, None
         self._commit(request, cand)
-        return self._record(inputs, selection, cand.instance_id, buffer, moved_from), pinned
+        return self._record(inputs, selection, cand.instance_id, buffer, moved_from), pinned, None
 
     def _record(
         self,

@@ -31,8 +31,15 @@ def instance_key(instance_id: str) -> WakeKey:
     return ("instance", instance_id)
 
 
-def wake_keys(decision: RoutingDecision, request: RoutingRequest, pinned_instance: str | None) -> list[WakeKey]:
-    """Events that could let this deferred request through; empty when any capacity change could."""
+def wake_keys(
+    decision: RoutingDecision, request: RoutingRequest, pinned_instance: str | None, restricted_to: list[str] | None
+) -> list[WakeKey]:
+    """Events that could let this deferred request through; empty when any capacity change could.
+
+    ``restricted_to`` names the instances the request could use when that was fewer than all
+    healthy ones (its version or its prompt's reservations ruled the others out): their being
+    full says nothing about the rest, so it waits on them instead of holding up the queue.
+    """
     if decision.reason == Reason.NO_ELIGIBLE_VERSION:
         return [VERSIONS]
     keys: list[WakeKey] = []
@@ -40,6 +47,8 @@ def wake_keys(decision: RoutingDecision, request: RoutingRequest, pinned_instanc
         keys = [LEDGER, VERSIONS, prompt_key(request.prompt_id)]
     if pinned_instance is not None:
         keys.append(instance_key(pinned_instance))
+    elif not keys and restricted_to is not None:
+        keys = [VERSIONS, LEDGER, *(instance_key(i) for i in restricted_to)]
     return keys
 
 

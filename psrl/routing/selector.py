@@ -49,6 +49,7 @@ class Selection:
     choice: Choice | None
     reason: str  # Reason.ROUTED or why the request stays queued
     pinned_by: str
+    considered: tuple[int, ...] = ()  # candidate indices left after pins and reservation (stages 2-4)
 
 
 def select(inputs: DecisionInputs, settings: SelectionSettings, policy: RoutingPolicy) -> Selection:
@@ -67,10 +68,10 @@ def select(inputs: DecisionInputs, settings: SelectionSettings, policy: RoutingP
         if admitted:
             groups.append(admitted)
     if not groups:
-        return Selection(None, Reason.NOT_ADMITTED, pinned_by)
+        return Selection(None, Reason.NOT_ADMITTED, pinned_by, tuple(indices))
     result = policy.choose(inputs, groups)
     if isinstance(result, str):
-        return Selection(None, result, pinned_by)
+        return Selection(None, result, pinned_by, tuple(indices))
     return Selection(result, Reason.ROUTED, pinned_by)
 
 

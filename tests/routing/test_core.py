@@ -100,6 +100,20 @@ class TestParking:
         core.add_instance("i9", 3)
         assert core.dispatch(0.0).routed[0].instance_id == "i9"
 
+    def test_a_full_instance_at_a_continuations_version_does_not_hold_up_other_work(self) -> None:
+        core = make_core(versions=(0, 1), max_concurrent_seqs_per_instance=1)
+        route(core, request(1, version_tag=1))  # fills i1, the only instance at version 1
+        placed = route(core, request(2, version_tag=1), request(3))
+        assert placed == {2: None, 3: "i0"}  # the continuation waits; the new request goes past it
+        core.release(1)
+        assert core.dispatch(0.0).routed[0].request_id == 2
+
+    def test_a_request_that_any_instance_could_take_holds_the_line_when_all_are_full(self) -> None:
+        core = make_core(versions=(0, 0), max_concurrent_seqs_per_instance=1)
+        placed = route(core, request(1), request(2), request(3), request(4))
+        assert list(placed.values()) == ["i0", "i1", None, None]
+        assert [d.request_id for d in core.dispatch(0.0).deferred] == [3]  # 4 was not even tried
+
     def test_a_parked_request_keeps_its_place_in_line(self) -> None:
         core = make_core(versions=(0,), max_concurrent_seqs_per_instance=1)
         route(core, request(1))  # i0 full
