@@ -106,6 +106,17 @@ def recv_payload_into(sock: zmq.Socket[bytes], destination: memoryview) -> None:
         raise protocol.ProtocolError(f"payload of {received} bytes where {len(destination)} were expected")
 
 
+def recv_payload_frame(sock: zmq.Socket[bytes], num_bytes: int) -> memoryview:
+    """Receive the pending payload frame without a copy; its memory lives as long as the view."""
+    frame = sock.recv(copy=False)
+    extra = _has_more(sock)
+    discard_rest(sock)
+    view = frame.buffer
+    if len(view) != num_bytes or extra:
+        raise protocol.ProtocolError(f"payload of {len(view)} bytes where {num_bytes} were expected")
+    return view
+
+
 def discard_rest(sock: zmq.Socket[bytes]) -> int:
     """Drop the remaining frames of the current message; returns how many there were."""
     count = 0

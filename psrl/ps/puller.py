@@ -33,6 +33,7 @@ from psrl.log import get_logger
 from psrl.ps import links
 from psrl.ps.checksum import checksum
 from psrl.ps.delta import SPARSE, DeltaError, apply_sparse, sparse_bytes
+from psrl.ps.dtypes import tensor_from_buffer
 from psrl.ps.errors import PullFailedError
 from psrl.ps.manifest import NO_CHECKSUM, ManifestEntry, ManifestError, validate_served_parts
 from psrl.ps.mirror import Mirror
@@ -259,7 +260,7 @@ class Puller:
         plan = self._resolve(version)
         stream.manifest_s = time.perf_counter() - started
         needed = self._needed(plan)
-        self.mirror.prepare(plan.entries)
+        self.mirror.prepare([e for e in plan.entries if not self._is_zero_copy(e)])
         request_ids = self._request(plan, needed)
         counts = _Counts(needed)
         try:
@@ -302,9 +303,18 @@ class Puller:
             request = PullRequest(
                 request_ids[shard], plan.version, tuple(e.index for e in part), self._plane.peer, base_version
             )
-            destinations = [self.mirror.destination(e) for e in part]
+            # In-band transports receive each payload where it belongs when it arrives.
+            destinations = [] if self._plane.is_in_band else [self.mirror.destination(e) for e in part]
             self._plane.request(sock, request, plan.parts[shard].offer, part, destinations)
         return request_ids
+
+    def _is_zero_copy(self, entry: ManifestEntry) -> bool:
+        """Whole tensors of a full pull over ZeroMQ are handed out as views of the received frame.
+
+        Everything else lands in the mirror: blocks of split tensors (assembled in place), and every
+        entry under delta sync (the mirror is its record of what the engine holds).
+        """
+        return self._plane.is_in_band and not self.delta_sync and entry.is_whole_tensor
 
     def _receive_entries(
         self,
@@ -317,35 +327,48 @@ class Puller:
         pending = {e.index: e for e in needed}
         algorithm = plan.algorithm if self.verify else NO_CHECKSUM
         self._verifier.clear()
+        frames: dict[int, memoryview] = {}  # zero-copy entries: the received frame, until it is loaded
         last_progress = time.monotonic()
         while pending or self._verifier.num_pending:
-            for entry, num_transferred in self._arrivals(plan, request_ids, pending) if pending else ():
+            for entry, num_transferred, frame in self._arrivals(plan, request_ids, pending) if pending else ():
                 last_progress = time.monotonic()
                 del pending[entry.index]
-                job = functools.partial(is_intact, entry, self.mirror.entry_view(entry), algorithm)
-                self._verifier.submit(num_transferred, entry, job)
-                yield from self._verified(plan, self._verifier.completed(), counts, stream)
+                view = self.mirror.entry_view(entry) if frame is None else frame
+                if frame is not None:
+                    frames[entry.index] = frame
+                self._verifier.submit(num_transferred, entry, functools.partial(is_intact, entry, view, algorithm))
+                yield from self._verified(plan, self._verifier.completed(), counts, stream, frames)
             wait_s = 0.0 if pending else 0.1
-            yield from self._verified(plan, self._verifier.completed(wait_s), counts, stream)
+            yield from self._verified(plan, self._verifier.completed(wait_s), counts, stream, frames)
             if time.monotonic() - last_progress > self.timeout_s:
                 raise PullFailedError(plan.version, f"stalled; {len(pending)} entries missing", plan.version)
 
     def _verified(
-        self, plan: _Plan, verdicts: list[tuple[int, ManifestEntry, bool]], counts: _Counts, stream: PullStream
+        self,
+        plan: _Plan,
+        verdicts: list[tuple[int, ManifestEntry, bool]],
+        counts: _Counts,
+        stream: PullStream,
+        frames: dict[int, memoryview],
     ) -> Iterator[tuple[str, torch.Tensor]]:
         for num_transferred, entry, is_ok in verdicts:
+            frame = frames.pop(entry.index, None)
             if not is_ok:
                 self.mirror.forget(entry)
                 raise PullFailedError(plan.version, f"entry {entry.index} ({entry.name}) failed its checksum")
-            self.mirror.landed(entry)
             stream.num_bytes += num_transferred
+            if frame is not None:
+                counts.num_loaded += 1
+                yield entry.name, self._cast(tensor_from_buffer(frame, entry.dtype, entry.shape))
+                continue
+            self.mirror.landed(entry)
             if counts.land(entry):
                 yield entry.name, self._cast(self.mirror.take(entry.name))
 
     def _arrivals(
         self, plan: _Plan, request_ids: dict[int, int], pending: dict[int, ManifestEntry]
-    ) -> Iterator[tuple[ManifestEntry, int]]:
-        """(entry, bytes transferred for it) whose bytes are now in the mirror (not yet verified)."""
+    ) -> Iterator[tuple[ManifestEntry, int, memoryview | None]]:
+        """(entry, bytes transferred, frame) that arrived (not yet verified); frame None: in the mirror."""
         try:
             landed_now = self._plane.poll_landed()
         except TransportError as exc:
@@ -354,7 +377,7 @@ class Puller:
         for landed in landed_now:
             if landed.key in owners and landed.entry_index in pending:
                 entry = pending[landed.entry_index]
-                yield entry, entry.num_bytes
+                yield entry, entry.num_bytes, None
         timeout_ms = 1 if self._plane.is_busy else 100
         for sock, _ in self._poller.poll(timeout_ms):
             shard = self._shard_of[sock]
@@ -372,19 +395,21 @@ class Puller:
 
     def _take_payload(
         self, sock: zmq.Socket[bytes], plan: _Plan, chunk: PullChunk, pending: dict[int, ManifestEntry]
-    ) -> tuple[ManifestEntry, int] | None:
+    ) -> tuple[ManifestEntry, int, memoryview | None] | None:
         entry = pending.get(chunk.entry_index)
         if entry is None or chunk.version != plan.version:
             self._discard(sock)
             return None
         try:
             if chunk.encoding == SPARSE:
-                return entry, self._apply_sparse(sock, entry, chunk.num_changed)
+                return entry, self._apply_sparse(sock, entry, chunk.num_changed), None
+            if self._is_zero_copy(entry):
+                return entry, entry.num_bytes, links.recv_payload_frame(sock, entry.num_bytes)
             links.recv_payload_into(sock, self.mirror.entry_view(entry))
         except (ProtocolError, DeltaError) as exc:
             self.mirror.forget(entry)
             raise PullFailedError(plan.version, str(exc)) from None
-        return entry, entry.num_bytes
+        return entry, entry.num_bytes, None
 
     def _apply_sparse(self, sock: zmq.Socket[bytes], entry: ManifestEntry, num_changed: int) -> int:
         payload = memoryview(bytearray(sparse_bytes(num_changed, entry.dtype)))

@@ -87,7 +87,8 @@ class ShardServer:
         self._on_commit = on_commit
         self._log = get_logger("psrl.ps.shard", shard=options.shard, boot=self.boot_id)
         self._plane: ShardDataPlane = shard_plane(options.transport, host=options.host)
-        self._verifier: Verifier[ManifestEntry | None] = Verifier()
+        # Two helpers: checks and casts of consecutive entries overlap (results stay in order).
+        self._verifier: Verifier[ManifestEntry | None] = Verifier(num_threads=2)
         self._cast: tuple[dict[int, ManifestEntry], EntryBuffers] | None = None
         self._served: dict[int, ManifestEntry] = {}
         self._own_ctx = ctx is None
