@@ -306,7 +306,8 @@ class RouterCore:
         return RoutingDecision(
             inputs.seq, request.request_id, request.prompt_id, selection.reason, instance_id, version_tag,
             buffer, selection.pinned_by, choice.group if choice else -1, choice.score if choice else 0.0,
-            choice.detail if choice else "", moved_from, inputs if self.record_inputs else None,
+            choice.detail if choice else "", moved_from, self._dispatch_seq - 1 if instance_id else -1,
+            inputs if self.record_inputs else None,
         )  # fmt: skip
 
     def _ledger_answers(self, request: RoutingRequest) -> tuple[LedgerAnswer, ...]:

@@ -64,6 +64,7 @@ class RoutingDecision(msgspec.Struct, frozen=True, gc=False):
     score: float  # the policy's score of the chosen instance (gain, overlap, load...)
     detail: str  # policy-specific: "least_load", "cache_hit", "shortest_queue", ...
     moved_from: str | None  # hint instance when the request left it (KV transfer source)
+    dispatch_seq: int  # routed: sequence number to send with the request; engines echo the last one admitted
     inputs: DecisionInputs | None
 
     @property

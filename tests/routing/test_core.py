@@ -30,6 +30,16 @@ class TestStatus:
         core.apply_snapshot(snapshot("i0", 2, kv_tokens=260, last_dispatch_seq=1))
         assert core.instance("i0").kv_tokens == 260
 
+    def test_routed_decisions_carry_consecutive_dispatch_sequence_numbers(self) -> None:
+        core = make_core(versions=(0, 0))
+        core.submit(request(9, version_tag=4))  # deferred: no sequence number
+        for rid in (1, 2, 3):
+            core.submit(request(rid))
+        result = core.dispatch(0.0)
+        assert [d.dispatch_seq for d in result.routed] == [0, 1, 2]
+        assert [d.dispatch_seq for d in result.deferred] == [-1]
+        assert core.next_dispatch_seq == 3
+
     def test_old_or_repeated_reports_and_unknown_instances_are_ignored(self) -> None:
         core = make_core(versions=(0,))
         assert core.apply_snapshot(snapshot("i0", 5, num_waiting=0))
