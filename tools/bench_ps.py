@@ -204,7 +204,8 @@ def run_delta(args: argparse.Namespace, sd: dict[str, torch.Tensor], directory: 
             pusher.push(version, sd)
             wholes.append(whole.pull(version, lambda name, tensor: None))
             deltas.append(delta.pull(version, lambda name, tensor: None))
-            mirror_exact &= all(torch.equal(delta.mirror.tensor(n), whole.mirror.tensor(n)) for n in sd)
+            served = getattr(torch, args.delta_serve_dtype)
+            mirror_exact &= all(torch.equal(delta.mirror.tensor(n), t.to(served)) for n, t in sd.items())
     finally:
         pusher.close()
         delta.close()
@@ -296,7 +297,7 @@ def report(args: argparse.Namespace, num_bytes: int, raw: list[float], copy: flo
             f"delta sync ({args.delta_scenario}, lr {args.lr:g}, served {args.delta_serve_dtype}): "
             f"{median([d.num_bytes for d in deltas]) / 1e6:.1f} of {deltas[0].num_bytes_total / 1e6:.1f} MB per pull "
             f"(fraction {delta_fraction:.4f}), {delta_ms:.1f} ms vs {whole_ms:.1f} ms for a whole pull; "
-            f"delta mirror equals whole pull: {result['exact']}"
+            f"delta mirror equals the pushed weights: {result['exact']}"
         )
     print(f"load average after: {os.getloadavg()[0]:.2f}")
     print(
