@@ -14,7 +14,11 @@
    trajectory, oldest acceptable first for a continuation; ``reserve_capability``: the ledger's
    reserve indicator first), then the admission gate (not paused, in-flight cap
    ``max_concurrent_seqs_per_instance``, empty engine waiting queue when
-   ``admission_reject_on_waiting``, plus the policy's own gate), then the policy.
+   ``admission_reject_on_waiting``, plus the policy's KV limits), then the policy.
+
+Partial-rollout loopbacks that are neither sticky nor force-pinned route freely (migration and
+preemption loopbacks exist to move; after a sync the old instance's prefix cache is gone
+anyway); the decision names the hint as ``moved_from`` so the KV can be transferred.
 """
 
 from __future__ import annotations

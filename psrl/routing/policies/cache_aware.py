@@ -11,8 +11,10 @@ each instance since its KV cache was last cleared).
 * ``cache_aware_v1``: score = ``gpu_overlap_weight * gpu_blocks + lmcache_overlap_weight *
   offload_blocks`` in whole KV blocks, where offload blocks are those the offloaded tier holds
   beyond the GPU match. Ties go to the lower load, then the smaller tree. With no qualifying
-  hit it falls back to the least loaded instance (ties: smaller tree). It also refuses an instance whose KV would
-  exceed ``kv_capacity_threshold`` x its capacity with this request.
+  hit it falls back to the least loaded instance (ties: smaller tree). It also refuses an
+  instance whose KV would exceed ``kv_capacity_threshold`` x its capacity with this request.
+* The balance check and the fallbacks consider only admitted instances; cache_aware ties go
+  the same way as v1's (lower load, then smaller tree).
 
 An instance whose KV usage reaches ``overload_token_usage_threshold`` (< 1) is not admitted.
 """
