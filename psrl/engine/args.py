@@ -32,6 +32,9 @@ class EngineArgs:
     cuda_graphs: bool = True
     # run decode at the graphs' padded bucket shapes even without graphs (how CPU tests cover that path)
     bucketed_decode: bool = False
+    # eager decode reads keys/values from a dense per-sequence copy instead of gathering blocks each step
+    # (faster on CPU; costs a second copy of the running sequences' KV)
+    dense_decode: bool = True
 
     @classmethod
     def from_config(cls, config: Config) -> EngineArgs:

@@ -46,7 +46,12 @@ class Engine:
         model = build_model(self.spec, self.max_model_len, self.dtype, self.device, source)
         shape = RunnerShape(args.num_kv_blocks, args.block_size, args.max_num_seqs, self.max_model_len)
         self.runner = ModelRunner(
-            model, shape, self.dtype, cuda_graphs=args.cuda_graphs, bucketed_decode=args.bucketed_decode
+            model,
+            shape,
+            self.dtype,
+            cuda_graphs=args.cuda_graphs,
+            bucketed_decode=args.bucketed_decode,
+            dense_decode=args.dense_decode,
         )
         self.block_manager = BlockManager(args.num_kv_blocks, args.block_size, args.enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, args.max_num_seqs, args.max_num_batched_tokens)

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from psrl.engine.decode_graphs import DecodeGraphRunner
+from psrl.engine.decode_workspace import DecodeWorkspace
 from psrl.engine.scheduler import ScheduledBatch
 from psrl.engine.sequence import Sequence
 from psrl.models.attention import AttentionBatch
@@ -31,6 +32,7 @@ class ModelRunner:
         *,
         cuda_graphs: bool = True,
         bucketed_decode: bool = False,
+        dense_decode: bool = True,
     ) -> None:
         spec, device = model.spec, model.embed_tokens.weight.device
         self.model = model
@@ -49,45 +51,65 @@ class ModelRunner:
                 model, self.kv_cache, shape.block_size, shape.num_blocks, shape.max_num_seqs, max_blocks_per_seq,
                 use_graphs,
             )  # fmt: skip
+        self.workspace = None
+        if self.decode_graphs is None and dense_decode:
+            self.workspace = DecodeWorkspace(self.kv_cache, shape.block_size, shape.max_num_seqs, shape.max_model_len)
 
     @torch.inference_mode()
     def execute(self, batch: ScheduledBatch) -> tuple[torch.Tensor, list[Sequence]]:
         """Run one step; returns fp32 logits for the sequences that now need a token, and those sequences."""
         if not batch.is_prefill and self.decode_graphs is not None:
             return self.decode_graphs.run(batch.seqs), batch.seqs
+        dense_kv = None
         if batch.is_prefill:
             input_ids, positions, attention, logits_rows, sampled = self._prepare_prefill(batch)
         else:
-            input_ids, positions, attention = self._prepare_decode(batch.seqs)
-            logits_rows, sampled = None, batch.seqs
-        hidden = self.model(input_ids, positions, self.kv_cache, attention)
+            sampled, capacity = batch.seqs, None
+            if self.workspace is not None:
+                sampled, dense_kv = self.workspace.sync(batch.seqs), self.workspace.buffer
+                capacity = dense_kv.shape[2]
+            input_ids, positions, attention = self._prepare_decode(sampled, capacity)
+            logits_rows = None
+        hidden = self.model(input_ids, positions, self.kv_cache, attention, dense_kv)
         if logits_rows is not None:
             hidden = hidden.index_select(0, logits_rows)
         return self.model.compute_logits(hidden), sampled
 
-    def _prepare_decode(self, seqs: list[Sequence]) -> tuple[torch.Tensor, torch.Tensor, AttentionBatch]:
-        block_size = self.block_size
+    def _prepare_decode(
+        self, seqs: list[Sequence], dense_capacity: int | None
+    ) -> tuple[torch.Tensor, torch.Tensor, AttentionBatch]:
+        """Decode inputs; keys come from the dense workspace when `dense_capacity` is given, else from blocks."""
+        block_size, device = self.block_size, self.device
         positions = [seq.num_tokens - 1 for seq in seqs]
         slots = [
             seq.block_table[p // block_size] * block_size + p % block_size
             for seq, p in zip(seqs, positions, strict=True)
         ]
-        num_blocks_per_seq = max(len(seq.block_table) for seq in seqs)
-        tables = [seq.block_table + [0] * (num_blocks_per_seq - len(seq.block_table)) for seq in seqs]
-        num_key_slots = num_blocks_per_seq * block_size
-        context_lens = torch.tensor(positions, device=self.device) + 1
-        key_index = torch.arange(num_key_slots, device=self.device)
+        if dense_capacity is None:
+            num_blocks_per_seq = max(len(seq.block_table) for seq in seqs)
+            tables = [seq.block_table + [0] * (num_blocks_per_seq - len(seq.block_table)) for seq in seqs]
+            block_tables = torch.tensor(tables, device=device).view(-1)
+            num_key_slots, dense_write_index = num_blocks_per_seq * block_size, None
+        else:
+            block_tables = torch.empty(0, dtype=torch.long, device=device)
+            num_key_slots = max(positions) + 1
+            dense_write_index = torch.tensor(
+                [row * dense_capacity + p for row, p in enumerate(positions)], device=device
+            )
+        positions_t = torch.tensor(positions, device=device)
+        key_index = torch.arange(num_key_slots, device=device)
         attention = AttentionBatch(
-            slot_mapping=torch.tensor(slots, device=self.device),
-            block_tables=torch.tensor(tables, device=self.device).view(-1),
-            mask=(key_index.unsqueeze(0) < context_lens.unsqueeze(1)).view(len(seqs), 1, 1, num_key_slots),
+            slot_mapping=torch.tensor(slots, device=device),
+            block_tables=block_tables,
+            mask=(key_index.unsqueeze(0) <= positions_t.unsqueeze(1)).view(len(seqs), 1, 1, num_key_slots),
             num_seqs=len(seqs),
             max_query_len=1,
             num_key_slots=num_key_slots,
             query_pad_index=None,
+            dense_write_index=dense_write_index,
         )
-        input_ids = torch.tensor([seq.token_ids[-1] for seq in seqs], device=self.device)
-        return input_ids, context_lens - 1, attention
+        input_ids = torch.tensor([seq.token_ids[-1] for seq in seqs], device=device)
+        return input_ids, positions_t, attention
 
     def _prepare_prefill(
         self, batch: ScheduledBatch

@@ -32,14 +32,31 @@ class AttentionBatch:
     # [N] position of each packed token in the padded [B * max_query_len] layout; None for decode,
     # where every sequence has exactly one query token and packing equals padding
     query_pad_index: torch.Tensor | None
+    # decode from a dense per-sequence copy of the cache (see psrl.engine.decode_workspace):
+    # [B] flat index (row * capacity + position) each new token is written to; keys are read from
+    # the first num_key_slots positions of rows 0..B-1
+    dense_write_index: torch.Tensor | None = None
 
 
-def paged_attention(q: torch.Tensor, new_kv: torch.Tensor, cache: torch.Tensor, batch: AttentionBatch) -> torch.Tensor:
-    """q [N, Hq, D] and new_kv [N, 2, Hkv, D] (rotated keys, values) -> attention output [N, Hq * D]."""
+def paged_attention(
+    q: torch.Tensor,
+    new_kv: torch.Tensor,
+    cache: torch.Tensor,
+    batch: AttentionBatch,
+    dense: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """q [N, Hq, D] and new_kv [N, 2, Hkv, D] (rotated keys, values) -> attention output [N, Hq * D].
+
+    `dense`: this layer's [rows, capacity, 2, Hkv, D] decode workspace, used with dense_write_index.
+    """
     num_kv_heads, head_dim = cache.shape[3], cache.shape[4]
     cache.view(-1, 2, num_kv_heads, head_dim).index_copy_(0, batch.slot_mapping, new_kv)
-    gathered = cache.index_select(0, batch.block_tables)
-    gathered = gathered.view(batch.num_seqs, batch.num_key_slots, 2, num_kv_heads, head_dim)
+    if dense is not None and batch.dense_write_index is not None:
+        dense.view(-1, 2, num_kv_heads, head_dim).index_copy_(0, batch.dense_write_index, new_kv)
+        gathered = dense[: batch.num_seqs, : batch.num_key_slots]
+    else:
+        gathered = cache.index_select(0, batch.block_tables)
+        gathered = gathered.view(batch.num_seqs, batch.num_key_slots, 2, num_kv_heads, head_dim)
     keys = gathered[:, :, 0].transpose(1, 2)
     values = gathered[:, :, 1].transpose(1, 2)
     if batch.query_pad_index is None:

@@ -53,7 +53,12 @@ class DecoderLayer(nn.Module):
         self.down_proj = nn.Linear(spec.intermediate_size, spec.hidden_size, bias=spec.has_mlp_bias)
 
     def forward(
-        self, hidden: torch.Tensor, rotation: torch.Tensor, kv_cache: torch.Tensor, batch: AttentionBatch
+        self,
+        hidden: torch.Tensor,
+        rotation: torch.Tensor,
+        kv_cache: torch.Tensor,
+        batch: AttentionBatch,
+        dense_kv: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """rotation: [tokens, 1, head_dim/2] complex; kv_cache: this layer's [blocks, block_size, 2, Hkv, D]."""
         spec = self.spec
@@ -63,7 +68,7 @@ class DecoderLayer(nn.Module):
         qk = _rotate(qk, rotation).view(num_tokens, num_heads + spec.num_kv_heads, spec.head_dim)
         v = qkv[:, spec.q_size + spec.kv_size :].view(num_tokens, 1, spec.num_kv_heads, spec.head_dim)
         new_kv = torch.cat((qk[:, num_heads:].unsqueeze(1), v), dim=1)
-        attention = paged_attention(qk[:, :num_heads], new_kv, kv_cache, batch)
+        attention = paged_attention(qk[:, :num_heads], new_kv, kv_cache, batch, dense_kv)
         hidden = hidden + self.o_proj(attention)
         gate, up = self.gate_up_proj(rms_norm(hidden, self.post_attention_layernorm, spec.rms_norm_eps)).chunk(2, -1)
         out: torch.Tensor = hidden + self.down_proj(functional.silu(gate) * up)
@@ -102,13 +107,18 @@ class DecoderModel(nn.Module):
         self.rope_rotation = rotation_table(spec, max_positions)
 
     def forward(
-        self, input_ids: torch.Tensor, positions: torch.Tensor, kv_cache: torch.Tensor, batch: AttentionBatch
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        kv_cache: torch.Tensor,
+        batch: AttentionBatch,
+        dense_kv: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """kv_cache: [num_layers, num_blocks, block_size, 2, num_kv_heads, head_dim]."""
+        """kv_cache: [num_layers, num_blocks, block_size, 2, num_kv_heads, head_dim]; dense_kv: per-layer rows."""
         hidden: torch.Tensor = self.embed_tokens(input_ids)
         rotation = self.rope_rotation.index_select(0, positions).unsqueeze(1)
         for index, layer in enumerate(self.layers):
-            hidden = layer(hidden, rotation, kv_cache[index], batch)
+            hidden = layer(hidden, rotation, kv_cache[index], batch, None if dense_kv is None else dense_kv[index])
         return hidden
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -34,9 +34,10 @@ def test_batched_greedy_matches_transformers(checkpoint: Checkpoint) -> None:
     _run_batched_greedy(checkpoint, engine)
 
 
-def test_bucketed_decode_matches_transformers(qwen2: Checkpoint) -> None:
-    # the padded fixed-shape decode path that CUDA graphs replay, run eagerly
-    _run_batched_greedy(qwen2, make_engine(qwen2, num_kv_blocks=128, bucketed_decode=True, max_num_seqs=8))
+@pytest.mark.parametrize("mode", ["gather", "bucketed"])
+def test_other_decode_paths_match_transformers(qwen2: Checkpoint, mode: str) -> None:
+    overrides = {"gather": {"dense_decode": False}, "bucketed": {"bucketed_decode": True, "max_num_seqs": 8}}[mode]
+    _run_batched_greedy(qwen2, make_engine(qwen2, num_kv_blocks=128, **overrides))
 
 
 def _run_batched_greedy(checkpoint: Checkpoint, engine) -> None:  # type: ignore[no-untyped-def]
@@ -78,10 +79,17 @@ def test_prefix_cache_hits_match_transformers(qwen2: Checkpoint) -> None:
     _check_all(qwen2, recorder, prompts, results)
 
 
-@pytest.mark.parametrize("bucketed_decode", [False, True])
-def test_preemption_matches_transformers(qwen2: Checkpoint, bucketed_decode: bool) -> None:
+DECODE_MODES = {
+    "dense": {},  # the default eager path: keys from the dense decode workspace
+    "gather": {"dense_decode": False},  # keys gathered from the blocks each step
+    "bucketed": {"bucketed_decode": True},  # the fixed shapes CUDA graphs replay
+}
+
+
+@pytest.mark.parametrize("mode", sorted(DECODE_MODES))
+def test_preemption_matches_transformers(qwen2: Checkpoint, mode: str) -> None:
     # 24 blocks of 4 tokens cannot hold 8 sequences of ~30 tokens: decode must preempt
-    engine = make_engine(qwen2, num_kv_blocks=24, bucketed_decode=bucketed_decode)
+    engine = make_engine(qwen2, num_kv_blocks=24, **DECODE_MODES[mode])
     recorder = LogitRecorder()
     recorder.attach(engine)
     prompts = _prompts(8, seed=4, min_len=6, max_len=14)
