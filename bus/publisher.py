@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import Any
 
 import zmq
 
 from bus.addresses import BusAddresses
 from bus.codec import DEFAULT_ARRAY_FRAME_BYTES, Encoder
 from bus.errors import BusError
+from bus.io import send_frames
 from bus.schema import Channel, Envelope, Message
 from bus.sockets import DEFAULT_SOCKET_OPTIONS, SocketOptions, make_socket
 from bus.stamp import Stamper
@@ -134,12 +134,3 @@ class Publisher:
         for socket in self._sockets.values():
             socket.close()
         self._sockets.clear()
-
-
-def send_frames(socket: zmq.Socket[bytes], frames: list[Any]) -> None:
-    """Send an event's frames: small ones copied, trailing array buffers without copying."""
-    last = len(frames) - 1
-    socket.send(frames[0], zmq.SNDMORE)
-    socket.send(frames[1], zmq.SNDMORE if last > 1 else 0)
-    for index in range(2, last + 1):
-        socket.send(frames[index], zmq.SNDMORE if index < last else 0, copy=False)

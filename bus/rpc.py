@@ -24,11 +24,10 @@ import zmq
 from bus.codec import DEFAULT_ARRAY_FRAME_BYTES, DEFAULT_MAX_MESSAGE_BYTES, Decoder, Encoder
 from bus.drops import DropCounter
 from bus.errors import DecodeError, RequestTimeoutError
-from bus.publisher import send_frames
+from bus.io import SNDMORE, recv_within, send_frames, send_within
 from bus.schema import Envelope, Event, Message
 from bus.sockets import DEFAULT_SOCKET_OPTIONS, SocketOptions, bound_address, make_socket
 from bus.stamp import Stamper
-from bus.subscriber import recv_event_frames
 
 
 @dataclass(frozen=True)
@@ -76,13 +75,14 @@ class Replier:
     def recv(self, timeout_ms: int | None = None) -> Request | None:
         """The next new request; None when `timeout_ms` passes. Bad and duplicate ones are handled here."""
         deadline = None if timeout_ms is None else time.monotonic() + timeout_ms / 1000
-        while True:
-            remaining = None if deadline is None else max(0, int((deadline - time.monotonic()) * 1000))
-            if remaining is not None and not self.socket.poll(remaining):
-                return None
-            request = self._take_one(recv_event_frames(self.socket))
+        remaining = timeout_ms
+        while (frames := recv_within(self.socket, remaining)) is not None:
+            request = self._take_one(frames)
             if request is not None:
                 return request
+            if deadline is not None:  # a dropped or duplicate request does not restart the timeout
+                remaining = max(0, int((deadline - time.monotonic()) * 1000))
+        return None
 
     def _take_one(self, frames: list[Any]) -> Request | None:
         identity = frames[0]
@@ -107,9 +107,10 @@ class Replier:
     def reply(self, request: Request, message: Message, *, model_version: int | None = None) -> Envelope:
         """Answer `request`; the reply's parent is the request's event id."""
         req = request.event.envelope
-        envelope = self.stamper.stamp(message, req.event_id, model_version, req.request_id, req.prompt_id)
+        request_event_id = req.event_id
+        envelope = self.stamper.stamp(message, request_event_id, model_version, req.request_id, req.prompt_id)
         frames = self._encoder.encode(envelope, message)
-        entry = self._recent.get(req.event_id)
+        entry = self._recent.get(request_event_id)
         if entry is not None:
             entry.reply_frames = frames
             if entry.identity != request.identity:
@@ -118,7 +119,7 @@ class Replier:
         return envelope
 
     def _send(self, identity: bytes, frames: list[Any]) -> None:
-        self.socket.send(identity, zmq.SNDMORE)
+        self.socket.send(identity, SNDMORE)
         send_frames(self.socket, frames)
 
     def close(self) -> None:
@@ -177,19 +178,12 @@ class Requester:
                 self.socket.close(0)
                 self.socket = self._connect()
             deadline = time.monotonic() + timeout / 1000
-            if self._send_within(frames, timeout):
+            if send_within(self.socket, frames, timeout):
                 remaining = max(0, int((deadline - time.monotonic()) * 1000))
                 reply = self.recv_reply(envelope.event_id, remaining)
                 if reply is not None:
                     return reply
         raise RequestTimeoutError(self.address, message.KIND, num_attempts, timeout)
-
-    def _send_within(self, frames: list[Any], timeout_ms: int) -> bool:
-        """Send unless no peer can take the request within the timeout (a DEALER without peers blocks)."""
-        if not self.socket.poll(timeout_ms, zmq.POLLOUT):
-            return False
-        send_frames(self.socket, frames)
-        return True
 
     def send(
         self,
@@ -205,25 +199,25 @@ class Requester:
         Raises RequestTimeoutError if no peer can take the request within the timeout.
         """
         envelope = self.stamper.stamp(message, parent, model_version, request_id, prompt_id)
-        if not self._send_within(self._encoder.encode(envelope, message), self.timeout_ms):
+        if not send_within(self.socket, self._encoder.encode(envelope, message), self.timeout_ms):
             raise RequestTimeoutError(self.address, message.KIND, 1, self.timeout_ms)
         return envelope
 
     def recv_reply(self, correlation_id: str | None, timeout_ms: int) -> Event[Any] | None:
         """The next good reply (to `correlation_id` if given; others are counted stale and dropped)."""
         deadline = time.monotonic() + timeout_ms / 1000
-        while True:
-            remaining = max(0, int((deadline - time.monotonic()) * 1000))
-            if not self.socket.poll(remaining):
-                return None
+        remaining = timeout_ms
+        while (frames := recv_within(self.socket, remaining)) is not None:
             try:
-                reply = self._decoder.decode_one(recv_event_frames(self.socket))
+                reply = self._decoder.decode_one(frames)
             except DecodeError as error:
                 self.drops.record(error)
-                continue
-            if correlation_id is None or reply.envelope.parent == correlation_id:
-                return reply
-            self.num_stale_replies += 1
+            else:
+                if correlation_id is None or reply.envelope.parent == correlation_id:
+                    return reply
+                self.num_stale_replies += 1
+            remaining = max(0, int((deadline - time.monotonic()) * 1000))
+        return None
 
     def close(self) -> None:
         self.socket.close(0)

@@ -14,16 +14,13 @@ from typing import Any
 
 import zmq
 
-from bus.arrays import MAX_ARRAY_FRAMES
 from bus.codec import DEFAULT_MAX_MESSAGE_BYTES, Decoder
 from bus.drops import DropCounter
 from bus.errors import DecodeError
 from bus.gaps import GapTracker
+from bus.io import StreamReceiver
 from bus.schema import Event
 from bus.sockets import DEFAULT_SOCKET_OPTIONS, SocketOptions, make_socket
-
-_MAX_FRAMES = 2 + MAX_ARRAY_FRAMES
-_COPY_BELOW_BYTES = 64 * 1024
 
 
 class Subscriber:
@@ -50,16 +47,12 @@ class Subscriber:
         self.drops = DropCounter(name)
         self.gaps = GapTracker(from_first_seen=True)
         self.pending: deque[Event[Any]] = deque()
+        self._receiver = StreamReceiver(self.socket)
         self._is_tracking_gaps = "" in self.kinds
 
     def recv_frames(self, timeout_ms: int | None = None) -> list[Any] | None:
-        """The next message's raw frames (see `recv_event_frames`), or None after `timeout_ms`."""
-        try:  # while events flow, a non-blocking receive saves the poll call
-            return recv_event_frames(self.socket, zmq.NOBLOCK)
-        except zmq.Again:
-            if timeout_ms is not None and (timeout_ms <= 0 or not self.socket.poll(timeout_ms)):
-                return None
-            return recv_event_frames(self.socket)
+        """The next message's raw frames (see `bus.io.recv_event_frames`), or None after `timeout_ms`."""
+        return self._receiver.recv(timeout_ms)
 
     def recv_batch(self, timeout_ms: int | None = None) -> list[Event[Any]]:
         """Pending events, else the events of the next message; [] on timeout or if it was dropped."""
@@ -108,21 +101,3 @@ class Subscriber:
 
     def close(self) -> None:
         self.socket.close()
-
-
-def recv_event_frames(socket: zmq.Socket[bytes], flags: int = 0) -> list[Any]:
-    """Receive one multipart message: frames below 64 KiB as bytes, larger ones as uncopied zmq.Frames.
-
-    Frames beyond what an event may have are received and discarded (one extra is kept so the
-    decoder reports the message as malformed), so a hostile sender cannot pile up frame objects.
-    """
-    first = socket.recv(flags, copy=False)  # flags apply to the first frame; the rest are already here
-    frames: list[Any] = [first.bytes]
-    more = first.more  # Frame.more is far cheaper than getsockopt(RCVMORE) per frame
-    while more:
-        frame = socket.recv(copy=False)
-        more = frame.more
-        if len(frames) <= _MAX_FRAMES:
-            # small frames are cheaper as bytes (one short copy) than as zero-copy views
-            frames.append(frame.bytes if len(frame) < _COPY_BELOW_BYTES else frame)
-    return frames

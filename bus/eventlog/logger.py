@@ -22,9 +22,9 @@ from bus.drops import DropCounter
 from bus.errors import BusError, DecodeError, DropReason
 from bus.eventlog.writer import DEFAULT_SEGMENT_BYTES, EventLogWriter, FsyncPolicy
 from bus.gaps import GapTracker
+from bus.io import recv_event_frames
 from bus.schema import Envelope
 from bus.sockets import DEFAULT_SOCKET_OPTIONS, SocketOptions, make_socket
-from bus.subscriber import recv_event_frames
 
 _MAX_BATCH = 1000  # messages taken from one socket before looking at the other again
 

@@ -12,11 +12,10 @@ from hypothesis import strategies as st
 from strategies import assert_same, envelopes, structs
 
 from bus.codec import Decoder, Encoder
+from bus.io import recv_event_frames, send_frames
 from bus.messages import GenerateResult, Metrics, TokenChunk
-from bus.publisher import send_frames
 from bus.schema import CATALOGUE, Envelope, Message
 from bus.sockets import SocketOptions, bound_address, make_socket
-from bus.subscriber import recv_event_frames
 
 ARRAY_FRAME_BYTES = 256  # small, so generated arrays take both the inline and the frame path
 
