@@ -39,9 +39,12 @@ def send_within(socket: zmq.Socket[bytes], frames: list[Any], timeout_ms: int) -
 
     DEALER sockets block while they have no connected peer; nothing here waits forever.
     """
-    if not zmq.zmq_poll([(socket, _POLLOUT)], timeout_ms):
-        return False
-    send_frames(socket, frames)
+    try:  # normally a peer is connected and this succeeds without a poll
+        send_frames(socket, frames, NOBLOCK)
+    except zmq.Again:
+        if not zmq.zmq_poll([(socket, _POLLOUT)], timeout_ms):
+            return False
+        send_frames(socket, frames)
     return True
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import zmq
 
@@ -30,8 +30,7 @@ from bus.sockets import DEFAULT_SOCKET_OPTIONS, SocketOptions, bound_address, ma
 from bus.stamp import Stamper
 
 
-@dataclass(frozen=True)
-class Request:
+class Request(NamedTuple):
     """A received request: the peer to answer and the decoded event."""
 
     identity: bytes

@@ -22,7 +22,7 @@ from bus.drops import DropCounter
 from bus.errors import BusError, DecodeError, DropReason
 from bus.eventlog.writer import DEFAULT_SEGMENT_BYTES, EventLogWriter, FsyncPolicy
 from bus.gaps import GapTracker
-from bus.io import recv_event_frames
+from bus.io import NOBLOCK, recv_event_frames
 from bus.schema import Envelope
 from bus.sockets import DEFAULT_SOCKET_OPTIONS, SocketOptions, make_socket
 
@@ -79,9 +79,12 @@ class EventLogger:
 
     def _drain(self, socket: zmq.Socket[bytes]) -> int:
         num_taken = 0
-        while num_taken < _MAX_BATCH and socket.poll(0):
-            self.take(recv_event_frames(socket))
-            num_taken += 1
+        try:  # one failed non-blocking receive ends a burst of up to _MAX_BATCH messages
+            while num_taken < _MAX_BATCH:
+                self.take(recv_event_frames(socket, NOBLOCK))
+                num_taken += 1
+        except zmq.Again:
+            pass
         return num_taken
 
     def take(self, frames: list[Any]) -> bool:

@@ -31,26 +31,45 @@ def _wait_for_file(path: Path, process: subprocess.Popen, timeout_s: float = 30.
         time.sleep(0.05)
 
 
+class LiveRun:
+    """A run directory with real processes: the proxy, the event logger and a publisher."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.run_dir = run_dir
+        self.proxy = subprocess.Popen([sys.executable, "-m", "bus.proxy", str(run_dir)])
+        self.logger: subprocess.Popen | None = None
+        self.publisher: subprocess.Popen | None = None
+        _wait_for_file(run_dir / BUS_FILE, self.proxy)
+        self.logger = subprocess.Popen([sys.executable, "-m", "bus.eventlog", str(run_dir)], stderr=subprocess.PIPE)
+        self.publisher = subprocess.Popen([sys.executable, str(HERE / "publisher_proc.py"), str(run_dir), "rollout-0"])
+
+    @staticmethod
+    def stop(process: subprocess.Popen | None) -> int | None:
+        if process is None or process.poll() is not None:
+            return None if process is None else process.returncode
+        process.send_signal(signal.SIGTERM)
+        return process.wait(30)
+
+    def close(self) -> None:
+        for process in (self.publisher, self.logger, self.proxy):
+            self.stop(process)
+        if self.logger is not None and self.logger.stderr is not None:
+            self.logger.stderr.close()
+
+
 @pytest.fixture
-def live_run(tmp_path: Path) -> Iterator[Path]:
-    """A run directory with a proxy process and a publisher process running."""
-    proxy = subprocess.Popen([sys.executable, "-m", "bus.proxy", str(tmp_path)])
-    publisher = None
+def live_run(tmp_path: Path) -> Iterator[LiveRun]:
+    run = LiveRun(tmp_path)
     try:
-        _wait_for_file(tmp_path / BUS_FILE, proxy)
-        publisher = subprocess.Popen([sys.executable, str(HERE / "publisher_proc.py"), str(tmp_path), "rollout-0"])
-        yield tmp_path
+        yield run
     finally:
-        for process in (publisher, proxy):
-            if process is not None:
-                process.send_signal(signal.SIGTERM)
-                process.wait(30)
-    assert proxy.returncode == 0
+        run.close()
+    assert run.proxy.returncode == 0
 
 
-def test_tap_shows_only_the_requested_kind_as_json(live_run: Path) -> None:
+def test_tap_shows_only_the_requested_kind_as_json(live_run: LiveRun) -> None:
     result = subprocess.run(
-        [*TAP, str(live_run), "--kind", "gen.chunk", "--json", "--count", "3"],
+        [*TAP, str(live_run.run_dir), "--kind", "gen.chunk", "--json", "--count", "3"],
         capture_output=True,
         text=True,
         timeout=120,
@@ -65,8 +84,8 @@ def test_tap_shows_only_the_requested_kind_as_json(live_run: Path) -> None:
     assert first["message"]["token_ids"] == [first["message"]["request_id"], first["message"]["request_id"] + 1]
 
 
-def test_tap_by_address_with_actor_filter_and_ctrl_c(live_run: Path) -> None:
-    addresses = BusAddresses.load(live_run)
+def test_tap_by_address_with_actor_filter_and_ctrl_c(live_run: LiveRun) -> None:
+    addresses = BusAddresses.load(live_run.run_dir)
     process = subprocess.Popen(
         [*TAP, "--address", addresses.events_out, "--actor", "rollout-0#0", "--kind", "obs."],
         stdout=subprocess.PIPE,
@@ -80,6 +99,32 @@ def test_tap_by_address_with_actor_filter_and_ctrl_c(live_run: Path) -> None:
     _, stderr = process.communicate(timeout=30)
     assert process.returncode == 0
     assert "Traceback" not in stderr
+
+
+def test_logged_run_replays_whole(live_run: LiveRun) -> None:
+    """Proxy, logger and publisher processes: the log holds every event the publisher sent."""
+    tapped = subprocess.run(
+        [*TAP, str(live_run.run_dir), "--kind", "obs.", "--count", "5"], capture_output=True, timeout=120, check=False
+    )
+    assert tapped.returncode == 0
+    assert live_run.stop(live_run.publisher) == 0
+    assert live_run.stop(live_run.logger) == 0
+    assert live_run.logger is not None and live_run.logger.stderr is not None
+    assert "dropped 0 malformed; 0 events never arrived" in live_run.logger.stderr.read().decode()
+    replayed = subprocess.run(
+        [sys.executable, "-m", "psrl.cli.main", "replay", str(live_run.run_dir), "--check", "sequence", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert replayed.returncode == 0, replayed.stdout + replayed.stderr
+    report = json.loads(replayed.stdout)
+    timeline = report["timeline"]
+    assert timeline["events_per_kind"]["obs.metrics"] >= 5
+    assert timeline["events_per_kind"]["obs.metrics"] == timeline["events_per_kind"]["gen.chunk"]
+    assert timeline["num_missing"] == 0 and timeline["problems"] == []
+    assert report["checkers"][0]["agreement"]["num_disagree"] == 0
 
 
 def test_tap_without_a_bus_says_what_is_missing(tmp_path: Path) -> None:
