@@ -38,7 +38,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from psrl.log import configure
 from psrl.ps.local import LocalShards
-from psrl.ps.puller import Puller, PullResult
+from psrl.ps.pull_stream import PullResult
+from psrl.ps.puller import Puller
 from psrl.ps.pusher import Pusher, PushResult
 
 GB = 1e9

@@ -7,7 +7,8 @@ docstring for the protocol; ``psrl.ps.local`` runs shards as local processes.
 
 from psrl.ps.errors import PullFailedError, PushFailedError, PushRefusedError
 from psrl.ps.protocol import LATEST
-from psrl.ps.puller import Puller, PullResult
+from psrl.ps.pull_stream import PullResult, PullStream
+from psrl.ps.puller import Puller
 from psrl.ps.pusher import Pusher, PushResult
 from psrl.ps.shard import ShardOptions, ShardServer
 
@@ -15,6 +16,7 @@ __all__ = [
     "LATEST",
     "PullFailedError",
     "PullResult",
+    "PullStream",
     "Puller",
     "PushFailedError",
     "PushRefusedError",

@@ -21,10 +21,8 @@ reconstruction is checked exactly.
 from __future__ import annotations
 
 import functools
-import itertools
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
 
 import torch
 import zmq
@@ -35,56 +33,17 @@ from psrl.ps.checksum import checksum
 from psrl.ps.delta import SPARSE, DeltaError, apply_sparse, sparse_bytes
 from psrl.ps.dtypes import tensor_from_buffer
 from psrl.ps.errors import PullFailedError
-from psrl.ps.manifest import NO_CHECKSUM, ManifestEntry, ManifestError, validate_served_parts
+from psrl.ps.manifest import NO_CHECKSUM, ManifestEntry
 from psrl.ps.mirror import Mirror
-from psrl.ps.protocol import (
-    LATEST,
-    WITH_PAYLOAD,
-    LiveCheck,
-    LiveReply,
-    ManifestReply,
-    ManifestRequest,
-    Message,
-    ProtocolError,
-    PullChunk,
-    PullDone,
-    PullError,
-    PullRequest,
-    Unavailable,
-)
+from psrl.ps.protocol import LATEST, ManifestReply, ProtocolError, PullChunk, PullDone, PullError, PullRequest
+from psrl.ps.pull_stream import PullResult, PullStream
 from psrl.ps.serving import is_intact
+from psrl.ps.shard_links import ShardLinks, VersionPlan
 from psrl.ps.transports import PullDataPlane, TransportError, pull_plane
 from psrl.ps.verify import Verifier
 from psrl.ps.versions import NONE
 
 LoadFn = Callable[[str, torch.Tensor], None]
-
-
-@dataclass(frozen=True)
-class PullResult:
-    version: int
-    digest: bytes
-    num_bytes: int  # bytes transferred
-    num_bytes_total: int  # bytes of the whole version as served
-    num_entries: int  # entries transferred
-    num_tensors_loaded: int
-    manifest_s: float
-    transfer_s: float  # time in the pull itself (receive + verify), excluding load
-    load_s: float  # time spent in the engine's load callback
-    num_attempts: int = 1
-
-    @property
-    def num_bytes_saved(self) -> int:
-        return self.num_bytes_total - self.num_bytes
-
-
-@dataclass
-class _Plan:
-    version: int
-    digest: bytes
-    algorithm: str
-    entries: tuple[ManifestEntry, ...]
-    parts: list[ManifestReply]
 
 
 class Puller:
@@ -113,13 +72,7 @@ class Puller:
         self._own_ctx = ctx is None
         # One I/O thread per shard link (up to 4), so shards' streams are copied in parallel.
         self._ctx = ctx or zmq.Context(io_threads=min(4, max(1, len(pull_endpoints))))
-        self._socks = [links.make_dealer(self._ctx, ep) for ep in pull_endpoints]
-        self._shard_of = {sock: i for i, sock in enumerate(self._socks)}
-        self._poller = zmq.Poller()
-        for sock in self._socks:
-            self._poller.register(sock, zmq.POLLIN)
-        self._request_ids = itertools.count(1)
-        self.num_dropped = 0
+        self._links = ShardLinks(self._ctx, pull_endpoints, timeout_s, self._log)
 
     # public -------------------------------------------------------------------------------------
 
@@ -138,7 +91,7 @@ class Puller:
 
     def stream(self, version: int) -> PullStream:
         """The same pull as an iterator of (name, tensor); ``.result`` once exhausted."""
-        return PullStream(self, version)
+        return PullStream(functools.partial(self._run, version))
 
     def sync(self, load: LoadFn, version: int = LATEST, max_attempts: int = 5) -> PullResult:
         """Pull until one version loads completely; a retired version moves on to the newest one."""
@@ -153,111 +106,33 @@ class Puller:
                 if exc.latest > target >= 0 or (target >= 0 and "retired" in exc.reason):
                     target = LATEST
                 continue
-            return _with_attempts(result, attempt)
+            return result.with_attempts(attempt)
         if last_error is None:
             raise PullFailedError(version, "no attempt was made")
         raise last_error
 
     def latest_version(self) -> int:
         """The newest version shard 0 (the announcer) has committed, or -1."""
-        reply = self._manifest_from(0, LATEST)
+        reply = self._links.manifest_from(0, LATEST)
         return reply.version if isinstance(reply, ManifestReply) else reply.latest
 
     def close(self) -> None:
         self._verifier.close()
         self._plane.close()
-        for sock in self._socks:
-            sock.close(linger=0)
+        self._links.close()
         if self._own_ctx:
             self._ctx.term()
 
-    # manifest -----------------------------------------------------------------------------------
-
-    def _resolve(self, version: int) -> _Plan:
-        if version == LATEST:
-            first = self._manifest_from(0, LATEST)
-            if isinstance(first, Unavailable):
-                raise PullFailedError(version, "no version is committed yet", first.latest)
-            version = first.version
-        replies = self._manifests(version)
-        digests = {r.digest for r in replies}
-        if len(digests) != 1 or len({(r.num_entries, r.algorithm, r.num_shards) for r in replies}) != 1:
-            raise PullFailedError(version, "shards disagree on the version's manifest")
-        if replies[0].num_shards != self.num_shards:
-            raise PullFailedError(version, f"PS has {replies[0].num_shards} shards, puller knows {self.num_shards}")
-        try:
-            validate_served_parts(version, [r.entries for r in replies], replies[0].num_entries)
-        except ManifestError as exc:
-            raise PullFailedError(version, str(exc)) from None
-        entries = tuple(sorted((e for r in replies for e in r.entries), key=lambda e: e.index))
-        return _Plan(version, replies[0].digest, replies[0].algorithm, entries, replies)
-
-    def _manifests(self, version: int) -> list[ManifestReply]:
-        ids = {}
-        for shard, sock in enumerate(self._socks):
-            ids[shard] = next(self._request_ids)
-            links.send(sock, ManifestRequest(ids[shard], version))
-        replies: dict[int, ManifestReply] = {}
-        deadline = time.monotonic() + self.timeout_s
-        while len(replies) < self.num_shards:
-            for shard, message in self._receive(deadline, version):
-                if getattr(message, "request_id", None) != ids[shard]:
-                    continue
-                if isinstance(message, Unavailable):
-                    raise PullFailedError(version, f"shard {shard}: version {message.reason}", message.latest)
-                if isinstance(message, ManifestReply):
-                    if message.version != version:
-                        raise PullFailedError(version, f"shard {shard} answered for version {message.version}")
-                    replies[shard] = message
-        return [replies[s] for s in range(self.num_shards)]
-
-    def _manifest_from(self, shard: int, version: int) -> ManifestReply | Unavailable:
-        request_id = next(self._request_ids)
-        links.send(self._socks[shard], ManifestRequest(request_id, version))
-        deadline = time.monotonic() + self.timeout_s
-        while True:
-            for got_shard, message in self._receive(deadline, version):
-                is_reply = isinstance(message, ManifestReply | Unavailable) and message.request_id == request_id
-                if got_shard == shard and is_reply:
-                    return message  # type: ignore[return-value]
-
-    def _receive(self, deadline: float, version: int) -> Iterator[tuple[int, Message]]:
-        """Control messages that arrive before ``deadline`` (payloads of abandoned pulls are dropped)."""
-        remaining_ms = int((deadline - time.monotonic()) * 1000)
-        if remaining_ms <= 0:
-            raise PullFailedError(version, f"no reply from the PS within {self.timeout_s:.0f} s")
-        for sock, _ in self._poller.poll(min(remaining_ms, 100)):
-            while (message := self._next(sock)) is not None:
-                if isinstance(message, WITH_PAYLOAD):
-                    self._discard(sock)
-                else:
-                    yield self._shard_of[sock], message
-
-    def _next(self, sock: zmq.Socket[bytes]) -> Message | None:
-        """The next waiting message (its payload, if any, stays on the socket), skipping malformed ones."""
-        while True:
-            try:
-                received = links.recv_message(sock, has_ident=False)
-            except ProtocolError as exc:
-                self.num_dropped += 1
-                self._log.warning("ps.puller.malformed", detail=str(exc))
-                continue
-            return None if received is None else received[1]
-
-    def _discard(self, sock: zmq.Socket[bytes]) -> None:
-        self.num_dropped += 1
-        links.discard_rest(sock)
-
     # transfer -----------------------------------------------------------------------------------
 
-    def _needed(self, plan: _Plan) -> list[ManifestEntry]:
+    def _needed(self, plan: VersionPlan) -> list[ManifestEntry]:
         if not self.delta_sync or plan.algorithm == NO_CHECKSUM:
             return list(plan.entries)
         return self.mirror.changed(plan.entries)
 
     def _run(self, version: int, stream: PullStream) -> Iterator[tuple[str, torch.Tensor]]:
         started = time.perf_counter()
-        plan = self._resolve(version)
+        plan = self._links.resolve(version)
         stream.manifest_s = time.perf_counter() - started
         needed = self._needed(plan)
         self.mirror.prepare([e for e in plan.entries if not self._is_zero_copy(e)])
@@ -271,16 +146,17 @@ class Puller:
                 except GeneratorExit:
                     self.mirror.mark_dirty(name)
                     raise
-            self._confirm_live(plan)
+            if self._plane.needs_live_check:
+                self._links.confirm_live(plan.version)
         finally:
             for request_id in request_ids.values():
                 self._plane.finish(request_id)
         self.held_version = plan.version
-        stream.finish(plan, needed, counts.num_loaded)
+        stream.finish(plan.version, plan.digest, plan.entries, len(needed), counts.num_loaded)
 
     def _tensors(
         self,
-        plan: _Plan,
+        plan: VersionPlan,
         needed: Sequence[ManifestEntry],
         request_ids: dict[int, int],
         counts: _Counts,
@@ -290,16 +166,16 @@ class Puller:
         if self.delta_sync:
             yield from self._flush_dirty(plan, counts)
 
-    def _request(self, plan: _Plan, needed: Sequence[ManifestEntry]) -> dict[int, int]:
+    def _request(self, plan: VersionPlan, needed: Sequence[ManifestEntry]) -> dict[int, int]:
         request_ids: dict[int, int] = {}
         # Sparse deltas need the mirror to hold one whole version, the base they apply to.
         is_whole = self.held_version not in (NONE, plan.version)
         base_version = self.held_version if self.delta_sync and is_whole else NONE
-        for shard, sock in enumerate(self._socks):
+        for shard, sock in enumerate(self._links.socks):
             part = [e for e in needed if e.shard == shard]
             if not part:
                 continue
-            request_ids[shard] = next(self._request_ids)
+            request_ids[shard] = self._links.next_request_id()
             request = PullRequest(
                 request_ids[shard], plan.version, tuple(e.index for e in part), self._plane.peer, base_version
             )
@@ -318,7 +194,7 @@ class Puller:
 
     def _receive_entries(
         self,
-        plan: _Plan,
+        plan: VersionPlan,
         needed: Sequence[ManifestEntry],
         request_ids: dict[int, int],
         counts: _Counts,
@@ -345,7 +221,7 @@ class Puller:
 
     def _verified(
         self,
-        plan: _Plan,
+        plan: VersionPlan,
         verdicts: list[tuple[int, ManifestEntry, bool]],
         counts: _Counts,
         stream: PullStream,
@@ -366,7 +242,7 @@ class Puller:
                 yield entry.name, self._cast(self.mirror.take(entry.name))
 
     def _arrivals(
-        self, plan: _Plan, request_ids: dict[int, int], pending: dict[int, ManifestEntry]
+        self, plan: VersionPlan, request_ids: dict[int, int], pending: dict[int, ManifestEntry]
     ) -> Iterator[tuple[ManifestEntry, int, memoryview | None]]:
         """(entry, bytes transferred, frame) that arrived (not yet verified); frame None: in the mirror."""
         try:
@@ -379,11 +255,11 @@ class Puller:
                 entry = pending[landed.entry_index]
                 yield entry, entry.num_bytes, None
         timeout_ms = 1 if self._plane.is_busy else 100
-        for sock, _ in self._poller.poll(timeout_ms):
-            shard = self._shard_of[sock]
-            while (message := self._next(sock)) is not None:
+        for sock, _ in self._links.poller.poll(timeout_ms):
+            shard = self._links.shard_of[sock]
+            while (message := self._links.next(sock)) is not None:
                 if getattr(message, "request_id", None) != request_ids.get(shard):
-                    self._discard(sock)
+                    self._links.discard(sock)
                 elif isinstance(message, PullError):
                     raise PullFailedError(plan.version, f"shard {shard}: {message.reason}")
                 elif isinstance(message, PullChunk):
@@ -391,14 +267,14 @@ class Puller:
                     if arrived is not None:
                         yield arrived
                 elif not isinstance(message, PullDone):
-                    self._discard(sock)
+                    self._links.discard(sock)
 
     def _take_payload(
-        self, sock: zmq.Socket[bytes], plan: _Plan, chunk: PullChunk, pending: dict[int, ManifestEntry]
+        self, sock: zmq.Socket[bytes], plan: VersionPlan, chunk: PullChunk, pending: dict[int, ManifestEntry]
     ) -> tuple[ManifestEntry, int, memoryview | None] | None:
         entry = pending.get(chunk.entry_index)
         if entry is None or chunk.version != plan.version:
-            self._discard(sock)
+            self._links.discard(sock)
             return None
         try:
             if chunk.encoding == SPARSE:
@@ -417,7 +293,7 @@ class Puller:
         apply_sparse(self.mirror.entry_view(entry), payload, entry.dtype, num_changed)
         return len(payload)
 
-    def _flush_dirty(self, plan: _Plan, counts: _Counts) -> Iterator[tuple[str, torch.Tensor]]:
+    def _flush_dirty(self, plan: VersionPlan, counts: _Counts) -> Iterator[tuple[str, torch.Tensor]]:
         """Delta sync: re-hash the whole mirror against the manifest, then load tensors left dirty."""
         if plan.algorithm != NO_CHECKSUM:
             wrong = [e for e in plan.entries if checksum(self.mirror.entry_view(e)) != e.checksum]
@@ -429,23 +305,6 @@ class Puller:
         for name in self.mirror.take_dirty():
             counts.num_loaded += 1
             yield name, self._cast(self.mirror.tensor(name))
-
-    def _confirm_live(self, plan: _Plan) -> None:
-        """One-sided transports: the shards must still serve the version the bytes were read from."""
-        if not self._plane.needs_live_check:
-            return
-        ids = {}
-        for shard, sock in enumerate(self._socks):
-            ids[shard] = next(self._request_ids)
-            links.send(sock, LiveCheck(ids[shard], plan.version))
-        live: dict[int, bool] = {}
-        deadline = time.monotonic() + self.timeout_s
-        while len(live) < self.num_shards:
-            for shard, message in self._receive(deadline, plan.version):
-                if isinstance(message, LiveReply) and message.request_id == ids[shard]:
-                    live[shard] = message.is_live
-        if not all(live.values()):
-            raise PullFailedError(plan.version, "version retired during the pull")
 
     def _cast(self, tensor: torch.Tensor) -> torch.Tensor:
         if self.load_dtype is None or tensor.dtype == self.load_dtype:
@@ -469,47 +328,3 @@ class _Counts:
             return False
         self.num_loaded += 1
         return True
-
-
-class PullStream:
-    """Iterator of (name, tensor) for one pull; time spent by the consumer is counted as load time."""
-
-    def __init__(self, puller: Puller, version: int) -> None:
-        self._puller = puller
-        self._version = version
-        self.manifest_s = 0.0
-        self.num_bytes = 0
-        self._load_s = 0.0
-        self._result: PullResult | None = None
-        self._started = 0.0
-
-    def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
-        self._started = time.perf_counter()
-        for item in self._puller._run(self._version, self):
-            handed = time.perf_counter()
-            yield item
-            self._load_s += time.perf_counter() - handed
-
-    def finish(self, plan: _Plan, needed: Sequence[ManifestEntry], num_loaded: int) -> None:
-        elapsed = time.perf_counter() - self._started
-        self._result = PullResult(
-            version=plan.version,
-            digest=plan.digest,
-            num_bytes=self.num_bytes,
-            num_bytes_total=sum(e.num_bytes for e in plan.entries),
-            num_entries=len(needed),
-            num_tensors_loaded=num_loaded,
-            manifest_s=self.manifest_s,
-            transfer_s=max(0.0, elapsed - self._load_s - self.manifest_s),
-            load_s=self._load_s,
-        )
-
-    @property
-    def result(self) -> PullResult:
-        if self._result is None:
-            raise RuntimeError("the pull has not completed (iterate the stream to the end first)")
-        return self._result
-
-
-def _with_attempts(result: PullResult, attempts: int) -> PullResult:
-    return PullResult(**{**result.__dict__, "num_attempts": attempts})
