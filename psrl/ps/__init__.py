@@ -10,7 +10,7 @@ from psrl.ps.protocol import LATEST
 from psrl.ps.pull_stream import PullResult, PullStream
 from psrl.ps.puller import Puller
 from psrl.ps.pusher import Pusher, PushResult
-from psrl.ps.shard import ShardOptions, ShardServer
+from psrl.ps.shard import ShardOptions, ShardServer, VersionEvent
 
 __all__ = [
     "LATEST",
@@ -24,4 +24,5 @@ __all__ = [
     "Pusher",
     "ShardOptions",
     "ShardServer",
+    "VersionEvent",
 ]

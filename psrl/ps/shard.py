@@ -6,8 +6,8 @@ and one for pullers, so a large pull never queues in front of a push's control m
 
 Publication: a version becomes readable on a shard when the pusher commits it there, which it does
 only after every shard acknowledged holding the version completely. Shard 0 is committed last, so
-its commit hook (``on_commit``) is the single point where the hosting actor announces
-``WeightsPublished(version)``: at that moment every shard serves the version.
+its commit hook (``on_commit``, with ``VersionEvent.is_announcer``) is the single point where the
+hosting actor announces ``WeightsPublished(version)``: at that moment every shard serves the version.
 """
 
 from __future__ import annotations
@@ -59,7 +59,29 @@ from psrl.ps.versions import NONE, HeldVersion, ShardVersions
 IDLE_POLL_MS = 100
 BUSY_POLL_MS = 2
 
-CommitHook = Callable[[int, bytes], None]
+
+@dataclass(frozen=True)
+class VersionEvent:
+    """What a hosting actor needs to announce a shard's progress on the bus.
+
+    ``on_stored``: this shard holds its part of ``version`` completely (``ShardStored``).
+    ``on_commit``: this shard serves ``version``; when ``is_announcer`` (shard 0, committed last),
+    every shard does, which is ``WeightsPublished(version, digest.hex(), num_shards)``.
+    """
+
+    shard: int
+    num_shards: int
+    version: int
+    digest: bytes
+    num_entries: int
+    num_bytes: int
+
+    @property
+    def is_announcer(self) -> bool:
+        return self.shard == 0
+
+
+VersionHook = Callable[[VersionEvent], None]
 
 
 @dataclass(frozen=True)
@@ -77,7 +99,8 @@ class ShardServer:
     def __init__(
         self,
         options: ShardOptions,
-        on_commit: CommitHook | None = None,
+        on_commit: VersionHook | None = None,
+        on_stored: VersionHook | None = None,
         ctx: zmq.Context[zmq.Socket[bytes]] | None = None,
     ) -> None:
         self.options = options
@@ -85,6 +108,7 @@ class ShardServer:
         self.counters: Counter[str] = Counter()
         self.versions: ShardVersions[EntryBuffers] = ShardVersions(options.shard, options.num_shards)
         self._on_commit = on_commit
+        self._on_stored = on_stored
         self._log = get_logger("psrl.ps.shard", shard=options.shard, boot=self.boot_id)
         self._plane: ShardDataPlane = shard_plane(options.transport, host=options.host)
         # Two helpers: checks and casts of consecutive entries overlap (results stay in order).
@@ -302,6 +326,12 @@ class ShardServer:
             buffers = incoming.buffers
         self.versions.finalize(served, buffers)
         self._push_reply(self._incoming_ident, PushAck(incoming.version, incoming.attempt, is_ok=True))
+        if self._on_stored is not None:
+            self._on_stored(self._event(incoming.version, incoming.digest, served))
+
+    def _event(self, version: int, digest: bytes, entries: tuple[ManifestEntry, ...]) -> VersionEvent:
+        num_bytes = sum(e.num_bytes for e in entries)
+        return VersionEvent(self.options.shard, self.options.num_shards, version, digest, len(entries), num_bytes)
 
     def _fail_incoming(self, reason: str) -> None:
         incoming = self.versions.incoming
@@ -334,7 +364,8 @@ class ShardServer:
             self.counters["versions_committed"] += 1
             self._log.info("ps.shard.committed", version=commit.version)
             if self._on_commit is not None and self.versions.latest is not None:
-                self._on_commit(commit.version, self.versions.latest.digest)
+                held = self.versions.latest
+                self._on_commit(self._event(held.version, held.digest, held.entries))
         self._push_reply(ident, Committed(commit.version))
 
     def _on_abort(self, ident: bytes, abort: Abort) -> None:

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from psrl.ps.local import ipc_endpoints
-from psrl.ps.shard import ShardOptions, ShardServer
+from psrl.ps.shard import ShardOptions, ShardServer, VersionEvent
 from psrl.ps.transports import TRANSPORTS, is_available
 
 
@@ -27,22 +27,29 @@ class ThreadShards:
         self.push_endpoints, self.pull_endpoints = ipc_endpoints(directory, num_shards)
         self.servers: list[ShardServer] = []
         self.commits: list[tuple[int, int]] = []  # (shard, version) in commit order
+        self.events: list[tuple[str, VersionEvent]] = []  # ("stored" | "commit", event) in order
         self._threads: list[tuple[threading.Thread, threading.Event]] = []
         self._lock = threading.Lock()
         for i in range(num_shards):
             options = ShardOptions(
                 i, num_shards, self.push_endpoints[i], self.pull_endpoints[i], transport, serve_dtype
             )
-            server = ShardServer(options, on_commit=self._hook(i))
+            server = ShardServer(options, on_commit=self._hook(i), on_stored=self._stored)
             self.servers.append(server)
             self._threads.append(server.start_thread())
 
-    def _hook(self, shard: int) -> Callable[[int, bytes], None]:
-        def on_commit(version: int, digest: bytes) -> None:
+    def _hook(self, shard: int) -> Callable[[VersionEvent], None]:
+        def on_commit(event: VersionEvent) -> None:
+            assert event.shard == shard
             with self._lock:
-                self.commits.append((shard, version))
+                self.commits.append((shard, event.version))
+                self.events.append(("commit", event))
 
         return on_commit
+
+    def _stored(self, event: VersionEvent) -> None:
+        with self._lock:
+            self.events.append(("stored", event))
 
     def stop(self) -> None:
         for thread, stop in self._threads:

@@ -125,6 +125,21 @@ class TestPublication:
             assert sorted(order) == [0, 1, 2] and order[-1] == 0
         close(pusher, puller)
 
+    def test_hooks_report_stored_parts_then_the_announcement(self, make_shards: MakeShards) -> None:
+        shards = make_shards(3)
+        pusher, puller = open_pair(shards, "zmq")
+        model = small_model(1)
+        result = pusher.push(4, model)
+        kinds = [(kind, event.shard) for kind, event in shards.events]
+        assert sorted(kinds[:3]) == [("stored", 0), ("stored", 1), ("stored", 2)]  # all stored before any commit
+        assert kinds[-1] == ("commit", 0)
+        announcement = shards.events[-1][1]
+        assert announcement.is_announcer and announcement.version == 4 and announcement.num_shards == 3
+        assert announcement.digest == result.digest
+        stored = {event.shard: event.num_bytes for kind, event in shards.events if kind == "stored"}
+        assert [stored[i] for i in range(3)] == pusher.plan_for(model).shard_bytes()
+        close(pusher, puller)
+
     def test_prepared_but_uncommitted_version_is_not_readable(self, make_shards: MakeShards, sockdir: str) -> None:
         shards = make_shards(1)
         pusher, puller = open_pair(shards, "zmq")
