@@ -19,7 +19,7 @@ import zmq
 
 import bus.messages  # noqa: F401  (registers every kind in CATALOGUE)
 from bus import upgrade
-from bus.arrays import MAX_ARRAY_FRAMES, Buffer, decode_array, encode_array
+from bus.arrays import MAX_ARRAY_FRAMES, VECTOR_EXT, Buffer, decode_array, decode_vector, encode_array
 from bus.errors import DecodeError, DropReason
 from bus.schema import CATALOGUE, Envelope, Event, Message
 
@@ -89,6 +89,8 @@ class Decoder:
         return msgspec.msgpack.Decoder(body_type, ext_hook=self._ext_hook, dec_hook=_dec_hook)
 
     def _ext_hook(self, code: int, data: memoryview) -> Any:
+        if code == VECTOR_EXT:
+            return decode_vector(data)
         return decode_array(code, data, self._array_frames, self._used_frames)
 
     def decode(self, frames: Sequence[Any]) -> list[Event[Any]]:
@@ -177,7 +179,7 @@ class Decoder:
 
 
 def _dec_hook(type_: type, obj: Any) -> Any:
-    if type_ is np.ndarray and isinstance(obj, np.ndarray):
+    if type(obj) is np.ndarray and type_ is np.ndarray:
         return obj
     raise NotImplementedError(f"cannot decode {type(obj).__name__} as {type_}")
 

@@ -70,10 +70,24 @@ def test_array_frames_must_match_their_references(mutate: object, detail: str) -
 
 
 def test_object_dtype_headers_are_refused() -> None:
-    frames = Encoder().encode(_env(), _chunk(4))
+    chunk = TokenChunk(1, np.zeros((2, 2), np.int32), np.zeros(2, np.float32), np.zeros(2, np.int32), "i0")
+    frames = Encoder().encode(_env(), chunk)  # a 2-D array carries the full header with its dtype name
     forged = frames[1].replace(b"<i4", b"|O8", 1)
     with pytest.raises(DecodeError, match="not allowed"):
         Decoder().decode([frames[0], forged])
+
+
+def test_vectors_have_a_one_byte_header_and_decode_read_only() -> None:
+    frames = Encoder().encode(_env(), _chunk(4))
+    assert b"<i4" not in frames[1]
+    event = Decoder().decode_one(frames)
+    assert event.message.token_ids.tolist() == [0, 1, 2, 3]
+    assert not event.message.token_ids.flags.writeable
+    body = bytearray(frames[1])
+    marker = bytes([0xC7, 17, 3, 5])  # ext8 of 17 bytes, ext type 3 (vector), dtype code 5 (<i4)
+    body[body.index(marker) + 3] = 200
+    with pytest.raises(DecodeError, match="bad vector dtype code"):
+        Decoder().decode([frames[0], bytes(body)])
 
 
 def test_sender_names_cannot_break_event_ids() -> None:
