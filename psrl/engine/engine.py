@@ -26,7 +26,7 @@ from psrl.engine.sampling_params import SamplingParams
 from psrl.engine.scheduler import Scheduler
 from psrl.engine.sequence import FinishReason, Sequence
 from psrl.errors import RequestError
-from psrl.models import ModelSpec, WeightLoadError, build_model, iter_safetensors
+from psrl.models import ModelSpec, build_model, iter_safetensors
 
 log = structlog.get_logger(__name__)
 
@@ -194,11 +194,8 @@ class Engine:
         self.block_manager.reset_prefix_cache()
 
     def _check_weights(self, named: list[tuple[str, torch.Tensor]]) -> None:
-        model = self.runner.model
         for name, tensor in named:
-            target = model.weight_target(name)
-            if target is not None and target.shape != tensor.shape:
-                raise WeightLoadError(f"{name}: shape {tuple(tensor.shape)} does not match {tuple(target.shape)}")
+            self.runner.model.check_weight(name, tensor)
 
     # status
 

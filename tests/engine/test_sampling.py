@@ -120,3 +120,29 @@ def test_duplicate_ids_and_bad_continuations_are_refused(qwen2: Checkpoint) -> N
     with pytest.raises(RequestError, match="already reached"):
         engine.add_request("c", PROMPT, greedy(max_tokens=2), prior_output_ids=[1, 2])
     assert engine.status().request_tokens.keys() == {"a"}
+
+
+def _sample_counts(params: SamplingParams, probs: list[float], num_rows: int) -> torch.Tensor:
+    from psrl.engine.sampler import Sampler
+    from psrl.engine.sequence import Sequence
+
+    sampler = Sampler(torch.device("cpu"), eos_token_ids=(), seed=0)
+    seqs = [Sequence(str(row), [1], params, arrival_index=row) for row in range(num_rows)]
+    logits = torch.tensor(probs).log().expand(num_rows, -1).clone()
+    result = sampler.sample(logits, seqs)
+    return torch.bincount(torch.tensor(result.token_ids), minlength=len(probs)).float() / num_rows
+
+
+def test_sampled_frequencies_follow_the_distribution() -> None:
+    probs = [0.5, 0.25, 0.15, 0.1, 0.0]
+    frequencies = _sample_counts(SamplingParams(), probs, num_rows=40_000)
+    assert torch.allclose(frequencies, torch.tensor(probs), atol=0.01)
+    assert frequencies[4] == 0.0
+
+
+def test_top_p_and_top_k_renormalise_over_the_kept_tokens() -> None:
+    probs = [0.5, 0.25, 0.15, 0.1]
+    nucleus = _sample_counts(SamplingParams(top_p=0.7), probs, num_rows=30_000)
+    assert torch.allclose(nucleus, torch.tensor([2 / 3, 1 / 3, 0.0, 0.0]), atol=0.015)
+    top_k = _sample_counts(SamplingParams(top_k=3), probs, num_rows=30_000)
+    assert torch.allclose(top_k, torch.tensor([0.5, 0.25, 0.15, 0.0]) / 0.9, atol=0.015)
