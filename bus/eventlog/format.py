@@ -44,10 +44,18 @@ def encode_header(major: int, minor: int, index: int, created_ns: int) -> bytes:
 
 
 def encode_record(frames: Sequence[Any]) -> bytes:
-    """One framed, checksummed record of an event's frames (bytes or buffers)."""
-    lengths = [len(memoryview(f)) if not isinstance(f, bytes) else len(f) for f in frames]
-    payload = b"".join([_FRAME_COUNT.pack(len(frames)), struct.pack(f"<{len(frames)}I", *lengths), *frames])
+    """One framed, checksummed record of an event's frames (bytes, buffers or zmq.Frames)."""
+    num_frames = len(frames)
+    counts = _COUNT_AND_LENGTHS[num_frames] if num_frames < len(_COUNT_AND_LENGTHS) else _count_and_lengths(num_frames)
+    payload = b"".join((counts.pack(num_frames, *[len(f) for f in frames]), *frames))
     return RECORD_HEADER.pack(len(payload), zlib.crc32(payload)) + payload
+
+
+def _count_and_lengths(num_frames: int) -> struct.Struct:
+    return struct.Struct(f"<H{num_frames}I")
+
+
+_COUNT_AND_LENGTHS = [_count_and_lengths(n) for n in range(8)]
 
 
 def decode_payload(payload: memoryview) -> list[memoryview]:
