@@ -318,8 +318,7 @@ class Actor:
         return subscribers
 
     def _on_subscriber(self, subscriber: Subscriber) -> None:
-        event = subscriber.try_recv()
-        if event is not None:
+        for event in subscriber.recv_batch(0):
             self.dispatch(event)
 
     def _start_heartbeat(self) -> None:

@@ -245,8 +245,7 @@ class Supervisor:
         while ready:
             for sub in (self.control_watcher, self.watcher):
                 if sub.socket in ready:
-                    event = sub.try_recv()
-                    if event is not None:
+                    for event in sub.recv_batch(0):
                         self._on_event(event)
             ready = dict(poller.poll(0))
 
