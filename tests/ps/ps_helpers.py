@@ -13,11 +13,18 @@ from psrl.ps.shard import ShardOptions, ShardServer, VersionEvent
 from psrl.ps.transports import TRANSPORTS, is_available
 
 
-def transport_params() -> list[object]:
-    return [
-        pytest.param(name, marks=pytest.mark.skipif(not is_available(name), reason=f"{name} is not installed"))
-        for name in TRANSPORTS
-    ]
+def transport_params(slow_unless_default: bool = False) -> list[object]:
+    """Every transport; the optional ones skip when not installed.
+
+    ``slow_unless_default`` marks all but the default transport ``slow`` (process-heavy tests).
+    """
+    params = []
+    for name in TRANSPORTS:
+        marks = [pytest.mark.skipif(not is_available(name), reason=f"{name} is not installed")]
+        if slow_unless_default and name != "zmq":
+            marks.append(pytest.mark.slow)
+        params.append(pytest.param(name, marks=marks))
+    return params
 
 
 class ThreadShards:

@@ -10,7 +10,7 @@ from collections.abc import Iterator, Sequence
 import pytest
 import torch
 import zmq
-from ps_helpers import Collector, assert_same
+from ps_helpers import Collector, assert_same, transport_params
 
 from psrl.ps import LATEST, Puller, PullFailedError, Pusher, PushRefusedError
 from psrl.ps.checksum import checksum
@@ -32,6 +32,11 @@ def model(seed: int) -> dict[str, torch.Tensor]:
 def shards(sockdir: str) -> Iterator[LocalShards]:
     with LocalShards(sockdir, 2) as local:
         yield local
+
+
+@pytest.fixture(params=transport_params(slow_unless_default=True))
+def transport(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
 
 
 def status(endpoint: str) -> ShardStatus:
@@ -159,8 +164,10 @@ def test_shard_that_loses_a_prepared_version_is_refilled_before_commit(shards: L
     puller.close()
 
 
-def _pull_in_process(pull_endpoints: list[str], version: int, delay_s: float, progress: object, out: object) -> None:
-    puller = Puller(pull_endpoints, timeout_s=10)
+def _pull_in_process(
+    pull_endpoints: list[str], transport: str, version: int, delay_s: float, progress: object, out: object
+) -> None:
+    puller = Puller(pull_endpoints, transport=transport, timeout_s=10)
 
     def load(name: str, tensor: torch.Tensor) -> None:
         time.sleep(delay_s)
@@ -172,26 +179,45 @@ def _pull_in_process(pull_endpoints: list[str], version: int, delay_s: float, pr
     puller.close()
 
 
-def test_puller_killed_mid_pull_restarts_and_pulls_again(shards: LocalShards) -> None:
-    pusher = Pusher(shards.push_endpoints, incarnation=1, max_block_bytes=BLOCK)
-    tensors = model(3)
-    pusher.push(1, tensors)
-    ctx = mp.get_context("spawn")
-    progress, out = ctx.Value("i", 0), ctx.Queue()
-    slow = ctx.Process(target=_pull_in_process, args=(shards.pull_endpoints, 1, 0.5, progress, out))
-    slow.start()
-    wait_for(lambda: progress.value >= 1, timeout_s=60)
-    slow.kill()
-    slow.join(10)
-    assert out.empty()
-    pusher.push(2, model(4))  # the PS keeps serving pushes while a reader died mid-pull
-    again = ctx.Process(target=_pull_in_process, args=(shards.pull_endpoints, 1, 0.0, progress, out))
-    again.start()
-    version, digests = out.get(timeout=60)
-    again.join(10)
-    assert version == 1
-    assert digests == {name: checksum(byte_view(t)) for name, t in tensors.items()}
-    pusher.close()
+def test_puller_killed_mid_pull_restarts_and_pulls_again(sockdir: str, transport: str) -> None:
+    with LocalShards(sockdir, 2, transport=transport) as shards:
+        pusher = Pusher(shards.push_endpoints, incarnation=1, transport=transport, max_block_bytes=BLOCK)
+        tensors = model(3)
+        pusher.push(1, tensors)
+        ctx = mp.get_context("spawn")
+        progress, out = ctx.Value("i", 0), ctx.Queue()
+        args = (shards.pull_endpoints, transport, 1, 0.5, progress, out)
+        slow = ctx.Process(target=_pull_in_process, args=args)
+        slow.start()
+        wait_for(lambda: progress.value >= 1, timeout_s=60)
+        slow.kill()
+        slow.join(10)
+        assert out.empty()
+        pusher.push(2, model(4))  # the PS keeps serving pushes while a reader died mid-pull
+        again = ctx.Process(target=_pull_in_process, args=(shards.pull_endpoints, transport, 1, 0.0, progress, out))
+        again.start()
+        version, digests = out.get(timeout=60)
+        again.join(10)
+        assert version == 1
+        assert digests == {name: checksum(byte_view(t)) for name, t in tensors.items()}
+        pusher.close()
+
+
+def test_restarted_shard_is_refilled_by_the_next_push(sockdir: str, transport: str) -> None:
+    with LocalShards(sockdir, 2, transport=transport) as shards:
+        pusher = Pusher(shards.push_endpoints, incarnation=1, transport=transport, max_block_bytes=BLOCK)
+        puller = Puller(shards.pull_endpoints, transport=transport, timeout_s=5)
+        pusher.push(1, model(1))
+        shards.kill(1)  # a crash after publication: version 1 is lost on shard 1
+        shards.restart(1)
+        with pytest.raises(PullFailedError):
+            puller.pull(1, Collector())
+        pusher.push(2, model(2))
+        got = Collector()
+        assert puller.sync(got, version=1).version == 2
+        assert_same(got.tensors, model(2))
+        pusher.close()
+        puller.close()
 
 
 def test_stale_trainer_incarnation_is_refused_mid_push(shards: LocalShards) -> None:
