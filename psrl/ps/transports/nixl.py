@@ -37,6 +37,9 @@ from psrl.ps.transports.base import (
 )
 
 DRAM = "DRAM"
+# Registrations are cached by (address, size) because weights and mirrors stay in place across
+# transfers; past this many regions (the memory moved) they are dropped and rebuilt.
+MAX_REGISTERED = 4096
 
 
 class _Offer(msgspec.Struct, array_like=True, frozen=True):
@@ -62,6 +65,16 @@ def _register(agent: Any, buffers: EntryBuffers) -> None:
         buffers.handle = agent.register_memory(
             [(int(buffers.backing.ctypes.data), buffers.backing.nbytes, 0, "")], DRAM
         )
+
+
+def _register_region(agent: Any, registered: dict[tuple[int, int], Any], address: int, size: int) -> None:
+    if (address, size) in registered:
+        return
+    if len(registered) >= MAX_REGISTERED:
+        for handle in registered.values():
+            agent.deregister_memory(handle)
+        registered.clear()
+    registered[(address, size)] = agent.register_memory([(address, size, 0, "")], DRAM)
 
 
 def _start(
@@ -160,8 +173,7 @@ class NixlPushDataPlane(PushDataPlane):
         self._pending[shard] = (handle, sock, begin, indices)
 
     def _register(self, address: int, size: int) -> None:
-        if (address, size) not in self._registered:
-            self._registered[(address, size)] = self._agent.register_memory([(address, size, 0, "")], DRAM)
+        _register_region(self._agent, self._registered, address, size)
 
     def progress(self) -> list[int]:
         failed = []
