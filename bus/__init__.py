@@ -7,11 +7,15 @@ Spec: docs/protocol.md. Typical use by an actor::
     publisher.wait_subscribed(timeout_s=10)
     publisher.publish(ActorStatus(ActorState.READY))
     control = Subscriber(ctx, addresses.control_out, kinds=["ctl."])
+    events = Subscriber(ctx, addresses.events_out, kinds=["gen.", "wt."])
+    inbox = Inbox([control, events])  # control first, always
+    event = inbox.next(timeout_ms=100)
 """
 
 from bus.addresses import BusAddresses, plan_addresses
 from bus.codec import Decoder, Encoder
 from bus.errors import BusError, DecodeError, DropReason, RequestTimeoutError
+from bus.inbox import Inbox
 from bus.proxy import BusProxy
 from bus.publisher import Publisher
 from bus.rpc import Replier, Request, Requester
@@ -32,6 +36,7 @@ __all__ = [
     "Encoder",
     "Envelope",
     "Event",
+    "Inbox",
     "Message",
     "Publisher",
     "Replier",
