@@ -27,7 +27,7 @@ from bus.addresses import BusAddresses, plan_addresses
 from bus.errors import BusError
 from bus.security import load_keys, start_authenticator
 from bus.sockets import DEFAULT_SOCKET_OPTIONS, SocketOptions, bound_address, make_socket
-from psrl.log import get_logger
+from psrl.log import configure, get_logger
 
 _TERMINATE = b"TERMINATE"
 
@@ -134,6 +134,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--hwm", type=int, default=SocketOptions.hwm)
     parser.add_argument("--curve-dir", default=None)
     args = parser.parse_args(argv)
+    configure("info")
     plan = plan_addresses(args.run_dir, args.transport, args.host, args.curve_dir)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())

@@ -108,13 +108,22 @@ class Publisher:
         return [envelope for envelope, _ in stamped]
 
     def wait_subscribed(
-        self, timeout_s: float, channels: tuple[Channel, ...] = (Channel.EVENTS, Channel.CONTROL)
+        self,
+        timeout_s: float,
+        channels: tuple[Channel, ...] = (Channel.EVENTS, Channel.CONTROL),
+        prefix: str | None = None,
     ) -> bool:
-        """Wait until each channel has at least one subscription (e.g. the logger's); False on timeout."""
+        """Wait until each channel has a subscription; False on timeout.
+
+        With `prefix`, wait for that exact subscription: ``prefix=""`` waits for a subscriber to
+        every kind, which is what the event logger is, so no event of this actor misses the log.
+        """
         deadline = time.monotonic() + timeout_s
+        wanted = None if prefix is None else prefix.encode()
         for channel in channels:
             socket = self._sockets[channel]
-            while not self._subscriptions[channel]:
+            seen = self._subscriptions[channel]
+            while not seen if wanted is None else wanted not in seen:
                 remaining_ms = int((deadline - time.monotonic()) * 1000)
                 if remaining_ms <= 0 or not socket.poll(remaining_ms):
                     return False

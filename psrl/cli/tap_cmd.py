@@ -20,6 +20,7 @@ from bus.security import load_keys
 from bus.sockets import SocketOptions
 from bus.subscriber import Subscriber
 from bus.tap import TapFilter, format_json, format_line
+from psrl.log import configure
 
 TAP_HWM = 10_000
 _MAX_BATCH = 100
@@ -50,6 +51,7 @@ def tap(
     duration: float,
 ) -> None:
     """Show the events of a running run: psrl tap RUN_DIR [--kind gen.] [--json]."""
+    configure("warning")  # bus warnings (dropped messages) go to stderr, never into the tapped stream
     filters = TapFilter(kinds, actors, request_ids, versions)
     for prefix in kinds:
         if not kinds_matching(prefix):

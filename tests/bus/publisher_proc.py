@@ -25,7 +25,7 @@ def main(run_dir: str, sender: str) -> None:
     signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))
     ctx = zmq.Context()
     publisher = Publisher(ctx, BusAddresses.load(run_dir), sender)
-    if not publisher.wait_subscribed(30):  # the run's logger listens on both channels
+    if not publisher.wait_subscribed(30, prefix=""):  # the run's logger listens to every kind
         raise SystemExit("nobody subscribed to the bus within 30 s")
     for step in range(1, MAX_STEPS + 1):
         if stopping:

@@ -1,0 +1,45 @@
+"""Publisher details: waiting for the logger's subscription, batching runs of kinds."""
+
+from __future__ import annotations
+
+import pytest
+import zmq
+from bus_helpers import recv_all
+
+from bus.addresses import BusAddresses
+from bus.errors import BusError
+from bus.messages import Metrics, Pause
+from bus.publisher import Publisher
+from bus.schema import Channel
+from bus.subscriber import Subscriber
+
+
+def test_wait_for_a_catch_all_subscription(ctx: zmq.Context, proxy: BusAddresses) -> None:
+    publisher = Publisher(ctx, proxy, "router")
+    narrow = Subscriber(ctx, proxy.events_out, ["gen."])
+    assert publisher.wait_subscribed(10, (Channel.EVENTS,))
+    assert not publisher.wait_subscribed(0.3, (Channel.EVENTS,), prefix="")  # only "gen." so far
+    everything = Subscriber(ctx, proxy.events_out)
+    assert publisher.wait_subscribed(10, (Channel.EVENTS,), prefix="")
+    for closable in (publisher, narrow, everything):
+        closable.close()
+
+
+def test_publish_many_keeps_order_and_channels(ctx: zmq.Context, proxy: BusAddresses) -> None:
+    events = Subscriber(ctx, proxy.events_out)
+    control = Subscriber(ctx, proxy.control_out)
+    publisher = Publisher(ctx, proxy, "trainer")
+    assert publisher.wait_subscribed(10, prefix="")
+    batch = [Metrics(1, {}), Metrics(2, {}), Pause(), Metrics(3, {})]
+    envelopes = publisher.publish_many(batch, request_ids=[7, None, None, 9], model_version=4)
+    assert [e.seq for e in envelopes] == [1, 2, 3, 4]
+    received = recv_all(events, 3)
+    assert [e.message.step for e in received] == [1, 2, 3]
+    assert [e.envelope.request_id for e in received] == [7, None, 9]
+    assert {e.envelope.model_version for e in received} == {4}
+    (pause,) = recv_all(control, 1)
+    assert pause.envelope.seq == 3
+    with pytest.raises(BusError, match="one entry per message"):
+        publisher.publish_many(batch, request_ids=[1])
+    for closable in (publisher, events, control):
+        closable.close()
