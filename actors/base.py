@@ -182,7 +182,7 @@ class Actor:
         signal.signal(signal.SIGTERM, lambda *_: self.request_stop("SIGTERM"))
         signal.signal(signal.SIGINT, lambda *_: self.request_stop("SIGINT"))
         try:
-            self.publisher.wait_subscribed(SUBSCRIBE_WAIT_S)
+            self.publisher.wait_subscribed(SUBSCRIBE_WAIT_S, prefix="")
             self.publisher.publish(
                 Hello(
                     self.ROLE,

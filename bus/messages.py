@@ -218,6 +218,8 @@ class SamplingParams(Part, frozen=True):
     top_k: top-k cut (-1 = off).
     stop_token_ids: token ids that end the response.
     seed: per-request sampling seed; unset = engine's generator.
+    min_tokens: no stop before this many tokens (added in 1.1).
+    ignore_eos: the end-of-sequence token does not stop the response (added in 1.1).
     """
 
     max_tokens: int
@@ -226,6 +228,8 @@ class SamplingParams(Part, frozen=True):
     top_k: int = -1
     stop_token_ids: list[int] = field(default_factory=list)
     seed: int | None = None
+    min_tokens: int = 0
+    ignore_eos: bool = False
 
 
 @message("gen.request")
@@ -242,6 +246,7 @@ class GenerateRequest(Message, frozen=True):
     generated_versions: the weight version that produced each of them (int32).
     instance_hint: preferred instance id; empty = no preference.
     is_sticky: keep the trajectory on the hinted instance.
+    dispatch_seq: the router's dispatch number, echoed in the instance's status (added in 1.1).
     """
 
     request_id: int
@@ -254,6 +259,7 @@ class GenerateRequest(Message, frozen=True):
     generated_versions: np.ndarray | None = None
     instance_hint: str = ""
     is_sticky: bool = False
+    dispatch_seq: int = -1
 
 
 @message("gen.chunk")
@@ -324,6 +330,12 @@ class InstanceStatus(Message, frozen=True):
     prefix_hit_rate: share of prompt tokens served from the prefix cache.
     num_tokens_running: tokens (prompt + generated) of the running requests, summed.
     is_paused: the instance is paused.
+    kv_capacity_tokens: tokens the KV cache holds in all (added in 1.1).
+    budget_kv_tokens: num_tokens_running with each response rounded up to the routing budget (added in 1.1).
+    num_response_tokens: generated tokens of the running requests (added in 1.1).
+    last_dispatch_seq: dispatch number of the last request admitted (added in 1.1).
+    num_preempted_waiting: waiting requests that were preempted (added in 1.1).
+    report_seq: this instance's report counter (added in 1.1).
     """
 
     instance: str
@@ -336,6 +348,12 @@ class InstanceStatus(Message, frozen=True):
     prefix_hit_rate: float = 0.0
     num_tokens_running: int = 0
     is_paused: bool = False
+    kv_capacity_tokens: int = 0
+    budget_kv_tokens: int = 0
+    num_response_tokens: int = 0
+    last_dispatch_seq: int = -1
+    num_preempted_waiting: int = 0
+    report_seq: int = 0
 
 
 # ---------------------------------------------------------------------------- staleness ledger
@@ -484,6 +502,20 @@ class WeightsLoaded(Message, frozen=True):
     instance: str
     version: int
     load_ms: float = 0.0
+
+
+@message("wt.sync_failed")
+class InstanceSyncFailed(Message, frozen=True):
+    """An instance could not pull or load a version; it keeps its old weights and takes no work.
+
+    instance: instance id.
+    version: version it tried to load.
+    reason: why the pull or load failed.
+    """
+
+    instance: str
+    version: int
+    reason: str = ""
 
 
 # ---------------------------------------------------------------------------- coordination
@@ -653,6 +685,90 @@ class Metrics(Message, frozen=True):
 
     step: int
     values: dict[str, float]
+
+
+# ---------------------------------------------------------------------------- groups (coordinator <-> router)
+
+
+@message("group.complete")
+class GroupComplete(Message, frozen=True):
+    """Enough responses of a prompt group finished: occupy its staleness slot (added in 1.1).
+
+    prompt_id: prompt group id.
+    request_ids: the responses kept (the first ones to finish).
+    """
+
+    prompt_id: int
+    request_ids: list[int]
+
+
+@message("group.drop")
+class GroupDrop(Message, frozen=True):
+    """Give up a prompt group: abort its requests and free its slot (added in 1.1).
+
+    prompt_id: prompt group id.
+    reason: why (failed, filtered, shutdown).
+    """
+
+    prompt_id: int
+    reason: str = ""
+
+
+@message("group.refill")
+class Refill(Message, frozen=True):
+    """Groups were given up by the staleness machinery; launch this many fresh ones (added in 1.1).
+
+    num_groups: fresh prompt groups to dispatch.
+    reason: why (version aborted, proactive retry).
+    prompt_ids: the groups given up.
+    """
+
+    num_groups: int
+    reason: str = ""
+    prompt_ids: list[int] = field(default_factory=list)
+
+
+# ---------------------------------------------------------------------------- training data
+
+
+@message("train.data")
+class TrainData(Message, frozen=True):
+    """Trajectories of one buffer (or one chunk of it), sent to the trainer on its link (added in 1.1).
+
+    step: trainer step the data belongs to.
+    buffer: staleness buffer index.
+    chunk: chunk index within the buffer.
+    num_chunks: chunks the buffer is released in.
+    prompt_ids: prompt group of each trajectory.
+    request_ids: request id of each trajectory.
+    v_traj: pinned version of each trajectory.
+    prompt_lengths: prompt tokens of each trajectory.
+    response_lengths: response tokens of each trajectory.
+    prompt_token_ids: every prompt, concatenated (int32).
+    response_token_ids: every response, concatenated (int32).
+    response_logprobs: engine log-probabilities of the responses, concatenated (float32).
+    response_versions: weight version of each response token, concatenated (int32).
+    rewards: reward of each trajectory (float32).
+    accs: task accuracy of each trajectory (float32).
+    finish_reasons: finish reason of each trajectory (int32, FinishReason values).
+    """
+
+    step: int
+    buffer: int
+    chunk: int
+    num_chunks: int
+    prompt_ids: np.ndarray
+    request_ids: np.ndarray
+    v_traj: np.ndarray
+    prompt_lengths: np.ndarray
+    response_lengths: np.ndarray
+    prompt_token_ids: np.ndarray
+    response_token_ids: np.ndarray
+    response_logprobs: np.ndarray
+    response_versions: np.ndarray
+    rewards: np.ndarray
+    accs: np.ndarray
+    finish_reasons: np.ndarray
 
 
 # ---------------------------------------------------------------------------- run

@@ -48,6 +48,7 @@ from psrl.log import get_logger
 from psrl.rundir import RunDir
 
 WATCH_INTERVAL_S = 0.1
+SUBSCRIBE_WAIT_S = 10.0
 SHUTDOWN_GRACE_S = 5.0  # for actors to exit after Shutdown, before SIGTERM
 TERM_GRACE_S = 1.5  # after SIGTERM, before SIGKILL
 
@@ -204,6 +205,7 @@ class Supervisor:
         for spec in logger:
             self._start(spec, 0, announce=False)
         self._await_ready([s.name for s in logger])
+        self.publisher.wait_subscribed(SUBSCRIBE_WAIT_S, prefix="")
         for spec in logger:  # announced once the log listens
             self._announce(self.processes[spec.name])
         for spec in others:
