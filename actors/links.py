@@ -8,6 +8,7 @@ stream keeps its own gap-free numbering). Undecodable messages are counted and d
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import zmq
@@ -61,7 +62,14 @@ class Link:
     ) -> Envelope | None:
         """Send to peer ``to`` (server side) or to the server (client side); None if the peer is gone."""
         stamped = self.stamper.stamp(message, parent, model_version, request_id, prompt_id)
-        frames = self.encoder.encode(stamped, message)
+        return stamped if self._send_frames(self.encoder.encode(stamped, message), to) else None
+
+    def send_many(self, messages: Sequence[Message], to: str | None = None) -> bool:
+        """Send several messages of one kind as one ZeroMQ message (one envelope each)."""
+        events = [(self.stamper.stamp(m), m) for m in messages]
+        return self._send_frames(self.encoder.encode_batch(events), to)
+
+    def _send_frames(self, frames: list[Any], to: str | None) -> bool:
         try:
             if self.is_server:
                 if to is None:
@@ -72,8 +80,8 @@ class Link:
             if exc.errno != zmq.EHOSTUNREACH:
                 raise
             self.num_unroutable += 1
-            return None
-        return stamped
+            return False
+        return True
 
     def recv(self) -> tuple[str, list[Event[Any]]] | None:
         """The next message waiting, as (peer name, its events); None if nothing waits.
