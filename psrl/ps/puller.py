@@ -70,6 +70,7 @@ class Puller:
         self._log = get_logger("psrl.ps.puller")
         self._plane: PullDataPlane = pull_plane(transport, host=host)
         self._own_ctx = ctx is None
+        self._closed = False
         # One I/O thread per shard link (up to 4), so shards' streams are copied in parallel.
         self._ctx = ctx or zmq.Context(io_threads=min(4, max(1, len(pull_endpoints))))
         self._links = ShardLinks(self._ctx, pull_endpoints, timeout_s, self._log)
@@ -117,6 +118,9 @@ class Puller:
         return reply.version if isinstance(reply, ManifestReply) else reply.latest
 
     def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
         self._verifier.close()
         self._plane.close()
         self._links.close()

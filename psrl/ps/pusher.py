@@ -109,6 +109,7 @@ class Pusher:
         self._log = get_logger("psrl.ps.pusher", incarnation=incarnation)
         self._plane: PushDataPlane = push_plane(transport, host=host)
         self._own_ctx = ctx is None
+        self._closed = False
         # One I/O thread per shard link (up to 4), so shards' streams are copied in parallel.
         self._ctx = ctx or zmq.Context(io_threads=min(4, max(1, len(push_endpoints))))
         self._links = [_ShardLink(i, links.make_dealer(self._ctx, ep)) for i, ep in enumerate(push_endpoints)]
@@ -166,6 +167,9 @@ class Pusher:
         return self._plan
 
     def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
         self._plane.close()
         for link in self._links:
             link.sock.close(linger=0)

@@ -325,9 +325,9 @@ class ShardServer:
         else:
             buffers = incoming.buffers
         self.versions.finalize(served, buffers)
-        self._push_reply(self._incoming_ident, PushAck(incoming.version, incoming.attempt, is_ok=True))
-        if self._on_stored is not None:
+        if self._on_stored is not None:  # before the ack, so it precedes every commit of this version
             self._on_stored(self._event(incoming.version, incoming.digest, served))
+        self._push_reply(self._incoming_ident, PushAck(incoming.version, incoming.attempt, is_ok=True))
 
     def _event(self, version: int, digest: bytes, entries: tuple[ManifestEntry, ...]) -> VersionEvent:
         num_bytes = sum(e.num_bytes for e in entries)

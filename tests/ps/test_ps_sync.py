@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import pytest
 import torch
@@ -22,9 +22,21 @@ def transport(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
 
+_OPENED: list[Pusher | Puller] = []
+
+
+@pytest.fixture(autouse=True)
+def _close_leftovers() -> Iterator[None]:
+    """Close what a failing test left open (sockets would otherwise warn at garbage collection)."""
+    yield
+    while _OPENED:
+        _OPENED.pop().close()
+
+
 def open_pair(shards: ThreadShards, transport: str, **puller_options: object) -> tuple[Pusher, Puller]:
     pusher = Pusher(shards.push_endpoints, incarnation=1, transport=transport, max_block_bytes=BLOCK, timeout_s=30)
     puller = Puller(shards.pull_endpoints, transport=transport, timeout_s=10, **puller_options)  # type: ignore[arg-type]
+    _OPENED.extend((pusher, puller))
     return pusher, puller
 
 
