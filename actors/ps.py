@@ -1,0 +1,60 @@
+"""A parameter-server shard: hosts one `ShardServer` and announces its versions on the bus.
+
+The shard's sockets run in their own thread (pushes and pulls never wait for the actor loop);
+its version hooks are queued and published from the actor loop, where the publisher lives.
+Shard 0 commits last, so its commit is the run's `WeightsPublished`: when it fires, every
+shard already serves the version.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import queue
+import threading
+
+from actors.base import Actor
+from bus.messages import ShardStored, WeightsPublished
+from psrl.engine.args import EngineArgs
+from psrl.ps import ShardServer, VersionEvent
+from psrl.ps.from_config import shard_options
+
+
+class ParameterShardActor(Actor):
+    ROLE = "ps"
+
+    def setup(self) -> dict[str, int]:
+        args = EngineArgs.from_config(self.config)
+        engine_dtype = args.resolve_dtype(args.resolve_device())
+        options = shard_options(
+            self.config, self.boot.index, self.boot.endpoint(self.name), self.boot.endpoint(f"{self.name}.1"),
+            engine_dtype,
+        )  # fmt: skip
+        options = dataclasses.replace(options, host=self.boot.host)
+        self.events: queue.SimpleQueue[tuple[str, VersionEvent]] = queue.SimpleQueue()
+        self.server = ShardServer(
+            options,
+            on_commit=lambda e: self.events.put(("commit", e)),
+            on_stored=lambda e: self.events.put(("stored", e)),
+        )
+        self.thread, self.stop_server = self.server.start_thread()
+        self.every(0.02, self._announce)
+        return {"shard": self.boot.index}
+
+    def _announce(self) -> None:
+        while not self.events.empty():
+            what, event = self.events.get()
+            if what == "stored":
+                msg = ShardStored(event.version, event.shard, event.num_entries, event.num_bytes, event.digest.hex())
+                self.publisher.publish(msg, model_version=event.version)
+            elif event.is_announcer:
+                published = WeightsPublished(event.version, event.digest.hex(), event.num_shards)
+                self.publisher.publish(published, model_version=event.version)
+                self.log.info("published", version=event.version)
+
+    def teardown(self) -> None:
+        stop: threading.Event | None = getattr(self, "stop_server", None)
+        if stop is not None:
+            stop.set()
+            self.thread.join(timeout=5)
+            self.server.close()
+            self._announce()
