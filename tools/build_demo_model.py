@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 import torch
-from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
 from psrl.engine import Engine, EngineArgs, SamplingParams
@@ -32,12 +32,18 @@ EVAL_SEED = 10_000  # held-out prompts come from a task seed never used in train
 
 
 def build_tokenizer() -> PreTrainedTokenizerFast:
+    """One token per character, as a byte-level BPE without merges.
+
+    Byte-level (space is the symbol 'Ġ') because transformers' AutoTokenizer loads a qwen2 checkpoint's
+    tokenizer as Qwen2Tokenizer, which re-applies byte-level pre-tokenization: this layout gives the
+    same ids through AutoTokenizer and PreTrainedTokenizerFast.
+    """
     vocab = {PAD: 0, EOS: 1, UNK: 2}
     for character in CHARACTERS:
-        vocab[character] = len(vocab)
-    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token=UNK))
-    tokenizer.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
-    tokenizer.decoder = decoders.Fuse()
+        vocab["Ġ" if character == " " else character] = len(vocab)
+    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token=UNK))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tokenizer.decoder = decoders.ByteLevel()
     return PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token=EOS, pad_token=PAD, unk_token=UNK)
 
 
@@ -150,8 +156,12 @@ def save(model: Qwen2ForCausalLM, tokenizer: PreTrainedTokenizerFast, out: Path)
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.save_pretrained(out)
+    save_tokenizer(tokenizer, out)
+
+
+def save_tokenizer(tokenizer: PreTrainedTokenizerFast, out: Path) -> None:
     tokenizer.save_pretrained(out)
-    # readable by transformers 4.x as well as 5.x
+    # a class name transformers 4.x knows too (5.x writes its own backend name)
     tokenizer_config = json.loads((out / "tokenizer_config.json").read_text())
     tokenizer_config["tokenizer_class"] = "PreTrainedTokenizerFast"
     (out / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2) + "\n")
@@ -171,9 +181,13 @@ def main() -> None:
     parser.add_argument("--target-score", type=float, default=0.35)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--tokenizer-only", action="store_true", help="only (re)write the tokenizer files in --out")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     tokenizer = build_tokenizer()
+    if args.tokenizer_only:
+        save_tokenizer(tokenizer, args.out)
+        return
     with tempfile.TemporaryDirectory() as scratch:
         config_dir = Path(scratch)
         build_config(len(tokenizer), args).save_pretrained(config_dir)
