@@ -131,6 +131,8 @@ class RolloutActor(Actor):
         cmd = event.message
         if cmd.source == self.name:
             ids = [str(r) for r in cmd.request_ids] if cmd.request_ids else list(self.streams)
+            if not cmd.request_ids and cmd.num_requests > 0:
+                ids = ids[-cmd.num_requests :]  # the newest requests carry the least progress
             self._abort(ids, "migrate")
 
     def _abort(self, request_ids: list[str], reason: str) -> None:

@@ -1,0 +1,354 @@
+"""The router: request queue, worker selection, partial-rollout loopback, and the staleness ledger.
+
+Generation requests come from the coordinator on the router's link; the router places each one
+(`psrl.routing.RouterCore`: version eligibility, hints, group affinity, a reservation in the
+ledger, the routing policy), sends it to the chosen instance, accumulates the streamed tokens,
+and when the instance returns it:
+
+* finished: count it in the ledger (the group's first N finished children win, the surplus are
+  aborted) and pass the whole trajectory to the coordinator;
+* interrupted (sync, migration, preemption, instance lost): loop it back into the queue with its
+  tokens, pinned to its V_traj (partial rollout), or from scratch when partial rollout is off;
+* aborted on request, or failed: tell the coordinator so the group can be refilled.
+
+The ledger lives here so a routing decision never waits on the network; the coordinator drives
+Occupy (GroupComplete), drops (GroupDrop) and Consume, and learns every ledger outcome as an
+event. Each routed decision is logged with its inputs for `psrl replay --check`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from typing import Any
+
+import msgspec
+
+from actors.base import Actor, handles
+from actors.links import Link
+from bus.messages import (
+    Abort,
+    ActorExited,
+    BufferReady,
+    Consume,
+    FinishReason,
+    GenerateRequest,
+    GenerateResult,
+    GroupComplete,
+    GroupDrop,
+    InstanceStatus,
+    InstanceSyncFailed,
+    Metrics,
+    Occupy,
+    Refill,
+    Reserve,
+    RouterStatus,
+    RoutingRecord,
+    SyncCommand,
+    TokenChunk,
+    VersionAborted,
+    WeightsLoaded,
+)
+from bus.schema import Event
+from psrl.routing.core import RouterCore
+from psrl.routing.cost_model import load_cost_model
+from psrl.routing.decision import RoutingDecision
+from psrl.routing.instance import InstanceSnapshot
+from psrl.routing.policies import make_policy
+from psrl.routing.request import RoutingRequest
+from psrl.routing.trajectories import TrackerSettings, TrajectoryTracker, Verdict
+from psrl.staleness.ledger import StalenessLedger
+from psrl.staleness.types import AbortReason, FinishVerdict, GroupAborted, LedgerError, LedgerSizes
+
+COORDINATOR = "coordinator"
+STATUS_INTERVAL_S = 0.1
+_ABORT_REASONS = {"filtered": AbortReason.FILTERED, "failed": AbortReason.FAILED, "retry": AbortReason.RETRY}
+
+
+class RouterActor(Actor):
+    ROLE = "router"
+
+    def setup(self) -> dict[str, int]:
+        cfg = self.config
+        routing = cfg.psrl.rollout_coordination.routing_strategy
+        cost = load_cost_model(routing.cost_model_path) if routing.cost_model_path else None
+        self.ledger = StalenessLedger(LedgerSizes.from_config(cfg))
+        self.core = RouterCore(routing, self.ledger, make_policy(routing, cost))
+        self.method = routing.method
+        self.needs_tokens = routing.method.startswith("cache_aware")
+        pr = cfg.psrl.rollout_coordination.partial_rollout
+        self.tracker = TrajectoryTracker(TrackerSettings(pr.enable, pr.interrupt_as_prompt,
+                                                         cfg.psrl.agentic_rl.retry_limit))  # fmt: skip
+        self.n_per_prompt = cfg.responses_per_prompt
+        self.link = Link(self.ctx, self.boot.endpoint(self.name), sender=self.name, incarnation=self.boot.incarnation,
+                         settings=self.bus, serve=True)  # fmt: skip
+        self.add_input(self.link.socket, self._on_link)
+        self.instances: dict[str, int] = {}  # instance -> version it advertises
+        self.syncing: set[str] = set()
+        self.counters: Counter[str] = Counter()
+        self.every(STATUS_INTERVAL_S, self._publish_status)
+        return {}
+
+    @property
+    def num_inflight(self) -> int:
+        return len(self.tracker.live)
+
+    # ------------------------------------------------------------------ link input
+
+    def _on_link(self) -> None:
+        received = self.link.recv()
+        if received is not None:
+            for event in received[1]:
+                self.dispatch(event)
+
+    @handles(GenerateRequest)
+    def _on_request(self, event: Event[GenerateRequest]) -> None:
+        req = event.message
+        if req.request_id in self.tracker.live:
+            self.counters["duplicate_requests"] += 1
+            return
+        traj = self.tracker.add(req, req.request_id % self.n_per_prompt)
+        self.core.submit(self._routing_request(traj))
+
+    def _routing_request(self, traj: Any) -> RoutingRequest:
+        tokens = tuple(int(t) for t in traj.prompt_ids) + tuple(traj.token_ids) if self.needs_tokens else ()
+        return RoutingRequest(traj.request_id, traj.prompt_id, traj.child, traj.v_traj,
+                              num_prompt_tokens=len(traj.prompt_ids), num_response_tokens=traj.num_generated,
+                              token_ids=tokens)  # fmt: skip
+
+    @handles(TokenChunk)
+    def _on_chunk(self, event: Event[TokenChunk]) -> None:
+        c = event.message
+        self.tracker.extend(c.request_id, c.token_ids, c.logprobs, c.versions)
+
+    @handles(InstanceStatus)
+    def _on_status(self, event: Event[InstanceStatus]) -> None:
+        s = event.message
+        if s.instance not in self.instances:
+            self.instances[s.instance] = s.weight_version
+            self.core.add_instance(s.instance, s.weight_version, s.kv_capacity_tokens)
+            self.log.info("instance joined", instance=s.instance, version=s.weight_version)
+        kv_usage = s.kv_blocks_used / s.kv_blocks_total if s.kv_blocks_total else 0.0
+        self.core.apply_snapshot(InstanceSnapshot(
+            s.instance, s.report_seq, s.weight_version, s.num_running, s.num_waiting, s.num_tokens_running,
+            s.kv_capacity_tokens, kv_usage, s.budget_kv_tokens, s.num_response_tokens, s.tokens_per_s,
+            s.last_dispatch_seq,
+        ))  # fmt: skip
+
+    @handles(GenerateResult)
+    def _on_result(self, event: Event[GenerateResult]) -> None:
+        result = event.message
+        traj = self.tracker.live.get(result.request_id)
+        if traj is None:
+            self.counters["late_results"] += 1
+            return
+        verdict = self.tracker.judge(result)
+        if verdict in (Verdict.CONTINUE, Verdict.RESTART):
+            self.core.loop_back(result.request_id, traj.num_generated, self._routing_request(traj).token_ids)
+            return
+        self.core.release(result.request_id)
+        if verdict is Verdict.RETRY:
+            self.core.submit(self._routing_request(traj))
+        elif verdict is Verdict.FINISHED:
+            self._finished(traj, result)
+        else:
+            self._ended(traj.request_id, FinishReason.ERROR if verdict is Verdict.FAILED else FinishReason.ABORT)
+
+    def _finished(self, traj: Any, result: GenerateResult) -> None:
+        outcome = self.ledger.finish_child(traj.prompt_id, traj.child)
+        if outcome.verdict in (FinishVerdict.LATE, FinishVerdict.UNKNOWN, FinishVerdict.DUPLICATE):
+            self.counters[f"finish_{outcome.verdict.name.lower()}"] += 1
+            self.tracker.finish(traj.request_id, wasted=True)
+            return
+        self.tracker.finish(traj.request_id)
+        self.link.send(self.tracker.result_for(traj, result.finish_reason, result.instance), COORDINATOR,
+                       request_id=traj.request_id, prompt_id=traj.prompt_id, model_version=traj.v_traj)  # fmt: skip
+        if outcome.verdict is FinishVerdict.GROUP_COMPLETE:
+            self._abort_children(traj.prompt_id, [ref.child for ref in outcome.surplus], "surplus")
+            winners = [traj.prompt_id * self.n_per_prompt + c for c in outcome.winners]
+            self.link.send(GroupComplete(traj.prompt_id, winners), COORDINATOR, prompt_id=traj.prompt_id)
+
+    def _ended(self, request_id: int, reason: FinishReason) -> None:
+        """A trajectory ended without finishing: the ledger and the coordinator learn of it."""
+        traj = self.tracker.finish(request_id, wasted=True)
+        if traj is None:
+            return
+        if traj.abort_reason not in ("surplus", "stale", "group"):
+            aborted = self.ledger.abort_child(traj.prompt_id, traj.child, AbortReason.FAILED)
+            if aborted is not None:
+                self._group_aborted(aborted)
+        self.link.send(self.tracker.result_for(traj, reason, traj.instance or ""), COORDINATOR,
+                       request_id=request_id, prompt_id=traj.prompt_id)  # fmt: skip
+
+    # ------------------------------------------------------------------ coordinator commands
+
+    @handles(Abort)
+    def _on_abort(self, event: Event[Abort]) -> None:
+        for rid in event.message.request_ids:
+            traj = self.tracker.live.get(rid)
+            if traj is not None:
+                self._abort_one(rid, event.message.reason or "requested")
+
+    @handles(GroupComplete)
+    def _on_group_complete(self, event: Event[GroupComplete]) -> None:
+        prompt_id = event.message.prompt_id
+        reserved = self.ledger.group_buffer(prompt_id)
+        version = self.ledger.group_version(prompt_id)
+        try:
+            outcome = self.ledger.occupy(prompt_id)
+        except LedgerError as exc:  # the group was dropped (e.g. stale) while its rewards were computed
+            self.counters["occupy_refused"] += 1
+            self.link.send(GroupDrop(prompt_id, f"gone: {exc}"), COORDINATOR, prompt_id=prompt_id)
+            return
+        if outcome.buffer_id is None:
+            self.link.send(GroupDrop(prompt_id, "no_room"), COORDINATOR, prompt_id=prompt_id)
+        else:
+            slot = self.ledger.occupied_groups(outcome.buffer_id).index(prompt_id)
+            occupy = Occupy(prompt_id, version if version is not None else -1,
+                            reserved if reserved is not None else -1, outcome.buffer_id, slot)  # fmt: skip
+            self.publisher.publish(occupy, prompt_id=prompt_id)
+            self.link.send(occupy, COORDINATOR, prompt_id=prompt_id)
+        for aborted in outcome.aborted:
+            self._group_aborted(aborted)
+        if outcome.is_buffer_ready and outcome.buffer_id is not None:
+            ready = BufferReady(outcome.buffer_id, self.ledger.occupied_groups(outcome.buffer_id))
+            self.publisher.publish(ready)
+            self.link.send(ready, COORDINATOR)
+        self.core.notify_ledger_changed()
+
+    @handles(GroupDrop)
+    def _on_group_drop(self, event: Event[GroupDrop]) -> None:
+        reason = _ABORT_REASONS.get(event.message.reason, AbortReason.CANCELLED)
+        aborted = self.ledger.abort_group(event.message.prompt_id, reason)
+        if aborted is not None:
+            self._abort_children(aborted.prompt_id, [ref.child for ref in aborted.children_to_abort], "group")
+        self.core.notify_ledger_changed()
+
+    @handles(Consume)
+    def _on_consume(self, event: Event[Consume]) -> None:
+        try:
+            consumed = self.ledger.consume(event.message.buffer)
+        except LedgerError as exc:
+            self.log.error("consume refused", buffer=event.message.buffer, error=str(exc))
+            return
+        self.publisher.publish(event.message)
+        values = {f"staleness/count_{k}": float(v) for k, v in consumed.staleness_histogram.items()}
+        values["staleness/bound_violations"] = float(consumed.num_bound_violations)
+        self.publisher.publish(Metrics(event.message.buffer, values))
+        self.core.notify_ledger_changed()
+
+    def _group_aborted(self, aborted: GroupAborted) -> None:
+        """A group left the ledger: stop its children; a failed group's slot needs a fresh group.
+
+        Stale and no-room groups are redundant work whose windows filled up: nothing replaces them.
+        """
+        reason = aborted.reason.name.lower()
+        if aborted.reason is AbortReason.STALE:
+            versions = [t.v_traj for t in self.tracker.live.values() if t.prompt_id == aborted.prompt_id]
+            self.publisher.publish(VersionAborted(min(versions, default=-1), len(aborted.children_to_abort)),
+                                   prompt_id=aborted.prompt_id)  # fmt: skip
+        self._abort_children(aborted.prompt_id, [ref.child for ref in aborted.children_to_abort], reason)
+        self.link.send(GroupDrop(aborted.prompt_id, reason), COORDINATOR, prompt_id=aborted.prompt_id)
+        if aborted.reason is AbortReason.FAILED:
+            self.link.send(Refill(1, reason, [aborted.prompt_id]), COORDINATOR)
+
+    def _abort_children(self, prompt_id: int, children: list[int], reason: str) -> None:
+        for child in children:
+            self._abort_one(prompt_id * self.n_per_prompt + child, reason)
+
+    def _abort_one(self, request_id: int, reason: str) -> None:
+        traj = self.tracker.live.get(request_id)
+        if traj is None:
+            return
+        traj.abort_reason = reason
+        instance = self.core.routed_instance(request_id)
+        if instance is None:  # still queued: it ends here
+            self.core.abort(request_id)
+            self._ended(request_id, FinishReason.ABORT)
+        else:
+            self.link.send(Abort([request_id], reason), instance)
+
+    # ------------------------------------------------------------------ instances
+
+    @handles(SyncCommand)
+    def _on_sync(self, event: Event[SyncCommand]) -> None:
+        for instance in event.message.instances:
+            if instance in self.instances:
+                self.syncing.add(instance)
+                self.core.set_paused(instance, True)
+
+    @handles(WeightsLoaded)
+    def _on_loaded(self, event: Event[WeightsLoaded]) -> None:
+        msg = event.message
+        if msg.instance in self.instances:
+            self.instances[msg.instance] = msg.version
+            self.syncing.discard(msg.instance)
+            self.core.set_version(msg.instance, msg.version)
+            self.core.set_paused(msg.instance, False)
+            self.core.set_healthy(msg.instance, True)
+
+    @handles(InstanceSyncFailed)
+    def _on_sync_failed(self, event: Event[InstanceSyncFailed]) -> None:
+        if event.message.instance in self.instances:  # out of rotation until a sync succeeds
+            self.core.set_healthy(event.message.instance, False)
+
+    @handles(ActorExited)
+    def _on_exited(self, event: Event[ActorExited]) -> None:
+        name = event.message.actor
+        if name not in self.instances:
+            return
+        del self.instances[name]
+        self.syncing.discard(name)
+        for orphan in self.core.remove_instance(name):
+            traj = self.tracker.live.get(orphan.request_id)
+            if traj is None:
+                continue
+            self.tracker.interrupted(traj)
+            self.core.submit(self._routing_request(traj))
+        self.log.warning("instance lost; its requests are re-routed", instance=name)
+
+    # ------------------------------------------------------------------ routing
+
+    def step(self) -> bool:
+        if self.core.num_queued == 0:
+            return False
+        result = self.core.dispatch(time.monotonic())
+        for decision in result.routed:
+            self._send(decision)
+        return bool(result.routed)
+
+    def _send(self, decision: RoutingDecision) -> None:
+        traj = self.tracker.live[decision.request_id]
+        instance = decision.instance_id or ""
+        traj.v_traj = decision.version_tag
+        traj.instance = instance
+        if decision.reserved_buffer is not None:
+            self.publisher.publish(Reserve(traj.prompt_id, decision.version_tag, decision.reserved_buffer, -1),
+                                   request_id=traj.request_id, prompt_id=traj.prompt_id)  # fmt: skip
+        request = self.tracker.engine_request(traj, decision.dispatch_seq)
+        if self.link.send(request, instance, request_id=traj.request_id, model_version=traj.v_traj) is None:
+            # The instance vanished between its last status and now: route again.
+            self.core.release(traj.request_id)
+            self.tracker.interrupted(traj)
+            self.core.submit(self._routing_request(traj))
+            return
+        record = RoutingRecord(traj.request_id, instance, self.method, msgspec.msgpack.encode(decision))
+        self.publisher.publish(record, request_id=traj.request_id, prompt_id=traj.prompt_id,
+                               model_version=traj.v_traj)  # fmt: skip
+
+    def _publish_status(self) -> None:
+        versions = sorted(set(self.instances.values()))
+        counts = self.core.servable_counts(versions) if versions else {}
+        status = RouterStatus(
+            self.core.num_queued, len(self.tracker.live) - self.core.num_queued, versions,
+            [counts[v].without_new_entry for v in versions], [counts[v].with_new_entry for v in versions],
+            self.ledger.next_buffer_id, self.tracker.num_loopbacks, self.tracker.num_wasted_tokens,
+        )  # fmt: skip
+        self.publisher.publish(status)
+        self.link.send(status, COORDINATOR)
+
+    def teardown(self) -> None:
+        if hasattr(self, "link"):
+            self.link.close()
+        if self.counters:
+            self.log.info("router counters", **dict(self.counters))

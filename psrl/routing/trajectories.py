@@ -1,0 +1,165 @@
+"""What the router remembers about each trajectory, and what a returned result means.
+
+A trajectory is pinned to ``v_traj`` at its first routing and accumulates its tokens, their
+log-probabilities and the weight version of each token from the instance's stream. When an
+instance hands a request back interrupted (a weight sync, a migration, a preemption loopback,
+the instance shutting down or dying), partial rollout continues it elsewhere from exactly those
+tokens; an abort that was asked for (surplus child, staleness, the coordinator) ends it. Pure
+bookkeeping: no sockets, no clock.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+import msgspec
+import numpy as np
+
+from bus.messages import FinishReason, GenerateRequest, GenerateResult, SamplingParams
+
+# Reasons an instance gives for handing a request back that is not the end of the trajectory.
+INTERRUPTIONS = frozenset({"sync", "migrate", "preempted", "shutdown", "instance_lost"})
+
+
+class Verdict(str, Enum):
+    FINISHED = "finished"  # stop or length: the trajectory is complete
+    CONTINUE = "continue"  # interrupted: route it again from its tokens (partial rollout)
+    RESTART = "restart"  # interrupted without partial rollout: route it again from the prompt
+    RETRY = "retry"  # the request failed; try it again
+    ABORTED = "aborted"  # ended on request (surplus, staleness, coordinator)
+    FAILED = "failed"  # failed for good
+
+
+@dataclass
+class Trajectory:
+    request_id: int
+    prompt_id: int
+    child: int
+    prompt_ids: np.ndarray
+    sampling: SamplingParams
+    v_traj: int = -1
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+    instance: str | None = None
+    num_loopbacks: int = 0
+    num_failures: int = 0
+    abort_reason: str | None = None  # set once an abort was asked for: the result ends it
+    error: str = ""
+    num_sent_as_prompt: int = 0  # interrupt_as_prompt: earlier output the instance got as prompt
+
+    @property
+    def num_generated(self) -> int:
+        return len(self.token_ids)
+
+
+@dataclass(frozen=True)
+class TrackerSettings:
+    partial_rollout: bool = True
+    interrupt_as_prompt: bool = False
+    retry_limit: int = 1
+
+
+class TrajectoryTracker:
+    def __init__(self, settings: TrackerSettings) -> None:
+        self.settings = settings
+        self.live: dict[int, Trajectory] = {}
+        self.num_loopbacks = 0
+        self.num_wasted_tokens = 0  # generated, then thrown away (aborts, restarts)
+
+    def add(self, request: GenerateRequest, child: int) -> Trajectory:
+        traj = Trajectory(request.request_id, request.prompt_id, child, np.asarray(request.prompt_token_ids, np.int32),
+                          request.sampling)  # fmt: skip
+        if request.generated_token_ids is not None:
+            traj.token_ids = [int(t) for t in request.generated_token_ids]
+            traj.logprobs = [
+                float(x) for x in (request.generated_logprobs if request.generated_logprobs is not None else [])
+            ]
+            traj.versions = [
+                int(v) for v in (request.generated_versions if request.generated_versions is not None else [])
+            ]
+        self.live[request.request_id] = traj
+        return traj
+
+    def extend(self, request_id: int, token_ids: np.ndarray, logprobs: np.ndarray, versions: np.ndarray) -> None:
+        """Append streamed tokens (ignored for a trajectory the router no longer tracks).
+
+        Streamed tokens are what a continuation starts from if the instance dies."""
+        traj = self.live.get(request_id)
+        if traj is not None:
+            traj.token_ids.extend(int(t) for t in token_ids)
+            traj.logprobs.extend(float(x) for x in logprobs)
+            traj.versions.extend(int(v) for v in versions)
+
+    def judge(self, result: GenerateResult) -> Verdict:
+        """Classify a returned result and bring the trajectory's tokens up to date with it."""
+        traj = self.live[result.request_id]
+        if result.finish_reason == FinishReason.ERROR:
+            traj.num_failures += 1
+            traj.error = result.error
+            return Verdict.RETRY if traj.num_failures <= self.settings.retry_limit else Verdict.FAILED
+        self._take_tokens(traj, result)
+        if result.finish_reason in (FinishReason.STOP, FinishReason.LENGTH):
+            return Verdict.FINISHED
+        if traj.abort_reason is not None or result.error not in INTERRUPTIONS:
+            traj.abort_reason = traj.abort_reason or result.error or "aborted"
+            return Verdict.ABORTED
+        return self.interrupted(traj)
+
+    def interrupted(self, traj: Trajectory) -> Verdict:
+        """The trajectory left its instance unfinished; continue it, or start it over."""
+        traj.instance = None
+        if self.settings.partial_rollout:
+            traj.num_loopbacks += 1
+            self.num_loopbacks += 1
+            return Verdict.CONTINUE
+        self.num_wasted_tokens += traj.num_generated
+        traj.token_ids, traj.logprobs, traj.versions = [], [], []
+        return Verdict.RESTART
+
+    def _take_tokens(self, traj: Trajectory, result: GenerateResult) -> None:
+        """A result carries every token the instance generated or continued from; output it got
+        as prompt (interrupt_as_prompt) is kept from the router's own record."""
+        keep = traj.num_sent_as_prompt
+        traj.token_ids = traj.token_ids[:keep] + [int(t) for t in result.token_ids]
+        traj.logprobs = traj.logprobs[:keep] + [float(x) for x in result.logprobs]
+        traj.versions = traj.versions[:keep] + [int(v) for v in result.versions]
+        traj.num_sent_as_prompt = 0
+
+    def engine_request(self, traj: Trajectory, dispatch_seq: int) -> GenerateRequest:
+        """The request an instance gets: fresh, or a continuation from the tokens so far."""
+        has_prior = traj.num_generated > 0
+        traj.num_sent_as_prompt = 0
+        if has_prior and self.settings.interrupt_as_prompt:
+            prompt = np.concatenate([traj.prompt_ids, np.asarray(traj.token_ids, np.int32)])
+            remaining = max(1, traj.sampling.max_tokens - traj.num_generated)
+            sampling = _with_max_tokens(traj.sampling, remaining, traj.num_generated)
+            traj.num_sent_as_prompt = traj.num_generated
+            return GenerateRequest(traj.request_id, traj.prompt_id, prompt, sampling, traj.v_traj,
+                                   dispatch_seq=dispatch_seq)  # fmt: skip
+        return GenerateRequest(
+            traj.request_id, traj.prompt_id, traj.prompt_ids, traj.sampling, traj.v_traj,
+            np.asarray(traj.token_ids, np.int32) if has_prior else None,
+            np.asarray(traj.logprobs, np.float32) if has_prior else None,
+            np.asarray(traj.versions, np.int32) if has_prior else None,
+            dispatch_seq=dispatch_seq,
+        )  # fmt: skip
+
+    def result_for(self, traj: Trajectory, reason: FinishReason, instance: str) -> GenerateResult:
+        """The trajectory's whole result, as the coordinator receives it."""
+        return GenerateResult(
+            traj.request_id, traj.prompt_id, np.asarray(traj.token_ids, np.int32),
+            np.asarray(traj.logprobs, np.float32), np.asarray(traj.versions, np.int32), reason, instance,
+            traj.error if reason == FinishReason.ERROR else (traj.abort_reason or ""),
+        )  # fmt: skip
+
+    def finish(self, request_id: int, *, wasted: bool = False) -> Trajectory | None:
+        traj = self.live.pop(request_id, None)
+        if traj is not None and wasted:
+            self.num_wasted_tokens += traj.num_generated
+        return traj
+
+
+def _with_max_tokens(sampling: SamplingParams, max_tokens: int, num_done: int) -> SamplingParams:
+    return msgspec.structs.replace(sampling, max_tokens=max_tokens, min_tokens=max(0, sampling.min_tokens - num_done))
