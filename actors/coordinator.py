@@ -155,7 +155,8 @@ class CoordinatorActor(Actor):
             text = str(self.tokenizer.decode(result.token_ids.tolist(), skip_special_tokens=True))
             reward = self.task.reward(group.prompt, text)
             self.response_lengths.append(len(result.token_ids))
-        self.book.record(result, reward)
+        v_traj = event.envelope.model_version
+        self.book.record(result, reward, -1 if v_traj is None else v_traj)
 
     @handles(GroupComplete)
     def _on_group_complete(self, event: Event[GroupComplete]) -> None:
@@ -326,7 +327,7 @@ def train_data(chunk: Chunk, groups: list[Group]) -> TrainData:
         step=chunk.buffer + 1, buffer=chunk.buffer, chunk=chunk.index, num_chunks=chunk.num_chunks,
         prompt_ids=np.asarray([g.prompt_id for g, _, _ in rows], i32),
         request_ids=np.asarray([r.request_id for _, r, _ in rows], i32),
-        v_traj=np.asarray([int(r.versions.min()) if len(r.versions) else -1 for _, r, _ in rows], i32),
+        v_traj=np.asarray([g.v_traj.get(r.request_id, -1) for g, r, _ in rows], i32),
         prompt_lengths=np.asarray([len(g.prompt_token_ids) for g, _, _ in rows], i32),
         response_lengths=np.asarray([len(r.token_ids) for _, r, _ in rows], i32),
         prompt_token_ids=cat([g.prompt_token_ids for g, _, _ in rows], i32),

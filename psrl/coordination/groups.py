@@ -25,6 +25,7 @@ class Group:
     prompt_token_ids: np.ndarray
     results: dict[int, GenerateResult] = field(default_factory=dict)
     rewards: dict[int, Reward] = field(default_factory=dict)
+    v_traj: dict[int, int] = field(default_factory=dict)  # request -> version it was pinned to
     winners: tuple[int, ...] = ()
     buffer: int | None = None
     is_replacement: bool = False
@@ -58,11 +59,12 @@ class GroupBook:
     def request_ids(self, prompt_id: int) -> list[int]:
         return [prompt_id * self.n + child for child in range(self.n)]
 
-    def record(self, result: GenerateResult, reward: Reward | None) -> Group | None:
+    def record(self, result: GenerateResult, reward: Reward | None, v_traj: int) -> Group | None:
         group = self.groups.get(result.prompt_id)
         if group is None:
             return None
         group.results[result.request_id] = result
+        group.v_traj[result.request_id] = v_traj
         if reward is not None:
             group.rewards[result.request_id] = reward
         return group

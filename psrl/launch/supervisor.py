@@ -12,14 +12,13 @@ The exit code says how the run ended: 0 finished, 1 failed, 130 interrupted.
 
 from __future__ import annotations
 
+import os
 import signal
 import socket
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
-import yaml
 import zmq
 
 from actors.boot import Boot, read_curve_files
@@ -139,6 +138,7 @@ class Supervisor:
             base_port=self.config.bus.base_port,
             local_address=host,
         )
+        self.dist_master = _dist_master(self.endpoints)
         self.publisher = Publisher(self.ctx, self.addresses, "supervisor", 0, options=self.settings.options)
         self.watcher = Subscriber(
             self.ctx,
@@ -184,7 +184,8 @@ class Supervisor:
             host=spec.host.address if spec.host is not None else self.config.bus.host,
             run_dir=str(self.run_dir.path) if is_local else None,
             curve_files=self.curve_files,
-            options={"log_level": self.config.run.log_level, **self.actor_options.get(spec.name, {})},
+            options={"log_level": self.config.run.log_level, "dist_master": self.dist_master,
+                     **self.actor_options.get(spec.name, {})},
         )
 
     def _start(self, spec: ActorSpec, incarnation: int, *, announce: bool = True) -> ActorProcess:
@@ -351,14 +352,14 @@ class Supervisor:
 
 
 def _pid() -> int:
-    import os
-
     return os.getpid()
 
 
-def host_name() -> str:
-    return socket.gethostname()
-
-
-def config_from_run(run_dir: Path) -> Config:
-    return Config.model_validate(yaml.safe_load((run_dir / "config.yaml").read_text()))
+def _dist_master(endpoints: dict[str, str]) -> str:
+    """Rendezvous of the trainer ranks' process group: trainer-0's spare port, or a free local one."""
+    address = endpoints.get("trainer-0.3", "")
+    if address.startswith("tcp://"):
+        return address.removeprefix("tcp://")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return f"127.0.0.1:{probe.getsockname()[1]}"

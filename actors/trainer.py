@@ -1,0 +1,127 @@
+"""A trainer rank: trains on the buffers the coordinator hands over, pushes each new version.
+
+Every rank gets the same `train.data` chunks (the core splits them by rank); rank 0 pushes the
+new weights to the parameter-server shards once a buffer is fully trained (under `pre_step`
+only after its last chunk), then publishes `TrainerProgress`. Checkpoints go to the run
+directory; a restarted trainer resumes from the latest one and keeps the version numbering.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+from actors.base import Actor, handles
+from actors.links import Link
+from bus.messages import FinishReason as BusFinish
+from bus.messages import Metrics, TrainData, TrainerProgress, WeightsPushed
+from bus.schema import Event
+from psrl.ps.from_config import make_pusher
+from psrl.rl.trajectory import FinishReason, Trajectory
+from psrl.trainer import ParallelContext, StepResult, TrainerCore, latest_checkpoint
+
+_FINISH = {int(BusFinish.STOP): FinishReason.STOP, int(BusFinish.LENGTH): FinishReason.LENGTH,
+           int(BusFinish.ABORT): FinishReason.ABORT}  # fmt: skip
+
+
+class TrainerActor(Actor):
+    ROLE = "trainer"
+
+    def setup(self) -> dict[str, int]:
+        cfg = self.config
+        self.rank, self.world_size = self.boot.index, cfg.topology.n_trainer_ranks
+        if self.world_size > 1:
+            host, port = str(self.boot.options["dist_master"]).rsplit(":", 1)
+            os.environ.update(MASTER_ADDR=host, MASTER_PORT=port, RANK=str(self.rank),
+                              WORLD_SIZE=str(self.world_size), LOCAL_RANK=str(self.rank))  # fmt: skip
+        self.parallel = ParallelContext.from_env(cfg.topology.device)
+        self.core = TrainerCore(cfg, parallel=self.parallel)
+        self.checkpoints = Path(self.boot.run_dir) / "checkpoints" if self.boot.run_dir else None
+        if cfg.trainer.resume and self.checkpoints is not None and (path := latest_checkpoint(self.checkpoints)):
+            self.core.load_checkpoint(path)
+            self.log.info("resumed", checkpoint=str(path), version=self.core.version)
+        self.link = Link(self.ctx, self.boot.endpoint(self.name), sender=self.name, incarnation=self.boot.incarnation,
+                         settings=self.bus, serve=True)  # fmt: skip
+        self.add_input(self.link.socket, self._on_link)
+        self.pusher = None
+        if self.rank == 0:
+            shards = [self.boot.endpoint(f"ps-{i}") for i in range(cfg.topology.n_ps_shards)]
+            self.pusher = make_pusher(cfg, shards, self.boot.incarnation)
+        self.num_samples = 0
+        return {"version": self.core.version}
+
+    def _on_link(self) -> None:
+        received = self.link.recv()
+        if received is not None:
+            for event in received[1]:
+                self.dispatch(event)
+
+    @handles(TrainData)
+    def _on_data(self, event: Event[TrainData]) -> None:
+        data = event.message
+        if data.buffer < self.core.version:  # already trained (a resent buffer after a restart)
+            self.log.info("skipping trained buffer", buffer=data.buffer, version=self.core.version)
+            return
+        trajectories = trajectories_from(data, self.config.responses_per_prompt)
+        self.num_samples += len(trajectories)
+        result = self.core.add_chunk(data.buffer, trajectories, is_last=data.chunk == data.num_chunks - 1)
+        if result is not None:
+            self._after_step(data, result)
+
+    def _after_step(self, data: TrainData, result: StepResult) -> None:
+        self.publisher.publish(Metrics(data.buffer + 1, dict(result.metrics)), model_version=result.version)
+        if not result.is_push_ready:
+            return
+        started = time.monotonic()
+        weights = dict(self.core.named_weights())  # a collective under FSDP2: every rank iterates
+        if self.pusher is not None:
+            pushed = self.pusher.push(result.version, weights)
+            self.publisher.publish(WeightsPushed(result.version, self.rank, pushed.num_bytes),
+                                   model_version=result.version)  # fmt: skip
+            self.publisher.publish(Metrics(data.buffer + 1, {
+                "sync/push_s": pushed.total_s, "sync/serialize_s": pushed.serialize_s,
+                "sync/transfer_s": pushed.transfer_s, "sync/commit_s": pushed.commit_s,
+            }), model_version=result.version)  # fmt: skip
+        self._maybe_checkpoint(result.version)
+        step_s = time.monotonic() - started + result.metrics.get("time/step_s", 0.0)
+        self.publisher.publish(TrainerProgress(data.buffer + 1, result.version, self.num_samples, step_s),
+                               model_version=result.version)  # fmt: skip
+        self.num_samples = 0
+
+    def _maybe_checkpoint(self, version: int) -> None:
+        freq, total = self.config.trainer.save_freq, self.config.trainer.total_steps
+        if self.checkpoints is None or not (version >= total or (freq and version % freq == 0)):
+            return
+        path = self.core.save_checkpoint(self.checkpoints)
+        self.log.info("checkpoint", path=str(path), version=version)
+
+    def teardown(self) -> None:
+        if hasattr(self, "link"):
+            self.link.close()
+        if getattr(self, "pusher", None) is not None:
+            self.pusher.close()  # type: ignore[union-attr]
+
+
+def trajectories_from(data: TrainData, responses_per_prompt: int) -> list[Trajectory]:
+    """Split a flattened TrainData into the trainer's Trajectory records."""
+    out = []
+    p_off = r_off = 0
+    for i in range(len(data.prompt_ids)):
+        p_len, r_len = int(data.prompt_lengths[i]), int(data.response_lengths[i])
+        prompt = data.prompt_token_ids[p_off : p_off + p_len]
+        span = slice(r_off, r_off + r_len)
+        p_off, r_off = p_off + p_len, r_off + r_len
+        out.append(Trajectory(
+            prompt_id=int(data.prompt_ids[i]),
+            child=int(data.request_ids[i]) % responses_per_prompt,
+            prompt_token_ids=tuple(int(t) for t in prompt),
+            response_token_ids=tuple(int(t) for t in data.response_token_ids[span]),
+            rollout_log_probs=tuple(float(x) for x in data.response_logprobs[span]),
+            token_versions=tuple(int(v) for v in data.response_versions[span]),
+            version=int(data.v_traj[i]),
+            reward=float(data.rewards[i]),
+            acc=float(data.accs[i]),
+            finish_reason=_FINISH.get(int(data.finish_reasons[i]), FinishReason.STOP),
+        ))  # fmt: skip
+    return out
