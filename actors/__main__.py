@@ -13,8 +13,9 @@ from psrl.log import configure
 def main() -> int:
     boot = Boot.read()
     threads = int(boot.options.get("torch_threads", 0))
-    if threads:
-        os.environ.setdefault("OMP_NUM_THREADS", str(threads))
+    if threads:  # before torch is imported: several actors share the machine's cores
+        os.environ["OMP_NUM_THREADS"] = str(threads)
+        os.environ["MKL_NUM_THREADS"] = str(threads)
     json_log = None
     if boot.run_dir is not None and boot.options.get("log_to_run_dir", True):
         json_log = os.path.join(boot.run_dir, "logs", f"{boot.name}.jsonl")

@@ -61,11 +61,16 @@ F = TypeVar("F", bound=Callable[..., Any])
 Handler = Callable[[Event[Any]], None]
 
 
-def handles(*kinds: type[Message]) -> Callable[[F], F]:
-    """Mark a method as the handler of the given message kinds."""
+def handles(*kinds: type[Message], link: bool = False) -> Callable[[F], F]:
+    """Mark a method as the handler of the given message kinds.
+
+    ``link=True``: the kinds arrive on a point-to-point link the actor reads itself, so the actor
+    does not subscribe to them on the bus (where other actors' copies of them may be published).
+    """
 
     def mark(method: F) -> F:
         method._psrl_kinds = kinds  # type: ignore[attr-defined]
+        method._psrl_via_link = link  # type: ignore[attr-defined]
         return method
 
     return mark
@@ -285,10 +290,13 @@ class Actor:
 
     def _handler_table(self) -> dict[str, Handler]:
         table: dict[str, Handler] = {}
+        self._link_kinds: set[str] = set()
         for klass in reversed(type(self).__mro__):
             for attr, value in vars(klass).items():
                 for kind in getattr(value, "_psrl_kinds", ()):
                     table[kind.KIND] = getattr(self, attr)
+                    if getattr(value, "_psrl_via_link", False):
+                        self._link_kinds.add(kind.KIND)
         return table
 
     def _subscribe(self) -> list[Subscriber]:
@@ -296,7 +304,8 @@ class Actor:
 
         by_channel: dict[Channel, list[str]] = {Channel.EVENTS: [], Channel.CONTROL: []}
         for kind in self._handlers:
-            by_channel[CATALOGUE[kind].CHANNEL].append(kind)
+            if kind not in self._link_kinds:
+                by_channel[CATALOGUE[kind].CHANNEL].append(kind)
         subscribers = []
         for channel, address in (
             (Channel.EVENTS, self.addresses.events_out),
@@ -334,9 +343,16 @@ class Actor:
         beats = Publisher(self.ctx, self.addresses, f"{self.name}/hb", self.boot.incarnation, options=self.bus.options)
         try:
             while not self._heartbeat_stop.wait(interval_s):
-                beats.publish(Heartbeat(self.state, self.num_inflight))
+                beats.publish(Heartbeat(self.state, self._safe_inflight()))
         finally:
             beats.close()
+
+    def _safe_inflight(self) -> int:
+        """The in-flight count for a heartbeat; never fails (setup may still be building state)."""
+        try:
+            return int(self.num_inflight)
+        except Exception:
+            return 0
 
     def _watch_stdin(self) -> None:
         """End-of-file on stdin means the launcher is gone: stop, and exit if stopping hangs."""

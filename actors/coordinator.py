@@ -135,7 +135,7 @@ class CoordinatorActor(Actor):
             self.router.send(GenerateRequest(rid, group.prompt_id, ids, sampling), request_id=rid,
                              prompt_id=group.prompt_id)  # fmt: skip
 
-    @handles(Refill)
+    @handles(Refill, link=True)
     def _on_refill(self, event: Event[Refill]) -> None:
         for prompt_id in event.message.prompt_ids:
             self.book.drop(prompt_id)
@@ -144,7 +144,7 @@ class CoordinatorActor(Actor):
 
     # ------------------------------------------------------------------ results and groups
 
-    @handles(GenerateResult)
+    @handles(GenerateResult, link=True)
     def _on_result(self, event: Event[GenerateResult]) -> None:
         result = event.message
         reward = None
@@ -158,7 +158,7 @@ class CoordinatorActor(Actor):
         v_traj = event.envelope.model_version
         self.book.record(result, reward, -1 if v_traj is None else v_traj)
 
-    @handles(GroupComplete)
+    @handles(GroupComplete, link=True)
     def _on_group_complete(self, event: Event[GroupComplete]) -> None:
         group = self.book.complete(event.message.prompt_id, list(event.message.request_ids))
         if group is None or not group.has_all_winners:
@@ -171,11 +171,11 @@ class CoordinatorActor(Actor):
             return
         self.router.send(GroupComplete(group.prompt_id, list(group.winners)), prompt_id=group.prompt_id)
 
-    @handles(GroupDrop)
+    @handles(GroupDrop, link=True)
     def _on_group_drop(self, event: Event[GroupDrop]) -> None:
         self.book.drop(event.message.prompt_id)
 
-    @handles(Occupy)
+    @handles(Occupy, link=True)
     def _on_occupy(self, event: Event[Occupy]) -> None:
         occ = event.message
         group = self.book.groups.get(occ.prompt_id)
@@ -188,7 +188,7 @@ class CoordinatorActor(Actor):
                   else self.emitter.on_occupied(occ.buffer, occ.prompt_id))  # fmt: skip
         self._hand_over(chunks)
 
-    @handles(BufferReady)
+    @handles(BufferReady, link=True)
     def _on_ready(self, event: Event[BufferReady]) -> None:
         self._hand_over(self.emitter.on_ready(event.message.buffer, list(event.message.prompt_ids)))
 
@@ -229,7 +229,7 @@ class CoordinatorActor(Actor):
 
     # ------------------------------------------------------------------ instances, versions, ticks
 
-    @handles(RouterStatus)
+    @handles(RouterStatus, link=True)
     def _on_router_status(self, event: Event[RouterStatus]) -> None:
         s = event.message
         servable = {v: ServableCounts(v, a, b) for v, a, b in

@@ -98,7 +98,7 @@ class RolloutActor(Actor):
         for event in received[1]:
             self.dispatch(event)
 
-    @handles(GenerateRequest)
+    @handles(GenerateRequest, link=True)
     def _on_generate(self, event: Event[GenerateRequest]) -> None:
         req = event.message
         rid = str(req.request_id)
@@ -122,7 +122,7 @@ class RolloutActor(Actor):
         self.prompt_ids[rid] = req.prompt_id
         self.last_dispatch_seq = max(self.last_dispatch_seq, req.dispatch_seq)
 
-    @handles(Abort)
+    @handles(Abort, link=True)
     def _on_abort(self, event: Event[Abort]) -> None:
         self._abort([str(r) for r in event.message.request_ids], event.message.reason or "requested")
 

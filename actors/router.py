@@ -101,7 +101,7 @@ class RouterActor(Actor):
             for event in received[1]:
                 self.dispatch(event)
 
-    @handles(GenerateRequest)
+    @handles(GenerateRequest, link=True)
     def _on_request(self, event: Event[GenerateRequest]) -> None:
         req = event.message
         if req.request_id in self.tracker.live:
@@ -116,12 +116,12 @@ class RouterActor(Actor):
                               num_prompt_tokens=len(traj.prompt_ids), num_response_tokens=traj.num_generated,
                               token_ids=tokens)  # fmt: skip
 
-    @handles(TokenChunk)
+    @handles(TokenChunk, link=True)
     def _on_chunk(self, event: Event[TokenChunk]) -> None:
         c = event.message
         self.tracker.extend(c.request_id, c.token_ids, c.logprobs, c.versions)
 
-    @handles(InstanceStatus)
+    @handles(InstanceStatus, link=True)
     def _on_status(self, event: Event[InstanceStatus]) -> None:
         s = event.message
         if s.instance not in self.instances:
@@ -135,7 +135,7 @@ class RouterActor(Actor):
             s.last_dispatch_seq,
         ))  # fmt: skip
 
-    @handles(GenerateResult)
+    @handles(GenerateResult, link=True)
     def _on_result(self, event: Event[GenerateResult]) -> None:
         result = event.message
         traj = self.tracker.live.get(result.request_id)
@@ -182,14 +182,14 @@ class RouterActor(Actor):
 
     # ------------------------------------------------------------------ coordinator commands
 
-    @handles(Abort)
+    @handles(Abort, link=True)
     def _on_abort(self, event: Event[Abort]) -> None:
         for rid in event.message.request_ids:
             traj = self.tracker.live.get(rid)
             if traj is not None:
                 self._abort_one(rid, event.message.reason or "requested")
 
-    @handles(GroupComplete)
+    @handles(GroupComplete, link=True)
     def _on_group_complete(self, event: Event[GroupComplete]) -> None:
         prompt_id = event.message.prompt_id
         reserved = self.ledger.group_buffer(prompt_id)
@@ -216,7 +216,7 @@ class RouterActor(Actor):
             self.link.send(ready, COORDINATOR)
         self.core.notify_ledger_changed()
 
-    @handles(GroupDrop)
+    @handles(GroupDrop, link=True)
     def _on_group_drop(self, event: Event[GroupDrop]) -> None:
         reason = _ABORT_REASONS.get(event.message.reason, AbortReason.CANCELLED)
         aborted = self.ledger.abort_group(event.message.prompt_id, reason)
@@ -224,7 +224,7 @@ class RouterActor(Actor):
             self._abort_children(aborted.prompt_id, [ref.child for ref in aborted.children_to_abort], "group")
         self.core.notify_ledger_changed()
 
-    @handles(Consume)
+    @handles(Consume, link=True)
     def _on_consume(self, event: Event[Consume]) -> None:
         try:
             consumed = self.ledger.consume(event.message.buffer)

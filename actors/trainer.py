@@ -57,12 +57,14 @@ class TrainerActor(Actor):
             for event in received[1]:
                 self.dispatch(event)
 
-    @handles(TrainData)
+    @handles(TrainData, link=True)
     def _on_data(self, event: Event[TrainData]) -> None:
         data = event.message
         if data.buffer < self.core.version:  # already trained (a resent buffer after a restart)
             self.log.info("skipping trained buffer", buffer=data.buffer, version=self.core.version)
             return
+        if data.chunk == 0:
+            self.buffer_started = time.monotonic()
         trajectories = trajectories_from(data, self.config.responses_per_prompt)
         self.num_samples += len(trajectories)
         result = self.core.add_chunk(data.buffer, trajectories, is_last=data.chunk == data.num_chunks - 1)
@@ -84,7 +86,7 @@ class TrainerActor(Actor):
                 "sync/transfer_s": pushed.transfer_s, "sync/commit_s": pushed.commit_s,
             }), model_version=result.version)  # fmt: skip
         self._maybe_checkpoint(result.version)
-        step_s = time.monotonic() - started + result.metrics.get("time/step_s", 0.0)
+        step_s = time.monotonic() - getattr(self, "buffer_started", started)
         self.publisher.publish(TrainerProgress(data.buffer + 1, result.version, self.num_samples, step_s),
                                model_version=result.version)  # fmt: skip
         self.num_samples = 0

@@ -60,7 +60,7 @@ class Bus(Section):
     hwm: int = field(100_000, "High-water mark of event sockets (messages).", ge=0)
     request_timeout_ms: int = field(5000, "Default timeout of a request/reply call.", ge=1)
     heartbeat_interval_ms: int = field(250, "Actor heartbeat period.", ge=10)
-    heartbeat_misses: int = field(6, "Missed heartbeats before an actor is declared dead.", ge=1)
+    heartbeat_misses: int = field(8, "Missed heartbeats before an actor is declared dead.", ge=1)
     base_port: int = field(
         47100, "First tcp port of the actors' request sockets when a run spans hosts (4 ports per actor).", ge=1024
     )

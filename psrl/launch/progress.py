@@ -19,7 +19,7 @@ class ProgressView:
         self.echo = echo
         self.started = time.monotonic()
         self.rewards: list[tuple[int, float]] = []
-        self.latest: dict[str, float] = {}
+        self.by_step: dict[int, dict[str, float]] = {}
         self.busy: dict[str, list[int]] = {}
         self.summary: dict[str, float] = {}
 
@@ -30,20 +30,21 @@ class ProgressView:
             seen[0] += int(msg.num_running > 0)
             seen[1] += 1
         elif isinstance(msg, Metrics) and event.envelope.sender == "coordinator":
-            self.latest.update(msg.values)
-            if "reward/mean" in msg.values:
-                self.rewards.append((msg.step, msg.values["reward/mean"]))
+            self.by_step.setdefault(msg.step, {}).update(msg.values)
         elif isinstance(msg, TrainerProgress):
             self._print_step(msg)
         elif isinstance(msg, RunFinished):
             self.summary = dict(msg.summary)
 
     def _print_step(self, msg: TrainerProgress) -> None:
+        step = self.by_step.pop(msg.step, {})
+        if "reward/mean" in step:
+            self.rewards.append((msg.step, step["reward/mean"]))
         if self.echo is None:
             return
-        reward = self.latest.get("reward/mean", float("nan"))
-        staleness = self.latest.get("staleness/mean", float("nan"))
-        rate = self.latest.get("throughput/trajectories_per_s", float("nan"))
+        reward = step.get("reward/mean", float("nan"))
+        staleness = step.get("staleness/mean", float("nan"))
+        rate = step.get("throughput/trajectories_per_s", float("nan"))
         util = " ".join(f"{name}:{busy / max(seen, 1):.0%}" for name, (busy, seen) in sorted(self.busy.items()))
         self.busy = {name: [0, 0] for name in self.busy}
         elapsed = time.monotonic() - self.started

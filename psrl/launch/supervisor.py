@@ -48,10 +48,11 @@ from psrl.rundir import RunDir
 
 WATCH_INTERVAL_S = 0.1
 SUBSCRIBE_WAIT_S = 10.0
-SHUTDOWN_GRACE_S = 5.0  # for actors to exit after Shutdown, before SIGTERM
+SHUTDOWN_GRACE_S = 6.0  # for actors to exit after Shutdown (all stages together), before SIGTERM
 TERM_GRACE_S = 1.5  # after SIGTERM, before SIGKILL
 
 EXIT_OK, EXIT_FAILED, EXIT_INTERRUPTED = 0, 1, 130
+STOP_STAGES = (("coordinator", "session"), ("router",), ("trainer",), ("rollout",), ("ps",), ("logger",))
 
 Listener = Callable[[Event[Any]], None]
 
@@ -184,8 +185,12 @@ class Supervisor:
             host=spec.host.address if spec.host is not None else self.config.bus.host,
             run_dir=str(self.run_dir.path) if is_local else None,
             curve_files=self.curve_files,
-            options={"log_level": self.config.run.log_level, "dist_master": self.dist_master,
-                     **self.actor_options.get(spec.name, {})},
+            options={
+                "log_level": self.config.run.log_level,
+                "dist_master": self.dist_master,
+                "torch_threads": self.config.topology.threads_per_actor,
+                **self.actor_options.get(spec.name, {}),
+            },
         )
 
     def _start(self, spec: ActorSpec, incarnation: int, *, announce: bool = True) -> ActorProcess:
@@ -320,19 +325,20 @@ class Supervisor:
         self.log.info("ending run", code=code, reason=reason)
 
     def _stop_all(self) -> None:
-        self.is_stopping = True
-        order = [s.name for s in reversed(self.specs) if s.name in self.processes]
-        actors = [n for n in order if self.processes[n].spec.role != "logger"]
-        loggers = [n for n in order if self.processes[n].spec.role == "logger"]
-        for group in (actors, loggers):
-            self._stop_group(group)
+        """Stop in stages, the order work flows: no new work first, the parameter server and the log last.
 
-    def _stop_group(self, names: list[str]) -> None:
+        All stages share one grace period; whatever is left when it runs out is terminated."""
+        self.is_stopping = True
+        deadline = time.monotonic() + SHUTDOWN_GRACE_S
+        for roles in STOP_STAGES:
+            group = [s.name for s in reversed(self.specs) if s.role in roles and s.name in self.processes]
+            self._stop_group(group, deadline)
+
+    def _stop_group(self, names: list[str], deadline: float) -> None:
         if not names:
             return
         if hasattr(self, "publisher"):
             self.publisher.publish(Shutdown(targets=names, reason=self.end_reason or ""))
-        deadline = time.monotonic() + SHUTDOWN_GRACE_S
         while time.monotonic() < deadline and any(self.processes[n].poll() is None for n in names):
             time.sleep(0.05)
         for sig, grace in ((signal.SIGTERM, TERM_GRACE_S), (signal.SIGKILL, 1.0)):
