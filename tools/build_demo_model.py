@@ -64,13 +64,19 @@ def build_config(vocab_size: int, args: argparse.Namespace) -> Qwen2Config:
 
 
 def make_batch(
-    prompts: list[Prompt], tokenizer: PreTrainedTokenizerFast
+    prompts: list[Prompt], tokenizer: PreTrainedTokenizerFast, label_noise: float, rng: random.Random
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """input ids, attention mask and labels (loss on the answer and its end token only)."""
+    """input ids, attention mask and labels (loss on the answer and its end token only).
+
+    With label_noise > 0 that fraction of answer characters is replaced by a random digit, so the
+    model learns a spread-out distribution around the right answer: temperature-1 samples are
+    often wrong while the most likely answer is often right, which is what RL sharpens quickly.
+    """
     rows, label_rows = [], []
     for prompt in prompts:
         prompt_ids = tokenizer.encode(prompt.text)
-        answer_ids = [*tokenizer.encode(prompt.answer), tokenizer.eos_token_id]
+        answer = "".join(str(rng.randrange(10)) if rng.random() < label_noise else c for c in prompt.answer)
+        answer_ids = [*tokenizer.encode(answer), tokenizer.eos_token_id]
         rows.append(prompt_ids + answer_ids)
         label_rows.append([-100] * len(prompt_ids) + answer_ids)
     width = max(len(row) for row in rows)
@@ -122,16 +128,19 @@ def evaluate(model: Qwen2ForCausalLM, config_dir: Path, tokenizer: PreTrainedTok
 
 def train(args: argparse.Namespace, tokenizer: PreTrainedTokenizerFast, config_dir: Path) -> Qwen2ForCausalLM:
     torch.manual_seed(args.seed)
-    config = Qwen2Config.from_pretrained(config_dir)
-    model = Qwen2ForCausalLM(config)
+    if args.init_from is not None:
+        model = Qwen2ForCausalLM.from_pretrained(args.init_from, dtype=torch.float32)
+    else:
+        model = Qwen2ForCausalLM(Qwen2Config.from_pretrained(config_dir))
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01, betas=(0.9, 0.98))
-    task, rng = DemoTask(seed=args.seed), random.Random(args.seed)
+    # training lengths are uniform (not the task's short-skewed mix) so long strings are seen often
+    task, rng = DemoTask(seed=args.seed, length_skew=args.train_length_skew), random.Random(args.seed)
     started = time.monotonic()
     batches: list[list[Prompt]] = []
     for step in range(args.max_steps):
         if not batches:
             batches = length_grouped_batches(task, rng, args.batch_size)
-        input_ids, mask, labels = make_batch(batches.pop(), tokenizer)
+        input_ids, mask, labels = make_batch(batches.pop(), tokenizer, args.label_noise, rng)
         for group in optimizer.param_groups:
             group["lr"] = learning_rate(step, args)
         loss = model(input_ids=input_ids, attention_mask=mask, labels=labels).loss
@@ -182,6 +191,9 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--tokenizer-only", action="store_true", help="only (re)write the tokenizer files in --out")
+    parser.add_argument("--init-from", type=Path, help="continue training this checkpoint")
+    parser.add_argument("--label-noise", type=float, default=0.15, help="fraction of answer characters randomised")
+    parser.add_argument("--train-length-skew", type=float, default=1.0, help="length skew of training prompts")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     tokenizer = build_tokenizer()

@@ -22,6 +22,8 @@ KINDS = ("add", "copy", "rev", "sort")
 class DemoTask:
     seed: int = 0
     max_length: int = 128
+    # lengths are 1 + (max_length - 1) * u**length_skew with u uniform: 3 = mostly short, 1 = uniform
+    length_skew: float = 3.0
     name: str = "demo"
 
     def prompt(self, index: int) -> Prompt:
@@ -30,8 +32,7 @@ class DemoTask:
         if kind == "add":
             a, b = rng.randrange(1000), rng.randrange(1000)
             return Prompt(index, kind, f"add {a} {b}=", str(a + b))
-        # u**3 skews towards short strings while keeping a tail up to max_length
-        length = 1 + int((self.max_length - 1) * rng.random() ** 3)
+        length = 1 + int((self.max_length - 1) * rng.random() ** self.length_skew)
         digits = "".join(str(rng.randrange(10)) for _ in range(length))
         answer = {"copy": digits, "rev": digits[::-1], "sort": "".join(sorted(digits))}[kind]
         return Prompt(index, kind, f"{kind} {digits}=", answer)
