@@ -26,9 +26,13 @@ def main(model_dir: str, out_dir: str, strategy: str, estimator: str) -> None:
     metrics = [core.train_buffer(b, make_buffer(b)).metrics for b in range(NUM_DP_BUFFERS)]
     weights = {name: tensor.cpu().contiguous() for name, tensor in core.named_weights()}  # collective
     checkpoint = core.save_checkpoint(Path(out_dir) / "checkpoints")  # collective
+    resumed = TrainerCore(config, model_dir=model_dir, parallel=parallel)  # every rank reads the checkpoint
+    resumed.load_checkpoint(checkpoint)
+    same = all(torch.equal(t.cpu(), weights[n]) for n, t in resumed.named_weights())
     if parallel.rank == 0:
         save_file(weights, str(Path(out_dir) / "weights.safetensors"))
-        (Path(out_dir) / "result.json").write_text(json.dumps({"metrics": metrics, "checkpoint": str(checkpoint)}))
+        result = {"metrics": metrics, "checkpoint": str(checkpoint), "resumed_equal": same, "version": resumed.version}
+        (Path(out_dir) / "result.json").write_text(json.dumps(result))
     parallel.close()
 
 

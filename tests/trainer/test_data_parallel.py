@@ -67,6 +67,8 @@ def test_two_ranks_match_one_process(tiny_model_dir: Path, tmp_path: Path, strat
     for key in ("actor/pg_loss", "actor/clip_frac", "reward/mean", "rollout_is/mean"):
         assert result["metrics"][-1][key] == pytest.approx(single_metrics[-1][key], abs=1e-4), key
 
+    assert result["resumed_equal"] and result["version"] == NUM_DP_BUFFERS  # resumed by both ranks
+
     # The checkpoint written collectively by both ranks resumes in one process.
     resumed = TrainerCore(trainer_config([f"algorithm.adv_estimator={estimator}"]), model_dir=tiny_model_dir)
     assert resumed.load_checkpoint(result["checkpoint"]) == NUM_DP_BUFFERS
