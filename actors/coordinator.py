@@ -73,9 +73,10 @@ class CoordinatorActor(Actor):
         model_dir = cfg.model.tokenizer_path or cfg.model.path or str(DEMO_MODEL_DIR)
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
         self.n = cfg.responses_per_prompt
-        self.book = GroupBook(self.n)
+        self.initial_version = int(self.boot.options.get("initial_version", 0))
+        self.book = GroupBook(self.n, first_prompt_id=self.initial_version * cfg.entries_per_buffer)
         plan = chunk_plan(cfg)
-        self.emitter = ChunkEmitter(plan.chunk_groups, cfg.psrl.staleness_buffer_entries)
+        self.emitter = ChunkEmitter(plan.chunk_groups, cfg.psrl.staleness_buffer_entries, self.initial_version)
         self.instances = InstanceBook()
         rc = cfg.psrl.rollout_coordination
         cost = load_cost_model(rc.routing_strategy.cost_model_path) if rc.routing_strategy.cost_model_path else None
@@ -85,7 +86,7 @@ class CoordinatorActor(Actor):
                                       max_concurrent_seqs=max_seqs)  # fmt: skip
         self.router = self._link(ROUTER)
         self.trainers = [self._link(f"trainer-{r}") for r in range(cfg.topology.n_trainer_ranks)]
-        self.ps_version = 0
+        self.ps_version = self.initial_version if self.initial_version == 0 else -1  # a resumed trainer re-pushes
         self.version_times: deque[float] = deque(maxlen=8)
         self.router_facts = RouterFacts()
         self.last_tick_inputs: CoordinationInputs | None = None
@@ -112,10 +113,10 @@ class CoordinatorActor(Actor):
     # ------------------------------------------------------------------ dispatch
 
     def step(self) -> bool:
-        if self.is_finished:
+        if self.is_finished or self.ps_version < self.initial_version:
             return False
         allowance = dispatch_allowance(
-            ps_version=self.ps_version, initial_version=0, staleness=self.config.psrl.staleness,
+            ps_version=self.ps_version, initial_version=self.initial_version, staleness=self.config.psrl.staleness,
             max_dispatch_ahead=self.config.psrl.max_dispatch_ahead, groups_per_buffer=self.config.entries_per_buffer,
             num_dispatched=self.book.num_dispatched,
         )  # fmt: skip

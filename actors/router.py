@@ -38,6 +38,7 @@ from bus.messages import (
     GroupDrop,
     InstanceStatus,
     InstanceSyncFailed,
+    LedgerOp,
     Metrics,
     Occupy,
     Refill,
@@ -58,6 +59,7 @@ from psrl.routing.policies import make_policy
 from psrl.routing.request import RoutingRequest
 from psrl.routing.trajectories import TrackerSettings, TrajectoryTracker, Verdict
 from psrl.staleness.ledger import StalenessLedger
+from psrl.staleness.oplog import describe_abort, describe_consume, describe_finish, describe_occupy
 from psrl.staleness.types import AbortReason, FinishVerdict, GroupAborted, LedgerError, LedgerSizes
 
 COORDINATOR = "coordinator"
@@ -72,7 +74,8 @@ class RouterActor(Actor):
         cfg = self.config
         routing = cfg.psrl.rollout_coordination.routing_strategy
         cost = load_cost_model(routing.cost_model_path) if routing.cost_model_path else None
-        self.ledger = StalenessLedger(LedgerSizes.from_config(cfg))
+        initial = int(self.boot.options.get("initial_version", 0))
+        self.ledger = StalenessLedger(LedgerSizes.from_config(cfg), next_buffer_id=initial)
         self.core = RouterCore(routing, self.ledger, make_policy(routing, cost))
         self.method = routing.method
         self.needs_tokens = routing.method.startswith("cache_aware")
@@ -138,6 +141,10 @@ class RouterActor(Actor):
     @handles(GenerateResult, link=True)
     def _on_result(self, event: Event[GenerateResult]) -> None:
         result = event.message
+        # Every result an instance returns (finished or interrupted) is logged: a replay can follow
+        # a trajectory across partial-rollout continuations and lost instances.
+        self.publisher.publish(result, request_id=result.request_id, prompt_id=result.prompt_id,
+                               model_version=event.envelope.model_version)  # fmt: skip
         traj = self.tracker.live.get(result.request_id)
         if traj is None:
             self.counters["late_results"] += 1
@@ -156,6 +163,7 @@ class RouterActor(Actor):
 
     def _finished(self, traj: Any, result: GenerateResult) -> None:
         outcome = self.ledger.finish_child(traj.prompt_id, traj.child)
+        self._log_op("finish", traj.prompt_id, traj.child, "", describe_finish(outcome))
         if outcome.verdict in (FinishVerdict.LATE, FinishVerdict.UNKNOWN, FinishVerdict.DUPLICATE):
             self.counters[f"finish_{outcome.verdict.name.lower()}"] += 1
             self.tracker.finish(traj.request_id, wasted=True)
@@ -175,6 +183,7 @@ class RouterActor(Actor):
             return
         if traj.abort_reason not in ("surplus", "stale", "group"):
             aborted = self.ledger.abort_child(traj.prompt_id, traj.child, AbortReason.FAILED)
+            self._log_op("abort_child", traj.prompt_id, traj.child, "FAILED", describe_abort(aborted))
             if aborted is not None:
                 self._group_aborted(aborted)
         self.link.send(self.tracker.result_for(traj, reason, traj.instance or ""), COORDINATOR,
@@ -196,7 +205,9 @@ class RouterActor(Actor):
         version = self.ledger.group_version(prompt_id)
         try:
             outcome = self.ledger.occupy(prompt_id)
+            self._log_op("occupy", prompt_id, -1, "", describe_occupy(outcome))
         except LedgerError as exc:  # the group was dropped (e.g. stale) while its rewards were computed
+            self._log_op("occupy", prompt_id, -1, "", f"error: {type(exc).__name__}: {exc}")
             self.counters["occupy_refused"] += 1
             self.link.send(GroupDrop(prompt_id, f"gone: {exc}"), COORDINATOR, prompt_id=prompt_id)
             return
@@ -220,6 +231,7 @@ class RouterActor(Actor):
     def _on_group_drop(self, event: Event[GroupDrop]) -> None:
         reason = _ABORT_REASONS.get(event.message.reason, AbortReason.CANCELLED)
         aborted = self.ledger.abort_group(event.message.prompt_id, reason)
+        self._log_op("abort_group", event.message.prompt_id, -1, reason.name, describe_abort(aborted))
         if aborted is not None:
             self._abort_children(aborted.prompt_id, [ref.child for ref in aborted.children_to_abort], "group")
         self.core.notify_ledger_changed()
@@ -229,13 +241,18 @@ class RouterActor(Actor):
         try:
             consumed = self.ledger.consume(event.message.buffer)
         except LedgerError as exc:
+            self._log_op("consume", event.message.buffer, -1, "", f"error: {type(exc).__name__}: {exc}")
             self.log.error("consume refused", buffer=event.message.buffer, error=str(exc))
             return
+        self._log_op("consume", event.message.buffer, -1, "", describe_consume(consumed))
         self.publisher.publish(event.message)
         values = {f"staleness/count_{k}": float(v) for k, v in consumed.staleness_histogram.items()}
         values["staleness/bound_violations"] = float(consumed.num_bound_violations)
         self.publisher.publish(Metrics(event.message.buffer, values))
         self.core.notify_ledger_changed()
+
+    def _log_op(self, op: str, prompt_id: int, child: int, reason: str, outcome: str) -> None:
+        self.publisher.publish(LedgerOp(op, prompt_id, child, reason, outcome), prompt_id=prompt_id)
 
     def _group_aborted(self, aborted: GroupAborted) -> None:
         """A group left the ledger: stop its children; a failed group's slot needs a fresh group.

@@ -49,6 +49,10 @@ class TrainerActor(Actor):
             shards = [self.boot.endpoint(f"ps-{i}") for i in range(cfg.topology.n_ps_shards)]
             self.pusher = make_pusher(cfg, shards, self.boot.incarnation)
         self.num_samples = 0
+        if self.core.version > 0:  # a resumed run: the fresh parameter server needs the current version
+            weights = dict(self.core.named_weights())
+            if self.pusher is not None:
+                self.pusher.push(self.core.version, weights)
         return {"version": self.core.version}
 
     def _on_link(self) -> None:

@@ -417,6 +417,24 @@ class Consume(Message, frozen=True):
     trainer_version: int
 
 
+@message("ledger.op")
+class LedgerOp(Message, frozen=True):
+    """One call on the staleness ledger and its outcome, for replaying the ledger (added in 1.1).
+
+    op: finish, occupy, abort_child, abort_group or consume.
+    prompt_id: prompt group id (buffer id for consume).
+    child: child index (-1 when not applicable).
+    reason: abort reason name (aborts only).
+    outcome: the call's outcome, summarised as text.
+    """
+
+    op: str
+    prompt_id: int
+    child: int = -1
+    reason: str = ""
+    outcome: str = ""
+
+
 @message("ledger.version_aborted")
 class VersionAborted(Message, frozen=True):
     """Every buffer a version could still land in is full: its remaining work is aborted.

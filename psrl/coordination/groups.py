@@ -39,12 +39,12 @@ class Group:
 
 
 class GroupBook:
-    def __init__(self, responses_per_prompt: int) -> None:
+    def __init__(self, responses_per_prompt: int, first_prompt_id: int = 0) -> None:
         self.n = responses_per_prompt
         self.groups: dict[int, Group] = {}
         self.num_dispatched = 0  # counted groups (the throttle's count)
         self.num_replacements = 0
-        self.next_prompt_id = 0
+        self.next_prompt_id = first_prompt_id
 
     def open(self, prompt: Prompt, token_ids: np.ndarray, *, is_replacement: bool) -> Group:
         group = Group(self.next_prompt_id, prompt, np.asarray(token_ids, np.int32), is_replacement=is_replacement)

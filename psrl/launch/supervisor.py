@@ -12,6 +12,7 @@ The exit code says how the run ended: 0 finished, 1 failed, 130 interrupted.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -45,6 +46,7 @@ from psrl.launch.policy import RestartPolicy, Verdict
 from psrl.launch.process import ActorProcess, run_on_host, start_actor
 from psrl.log import get_logger
 from psrl.rundir import RunDir
+from psrl.trainer.checkpoint import latest_checkpoint
 
 WATCH_INTERVAL_S = 0.1
 SUBSCRIBE_WAIT_S = 10.0
@@ -140,6 +142,9 @@ class Supervisor:
             local_address=host,
         )
         self.dist_master = _dist_master(self.endpoints)
+        self.initial_version = resume_version(self.run_dir) if self.config.trainer.resume else 0
+        if self.initial_version:
+            self.log.info("resuming", version=self.initial_version)
         self.publisher = Publisher(self.ctx, self.addresses, "supervisor", 0, options=self.settings.options)
         self.watcher = Subscriber(
             self.ctx,
@@ -359,6 +364,15 @@ class Supervisor:
 
 def _pid() -> int:
     return os.getpid()
+
+
+def resume_version(run_dir: RunDir) -> int:
+    """The version a resumed run continues from: its latest complete checkpoint's (0 = fresh)."""
+    latest = latest_checkpoint(run_dir.checkpoints)
+    if latest is None:
+        return 0
+    state = json.loads((latest / "trainer_state.json").read_text())
+    return int(state["version"])
 
 
 def _dist_master(endpoints: dict[str, str]) -> str:

@@ -1,0 +1,133 @@
+"""Checkers for the run's decision code: routing policy, sync/migration ticks, staleness ledger.
+
+Each re-runs the same pure decision code the actors ran, on inputs recorded in the log:
+
+* ``routing``: every routed request's `router.decision` record holds the inputs worker
+  selection saw; selection and the policy are re-run on them.
+* ``sync``: every `coord.tick` record holds the coordinator's inputs; the sync strategy and
+  migration are re-run on them.
+* ``ledger``: the router logs every call on the staleness ledger (`ledger.op`, reservations in
+  `router.decision`); a fresh ledger re-runs them in order and must reach the same outcomes.
+
+With ``--what-if`` overrides the checkers are built from the changed config and the mismatches
+are the decisions those settings would have changed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from bus.messages import LedgerOp, RouterStatus, RoutingRecord, TickRecord
+from bus.schema import Event
+from psrl.config import Config
+from psrl.coordination.records import decode_tick
+from psrl.coordination.sync import SyncPolicy
+from psrl.coordination.tick import decide_tick
+from psrl.replay.checker import Checker, register_checker
+from psrl.routing.cost_model import CostModel, load_cost_model
+from psrl.routing.decision import RoutingDecision
+from psrl.routing.policies import make_policy
+from psrl.routing.replay import Replayed, replay_decision
+from psrl.routing.selector import SelectionSettings
+from psrl.staleness.ledger import StalenessLedger
+from psrl.staleness.oplog import apply_op
+from psrl.staleness.types import LedgerSizes
+
+
+def _cost_model(config: Config) -> CostModel | None:
+    path = config.psrl.rollout_coordination.routing_strategy.cost_model_path
+    return load_cost_model(path) if path else None
+
+
+def _decision(event: Event[RoutingRecord]) -> RoutingDecision:
+    return msgspec.msgpack.decode(event.message.record, type=RoutingDecision)
+
+
+@register_checker
+class RoutingChecker(Checker):
+    name = "routing"
+    decisions = ("router.decision",)
+
+    def __init__(self, config: Config) -> None:
+        super().__init__(config)
+        routing = config.psrl.rollout_coordination.routing_strategy
+        self.settings = SelectionSettings.from_config(routing)
+        self.policy = make_policy(routing, _cost_model(config))
+
+    def redecide(self, event: Event[Any]) -> Replayed | None:
+        decision = _decision(event)
+        if decision.inputs is None:
+            return None
+        return replay_decision(decision, self.settings, self.policy)
+
+    def recorded(self, event: Event[Any]) -> Replayed:
+        decision = _decision(event)
+        return Replayed(decision.instance_id, decision.reason)
+
+
+@register_checker
+class SyncChecker(Checker):
+    name = "sync"
+    decisions = ("coord.tick",)
+
+    def __init__(self, config: Config) -> None:
+        super().__init__(config)
+        rc = config.psrl.rollout_coordination
+        self.settings = rc.sync_and_mig_strategy
+        self.policy = SyncPolicy(
+            self.settings,
+            partial_rollout=rc.partial_rollout.enable,
+            cost_model=_cost_model(config),
+            max_concurrent_seqs=rc.routing_strategy.max_concurrent_seqs_per_instance,
+        )
+
+    def redecide(self, event: Event[Any]) -> tuple[tuple[str, ...], str]:
+        log = decode_tick(event.message.record)
+        decision = decide_tick(log.inputs, self.policy, self.settings)
+        return decision.sync.instance_ids, decision.migration.source_id if decision.migration else ""
+
+    def recorded(self, event: Event[TickRecord]) -> tuple[tuple[str, ...], str]:
+        return tuple(event.message.synced), event.message.migrated
+
+
+@register_checker
+class LedgerChecker(Checker):
+    name = "ledger"
+    inputs = ("router.status",)
+    decisions = ("ledger.op", "router.decision")
+
+    def __init__(self, config: Config) -> None:
+        super().__init__(config)
+        self.sizes = LedgerSizes.from_config(config)
+        self.ledger: StalenessLedger | None = None
+
+    def observe(self, event: Event[Any]) -> None:
+        if self.ledger is None and isinstance(event.message, RouterStatus):
+            self.ledger = StalenessLedger(self.sizes, next_buffer_id=event.message.next_buffer)
+
+    def _ledger(self) -> StalenessLedger:
+        if self.ledger is None:
+            self.ledger = StalenessLedger(self.sizes)
+        return self.ledger
+
+    def redecide(self, event: Event[Any]) -> Any | None:
+        msg = event.message
+        if isinstance(msg, LedgerOp):
+            return apply_op(self._ledger(), msg.op, msg.prompt_id, msg.child, msg.reason)
+        decision = _decision(event)
+        if decision.reserved_buffer is None or decision.inputs is None:
+            return None
+        request = decision.inputs.request
+        try:
+            return self._ledger().reserve(request.prompt_id, request.child_index, decision.version_tag,
+                                          decision.instance_id or "")  # fmt: skip
+        except Exception as exc:
+            return f"error: {exc}"
+
+    def recorded(self, event: Event[Any]) -> Any:
+        msg = event.message
+        if isinstance(msg, LedgerOp):
+            return msg.outcome
+        return _decision(event).reserved_buffer

@@ -1,0 +1,49 @@
+"""Ledger calls as loggable records: the router logs each call, a replay re-runs them in order.
+
+`describe_*` turn an outcome into the text a `ledger.op` event carries; `apply_op` re-runs one
+logged call on a ledger and returns the same text, so a replay compares strings.
+"""
+
+from __future__ import annotations
+
+from psrl.staleness.ledger import StalenessLedger
+from psrl.staleness.types import AbortReason, ConsumedBuffer, FinishOutcome, GroupAborted, OccupyOutcome
+
+
+def describe_finish(outcome: FinishOutcome) -> str:
+    return f"{outcome.verdict.name} winners={list(outcome.winners)} surplus={[r.child for r in outcome.surplus]}"
+
+
+def describe_occupy(outcome: OccupyOutcome) -> str:
+    aborted = sorted((a.prompt_id, a.reason.name) for a in outcome.aborted)
+    return f"buffer={outcome.buffer_id} ready={outcome.is_buffer_ready} aborted={aborted}"
+
+
+def describe_abort(aborted: GroupAborted | None) -> str:
+    return (
+        "none" if aborted is None else f"{aborted.reason.name} children={[r.child for r in aborted.children_to_abort]}"
+    )
+
+
+def describe_consume(consumed: ConsumedBuffer) -> str:
+    groups = [g.prompt_id for g in consumed.groups]
+    histogram = sorted(consumed.staleness_histogram.items())
+    return f"groups={groups} histogram={histogram} violations={consumed.num_bound_violations}"
+
+
+def apply_op(ledger: StalenessLedger, op: str, prompt_id: int, child: int, reason: str) -> str:
+    """Re-run one logged call; returns its outcome text (an exception's text if it raises)."""
+    try:
+        if op == "finish":
+            return describe_finish(ledger.finish_child(prompt_id, child))
+        if op == "occupy":
+            return describe_occupy(ledger.occupy(prompt_id))
+        if op == "abort_child":
+            return describe_abort(ledger.abort_child(prompt_id, child, AbortReason[reason]))
+        if op == "abort_group":
+            return describe_abort(ledger.abort_group(prompt_id, AbortReason[reason]))
+        if op == "consume":
+            return describe_consume(ledger.consume(prompt_id))
+    except Exception as exc:
+        return f"error: {type(exc).__name__}: {exc}"
+    return f"error: unknown op {op!r}"
