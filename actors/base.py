@@ -114,6 +114,7 @@ class Actor:
         self.num_handler_errors = 0
         self._handlers = self._handler_table()
         self._inputs: dict[Any, Callable[[], None]] = {}
+        self._control_inputs: set[Any] = set()
         self._poller = zmq.Poller()
         self._timers: list[_Timer] = []
         self._subscribers = self._subscribe()
@@ -147,9 +148,11 @@ class Actor:
 
     # ------------------------------------------------------------------ wiring helpers
 
-    def add_input(self, sock: Any, on_readable: Callable[[], None]) -> None:
-        """Poll ``sock`` in the loop and call ``on_readable`` when it has data."""
+    def add_input(self, sock: Any, on_readable: Callable[[], None], *, is_control: bool = False) -> None:
+        """Poll ``sock`` in the loop and call ``on_readable`` when it has data (control inputs first)."""
         self._inputs[sock] = on_readable
+        if is_control:
+            self._control_inputs.add(sock)
         self._poller.register(sock, zmq.POLLIN)
 
     def every(self, interval_s: float, callback: Callable[[], None]) -> None:
@@ -225,7 +228,7 @@ class Actor:
     def _drain_inputs(self, timeout_ms: int) -> None:
         ready = dict(self._poller.poll(timeout_ms))
         while ready:
-            for sock in ready:
+            for sock in sorted(ready, key=lambda s: s not in self._control_inputs):
                 self._inputs[sock]()
             ready = dict(self._poller.poll(0))
             if self.stop_reason is not None:
@@ -322,7 +325,9 @@ class Actor:
                 max_message_bytes=self.bus.max_message_bytes,
                 name=f"{self.name}:{channel.name.lower()}",
             )
-            self.add_input(sub.socket, functools.partial(self._on_subscriber, sub))
+            self.add_input(
+                sub.socket, functools.partial(self._on_subscriber, sub), is_control=channel == Channel.CONTROL
+            )
             subscribers.append(sub)
         return subscribers
 

@@ -50,6 +50,7 @@ from psrl.config.rules import chunk_plan
 from psrl.coordination.chunks import Chunk, ChunkEmitter
 from psrl.coordination.groups import Group, GroupBook, has_learning_signal, is_success
 from psrl.coordination.instances import InstanceBook
+from psrl.coordination.lengths import forced_length
 from psrl.coordination.records import encode_tick, same_situation
 from psrl.coordination.state import CoordinationInputs, RouterFacts
 from psrl.coordination.sync import SyncPolicy
@@ -131,8 +132,11 @@ class CoordinatorActor(Actor):
         task = self.config.task
         stop = [self.tokenizer.eos_token_id] if self.tokenizer.eos_token_id is not None else []
         for rid in self.book.request_ids(group.prompt_id):
-            sampling = SamplingParams(task.max_response_length, task.temperature, task.top_p, task.top_k, stop,
-                                      seed=(task.seed * 1_000_003 + rid) % (2**31))  # fmt: skip
+            seed = (task.seed * 1_000_003 + rid) % (2**31)
+            length = forced_length(task, rid)
+            max_tokens = task.max_response_length if length is None else length
+            sampling = SamplingParams(max_tokens, task.temperature, task.top_p, task.top_k, stop, seed,
+                                      min_tokens=length or 0, ignore_eos=length is not None)  # fmt: skip
             self.router.send(GenerateRequest(rid, group.prompt_id, ids, sampling), request_id=rid,
                              prompt_id=group.prompt_id)  # fmt: skip
 

@@ -64,6 +64,7 @@ from psrl.staleness.types import AbortReason, FinishVerdict, GroupAborted, Ledge
 
 COORDINATOR = "coordinator"
 STATUS_INTERVAL_S = 0.1
+JOIN_GRACE_S = 10.0
 _ABORT_REASONS = {"filtered": AbortReason.FILTERED, "failed": AbortReason.FAILED, "retry": AbortReason.RETRY}
 
 
@@ -74,6 +75,11 @@ class RouterActor(Actor):
         cfg = self.config
         routing = cfg.psrl.rollout_coordination.routing_strategy
         cost = load_cost_model(routing.cost_model_path) if routing.cost_model_path else None
+        if routing.admission_reject_on_waiting:
+            # Requests beyond an engine's batch would wait inside it, where they cannot be moved.
+            cap = cfg.engine.max_num_seqs
+            current = routing.max_concurrent_seqs_per_instance
+            routing = routing.model_copy(update={"max_concurrent_seqs_per_instance": min(cap, current or cap)})
         initial = int(self.boot.options.get("initial_version", 0))
         self.ledger = StalenessLedger(LedgerSizes.from_config(cfg), next_buffer_id=initial)
         self.core = RouterCore(routing, self.ledger, make_policy(routing, cost))
@@ -87,6 +93,8 @@ class RouterActor(Actor):
                          settings=self.bus, serve=True)  # fmt: skip
         self.add_input(self.link.socket, self._on_link)
         self.instances: dict[str, int] = {}  # instance -> version it advertises
+        self.num_expected_instances = cfg.topology.n_rollout_instances
+        self.first_join: float | None = None
         self.syncing: set[str] = set()
         self.counters: Counter[str] = Counter()
         self.every(STATUS_INTERVAL_S, self._publish_status)
@@ -130,6 +138,7 @@ class RouterActor(Actor):
         if s.instance not in self.instances:
             self.instances[s.instance] = s.weight_version
             self.core.add_instance(s.instance, s.weight_version, s.kv_capacity_tokens)
+            self.first_join = self.first_join or time.monotonic()
             self.log.info("instance joined", instance=s.instance, version=s.weight_version)
         kv_usage = s.kv_blocks_used / s.kv_blocks_total if s.kv_blocks_total else 0.0
         self.core.apply_snapshot(InstanceSnapshot(
@@ -290,7 +299,8 @@ class RouterActor(Actor):
     @handles(SyncCommand)
     def _on_sync(self, event: Event[SyncCommand]) -> None:
         for instance in event.message.instances:
-            if instance in self.instances:
+            # Already at the version: its WeightsLoaded overtook this command on the other channel.
+            if instance in self.instances and self.instances[instance] < event.message.version:
                 self.syncing.add(instance)
                 self.core.set_paused(instance, True)
 
@@ -327,12 +337,19 @@ class RouterActor(Actor):
     # ------------------------------------------------------------------ routing
 
     def step(self) -> bool:
-        if self.core.num_queued == 0:
+        if self.core.num_queued == 0 or not self._all_joined():
             return False
         result = self.core.dispatch(time.monotonic())
         for decision in result.routed:
             self._send(decision)
         return bool(result.routed)
+
+    def _all_joined(self) -> bool:
+        """Route only once every instance has joined (or after a grace period), so the first wave of
+        requests is not piled onto whichever instance reported first."""
+        if len(self.instances) >= self.num_expected_instances:
+            return True
+        return self.first_join is not None and time.monotonic() - self.first_join > JOIN_GRACE_S
 
     def _send(self, decision: RoutingDecision) -> None:
         traj = self.tracker.live[decision.request_id]

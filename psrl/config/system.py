@@ -22,6 +22,13 @@ class Task(Section):
     temperature: float = field(1.0, "Sampling temperature of training rollouts.", ge=0)
     top_p: float = field(1.0, "Nucleus sampling mass.", gt=0, le=1)
     top_k: int = field(-1, "Top-k sampling (-1 = off).")
+    response_lengths: Literal["natural", "long_tail"] = field(
+        "natural",
+        "natural: responses end at end-of-sequence; long_tail: each request's length is drawn from a "
+        "log-normal distribution (benchmarks of reasoning-like long tails; end-of-sequence is ignored).",
+    )
+    long_tail_median: int = field(64, "long_tail: median response length in tokens.", ge=1)
+    long_tail_sigma: float = field(1.0, "long_tail: sigma of the log-normal (larger = heavier tail).", ge=0)
 
 
 class Topology(Section):

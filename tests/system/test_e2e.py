@@ -1,0 +1,90 @@
+"""The whole system on one machine, with real processes: short runs of the demo, checked from the log."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import pytest
+
+from psrl.config import load_config
+from psrl.launch.supervisor import Supervisor
+from psrl.replay.runner import replay_run
+from psrl.rundir import RunDir
+from tests.system.run_checks import (
+    check_consumed_groups,
+    check_continuations,
+    check_staleness_bound,
+    finished,
+    read_run,
+)
+
+pytestmark = pytest.mark.system
+
+# Long responses on small engine batches, so generation outlasts training steps and syncs interrupt it.
+LONG = [
+    "trainer.total_steps=4",
+    "task.response_lengths=long_tail",
+    "task.long_tail_median=200",
+    "engine.max_num_seqs=4",
+    "task.max_response_length=400",
+    "bus.handshake_timeout_s=120",
+]
+
+
+def run(tmp_path, overrides, during=None):
+    config = load_config("demo", overrides)
+    sup = Supervisor(config, RunDir.create(tmp_path / "runs", "e2e"))
+    if during is not None:
+        threading.Thread(target=during, args=(sup,), daemon=True).start()
+    code = sup.run()
+    return config, sup, code
+
+
+def test_partial_rollout_run_keeps_every_promise(tmp_path) -> None:
+    config, sup, code = run(tmp_path, LONG)
+    assert code == 0, sup.end_reason
+    facts = read_run(sup.run_dir.events)
+    check_staleness_bound(facts, config.psrl.staleness)
+    check_consumed_groups(facts, config.psrl.rollout_n, config.responses_per_prompt, config.psrl.staleness)
+    assert check_continuations(facts) > 0, "no request was interrupted: the test exercised no partial rollout"
+    report = replay_run(sup.run_dir.path, ["routing", "sync", "ledger"])
+    for checker in report.checkers:
+        assert checker.agreement.num_disagree == 0, checker.name
+        assert checker.agreement.num_agree > 0, checker.name
+
+
+def test_killing_an_instance_mid_run_loses_no_trajectory(tmp_path) -> None:
+    killed: dict[str, float] = {}
+
+    def kill_rollout_0(sup: Supervisor) -> None:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            proc = sup.processes.get("rollout-0")
+            if proc is not None and proc.is_ready and sup.run_dir.read_state().get("status") == "running":
+                time.sleep(4.0)  # let requests pile onto it
+                killed["at"] = time.time()
+                os.kill(proc.pid, signal.SIGKILL)
+                return
+            time.sleep(0.1)
+
+    config, sup, code = run(tmp_path, LONG, during=kill_rollout_0)
+    assert code == 0, sup.end_reason
+    assert "at" in killed
+    facts = read_run(sup.run_dir.events)
+    check_consumed_groups(facts, config.psrl.rollout_n, config.responses_per_prompt, config.psrl.staleness)
+    orphans = [rid for rid, routes in facts.routed.items()
+               if any(inst == "rollout-0" and t < killed["at"] for inst, _, t in routes)
+               and not any(finished(r) and when < killed["at"]
+                           for r, when in zip(facts.results[rid], facts.result_times[rid], strict=True))]  # fmt: skip
+    assert orphans, "nothing was running on the killed instance"
+    consumed_prompts = {p for _, groups, _, _ in facts.consumed for p in groups}
+    for rid in orphans:
+        later = [r for r in facts.results[rid] if finished(r)]
+        prompt_id = rid // config.responses_per_prompt
+        if prompt_id in consumed_prompts:
+            assert later, f"request {rid} of a consumed group never finished"
+        rerouted = [inst for inst, _, t in facts.routed[rid] if t > killed["at"]]
+        assert rerouted or later, f"request {rid} was neither re-routed nor finished"
