@@ -41,6 +41,9 @@ def test_sigkill_is_detected_and_the_instance_restarted(tmp_path) -> None:
     sup = make_supervisor(tmp_path)
     bg = Background(sup).start()
     bg.wait_ready()
+    tap = subprocess.Popen([sys.executable, "-m", "psrl.cli.main", "tap", str(sup.run_dir.path), "--kind", "sup.",
+                            "--json", "--duration", "20"], stdout=subprocess.PIPE, text=True)  # fmt: skip
+    time.sleep(2.0)  # the tap subscribes
     victim = sup.processes["rollout-0"]
     killed_at = time.time_ns()
     os.kill(victim.pid, signal.SIGKILL)
@@ -48,8 +51,11 @@ def test_sigkill_is_detected_and_the_instance_restarted(tmp_path) -> None:
     while sup.processes["rollout-0"].incarnation == 0 and time.monotonic() < deadline:
         time.sleep(0.05)
     bg.wait_ready()
+    tap.terminate()
+    tapped, _ = tap.communicate(timeout=30)
     sup._end(0, "test done")
     assert bg.join() == 0
+    assert '"sup.restarted"' in tapped and '"rollout-0"' in tapped
     events = logged_events(sup.run_dir)
     exited = [e for e in events if isinstance(e.message, ActorExited) and e.message.actor == "rollout-0"]
     restarted = [e.message for e in events if isinstance(e.message, ActorRestarted)]
