@@ -40,6 +40,7 @@ from bus.messages import (
     SamplingParams,
     SyncCommand,
     TickRecord,
+    TrainBatch,
     TrainData,
     TrainerProgress,
     WeightsLoaded,
@@ -96,6 +97,7 @@ class CoordinatorActor(Actor):
         self.started = time.monotonic()
         self.last_handoff = time.monotonic()
         self.is_finished = False
+        self.handed_over: list[TrainData] = []
         self.every(self.sync_settings.check_interval_in_ms / 1000, self._tick)
         return {}
 
@@ -212,21 +214,30 @@ class CoordinatorActor(Actor):
         data = train_data(chunk, groups)
         for trainer in self.trainers:
             trainer.send(data, model_version=chunk.buffer)
+        self.handed_over.append(data)
         if chunk.is_last:
-            self._publish_buffer_metrics(chunk, data)
+            self._publish_buffer_metrics(chunk, self.handed_over)
+            self.handed_over = []
 
-    def _publish_buffer_metrics(self, chunk: Chunk, data: TrainData) -> None:
+    def _publish_buffer_metrics(self, chunk: Chunk, parts: list[TrainData]) -> None:
         now = time.monotonic()
-        rewards = data.rewards
-        staleness = chunk.buffer - data.v_traj
+        rewards = np.concatenate([d.rewards for d in parts])
+        accs = np.concatenate([d.accs for d in parts])
+        lengths = np.concatenate([d.response_lengths for d in parts])
+        staleness = chunk.buffer - np.concatenate([d.v_traj for d in parts])
+        prompt_ids = [int(p) for d in parts for p in dict.fromkeys(d.prompt_ids.tolist())]
+        self.publisher.publish(TrainBatch(chunk.buffer + 1, chunk.buffer, prompt_ids, len(rewards), int(lengths.sum()),
+                                          int(chunk.buffer - staleness.max()) if len(staleness) else -1),
+                               model_version=chunk.buffer)  # fmt: skip
+        elapsed = max(now - self.last_handoff, 1e-6)
         values = {
             "reward/mean": float(rewards.mean()) if len(rewards) else 0.0,
-            "acc/mean": float(data.accs.mean()) if len(data.accs) else 0.0,
-            "response_length/mean": float(data.response_lengths.mean()) if len(data.response_lengths) else 0.0,
+            "acc/mean": float(accs.mean()) if len(accs) else 0.0,
+            "response_length/mean": float(lengths.mean()) if len(lengths) else 0.0,
             "staleness/mean": float(staleness.mean()) if len(staleness) else 0.0,
             "staleness/max": float(staleness.max()) if len(staleness) else 0.0,
-            "throughput/trajectories_per_s": len(rewards) / max(now - self.last_handoff, 1e-6),
-            "throughput/tokens_per_s": float(data.response_lengths.sum()) / max(now - self.last_handoff, 1e-6),
+            "throughput/trajectories_per_s": len(rewards) / elapsed,
+            "throughput/tokens_per_s": float(lengths.sum()) / elapsed,
         }
         self.last_handoff = now
         self.reward_history.append((chunk.buffer + 1, values["reward/mean"]))

@@ -67,6 +67,8 @@ class TrainerActor(Actor):
         if data.buffer < self.core.version:  # already trained (a resent buffer after a restart)
             self.log.info("skipping trained buffer", buffer=data.buffer, version=self.core.version)
             return
+        if data.buffer >= self.config.trainer.total_steps:  # handed over ahead; the run ends first
+            return
         if data.chunk == 0:
             self.buffer_started = time.monotonic()
         trajectories = trajectories_from(data, self.config.responses_per_prompt)

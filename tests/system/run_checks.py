@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -74,7 +75,7 @@ def check_continuations(facts: RunFacts) -> int:
     """Each interrupted result is continued: the next result of the request starts with its tokens."""
     num = 0
     for rid, results in facts.results.items():
-        for earlier, later in zip(results, results[1:], strict=False):
+        for earlier, later in itertools.pairwise(results):
             if earlier.finish_reason == FinishReason.ABORT and earlier.error in INTERRUPTIONS:
                 num += 1
                 prefix = earlier.token_ids.tolist()

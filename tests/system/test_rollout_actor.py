@@ -1,0 +1,119 @@
+"""A rollout instance process serving a router link: streaming, abort, pause/resume, status."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+import zmq
+
+from actors.boot import Boot
+from actors.links import Link
+from bus import BusProxy, Publisher, Subscriber
+from bus.addresses import plan_addresses
+from bus.messages import (
+    Abort,
+    FinishReason,
+    GenerateRequest,
+    GenerateResult,
+    InstanceStatus,
+    Pause,
+    Resume,
+    SamplingParams,
+    Shutdown,
+    TokenChunk,
+)
+from bus.settings import BusSettings
+from psrl.config import load_config, to_yaml
+from psrl.launch.plan import ActorSpec
+from psrl.launch.process import start_actor
+
+pytestmark = pytest.mark.system
+
+
+@pytest.fixture
+def instance(tmp_path):
+    config = load_config("demo", ["engine.max_num_seqs=4"])
+    ctx = zmq.Context()
+    proxy = BusProxy(plan_addresses(tmp_path), ctx=ctx)
+    addresses = proxy.start()
+    router_address = f"ipc://{tmp_path}/router.sock"
+    link = Link(ctx, router_address, sender="router", incarnation=0, settings=BusSettings.from_config(config),
+                serve=True)  # fmt: skip
+    bus = {k: v for k, v in vars(addresses).items() if k != "curve_dir"}
+    boot = Boot("rollout-0", "rollout", 0, 0, to_yaml(config), bus, {"router": router_address, "ps-0.1": "ipc:///x",
+                "ps-1.1": "ipc:///y"}, run_dir=str(tmp_path))  # fmt: skip
+    process = start_actor(ActorSpec("rollout-0", "rollout", 0, None), boot, tmp_path / "rollout.log")
+    publisher = Publisher(ctx, addresses, "test")
+    status = Subscriber(ctx, addresses.events_out, ["inst.status"])
+    yield link, publisher, status, process
+    publisher.publish(Shutdown())
+    process.wait(15)
+    process.close_stdin()
+    process.log.close()
+    for closeable in (link, publisher, status):
+        closeable.close()
+    proxy.stop()
+    ctx.destroy(linger=0)
+
+
+def receive(link: Link, kinds: tuple[type, ...], timeout_s: float = 60) -> list:
+    deadline, out = time.monotonic() + timeout_s, []
+    while time.monotonic() < deadline:
+        got = link.recv()
+        if got is None:
+            time.sleep(0.01)
+            continue
+        out += [e.message for e in got[1] if isinstance(e.message, kinds)]
+        if any(isinstance(m, GenerateResult) for m in out):
+            return out
+    return out
+
+
+def request(rid: int, length: int) -> GenerateRequest:
+    params = SamplingParams(length, 1.0, seed=rid, min_tokens=length, ignore_eos=True)
+    return GenerateRequest(rid, 0, np.asarray([5, 6, 7, 8], np.int32), params)
+
+
+def test_streams_tokens_then_a_complete_result(instance) -> None:
+    link, _, status, _ = instance
+    assert status.recv(60_000) is not None  # the instance is up and reporting
+    link.send(request(1, 40), "rollout-0")
+    messages = receive(link, (TokenChunk, GenerateResult))
+    chunks = [m for m in messages if isinstance(m, TokenChunk)]
+    result = next(m for m in messages if isinstance(m, GenerateResult))
+    assert result.finish_reason == FinishReason.LENGTH and len(result.token_ids) == 40
+    streamed = np.concatenate([c.token_ids for c in chunks]).tolist()
+    assert chunks and streamed == result.token_ids[: len(streamed)].tolist()
+    assert (result.versions == 0).all() and len(result.logprobs) == 40
+
+
+def test_abort_returns_the_tokens_so_far_and_pause_stops_progress(instance) -> None:
+    link, publisher, status, _ = instance
+    assert status.recv(60_000) is not None
+    publisher.publish(Pause(targets=["rollout-0"]))
+    time.sleep(0.5)
+    link.send(request(2, 300), "rollout-0")
+    time.sleep(1.0)
+    assert link.recv() is None, "a paused instance generated tokens"
+    publisher.publish(Resume(targets=["rollout-0"]))
+    time.sleep(1.0)
+    link.send(Abort([2], "requested"), "rollout-0")
+    result = next(m for m in receive(link, (GenerateResult,)) if isinstance(m, GenerateResult))
+    assert result.finish_reason == FinishReason.ABORT and result.error == "requested"
+    assert 0 < len(result.token_ids) < 300
+
+
+def test_bad_request_gets_a_request_scoped_error(instance) -> None:
+    link, _, status, _ = instance
+    assert status.recv(60_000) is not None
+    bad = GenerateRequest(3, 0, np.asarray([], np.int32), SamplingParams(8))
+    link.send(bad, "rollout-0")
+    result = next(m for m in receive(link, (GenerateResult,)) if isinstance(m, GenerateResult))
+    assert result.finish_reason == FinishReason.ERROR and result.error
+    link.send(request(4, 8), "rollout-0")  # and it keeps serving
+    result = next(m for m in receive(link, (GenerateResult,)) if isinstance(m, GenerateResult))
+    assert result.request_id == 4 and len(result.token_ids) == 8
+    snapshot = status.recv(5_000)
+    assert isinstance(snapshot.message, InstanceStatus)

@@ -1,0 +1,108 @@
+"""End-to-end throughput: synchronous training versus psrl async, on the same long-tail workload.
+
+Runs the same topology twice, back to back, in one invocation:
+
+  sync   staleness 0, partial and redundant rollout off (the synchronous baseline)
+  async  staleness 2, partial rollout, the seeds' reasoning profile (request_num_balance,
+         preempted requests back to the router at once, migration 5x / stop 10)
+
+Responses follow a log-normal length distribution (`task.response_lengths=long_tail`) like
+reasoning traces, so a synchronous step waits for its longest response. Prints trajectories/s
+and tokens/s consumed by the trainer, rollout busy and trainer idle fractions, weight-sync
+times, and a last line ``RESULT speedup_vs_sync=... rollout_busy=... trainer_idle=...``.
+
+    python tools/bench_e2e.py --quick            # about 3 minutes on 2 CPU cores
+    python tools/bench_e2e.py --steps 30 topology.device=cuda
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+from pathlib import Path
+
+from bus.eventlog.reader import EventLogReader
+from psrl.config import load_config
+from psrl.launch.supervisor import EXIT_OK, Supervisor
+from psrl.log import configure
+from psrl.rundir import RunDir
+from psrl.runstats import RunStats, run_stats
+
+RC = "psrl.rollout_coordination."
+WORKLOAD = [
+    "task.response_lengths=long_tail",
+    "task.long_tail_median=48",
+    "task.long_tail_sigma=1.0",
+    "task.max_response_length=400",
+    "engine.max_num_seqs=32",
+]
+PHASES = {
+    "sync": ["psrl.staleness=0", f"{RC}partial_rollout.enable=False", f"{RC}redundant_rollout.enable=False"],
+    "async": [
+        "psrl.staleness=2",
+        f"{RC}partial_rollout.enable=True",
+        f"{RC}routing_strategy.method=request_num_balance",
+        f"{RC}routing_strategy.max_num_waiting_reqs_after_preemption=0",
+        f"{RC}sync_and_mig_strategy.mig.enable=True",
+        f"{RC}sync_and_mig_strategy.mig.threshold=5",
+        f"{RC}sync_and_mig_strategy.mig.stop_threshold=10",
+    ],
+}
+
+
+def run_phase(name: str, overrides: list[str], root: Path) -> RunStats:
+    config = load_config("demo", overrides)
+    run_dir = RunDir.create(root, name)
+    started = time.monotonic()
+    code = Supervisor(config, run_dir).run()
+    if code != EXIT_OK:
+        raise SystemExit(f"{name} run failed with exit code {code}; see {run_dir.path / 'logs'}")
+    stats = run_stats(e.event for e in EventLogReader(run_dir.events).events())
+    print(f"  {name}: {stats.num_steps} steps in {time.monotonic() - started:.0f} s (run directory {run_dir.path})")
+    return stats
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="few steps (CI-class machines)")
+    parser.add_argument("--steps", type=int, default=None, help="training steps per phase")
+    parser.add_argument("--root", type=Path, default=None, help="where the two run directories go")
+    parser.add_argument("overrides", nargs="*", help="config overrides applied to both phases")
+    args = parser.parse_args()
+    configure("warning")
+    steps = args.steps or (8 if args.quick else 24)
+    root = args.root or Path(tempfile.mkdtemp(prefix="psrl-bench-e2e-"))
+    common = [*WORKLOAD, f"trainer.total_steps={steps}", *args.overrides]
+    results = {name: run_phase(name, [*common, *extra], root) for name, extra in PHASES.items()}
+    print_table(results)
+    sync, fast = results["sync"], results["async"]
+    speedup = fast.trajectories_per_s / sync.trajectories_per_s if sync.trajectories_per_s else float("nan")
+    print(f"RESULT speedup_vs_sync={speedup:.3f} rollout_busy={fast.rollout_busy:.3f} "
+          f"trainer_idle={fast.trainer_idle:.3f} sync_rollout_busy={sync.rollout_busy:.3f} "
+          f"sync_trainer_idle={sync.trainer_idle:.3f}")  # fmt: skip
+
+
+def print_table(results: dict[str, RunStats]) -> None:
+    rows = [
+        ("trajectories/s", "trajectories_per_s", "{:.2f}"),
+        ("tokens/s", "tokens_per_s", "{:.0f}"),
+        ("rollout busy", "rollout_busy", "{:.2f}"),
+        ("trainer idle", "trainer_idle", "{:.2f}"),
+        ("pull+load ms", "pull_load_ms", "{:.1f}"),
+        ("push s", "push_s", "{:.3f}"),
+        ("window s", "window_s", "{:.1f}"),
+    ]
+    names = list(results)
+    print(f"\n{'':<16}" + "".join(f"{n:>12}" for n in names) + f"{'ratio':>10}")
+    for label, attr, fmt in rows:
+        values = [getattr(results[n], attr) for n in names]
+        ratio = values[1] / values[0] if values[0] else float("nan")
+        print(f"{label:<16}" + "".join(f"{fmt.format(v):>12}" for v in values) + f"{ratio:>10.2f}")
+    for name in names:
+        busy = " ".join(f"{k}={v:.2f}" for k, v in results[name].busy_by_instance.items())
+        print(f"  {name} busy by instance: {busy}")
+
+
+if __name__ == "__main__":
+    main()
