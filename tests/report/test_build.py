@@ -1,0 +1,92 @@
+"""The report of a run directory written with the real event-log writer: plots, page and command."""
+
+import re
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from bus.messages import Metrics
+from psrl.cli.main import main
+from psrl.errors import MissingExtraError
+from psrl.report import build as build_module
+from psrl.report.build import build_report
+from tests.report.events import make_event
+from tests.report.scenario import write_run
+
+pytest.importorskip("matplotlib")
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+PLOT_FILES = {"reward.png", "staleness.png", "utilisation.png", "version_lag.png", "sync_time.png"}
+
+
+def png_size(path: Path) -> tuple[int, int]:
+    data = path.read_bytes()
+    assert data.startswith(PNG_MAGIC)
+    return int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+
+
+def test_every_plot_is_written_and_linked(tmp_path: Path) -> None:
+    run = write_run(tmp_path / "scripted")
+    result = build_report(run)
+    assert result.output == run / "report"
+    assert {p.name for p in result.plots.values()} == PLOT_FILES
+    assert result.skipped == {} and result.problems == []
+    for path in result.plots.values():
+        width, height = png_size(path)
+        assert width >= 800 and height >= 300
+    page = result.html.read_text()
+    assert set(re.findall(r"<img src='([^']+)'", page)) == PLOT_FILES
+    assert all((result.output / name).is_file() for name in re.findall(r"href='([^']+)'", page))
+    assert "trainer idle fraction" in page and "25.0%" in page
+    assert result.summary.num_steps == 4
+
+
+def test_missing_data_is_said_not_drawn(tmp_path: Path) -> None:
+    only_metrics = [make_event(Metrics(1, {"reward/mean": 0.5}), "coordinator", at_s=1.0)]
+    run = write_run(tmp_path / "thin", only_metrics, with_config=False)
+    result = build_report(run, tmp_path / "out")
+    assert [p.name for p in result.plots.values()] == ["reward.png"]
+    assert set(result.skipped) == {"Staleness histogram", "Rollout-instance utilisation", "Version lag",
+                                   "Weight-sync time per phase"}  # fmt: skip
+    assert "no inst.status events" in result.skipped["Rollout-instance utilisation"]
+    assert any("config.yaml missing" in p for p in result.problems)
+    page = result.html.read_text()
+    assert "Not drawn" in page and "config.yaml missing" in page
+
+
+def test_metrics_jsonl_is_used_when_the_log_has_no_metrics(tmp_path: Path) -> None:
+    run = write_run(tmp_path / "r", [])
+    (run / "metrics.jsonl").write_text(
+        '{"step":1,"sender":"coordinator","incarnation":0,"wall_time":5.0,"model_version":null,'
+        '"values":{"reward/mean":0.25}}\nnot json\n'
+    )
+    result = build_report(run)
+    assert "Reward and accuracy per step" in result.plots
+    assert result.summary.reward_first == 0.25
+    assert any("metrics.jsonl:2" in p for p in result.problems)
+
+
+def test_not_a_run_directory(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="run directory"):
+        build_report(tmp_path)
+
+
+def test_missing_matplotlib_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in [n for n in sys.modules if n == "matplotlib" or n.startswith("matplotlib.")]:
+        monkeypatch.setitem(sys.modules, name, None)  # None in sys.modules makes an import fail
+    for name in ("psrl.report.plots_rollout", "psrl.report.plots_training", "psrl.report.figure"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    with pytest.raises(MissingExtraError, match=r"\.\[report\]"):
+        build_module.plot_specs()
+
+
+def test_command_prints_the_summary_and_writes_the_page(tmp_path: Path) -> None:
+    write_run(tmp_path / "runs" / "named")
+    result = CliRunner().invoke(main, ["report", "named", "--root", str(tmp_path / "runs"), "-o", str(tmp_path / "o")])
+    assert result.exit_code == 0, result.output
+    assert "trajectories/s trained" in result.output and "4.00" in result.output
+    assert (tmp_path / "o" / "report.html").is_file()
+    missing = CliRunner().invoke(main, ["report", str(tmp_path / "nowhere")])
+    assert missing.exit_code == 1 and "no run directory" in missing.output

@@ -1,0 +1,48 @@
+"""A real demo run (every actor a real process on the real bus) with the metrics sink as a launcher
+listener, then `psrl report` on its directory."""
+
+from pathlib import Path
+
+import pytest
+
+from bus.eventlog.reader import EventLogReader
+from bus.messages import Metrics
+from psrl.config import load_config
+from psrl.launch.metrics_sink import MetricsSink
+from psrl.launch.supervisor import EXIT_OK, Supervisor
+from psrl.report.build import build_report
+from psrl.report.metrics_file import read_metrics_file
+from psrl.report.tensorboard import read_scalars
+from psrl.rundir import RunDir
+
+pytest.importorskip("matplotlib")
+
+
+@pytest.mark.slow
+def test_demo_run_metrics_and_report(tmp_path: Path) -> None:
+    config = load_config("demo", ["trainer.total_steps=3"])
+    run = RunDir.create(tmp_path, "demo3")
+    sink = MetricsSink(run)
+    code = Supervisor(config, run, listeners=(sink.on_event,)).run()
+    sink.close()
+    assert code == EXIT_OK
+
+    logged = [e.event for e in EventLogReader(run.events).events() if isinstance(e.event.message, Metrics)]
+    records, problems = read_metrics_file(run.metrics)
+    assert problems == [] and sink.num_write_errors == 0
+    # The launcher may stop listening before the logger has written the last events, and the other
+    # way round: both hold nearly all metrics events.
+    assert len(records) >= len(logged) - 2 and len(records) == sink.num_records
+    assert {"coordinator", "router", "trainer-0"} <= {r.sender for r in records}
+    rewards = read_scalars(run.tensorboard / "coordinator")["reward/mean"]
+    assert {p.step for p in rewards} >= {1, 2, 3}
+    assert "sync/push_s" in read_scalars(run.tensorboard / "trainer-0")
+
+    result = build_report(run.path)
+    assert result.skipped == {}, result.skipped
+    assert len(result.plots) == 5 and all(p.stat().st_size > 10_000 for p in result.plots.values())
+    assert result.summary.num_steps == 3
+    assert result.summary.busy_fraction is not None and 0 < result.summary.busy_fraction <= 1
+    assert result.summary.trainer_idle_fraction is not None
+    page = result.html.read_text()
+    assert all(f"src='{p.name}'" in page for p in result.plots.values())
