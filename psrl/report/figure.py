@@ -23,7 +23,8 @@ def new_figure(num_rows: int = 1, *, share_x: bool = True) -> tuple[Figure, list
 def finish(figure: Figure, path: Path, title: str) -> None:
     figure.suptitle(title, fontsize=13)
     for axes in figure.axes:
-        axes.grid(True, alpha=0.3)
+        if not axes.images:  # grid lines would cut through a heat map
+            axes.grid(True, alpha=0.3)
         if axes.get_legend_handles_labels()[0]:
             axes.legend(loc="best", fontsize=8, framealpha=0.8)
     figure.savefig(path, format="png")

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from bus.messages import Metrics
+from bus.messages import InstanceStatus, Metrics, WeightsPublished
 from psrl.cli.main import main
 from psrl.errors import MissingExtraError
 from psrl.report import build as build_module
@@ -90,3 +90,23 @@ def test_command_prints_the_summary_and_writes_the_page(tmp_path: Path) -> None:
     assert (tmp_path / "o" / "report.html").is_file()
     missing = CliRunner().invoke(main, ["report", str(tmp_path / "nowhere")])
     assert missing.exit_code == 1 and "no run directory" in missing.output
+
+
+def many_instance_events(num_instances: int) -> list:
+    events = [make_event(WeightsPublished(v, "d", 1), "ps-0", at_s=2.0 * v, seq=v) for v in range(1, 5)]
+    for tick in range(100):
+        at_s = 0.1 * tick
+        for index in range(num_instances):
+            running = (tick + 7 * index) % 20 if index % 3 else 0
+            version = max(int(at_s / 2.0) - index % 2, 0)
+            status = InstanceStatus(f"rollout-{index}", version, running, 0, running, 64)
+            events.append(make_event(status, f"rollout-{index}", at_s=at_s, seq=tick + 10))
+    return events
+
+
+def test_many_instances_use_a_heatmap(tmp_path: Path) -> None:
+    run = write_run(tmp_path / "wide", many_instance_events(12))
+    result = build_report(run)
+    assert {"Rollout-instance utilisation", "Version lag"} <= set(result.plots)
+    assert len(result.summary.busy_by_instance) == 12
+    assert result.summary.busy_by_instance["rollout-0"] == 0.0
