@@ -19,6 +19,7 @@ pytest.importorskip("matplotlib")
 
 
 @pytest.mark.slow
+@pytest.mark.system
 def test_demo_run_metrics_and_report(tmp_path: Path) -> None:
     config = load_config("demo", ["trainer.total_steps=3"])
     run = RunDir.create(tmp_path, "demo3")
