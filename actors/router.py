@@ -298,11 +298,20 @@ class RouterActor(Actor):
 
     @handles(SyncCommand)
     def _on_sync(self, event: Event[SyncCommand]) -> None:
+        """Hold routing while the instances of one sync load: placing work then would pile it onto
+        whichever instance finishes first. Routing resumes when every one of them has loaded (or failed)."""
         for instance in event.message.instances:
             # Already at the version: its WeightsLoaded overtook this command on the other channel.
             if instance in self.instances and self.instances[instance] < event.message.version:
                 self.syncing.add(instance)
                 self.core.set_paused(instance, True)
+        self._hold_routing_while_syncing()
+
+    def _hold_routing_while_syncing(self) -> None:
+        if self.syncing:
+            self.core.pause()
+        else:
+            self.core.resume()
 
     @handles(WeightsLoaded)
     def _on_loaded(self, event: Event[WeightsLoaded]) -> None:
@@ -313,11 +322,14 @@ class RouterActor(Actor):
             self.core.set_version(msg.instance, msg.version)
             self.core.set_paused(msg.instance, False)
             self.core.set_healthy(msg.instance, True)
+            self._hold_routing_while_syncing()
 
     @handles(InstanceSyncFailed)
     def _on_sync_failed(self, event: Event[InstanceSyncFailed]) -> None:
         if event.message.instance in self.instances:  # out of rotation until a sync succeeds
             self.core.set_healthy(event.message.instance, False)
+            self.syncing.discard(event.message.instance)
+            self._hold_routing_while_syncing()
 
     @handles(ActorExited)
     def _on_exited(self, event: Event[ActorExited]) -> None:
@@ -326,6 +338,7 @@ class RouterActor(Actor):
             return
         del self.instances[name]
         self.syncing.discard(name)
+        self._hold_routing_while_syncing()
         for orphan in self.core.remove_instance(name):
             traj = self.tracker.live.get(orphan.request_id)
             if traj is None:

@@ -22,12 +22,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from bus.eventlog.reader import EventLogReader
 from psrl.config import load_config
 from psrl.launch.supervisor import EXIT_OK, Supervisor
 from psrl.log import configure
+from psrl.report.collect import read_timeline
+from psrl.report.summary import RunSummary, summarize
 from psrl.rundir import RunDir
-from psrl.runstats import RunStats, run_stats
 
 RC = "psrl.rollout_coordination."
 WORKLOAD = [
@@ -51,16 +51,16 @@ PHASES = {
 }
 
 
-def run_phase(name: str, overrides: list[str], root: Path) -> RunStats:
+def run_phase(name: str, overrides: list[str], root: Path) -> RunSummary:
     config = load_config("demo", overrides)
     run_dir = RunDir.create(root, name)
     started = time.monotonic()
     code = Supervisor(config, run_dir).run()
     if code != EXIT_OK:
         raise SystemExit(f"{name} run failed with exit code {code}; see {run_dir.path / 'logs'}")
-    stats = run_stats(e.event for e in EventLogReader(run_dir.events).events())
-    print(f"  {name}: {stats.num_steps} steps in {time.monotonic() - started:.0f} s (run directory {run_dir.path})")
-    return stats
+    summary = summarize(read_timeline(run_dir.path))
+    print(f"  {name}: {summary.num_steps} steps in {time.monotonic() - started:.0f} s (run directory {run_dir.path})")
+    return summary
 
 
 def main() -> None:
@@ -77,28 +77,37 @@ def main() -> None:
     results = {name: run_phase(name, [*common, *extra], root) for name, extra in PHASES.items()}
     print_table(results)
     sync, fast = results["sync"], results["async"]
-    speedup = fast.trajectories_per_s / sync.trajectories_per_s if sync.trajectories_per_s else float("nan")
-    print(f"RESULT speedup_vs_sync={speedup:.3f} rollout_busy={fast.rollout_busy:.3f} "
-          f"trainer_idle={fast.trainer_idle:.3f} sync_rollout_busy={sync.rollout_busy:.3f} "
-          f"sync_trainer_idle={sync.trainer_idle:.3f}")  # fmt: skip
+    speedup = _ratio(fast.trajectories_per_s, sync.trajectories_per_s)
+    print(f"RESULT speedup_vs_sync={speedup:.3f} rollout_busy={_value(fast.busy_fraction):.3f} "
+          f"trainer_idle={_value(fast.trainer_idle_fraction):.3f} sync_rollout_busy={_value(sync.busy_fraction):.3f} "
+          f"sync_trainer_idle={_value(sync.trainer_idle_fraction):.3f}")  # fmt: skip
 
 
-def print_table(results: dict[str, RunStats]) -> None:
+def _value(value: float | None) -> float:
+    return float("nan") if value is None else value
+
+
+def _ratio(a: float | None, b: float | None) -> float:
+    return _value(a) / _value(b) if b else float("nan")
+
+
+def print_table(results: dict[str, RunSummary]) -> None:
     rows = [
         ("trajectories/s", "trajectories_per_s", "{:.2f}"),
         ("tokens/s", "tokens_per_s", "{:.0f}"),
-        ("rollout busy", "rollout_busy", "{:.2f}"),
-        ("trainer idle", "trainer_idle", "{:.2f}"),
-        ("pull+load ms", "pull_load_ms", "{:.1f}"),
-        ("push s", "push_s", "{:.3f}"),
-        ("window s", "window_s", "{:.1f}"),
+        ("rollout busy", "busy_fraction", "{:.2f}"),
+        ("trainer idle", "trainer_idle_fraction", "{:.2f}"),
+        ("push ms", "push_ms_mean", "{:.1f}"),
+        ("pull+load ms", "load_ms_mean", "{:.1f}"),
+        ("work window s", "work_s", "{:.1f}"),
     ]
     names = list(results)
     print(f"\n{'':<16}" + "".join(f"{n:>12}" for n in names) + f"{'ratio':>10}")
     for label, attr, fmt in rows:
-        values = [getattr(results[n], attr) for n in names]
-        ratio = values[1] / values[0] if values[0] else float("nan")
-        print(f"{label:<16}" + "".join(f"{fmt.format(v):>12}" for v in values) + f"{ratio:>10.2f}")
+        values = [_value(getattr(results[n], attr)) for n in names]
+        print(
+            f"{label:<16}" + "".join(f"{fmt.format(v):>12}" for v in values) + f"{_ratio(values[1], values[0]):>10.2f}"
+        )
     for name in names:
         busy = " ".join(f"{k}={v:.2f}" for k, v in results[name].busy_by_instance.items())
         print(f"  {name} busy by instance: {busy}")

@@ -7,7 +7,9 @@ from typing import Any
 import click
 
 from psrl.config import Config
+from psrl.errors import MissingExtraError
 from psrl.launch.hosts import HostsFile
+from psrl.launch.metrics_sink import MetricsSink
 from psrl.launch.plan import plan_actors
 from psrl.launch.progress import ProgressView
 from psrl.launch.supervisor import EXIT_OK, Supervisor
@@ -30,11 +32,26 @@ def run_launch(
         if target:
             options[spec.name] = {"actor_class": target}
     view = ProgressView(config, echo=None if quiet else click.echo)
+    sink = MetricsSink(run_dir)
     click.echo(f"run directory: {run_dir.path}")
-    supervisor = Supervisor(config, run_dir, hosts, listeners=(view.on_event,), actor_options=options)
-    code = supervisor.run()
+    supervisor = Supervisor(config, run_dir, hosts, listeners=(view.on_event, sink.on_event), actor_options=options)
+    try:
+        code = supervisor.run()
+    finally:
+        sink.close()
     for line in view.summary_lines():
         click.echo(line)
+    _write_report(run_dir)
     verdict = "finished" if code == EXIT_OK else f"ended with exit code {code}"
     click.echo(f"run {run_dir.name} {verdict}: {supervisor.end_reason}")
     return code
+
+
+def _write_report(run_dir: RunDir) -> None:
+    """The run's plots and report.html (a failure here never changes the run's exit code)."""
+    try:
+        from psrl.report.build import build_report
+
+        click.echo(f"report: {build_report(run_dir.path).html}")
+    except (MissingExtraError, FileNotFoundError, ValueError) as error:
+        click.echo(f"no report: {error}")
