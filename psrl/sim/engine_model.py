@@ -143,6 +143,7 @@ class EngineCounters:
     busy_s: float = 0.0  # prefilling or decoding
     pull_s: float = 0.0
     num_decode_tokens: int = 0
+    num_generated_tokens: int = 0  # decode tokens plus the first token each prefill samples
     num_prefill_tokens: int = 0
     num_preemptions: int = 0
     num_syncs: int = 0
@@ -305,12 +306,14 @@ class ModelledEngine:
         self._step += steps
         self._kv += n * steps
         self.counters.num_decode_tokens += n * steps
+        self.counters.num_generated_tokens += n * steps
         self.counters.busy_s += now - self._anchor
         self._anchor = now
 
     def _commit_prefill(self, now: float) -> None:
         self.counters.busy_s += now - self._anchor
         self._anchor = now
+        self.counters.num_generated_tokens += len(self._prefilling)
         for seq in self._prefilling:
             seq.generated += 1  # the prefill samples the first new token
             if seq.generated >= seq.request.max_tokens:

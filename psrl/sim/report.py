@@ -1,0 +1,49 @@
+"""Console tables of simulated runs and of validations."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from psrl.sim.stats import SimSummary, staleness_text
+from psrl.sim.validate import Validation
+
+_HEADER = (
+    f"{'run':<38} {'traj/s':>9} {'tokens/s':>10} {'busy':>5} {'pull':>5} {'tr.idle':>7} {'staleness':<18} "
+    f"{'wasted':>7} {'syncs':>6} {'migr':>5} {'viol':>4} {'wall s':>6}"
+)
+
+
+def summary_table(rows: Sequence[SimSummary]) -> list[str]:
+    """One line per run: throughput, utilisation, staleness shares, waste, and the bound check."""
+    lines = [_HEADER]
+    for r in rows:
+        lines.append(
+            f"{r.label[:38]:<38} {r.trajectories_per_s:>9.2f} {r.tokens_per_s:>10.0f} {r.instance_busy:>5.0%} "
+            f"{r.instance_syncing:>5.1%} {r.trainer_idle:>7.0%} {staleness_text(r.staleness):<18} "
+            f"{r.wasted_fraction:>7.1%} {r.num_syncs:>6} {r.num_migrations:>5} {r.num_bound_violations:>4} "
+            f"{r.wall_s:>6.1f}"
+        )
+    return lines
+
+
+def legend() -> str:
+    return (
+        "traj/s, tokens/s: trained per second (steps 2..K); busy: instance time prefilling or decoding; "
+        "pull: instance time pulling weights; tr.idle: trainer time without work; staleness: share of "
+        "trained trajectories per (buffer - V_traj); wasted: generated tokens thrown away; viol: staleness "
+        "bound violations (own check + token versions + ledger), 0 expected"
+    )
+
+
+def validation_table(validations: Sequence[Validation]) -> list[str]:
+    lines = [
+        f"{'run':<24} {'measured traj/s':>15} {'simulated':>10} {'sim/meas':>8}   "
+        f"{'train s/step meas | sim':>24} {'wait s/step meas | sim':>24}"
+    ]
+    for v in validations:
+        lines.append(
+            f"{v.summary.label[:24]:<24} {v.measured_per_s:>15.2f} {v.summary.trajectories_per_s:>10.2f} "
+            f"{v.ratio:>8.3f}   {v.measured.train_s:>13.3f} | {v.simulated.train_s:<8.3f} "
+            f"{v.measured.wait_s:>13.3f} | {v.simulated.wait_s:<8.3f}"
+        )
+    return lines

@@ -1,0 +1,85 @@
+"""The comparison the simulator prints: routing methods and sync settings against the synchronous baseline.
+
+Every variant is a list of config overrides applied on top of the user's base config (preset and
+overrides), so the workload, the fleet and the trainer stay the same across rows. ``SYNC`` is the
+synchronous baseline (staleness 0, no partial or redundant rollout, no migration); ``PSRL`` is the
+user's reasoning profile (configs/reasoning.yaml) at staleness 2 with partial rollout. The routing
+rows change only the routing method of ``PSRL``; the sync rows change the staleness bound or the
+sync strategy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+RC = "psrl.rollout_coordination."
+ROUTING = RC + "routing_strategy."
+SYNC_MIG = RC + "sync_and_mig_strategy."
+
+
+@dataclass(frozen=True)
+class Variant:
+    label: str
+    overrides: tuple[str, ...]
+
+    def plus(self, label: str, *overrides: str) -> Variant:
+        return Variant(label, (*self.overrides, *overrides))
+
+
+SYNC = Variant(
+    "sync: eta=0, no partial rollout",
+    ("psrl.staleness=0", f"{RC}partial_rollout.enable=false", f"{RC}redundant_rollout.enable=false",
+     f"{SYNC_MIG}method=greedy", f"{SYNC_MIG}mig.enable=false"),
+)  # fmt: skip
+
+PSRL = Variant(
+    "psrl: eta=2, partial, reasoning",
+    ("psrl.staleness=2", f"{RC}partial_rollout.enable=true", f"{ROUTING}method=request_num_balance",
+     f"{ROUTING}max_num_waiting_reqs_after_preemption=0", f"{SYNC_MIG}method=greedy", f"{SYNC_MIG}mig.enable=true",
+     f"{SYNC_MIG}mig.indicator=request_num", f"{SYNC_MIG}mig.threshold=5",
+     f"{SYNC_MIG}mig.stop_indicator=request_num", f"{SYNC_MIG}mig.stop_threshold=10"),
+)  # fmt: skip
+
+ROUTING_METHODS = (
+    "random",
+    "round_robin",
+    "request_num_balance",
+    "throughput_optimal",
+    "throughput_optimal_with_budget",
+    "cache_aware",
+)
+
+
+def sync_variants() -> list[Variant]:
+    return [
+        SYNC,
+        PSRL.plus("psrl, eta=1", "psrl.staleness=1"),
+        PSRL,
+        PSRL.plus("psrl, no partial rollout", f"{RC}partial_rollout.enable=false", f"{SYNC_MIG}mig.enable=false"),
+        PSRL.plus(
+            "psrl, status_based request_num<=4",
+            f"{SYNC_MIG}method=status_based",
+            f"{SYNC_MIG}sync.indicator=request_num",
+            f"{SYNC_MIG}sync.threshold=4",
+        ),
+        PSRL.plus(
+            "psrl, status_based hypothesis_test",
+            f"{SYNC_MIG}method=status_based",
+            f"{SYNC_MIG}sync.indicator=hypothesis_test",
+        ),
+    ]
+
+
+def routing_variants() -> list[Variant]:
+    return [PSRL.plus(f"psrl, routing {method}", f"{ROUTING}method={method}") for method in ROUTING_METHODS]
+
+
+def comparison(kind: str) -> list[Variant]:
+    """``sync``, ``routing`` or ``all`` (sync rows first; the PSRL row appears once)."""
+    if kind == "sync":
+        return sync_variants()
+    if kind == "routing":
+        return [SYNC, *routing_variants()]
+    if kind == "all":
+        return [*sync_variants(), *(v for v in routing_variants() if not v.label.endswith("request_num_balance"))]
+    raise ValueError(f"unknown comparison {kind!r} (sync, routing or all)")

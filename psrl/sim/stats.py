@@ -1,0 +1,91 @@
+"""What a simulated run measures, and its summary figures.
+
+Throughput is counted the same way as for a real run (``psrl.sim.runlog``): trajectories (and
+response tokens) the trainer finished training in steps 2..K, over the time from the end of step
+1 to the end of step K. Step 1 is left out because it includes the start-up (the first buffer
+has to be generated before anything can be trained).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+
+@dataclass
+class TrainedStep:
+    step: int
+    end_s: float
+    num_trajectories: int
+    num_tokens: int
+    train_s: float
+
+
+@dataclass
+class SimStats:
+    steps: list[TrainedStep] = field(default_factory=list)
+    staleness: Counter[int] = field(default_factory=Counter)  # own count: buffer - V_traj of consumed trajectories
+    ledger_staleness: Counter[int] = field(default_factory=Counter)  # the ledger's ConsumedBuffer histograms
+    num_bound_violations: int = 0  # own check: V_traj <= b <= V_traj + eta broken
+    num_token_version_violations: int = 0  # own check: a token's version outside [V_traj, b]
+    num_ledger_violations: int = 0  # the ledger's own count
+    num_wasted_tokens: int = 0  # generated, then thrown away (surplus, stale, restarted without partial rollout)
+    num_routing_decisions: int = 0
+    num_loopbacks: int = 0
+    num_sync_commands: int = 0
+    num_migrations: int = 0
+    num_ticks: int = 0
+    num_requests: int = 0
+    num_groups: int = 0
+    trainer_busy_s: float = 0.0
+    end_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class SimSummary:
+    """The figures of one run (the table row of a comparison)."""
+
+    label: str
+    num_instances: int
+    num_steps: int
+    sim_s: float
+    trajectories_per_s: float
+    tokens_per_s: float
+    instance_busy: float  # fraction of instance time spent prefilling or decoding
+    instance_syncing: float  # fraction of instance time spent pulling weights
+    trainer_idle: float
+    staleness: dict[int, int]
+    num_bound_violations: int
+    num_wasted_tokens: int
+    num_generated_tokens: int
+    num_prefill_tokens: int
+    num_requests: int
+    num_routing_decisions: int
+    num_loopbacks: int
+    num_syncs: int
+    num_migrations: int
+    num_preemptions: int
+    wall_s: float
+
+    @property
+    def wasted_fraction(self) -> float:
+        return self.num_wasted_tokens / self.num_generated_tokens if self.num_generated_tokens else 0.0
+
+
+def steady_throughput(steps: list[TrainedStep], last_step: int) -> tuple[float, float]:
+    """(trajectories/s, tokens/s) over steps 2..last_step; (0, 0) with fewer than two steps."""
+    kept = sorted((s for s in steps if s.step <= last_step), key=lambda s: s.step)
+    if len(kept) < 2:
+        return 0.0, 0.0
+    span = kept[-1].end_s - kept[0].end_s
+    if span <= 0:
+        return 0.0, 0.0
+    return sum(s.num_trajectories for s in kept[1:]) / span, sum(s.num_tokens for s in kept[1:]) / span
+
+
+def staleness_text(histogram: dict[int, int]) -> str:
+    """``0:40% 1:55% 2:5%``: the share of consumed trajectories at each staleness."""
+    total = sum(histogram.values())
+    if not total:
+        return "-"
+    return " ".join(f"{k}:{v / total:.0%}" for k, v in sorted(histogram.items()))

@@ -1,0 +1,65 @@
+"""Simulated against measured: replay a real run's configuration in the simulator.
+
+The simulator gets the run's own resolved config (``config.yaml``), its engines' cost model from
+``psrl calibrate`` (never from the run), and the trainer and pull models from the run's event log
+(``psrl.sim.runlog``). Both throughputs are counted the same way. The per-step breakdown splits
+the time between two trained steps into training and the trainer's wait for its next buffer
+(rollout, sync and hand-over), so a gap can be traced to one side.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from pathlib import Path
+
+from psrl.routing.cost_model import CostModel
+from psrl.sim.models import SimSettings
+from psrl.sim.runlog import read_run
+from psrl.sim.simulation import Simulation
+from psrl.sim.stats import SimSummary, TrainedStep
+
+
+@dataclass(frozen=True)
+class StepBreakdown:
+    train_s: float  # mean training time per step (steps 2..K)
+    wait_s: float  # mean time between steps not spent training
+
+
+@dataclass(frozen=True)
+class Validation:
+    run_dir: str
+    measured_per_s: float
+    measured_tokens_per_s: float
+    measured: StepBreakdown
+    simulated: StepBreakdown
+    summary: SimSummary
+
+    @property
+    def ratio(self) -> float:
+        """simulated / measured trajectories per second."""
+        return self.summary.trajectories_per_s / self.measured_per_s if self.measured_per_s else float("inf")
+
+
+def breakdown(steps: list[TrainedStep], last_step: int) -> StepBreakdown:
+    kept = sorted((s for s in steps if s.step <= last_step), key=lambda s: s.step)
+    pairs = list(itertools.pairwise(kept))
+    if not pairs:
+        return StepBreakdown(0.0, 0.0)
+    train = sum(b.train_s for _, b in pairs) / len(pairs)
+    interval = sum(b.end_s - a.end_s for a, b in pairs) / len(pairs)
+    return StepBreakdown(train, max(0.0, interval - train))
+
+
+def validate_run(run_dir: str | Path, cost: CostModel) -> Validation:
+    log = read_run(run_dir)
+    per_s, tokens_per_s = log.throughput()
+    if per_s <= 0:
+        raise ValueError(f"{run_dir}: fewer than two trained steps before the run ended; nothing to compare")
+    settings = SimSettings(log.trainer_model(), log.pull_model())
+    simulation = Simulation(log.config, cost, settings, label=Path(run_dir).name)
+    summary = simulation.run()
+    return Validation(
+        str(run_dir), per_s, tokens_per_s, breakdown(log.steps, log.total_steps),
+        breakdown(simulation.stats.steps, log.total_steps), summary,
+    )  # fmt: skip
