@@ -12,7 +12,7 @@ import click
 from psrl.cli.config_cmd import split_preset
 from psrl.config import Config, load_config
 from psrl.errors import ConfigError
-from psrl.routing.cost_model import CostModel, CostModelError, load_cost_model
+from psrl.routing.cost_model import CostModelError, load_cost_model
 from psrl.sim.defaults import DEMO_COST_MODEL, load_run_models
 from psrl.sim.events import SimulationError
 from psrl.sim.models import PullModel, SimSettings, TrainerModel
@@ -78,14 +78,14 @@ def main(
             _validate(validate_runs, cost_model, json_path)
             return
         preset, overrides = split_preset(args)
-        base = [*overrides]
-        cost_path = _cost_path(preset, base, cost_model)
+        cost_path, extra = _cost_path(preset, overrides, cost_model)
+        base = [*overrides, *extra]
         cost = load_cost_model(cost_path)
         trainer, pull = _run_models(from_run, trainer_step_s, trainer_token_s, publish_s, pull_s)
         settings = SimSettings(trainer, pull, num_instances=instances, total_steps=steps,
                                prompt_tokens=prompt_tokens, context_limit=context_limit)  # fmt: skip
         variants = comparison(compare) if compare else [Variant(preset or "demo", ())]
-        rows = [_simulate(preset, [*base, *v.overrides], cost_path, cost, settings, v.label) for v in variants]
+        rows = [simulate(_config(preset, [*base, *v.overrides]), cost, settings, v.label) for v in variants]
     except (ConfigError, CostModelError, SimulationError) as exc:
         click.echo(str(exc), err=True)
         sys.exit(2)
@@ -97,20 +97,15 @@ def main(
     click.echo(_result_line(rows, settings))
 
 
-def _config(preset: str | None, overrides: list[str], cost_path: Path) -> Config:
-    config = load_config(preset or "demo", ["task.response_lengths=long_tail", *overrides])
-    if config.psrl.rollout_coordination.routing_strategy.cost_model_path is None:
-        config = load_config(preset or "demo", ["task.response_lengths=long_tail", *overrides,
-                                                f"{COST_PATH_KEY}={cost_path}"])  # fmt: skip
-    return config
+def _config(preset: str | None, overrides: list[str]) -> Config:
+    return load_config(preset or "demo", ["task.response_lengths=long_tail", *overrides])
 
 
-def _cost_path(preset: str | None, overrides: list[str], explicit: Path | None) -> Path:
-    if explicit is not None:
-        return explicit
-    configured = load_config(preset or "demo", ["task.response_lengths=long_tail", *overrides])
-    path = configured.psrl.rollout_coordination.routing_strategy.cost_model_path
-    return Path(path) if path else DEMO_COST_MODEL
+def _cost_path(preset: str | None, overrides: list[str], explicit: Path | None) -> tuple[Path, list[str]]:
+    """The engines' cost model, and the overrides that give the decision code a cost model if none is set."""
+    configured = _config(preset, overrides).psrl.rollout_coordination.routing_strategy.cost_model_path
+    path = explicit or (Path(configured) if configured else DEMO_COST_MODEL)
+    return path, [] if configured else [f"{COST_PATH_KEY}={path}"]
 
 
 def _run_models(
@@ -127,12 +122,6 @@ def _run_models(
         trainer.publish_s if publish_s is None else publish_s,
     )
     return trainer, pull if pull_s is None else PullModel.constant(pull_s)
-
-
-def _simulate(
-    preset: str | None, overrides: list[str], cost_path: Path, cost: CostModel, settings: SimSettings, label: str
-) -> SimSummary:
-    return simulate(_config(preset, overrides, cost_path), cost, settings, label)
 
 
 def _result_line(rows: list[SimSummary], settings: SimSettings) -> str:

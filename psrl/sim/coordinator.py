@@ -174,6 +174,9 @@ class SimCoordinator:
     def _check_staleness(self, traj: SimTrajectory, buffer: int) -> None:
         staleness = buffer - traj.v_traj
         self.stats.staleness[staleness] += 1
+        self.stats.num_trained += 1
+        if len({version for version, _ in traj.segments}) > 1:
+            self.stats.num_mixed_versions += 1
         if not 0 <= staleness <= self.config.psrl.staleness:
             self.stats.num_bound_violations += 1
         for version, count in traj.segments:
@@ -206,7 +209,7 @@ class SimCoordinator:
             return
         self.clock.at(now + self._tick_s, self._tick)
         self.stats.num_ticks += 1
-        if now - self.last_progress_s > self.stall_s:
+        if now - self.last_progress_s > self.stall_s and self._is_quiet():
             raise SimulationError(self._stall_report(now))
         inputs = self._tick_inputs(now)
         decision = decide_tick(inputs, self.sync_policy, self.sync_settings)
@@ -237,6 +240,12 @@ class SimCoordinator:
             router=RouterFacts(self.router.core.servable_counts(versions)), mean_version_interval_s=interval,
             mean_prompt_tokens=float(task.max_prompt_length) / 2, mean_response_tokens=mean_response,
         )  # fmt: skip
+
+    def _is_quiet(self) -> bool:
+        """Nothing is working that could move the run on: no engine has work, the trainer is idle."""
+        trainer_busy = self.trainer is not None and self.trainer.is_busy
+        engines_busy = any(e.num_unfinished or e.is_pulling for e in self.fleet.engines.values())
+        return not trainer_busy and not engines_busy
 
     def _stall_report(self, now: float) -> str:
         core, ledger = self.router.core, self.router.ledger

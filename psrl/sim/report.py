@@ -9,7 +9,7 @@ from psrl.sim.validate import Validation
 
 _HEADER = (
     f"{'run':<38} {'traj/s':>9} {'tokens/s':>10} {'busy':>5} {'pull':>5} {'tr.idle':>7} {'staleness':<18} "
-    f"{'wasted':>7} {'syncs':>6} {'migr':>5} {'viol':>4} {'wall s':>6}"
+    f"{'wasted':>7} {'loops':>5} {'syncs':>6} {'migr':>5} {'viol':>4} {'wall s':>6}"
 )
 
 
@@ -20,7 +20,8 @@ def summary_table(rows: Sequence[SimSummary]) -> list[str]:
         lines.append(
             f"{r.label[:38]:<38} {r.trajectories_per_s:>9.2f} {r.tokens_per_s:>10.0f} {r.instance_busy:>5.0%} "
             f"{r.instance_syncing:>5.1%} {r.trainer_idle:>7.0%} {staleness_text(r.staleness):<18} "
-            f"{r.wasted_fraction:>7.1%} {r.num_syncs:>6} {r.num_migrations:>5} {r.num_bound_violations:>4} "
+            f"{r.wasted_fraction:>7.1%} {r.loopbacks_per_request:>5.2f} {r.num_syncs:>6} {r.num_migrations:>5} "
+            f"{r.num_bound_violations:>4} "
             f"{r.wall_s:>6.1f}"
         )
     return lines
@@ -30,7 +31,8 @@ def legend() -> str:
     return (
         "traj/s, tokens/s: trained per second (steps 2..K); busy: instance time prefilling or decoding; "
         "pull: instance time pulling weights; tr.idle: trainer time without work; staleness: share of "
-        "trained trajectories per (buffer - V_traj); wasted: generated tokens thrown away; viol: staleness "
+        "trained trajectories per (buffer - V_traj); wasted: generated tokens thrown away; loops: partial-rollout "
+        "loopbacks per request; syncs: weight pulls; migr: migrations; viol: staleness "
         "bound violations (own check + token versions + ledger), 0 expected"
     )
 

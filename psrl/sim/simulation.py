@@ -88,6 +88,7 @@ class Simulation:
             trajectories_per_s=per_s, tokens_per_s=tokens_per_s,
             instance_busy=fleet.total("busy_s") / instance_s, instance_syncing=fleet.total("pull_s") / instance_s,
             trainer_idle=max(0.0, 1.0 - stats.trainer_busy_s / end), staleness=dict(sorted(stats.staleness.items())),
+            num_trained=stats.num_trained, num_mixed_versions=stats.num_mixed_versions,
             num_bound_violations=stats.num_bound_violations + stats.num_token_version_violations
             + stats.num_ledger_violations,
             num_wasted_tokens=stats.num_wasted_tokens,

@@ -29,6 +29,8 @@ class SimStats:
     num_bound_violations: int = 0  # own check: V_traj <= b <= V_traj + eta broken
     num_token_version_violations: int = 0  # own check: a token's version outside [V_traj, b]
     num_ledger_violations: int = 0  # the ledger's own count
+    num_trained: int = 0
+    num_mixed_versions: int = 0  # trained trajectories whose tokens come from more than one version
     num_wasted_tokens: int = 0  # generated, then thrown away (surplus, stale, restarted without partial rollout)
     num_routing_decisions: int = 0
     num_loopbacks: int = 0
@@ -55,6 +57,8 @@ class SimSummary:
     instance_syncing: float  # fraction of instance time spent pulling weights
     trainer_idle: float
     staleness: dict[int, int]
+    num_trained: int
+    num_mixed_versions: int
     num_bound_violations: int
     num_wasted_tokens: int
     num_generated_tokens: int
@@ -66,6 +70,10 @@ class SimSummary:
     num_migrations: int
     num_preemptions: int
     wall_s: float
+
+    @property
+    def loopbacks_per_request(self) -> float:
+        return self.num_loopbacks / self.num_requests if self.num_requests else 0.0
 
     @property
     def wasted_fraction(self) -> float:

@@ -44,6 +44,10 @@ class SimTrainer:
         self._buffer_tokens = 0
         self._buffer_train_s = 0.0
 
+    @property
+    def is_busy(self) -> bool:
+        return self._is_busy
+
     def enqueue(self, chunk: TrainChunk, now: float) -> None:
         self._queue.append(chunk)
         if not self._is_busy:

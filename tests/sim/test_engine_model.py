@@ -86,7 +86,8 @@ def test_matches_the_step_by_step_reference() -> None:
     arrivals = [(rng.uniform(0, 0.05), rid, rng.randint(5, 40), rng.randint(1, 120)) for rid in range(30)]
     engine, clock, sink = make_engine()
     for time, rid, prompt, max_tokens in arrivals:
-        clock.at(time, lambda now, r=EngineRequest(rid, prompt, 0, max_tokens, rid): engine.add(now, r))
+        request = EngineRequest(rid, prompt, 0, max_tokens, rid)
+        clock.at(time, lambda now, r=request: engine.add(now, r))
     run(clock)
     expected = reference(arrivals, BIG)
     got = {r.request_id: now for now, r in sink.results}
