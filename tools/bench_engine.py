@@ -148,26 +148,25 @@ def weight_bytes(model: PreTrainedModel) -> int:
     return sum(p.numel() * p.element_size() for p in model.parameters())
 
 
-def report(args: argparse.Namespace, rows: list[tuple[int, dict[str, float]]], num_weight_bytes: int) -> None:
+def print_header(args: argparse.Namespace, contenders: list[str]) -> None:
     name = args.random_init or args.model.name
     print(f"model={name} device={args.device} dtype={args.dtype} threads={args.threads} "
           f"prompt_len={args.prompt_len} gen_len={args.gen_len} repeats={args.repeats} (median tok/s)")  # fmt: skip
-    contenders = list(rows[0][1])
     columns = [*contenders, "engine/hf"] + (["roofline"] if args.device == "cuda" else [])
-    print(f"{'batch':>5} " + " ".join(f"{column:>13}" for column in columns))
-    fields: list[str] = []
-    for batch, rates in rows:
-        ratio = rates["engine"] / rates["hf"]
-        cells = [f"{rates[c]:>13.1f}" for c in contenders] + [f"{ratio:>13.2f}"]
-        fields.append(f"engine_vs_hf_b{batch}={ratio:.2f}")
-        fields += [f"{c}_tok_s_b{batch}={rates[c]:.1f}" for c in contenders]
-        if args.device == "cuda":
-            fraction = rates["engine"] / (batch * args.bandwidth_tb_s * 1e12 / num_weight_bytes)
-            cells.append(f"{fraction:>13.3f}")
-            fields.append(f"roofline_fraction_b{batch}={fraction:.3f}")
-        print(f"{batch:>5} " + " ".join(cells))
-    key = [field for field in fields if field.startswith("engine_vs_hf_b32=")]
-    print("RESULT " + " ".join(key + [field for field in fields if field not in key]))
+    print(f"{'batch':>5} " + " ".join(f"{column:>13}" for column in columns), flush=True)
+
+
+def report_row(args: argparse.Namespace, batch: int, rates: dict[str, float], num_weight_bytes: int) -> list[str]:
+    """Print one table row as soon as its batch is done; returns its RESULT fields."""
+    ratio = rates["engine"] / rates["hf"]
+    cells = [f"{rate:>13.1f}" for rate in rates.values()] + [f"{ratio:>13.2f}"]
+    fields = [f"engine_vs_hf_b{batch}={ratio:.2f}"] + [f"{c}_tok_s_b{batch}={r:.1f}" for c, r in rates.items()]
+    if args.device == "cuda":
+        fraction = rates["engine"] / (batch * args.bandwidth_tb_s * 1e12 / num_weight_bytes)
+        cells.append(f"{fraction:>13.3f}")
+        fields.append(f"roofline_fraction_b{batch}={fraction:.3f}")
+    print(f"{batch:>5} " + " ".join(cells), flush=True)
+    return fields
 
 
 def main() -> None:
@@ -188,8 +187,14 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as scratch:
         model_dir = Path(scratch) if args.random_init else args.model
         reference = load_reference(args, model_dir)
-        rows = [(batch, bench_batch(args, model_dir, reference, batch)) for batch in map(int, args.batches.split(","))]
-        report(args, rows, weight_bytes(reference))
+        contenders = ["engine"] + (["engine_eager"] if args.compare_eager and args.device == "cuda" else []) + ["hf"]
+        print_header(args, contenders)
+        fields: list[str] = []
+        for batch in map(int, args.batches.split(",")):
+            rates = bench_batch(args, model_dir, reference, batch)
+            fields += report_row(args, batch, rates, weight_bytes(reference))
+    key = [field for field in fields if field.startswith("engine_vs_hf_b32=")]
+    print("RESULT " + " ".join(key + [field for field in fields if field not in key]))
 
 
 if __name__ == "__main__":
