@@ -82,6 +82,7 @@ class SimRouter:
         self.num_children = config.responses_per_prompt
         self.engines: dict[str, ModelledEngine] = {}
         self.versions: dict[str, int] = {}
+        self.syncing: set[str] = set()
         self.live: dict[int, SimTrajectory] = {}
         self.coordinator: CoordinatorPort | None = None
         self._is_dispatch_due = False
@@ -100,14 +101,26 @@ class SimRouter:
     def on_sync_command(self, instance_ids: tuple[str, ...], version: int) -> None:
         for instance in instance_ids:
             if self.versions[instance] < version:
+                self.syncing.add(instance)
                 self.core.set_paused(instance, True)
+        self._hold_routing_while_syncing()
 
     def on_loaded(self, instance: str, version: int, now: float) -> None:
         self.versions[instance] = version
+        self.syncing.discard(instance)
         self.core.set_version(instance, version)
         self.core.set_paused(instance, False)
         self.core.set_healthy(instance, True)
+        self._hold_routing_while_syncing()
         self._dispatch_soon(now)
+
+    def _hold_routing_while_syncing(self) -> None:
+        """As the router actor: no routing while any instance of a sync still loads (work placed then
+        would pile onto whichever instance finishes first)."""
+        if self.syncing:
+            self.core.pause()
+        else:
+            self.core.resume()
 
     # ------------------------------------------------------------------ requests
 
@@ -130,6 +143,8 @@ class SimRouter:
     def _dispatch(self, now: float) -> None:
         self._is_dispatch_due = False
         result = self.core.dispatch(now)
+        if result.routed and not self.stats.num_routing_decisions:
+            self.stats.first_dispatch_s = now
         self.stats.num_routing_decisions += len(result.routed)
         for decision in result.routed:
             traj = self.live[decision.request_id]

@@ -20,11 +20,11 @@ from pathlib import Path
 import numpy as np
 
 from bus.eventlog import EventLogReader
-from bus.messages import TrainBatch, TrainerProgress, WeightsLoaded, WeightsPublished
+from bus.messages import RoutingRecord, TrainBatch, TrainerProgress, WeightsLoaded, WeightsPublished
 from psrl.config import Config, load_config
 from psrl.errors import ConfigError, ConfigProblem
 from psrl.sim.models import PullModel, TrainerModel
-from psrl.sim.stats import TrainedStep, steady_throughput
+from psrl.sim.stats import TrainedStep, steady_throughput, window_throughput
 
 
 @dataclass
@@ -33,6 +33,7 @@ class RunLog:
     steps: list[TrainedStep] = field(default_factory=list)  # end_s counted from the first logged event
     pull_s: list[float] = field(default_factory=list)
     publish_delays_s: list[float] = field(default_factory=list)
+    first_dispatch_s: float = 0.0  # the first routed request (router.decision), from the first logged event
 
     @property
     def total_steps(self) -> int:
@@ -41,6 +42,10 @@ class RunLog:
     def throughput(self) -> tuple[float, float]:
         """Measured (trajectories/s, tokens/s) over steps 2..trainer.total_steps."""
         return steady_throughput(self.steps, self.total_steps)
+
+    def window_throughput(self) -> float:
+        """Measured trajectories/s of steps 1..K from the first routed request (``psrl report``'s figure)."""
+        return window_throughput(self.steps, self.total_steps, self.first_dispatch_s)
 
     def trainer_model(self) -> TrainerModel:
         kept = [s for s in self.steps if s.step <= self.total_steps]
@@ -73,6 +78,7 @@ def read_run(run_dir: str | Path) -> RunLog:
     progress: dict[int, tuple[int, TrainerProgress]] = {}
     published: dict[int, int] = {}
     first_ns: int | None = None
+    dispatch_ns: int | None = None
     for logged in EventLogReader(run / "events").events():
         event, mono = logged.event, logged.event.envelope.mono_ns
         first_ns = mono if first_ns is None else min(first_ns, mono)
@@ -85,7 +91,10 @@ def read_run(run_dir: str | Path) -> RunLog:
             published.setdefault(message.version, mono)
         elif isinstance(message, WeightsLoaded):
             log.pull_s.append(message.load_ms / 1000)
+        elif isinstance(message, RoutingRecord):
+            dispatch_ns = mono if dispatch_ns is None else min(dispatch_ns, mono)
     origin = first_ns or 0
+    log.first_dispatch_s = ((dispatch_ns or origin) - origin) / 1e9
     for step, (mono, prog) in sorted(progress.items()):
         batch = batches.get(step)
         if batch is None:

@@ -12,7 +12,7 @@ from psrl.sim.events import EventQueue, SimulationError
 from psrl.sim.fleet import Fleet
 from psrl.sim.models import SimSettings
 from psrl.sim.router import SimRouter
-from psrl.sim.stats import SimStats, SimSummary, steady_throughput
+from psrl.sim.stats import SimStats, SimSummary, steady_throughput, window_throughput
 from psrl.sim.trainer import SimTrainer
 from psrl.sim.workload import Workload, context_limit
 
@@ -86,6 +86,7 @@ class Simulation:
         return SimSummary(
             label=self.label, num_instances=self.num_instances, num_steps=len(stats.steps), sim_s=end,
             trajectories_per_s=per_s, tokens_per_s=tokens_per_s,
+            window_trajectories_per_s=window_throughput(stats.steps, self.total_steps, stats.first_dispatch_s),
             instance_busy=fleet.total("busy_s") / instance_s, instance_syncing=fleet.total("pull_s") / instance_s,
             trainer_idle=max(0.0, 1.0 - stats.trainer_busy_s / end), staleness=dict(sorted(stats.staleness.items())),
             num_trained=stats.num_trained, num_mixed_versions=stats.num_mixed_versions,

@@ -1,9 +1,13 @@
 """What a simulated run measures, and its summary figures.
 
-Throughput is counted the same way as for a real run (``psrl.sim.runlog``): trajectories (and
-response tokens) the trainer finished training in steps 2..K, over the time from the end of step
-1 to the end of step K. Step 1 is left out because it includes the start-up (the first buffer
-has to be generated before anything can be trained).
+Throughput is counted the same way as for a real run (``psrl.sim.runlog``), in two ways:
+
+* steady (the simulator's headline): trajectories (and response tokens) the trainer finished
+  training in steps 2..K, over the time from the end of step 1 to the end of step K; step 1 is
+  left out because it includes the start-up (the first buffer has to be generated before
+  anything can be trained);
+* work window (``psrl report``'s definition): every step 1..K over the time from the first routed
+  request to the end of step K.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ class SimStats:
     num_requests: int = 0
     num_groups: int = 0
     trainer_busy_s: float = 0.0
+    first_dispatch_s: float = 0.0
     end_s: float = 0.0
 
 
@@ -53,6 +58,7 @@ class SimSummary:
     sim_s: float
     trajectories_per_s: float
     tokens_per_s: float
+    window_trajectories_per_s: float
     instance_busy: float  # fraction of instance time spent prefilling or decoding
     instance_syncing: float  # fraction of instance time spent pulling weights
     trainer_idle: float
@@ -89,6 +95,15 @@ def steady_throughput(steps: list[TrainedStep], last_step: int) -> tuple[float, 
     if span <= 0:
         return 0.0, 0.0
     return sum(s.num_trajectories for s in kept[1:]) / span, sum(s.num_tokens for s in kept[1:]) / span
+
+
+def window_throughput(steps: list[TrainedStep], last_step: int, start_s: float) -> float:
+    """Trajectories/s of steps 1..last_step over [start_s, end of last_step] (``psrl report``'s figure)."""
+    kept = [s for s in steps if s.step <= last_step]
+    if not kept:
+        return 0.0
+    span = max(s.end_s for s in kept) - start_s
+    return sum(s.num_trajectories for s in kept) / span if span > 0 else 0.0
 
 
 def staleness_text(histogram: dict[int, int]) -> str:

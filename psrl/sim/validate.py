@@ -31,14 +31,21 @@ class Validation:
     run_dir: str
     measured_per_s: float
     measured_tokens_per_s: float
+    measured_window_per_s: float
     measured: StepBreakdown
     simulated: StepBreakdown
     summary: SimSummary
 
     @property
     def ratio(self) -> float:
-        """simulated / measured trajectories per second."""
+        """simulated / measured trajectories per second (steady: steps 2..K)."""
         return self.summary.trajectories_per_s / self.measured_per_s if self.measured_per_s else float("inf")
+
+    @property
+    def window_ratio(self) -> float:
+        """simulated / measured trajectories per second over the work window (``psrl report``'s figure)."""
+        measured = self.measured_window_per_s
+        return self.summary.window_trajectories_per_s / measured if measured else float("inf")
 
 
 def breakdown(steps: list[TrainedStep], last_step: int) -> StepBreakdown:
@@ -60,6 +67,6 @@ def validate_run(run_dir: str | Path, cost: CostModel) -> Validation:
     simulation = Simulation(log.config, cost, settings, label=Path(run_dir).name)
     summary = simulation.run()
     return Validation(
-        str(run_dir), per_s, tokens_per_s, breakdown(log.steps, log.total_steps),
+        str(run_dir), per_s, tokens_per_s, log.window_throughput(), breakdown(log.steps, log.total_steps),
         breakdown(simulation.stats.steps, log.total_steps), summary,
     )  # fmt: skip

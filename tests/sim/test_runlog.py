@@ -8,7 +8,7 @@ import pytest
 
 from bus.codec import Encoder
 from bus.eventlog import EventLogWriter
-from bus.messages import TrainBatch, TrainerProgress, WeightsLoaded, WeightsPublished
+from bus.messages import RoutingRecord, TrainBatch, TrainerProgress, WeightsLoaded, WeightsPublished
 from bus.schema import Envelope, Message
 from psrl.config import load_config, to_yaml
 from psrl.errors import ConfigError
@@ -37,6 +37,7 @@ def write_run(run_dir: Path, *, total_steps: int = 4) -> None:
     (run_dir / "config.yaml").write_text(to_yaml(config))
     log = Log(run_dir)
     log.add("ps-0", 0.0, WeightsPublished(0, "digest", 2))  # the first event: time 0
+    log.add("router", 0.05, RoutingRecord(0, "rollout-0", "request_num_balance", b""))  # the first routed request
     for step in range(1, total_steps + 2):  # one step more than the run's: trained after it ended
         tokens = 1000 + 100 * step
         log.add("coordinator", step - 0.9, TrainBatch(step, step - 1, list(range(8)), 32, tokens, 0))
@@ -54,6 +55,8 @@ def test_measured_throughput_and_models(tmp_path: Path) -> None:
     per_s, tokens_per_s = log.throughput()
     assert per_s == pytest.approx(3 * 32 / 3.0)  # steps 2..4 over the 3 s after step 1; step 5 is after the end
     assert tokens_per_s == pytest.approx((1200 + 1300 + 1400) / 3.0)
+    assert log.first_dispatch_s == pytest.approx(0.05)
+    assert log.window_throughput() == pytest.approx(4 * 32 / (4.0 - 0.05))  # steps 1..4 from the first routing
     trainer = log.trainer_model()
     assert trainer.step_s == pytest.approx(0.2) and trainer.token_s == pytest.approx(0.0005)
     assert trainer.publish_s == pytest.approx(0.02)

@@ -80,6 +80,15 @@ def test_every_routing_method_runs_within_the_bound(method: str) -> None:
     assert all(load > 0 for load in loads)  # every method spreads work over the instances
 
 
+def test_routing_is_held_while_a_sync_loads() -> None:
+    simulation, _ = run(*LONG)
+    router = simulation.router
+    router.on_sync_command(("rollout-0",), version=10**6)
+    assert router.core.is_paused and router.syncing == {"rollout-0"}
+    router.on_loaded("rollout-0", 10**6, simulation.clock.now)
+    assert not router.core.is_paused and not router.syncing
+
+
 def test_routing_method_changes_the_placement() -> None:
     balanced, _ = run(*LONG, "topology.n_rollout_instances=3")
     drawn, _ = run(*LONG, "topology.n_rollout_instances=3", f"{ROUTING}method=random")
@@ -100,7 +109,7 @@ def test_sync_strategies_run_within_the_bound(sync: tuple[str, ...]) -> None:
 
 
 def test_reasoning_profile_migrates_and_continues_the_moved_requests() -> None:
-    _, summary = run(*LONG, preset="reasoning")
+    _, summary = run(*LONG, "topology.n_rollout_instances=4", preset="reasoning")
     assert summary.num_migrations > 0
     assert summary.num_loopbacks >= summary.num_migrations and summary.num_wasted_tokens == 0
     assert summary.num_bound_violations == 0
