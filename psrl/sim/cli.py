@@ -52,9 +52,17 @@ the shipped demo calibration, each adjustable with the --trainer-*, --publish-s 
 @click.option("--publish-s", type=float, help="Seconds from a trained step to the published version.")
 @click.option("--pull-s", type=float, help="Seconds of every weight pull (instead of measured pulls).")
 @click.option("--prompt-tokens", type=click.IntRange(min=1), help="Fixed prompt length (skip tokenizing prompts).")
+@click.option(
+    "--engine-slowdown",
+    type=float,
+    default=1.0,
+    show_default=True,
+    help="Engine steps take this many times the cost model's time (what-if: shared or slower hardware).",
+)
 @click.option("--context-limit", type=click.IntRange(min=2), help="Context limit in tokens (default: the model's).")
 @click.option("--validate", "validate_runs", multiple=True, type=click.Path(file_okay=False, path_type=Path),
-              help="Simulate a real run's config and compare throughputs (repeatable).")  # fmt: skip
+              help="Simulate a real run's config and compare throughputs (repeatable); trainer and pulls from "
+                   "each run's own log, or from --from-run.")  # fmt: skip
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), help="Also write results.")
 def main(
     args: tuple[str, ...],
@@ -69,21 +77,22 @@ def main(
     pull_s: float | None,
     prompt_tokens: int | None,
     context_limit: int | None,
+    engine_slowdown: float,
     validate_runs: tuple[Path, ...],
     json_path: Path | None,
 ) -> None:
     """Discrete-event simulation of psrl runs driving the real routing, staleness and coordination code."""
     try:
         if validate_runs:
-            _validate(validate_runs, cost_model, json_path)
+            _validate(validate_runs, cost_model, from_run, engine_slowdown, json_path)
             return
         preset, overrides = split_preset(args)
         cost_path, extra = _cost_path(preset, overrides, cost_model)
         base = [*overrides, *extra]
         cost = load_cost_model(cost_path)
         trainer, pull = _run_models(from_run, trainer_step_s, trainer_token_s, publish_s, pull_s)
-        settings = SimSettings(trainer, pull, num_instances=instances, total_steps=steps,
-                               prompt_tokens=prompt_tokens, context_limit=context_limit)  # fmt: skip
+        settings = SimSettings(trainer, pull, num_instances=instances, total_steps=steps, prompt_tokens=prompt_tokens,
+                               context_limit=context_limit, engine_slowdown=engine_slowdown)  # fmt: skip
         variants = comparison(compare) if compare else [Variant(preset or "demo", ())]
         rows = [simulate(_config(preset, [*base, *v.overrides]), cost, settings, v.label) for v in variants]
     except (ConfigError, CostModelError, SimulationError) as exc:
@@ -142,9 +151,11 @@ def _result_line(rows: list[SimSummary], settings: SimSettings) -> str:
     )
 
 
-def _validate(runs: tuple[Path, ...], cost_model: Path | None, json_path: Path | None) -> None:
+def _validate(
+    runs: tuple[Path, ...], cost_model: Path | None, from_run: Path | None, slowdown: float, json_path: Path | None
+) -> None:
     cost = load_cost_model(cost_model or DEMO_COST_MODEL)
-    validations = [validate_run(run, cost) for run in runs]
+    validations = [validate_run(run, cost, from_run, slowdown) for run in runs]
     for line in validation_table(validations):
         click.echo(line)
     if json_path is not None:

@@ -72,12 +72,15 @@ class SimSettings:
     max_sim_s: float = 1e7  # the run is stopped (an error) if simulated time passes this
     prompt_tokens: int | None = None  # fixed prompt length; None: the task's prompts through its tokenizer
     context_limit: int | None = None  # None: the configured model's and engine's context limit
+    engine_slowdown: float = 1.0  # engine steps take this many times the cost model's time (shared CPUs, ...)
 
     def __post_init__(self) -> None:
         if self.num_instances is not None and self.num_instances < 1:
             raise _problem("num_instances", self.num_instances, "must be >= 1")
         if self.total_steps is not None and self.total_steps < 1:
             raise _problem("total_steps", self.total_steps, "must be >= 1")
+        if not self.engine_slowdown > 0:
+            raise _problem("engine_slowdown", self.engine_slowdown, "must be a number > 0")
 
     def with_(self, **changes: object) -> SimSettings:
         return replace(self, **changes)  # type: ignore[arg-type]

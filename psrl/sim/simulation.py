@@ -26,9 +26,20 @@ def engine_shape(config: Config) -> EngineShape:
                        engine.block_size, routing.max_num_waiting_reqs_after_preemption, budget)  # fmt: skip
 
 
+def slowed(cost: CostModel, factor: float) -> CostModel:
+    """The cost model with every step and prefill taking ``factor`` times as long."""
+    if factor == 1.0:
+        return cost
+    return CostModel(cost.k1 * factor, cost.k2 * factor, cost.k3 * factor, cost.k4 * factor, cost.kp * factor,
+                     dict(cost.meta))  # fmt: skip
+
+
 class Simulation:
     def __init__(self, config: Config, cost: CostModel, settings: SimSettings, label: str = "") -> None:
-        self.config, self.cost, self.settings, self.label = config, cost, settings, label
+        """``cost`` is what the engines run on (times ``settings.engine_slowdown``); the decision code
+        reads the configured ``cost_model_path`` when one is set, as the actors do, else ``cost``."""
+        self.config, self.settings, self.label = config, settings, label
+        self.cost = slowed(cost, settings.engine_slowdown)
         self.num_instances = settings.num_instances or config.topology.n_rollout_instances
         self.total_steps = settings.total_steps or config.trainer.total_steps
         self.clock = EventQueue()

@@ -58,12 +58,17 @@ def breakdown(steps: list[TrainedStep], last_step: int) -> StepBreakdown:
     return StepBreakdown(train, max(0.0, interval - train))
 
 
-def validate_run(run_dir: str | Path, cost: CostModel) -> Validation:
+def validate_run(
+    run_dir: str | Path, cost: CostModel, calibration_run: str | Path | None = None, engine_slowdown: float = 1.0
+) -> Validation:
+    """Simulate ``run_dir``'s config; trainer and pulls from its own log, or from ``calibration_run``'s
+    (a prediction of one run from another)."""
     log = read_run(run_dir)
     per_s, tokens_per_s = log.throughput()
     if per_s <= 0:
         raise ValueError(f"{run_dir}: fewer than two trained steps before the run ended; nothing to compare")
-    settings = SimSettings(log.trainer_model(), log.pull_model())
+    source = log if calibration_run is None else read_run(calibration_run)
+    settings = SimSettings(source.trainer_model(), source.pull_model(), engine_slowdown=engine_slowdown)
     simulation = Simulation(log.config, cost, settings, label=Path(run_dir).name)
     summary = simulation.run()
     return Validation(
