@@ -171,6 +171,8 @@ class CoordinatorActor(Actor):
         if group is None or not group.has_all_winners:
             self.log.warning("group complete without its results", prompt_id=event.message.prompt_id)
             return
+        if event.message.occupied_buffer >= 0:  # already occupied (proactive truncate): nothing to ask for
+            return
         if self.config.algorithm.filter_groups.enable and not has_learning_signal(group):
             self.router.send(GroupDrop(group.prompt_id, "filtered"), prompt_id=group.prompt_id)
             self.book.drop(group.prompt_id)

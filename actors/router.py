@@ -49,6 +49,7 @@ from bus.messages import (
     TokenChunk,
     VersionAborted,
     WeightsLoaded,
+    WeightsPublished,
 )
 from bus.schema import Event
 from psrl.routing.core import RouterCore
@@ -59,7 +60,14 @@ from psrl.routing.policies import make_policy
 from psrl.routing.request import RoutingRequest
 from psrl.routing.trajectories import TrackerSettings, TrajectoryTracker, Verdict
 from psrl.staleness.ledger import StalenessLedger
-from psrl.staleness.oplog import describe_abort, describe_consume, describe_finish, describe_occupy
+from psrl.staleness.oplog import (
+    describe_abort,
+    describe_consume,
+    describe_finish,
+    describe_occupy,
+    describe_proactive,
+)
+from psrl.staleness.proactive import RetryOutcome, TruncateOutcome, apply_proactive_filter
 from psrl.staleness.types import AbortReason, FinishVerdict, GroupAborted, LedgerError, LedgerSizes
 
 COORDINATOR = "coordinator"
@@ -89,6 +97,10 @@ class RouterActor(Actor):
         self.tracker = TrajectoryTracker(TrackerSettings(pr.enable, pr.interrupt_as_prompt,
                                                          cfg.psrl.agentic_rl.retry_limit))  # fmt: skip
         self.n_per_prompt = cfg.responses_per_prompt
+        self.is_sticky = routing.enable_trajectory_sticky
+        self.proactive = cfg.psrl.rollout_coordination.proactive_filter_strategy
+        self.ps_version = int(self.boot.options.get("initial_version", 0))
+        self.truncating: dict[int, tuple[set[int], Occupy, GroupComplete]] = {}  # prompt -> (children, occupy, done)
         self.link = Link(self.ctx, self.boot.endpoint(self.name), sender=self.name, incarnation=self.boot.incarnation,
                          settings=self.bus, serve=True)  # fmt: skip
         self.add_input(self.link.socket, self._on_link)
@@ -125,7 +137,7 @@ class RouterActor(Actor):
         tokens = tuple(int(t) for t in traj.prompt_ids) + tuple(traj.token_ids) if self.needs_tokens else ()
         return RoutingRequest(traj.request_id, traj.prompt_id, traj.child, traj.v_traj,
                               num_prompt_tokens=len(traj.prompt_ids), num_response_tokens=traj.num_generated,
-                              token_ids=tokens)  # fmt: skip
+                              token_ids=tokens, is_sticky=self.is_sticky)  # fmt: skip
 
     @handles(TokenChunk, link=True)
     def _on_chunk(self, event: Event[TokenChunk]) -> None:
@@ -159,6 +171,10 @@ class RouterActor(Actor):
             self.counters["late_results"] += 1
             return
         verdict = self.tracker.judge(result)
+        if traj.abort_reason == "truncate" and verdict in (Verdict.ABORTED, Verdict.FINISHED):
+            self.core.release(result.request_id)
+            self._truncated(traj, result)
+            return
         if verdict in (Verdict.CONTINUE, Verdict.RESTART):
             self.core.loop_back(result.request_id, traj.num_generated, self._routing_request(traj).token_ids)
             return
@@ -180,10 +196,37 @@ class RouterActor(Actor):
         self.tracker.finish(traj.request_id)
         self.link.send(self.tracker.result_for(traj, result.finish_reason, result.instance), COORDINATOR,
                        request_id=traj.request_id, prompt_id=traj.prompt_id, model_version=traj.v_traj)  # fmt: skip
+        self._maybe_filter()
         if outcome.verdict is FinishVerdict.GROUP_COMPLETE:
             self._abort_children(traj.prompt_id, [ref.child for ref in outcome.surplus], "surplus")
             winners = [traj.prompt_id * self.n_per_prompt + c for c in outcome.winners]
             self.link.send(GroupComplete(traj.prompt_id, winners), COORDINATOR, prompt_id=traj.prompt_id)
+
+    def _truncated(self, traj: Any, result: GenerateResult) -> None:
+        """A child stopped by the proactive filter `truncate`: its partial output is its response."""
+        self.tracker.finish(traj.request_id)
+        self.link.send(self.tracker.result_for(traj, FinishReason.LENGTH, result.instance), COORDINATOR,
+                       request_id=traj.request_id, prompt_id=traj.prompt_id, model_version=traj.v_traj)  # fmt: skip
+        pending = self.truncating.get(traj.prompt_id)
+        if pending is None:
+            return
+        pending[0].discard(traj.child)
+        if not pending[0]:
+            del self.truncating[traj.prompt_id]
+            self._announce_truncated(pending[1], pending[2])
+
+    def _announce_truncated(self, occupy: Occupy, done: GroupComplete) -> None:
+        """The winners (marked as already occupied, so the coordinator does not ask again), then the slot."""
+        self.link.send(done, COORDINATOR, prompt_id=occupy.prompt_id)
+        self.publisher.publish(occupy, prompt_id=occupy.prompt_id)
+        self.link.send(occupy, COORDINATOR, prompt_id=occupy.prompt_id)
+        if self.ledger.is_ready(occupy.buffer) and not self.truncating:
+            self._buffer_ready(occupy.buffer)
+
+    def _buffer_ready(self, buffer: int) -> None:
+        ready = BufferReady(buffer, self.ledger.occupied_groups(buffer))
+        self.publisher.publish(ready)
+        self.link.send(ready, COORDINATOR)
 
     def _ended(self, request_id: int, reason: FinishReason) -> None:
         """A trajectory ended without finishing: the ledger and the coordinator learn of it."""
@@ -230,11 +273,10 @@ class RouterActor(Actor):
             self.link.send(occupy, COORDINATOR, prompt_id=prompt_id)
         for aborted in outcome.aborted:
             self._group_aborted(aborted)
-        if outcome.is_buffer_ready and outcome.buffer_id is not None:
-            ready = BufferReady(outcome.buffer_id, self.ledger.occupied_groups(outcome.buffer_id))
-            self.publisher.publish(ready)
-            self.link.send(ready, COORDINATOR)
+        if outcome.is_buffer_ready and outcome.buffer_id is not None and not self.truncating:
+            self._buffer_ready(outcome.buffer_id)
         self.core.notify_ledger_changed()
+        self._maybe_filter()
 
     @handles(GroupDrop, link=True)
     def _on_group_drop(self, event: Event[GroupDrop]) -> None:
@@ -259,6 +301,58 @@ class RouterActor(Actor):
         values["staleness/bound_violations"] = float(consumed.num_bound_violations)
         self.publisher.publish(Metrics(event.message.buffer, values))
         self.core.notify_ledger_changed()
+        self._maybe_filter()
+
+    @handles(WeightsPublished)
+    def _on_published(self, event: Event[WeightsPublished]) -> None:
+        self.ps_version = max(self.ps_version, event.message.version)
+        self._maybe_filter()
+
+    def _maybe_filter(self) -> None:
+        """The proactive filter acts on the buffer the trainer is waiting for (its version exists)."""
+        method = self.proactive.method
+        buffer = self.ledger.next_buffer_id
+        if method is None or buffer > self.ps_version or self.truncating:
+            return
+        outcome = apply_proactive_filter(self.ledger, method, self.proactive.threshold)
+        self._log_op("proactive", buffer, self.proactive.threshold, method, describe_proactive(outcome))
+        if isinstance(outcome, RetryOutcome):
+            self._after_retry(outcome)
+        elif isinstance(outcome, TruncateOutcome):
+            self._after_truncate(outcome)
+        if outcome is not None:
+            self.core.notify_ledger_changed()
+
+    def _after_retry(self, outcome: RetryOutcome) -> None:
+        for aborted in outcome.aborted:
+            self._group_aborted(aborted)
+        for slot, prompt_id in enumerate(self.ledger.occupied_groups(outcome.buffer_id)):
+            if prompt_id in outcome.moved:
+                version = self.ledger.group_version(prompt_id)
+                occupy = Occupy(prompt_id, -1 if version is None else version, -1, outcome.buffer_id, slot)
+                self.publisher.publish(occupy, prompt_id=prompt_id)
+                self.link.send(occupy, COORDINATOR, prompt_id=prompt_id)
+        if outcome.num_fresh_prompts:
+            self.link.send(Refill(outcome.num_fresh_prompts, "retry", []), COORDINATOR)
+        if outcome.is_buffer_ready:
+            self._buffer_ready(outcome.buffer_id)
+
+    def _after_truncate(self, outcome: TruncateOutcome) -> None:
+        for group, occupancy in zip(outcome.groups, outcome.occupancies, strict=True):
+            self._abort_children(group.prompt_id, [ref.child for ref in group.surplus], "surplus")
+            if occupancy.buffer_id is None:
+                continue
+            slot = self.ledger.occupied_groups(occupancy.buffer_id).index(group.prompt_id)
+            version = self.ledger.group_version(group.prompt_id)
+            occupy = Occupy(group.prompt_id, -1 if version is None else version, -1, occupancy.buffer_id, slot)
+            winners = [group.prompt_id * self.n_per_prompt + c for c in group.winners]
+            done = GroupComplete(group.prompt_id, winners, occupancy.buffer_id)
+            children = {ref.child for ref in group.truncated}
+            if children:
+                self.truncating[group.prompt_id] = (children, occupy, done)
+                self._abort_children(group.prompt_id, sorted(children), "truncate")
+            else:
+                self._announce_truncated(occupy, done)
 
     def _log_op(self, op: str, prompt_id: int, child: int, reason: str, outcome: str) -> None:
         self.publisher.publish(LedgerOp(op, prompt_id, child, reason, outcome), prompt_id=prompt_id)

@@ -774,10 +774,12 @@ class GroupComplete(Message, frozen=True):
 
     prompt_id: prompt group id.
     request_ids: the responses kept (the first ones to finish).
+    occupied_buffer: router -> coordinator only: the group already occupies this buffer (proactive truncate); -1 = not.
     """
 
     prompt_id: int
     request_ids: list[int]
+    occupied_buffer: int = -1
 
 
 @message("group.drop")

@@ -7,6 +7,7 @@ logged call on a ledger and returns the same text, so a replay compares strings.
 from __future__ import annotations
 
 from psrl.staleness.ledger import StalenessLedger
+from psrl.staleness.proactive import FilterMethod, RetryOutcome, TruncateOutcome, apply_proactive_filter
 from psrl.staleness.types import AbortReason, ConsumedBuffer, FinishOutcome, GroupAborted, OccupyOutcome
 
 
@@ -31,6 +32,17 @@ def describe_consume(consumed: ConsumedBuffer) -> str:
     return f"groups={groups} histogram={histogram} violations={consumed.num_bound_violations}"
 
 
+def describe_proactive(outcome: RetryOutcome | TruncateOutcome | None) -> str:
+    if outcome is None:
+        return "none"
+    if isinstance(outcome, RetryOutcome):
+        aborted = sorted((a.prompt_id, a.reason.name) for a in outcome.aborted)
+        moved = list(outcome.moved)
+        return f"retry buffer={outcome.buffer_id} moved={moved} aborted={aborted} fresh={outcome.num_fresh_prompts}"
+    groups = [(g.prompt_id, list(g.winners)) for g in outcome.groups]
+    return f"truncate buffer={outcome.buffer_id} groups={groups} ready={outcome.is_buffer_ready}"
+
+
 def apply_op(ledger: StalenessLedger, op: str, prompt_id: int, child: int, reason: str) -> str:
     """Re-run one logged call; returns its outcome text (an exception's text if it raises)."""
     try:
@@ -44,6 +56,9 @@ def apply_op(ledger: StalenessLedger, op: str, prompt_id: int, child: int, reaso
             return describe_abort(ledger.abort_group(prompt_id, AbortReason[reason]))
         if op == "consume":
             return describe_consume(ledger.consume(prompt_id))
+        if op == "proactive":
+            method: FilterMethod = "retry" if reason == "retry" else "truncate"
+            return describe_proactive(apply_proactive_filter(ledger, method, child))
     except Exception as exc:
         return f"error: {type(exc).__name__}: {exc}"
     return f"error: unknown op {op!r}"

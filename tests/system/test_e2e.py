@@ -88,3 +88,19 @@ def test_killing_an_instance_mid_run_loses_no_trajectory(tmp_path) -> None:
             assert later, f"request {rid} of a consumed group never finished"
         rerouted = [inst for inst, _, t in facts.routed[rid] if t > killed["at"]]
         assert rerouted or later, f"request {rid} was neither re-routed nor finished"
+
+
+def test_proactive_truncate_completes_stuck_buffers(tmp_path) -> None:
+    pf = "psrl.rollout_coordination.proactive_filter_strategy"
+    overrides = ["trainer.total_steps=3", "psrl.staleness=0", "psrl.rollout_coordination.partial_rollout.enable=False",
+                 f"{pf}.method=truncate", f"{pf}.threshold=2", "task.response_lengths=long_tail",
+                 "task.long_tail_median=60", "task.long_tail_sigma=1.2", "task.max_response_length=450"]  # fmt: skip
+    config, sup, code = run(tmp_path, overrides)
+    assert code == 0, sup.end_reason
+    facts = read_run(sup.run_dir.events)
+    truncated = [r for results in facts.results.values() for r in results if r.error == "truncate"]
+    assert truncated, "no straggler was truncated"
+    check_staleness_bound(facts, 0)
+    check_consumed_groups(facts, config.psrl.rollout_n, config.responses_per_prompt, 0)
+    report = replay_run(sup.run_dir.path, ["ledger"])
+    assert report.checkers[0].agreement.num_disagree == 0
