@@ -47,7 +47,9 @@ def read_run(events_dir: Any) -> RunFacts:
 
 
 def finished(result: GenerateResult) -> bool:
-    return result.finish_reason in (FinishReason.STOP, FinishReason.LENGTH)
+    """Stopped, hit its length, or was truncated by the proactive filter (its output is its response)."""
+    truncated = result.finish_reason == FinishReason.ABORT and result.error == "truncate"
+    return truncated or result.finish_reason in (FinishReason.STOP, FinishReason.LENGTH)
 
 
 def check_staleness_bound(facts: RunFacts, staleness: int) -> None:
