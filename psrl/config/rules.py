@@ -342,6 +342,21 @@ def tms_rules(c: Config) -> Iterator[ConfigProblem]:
         )
 
 
+def features_available(c: Config) -> Iterator[ConfigProblem]:
+    """Settings of features this version of psrl does not have yet are refused, never ignored."""
+    sessions = c.psrl.rollout_coordination.session_strategy
+    unavailable = [
+        ("engine.backend", c.engine.backend == "vllm", "vllm", "use engine.backend=embedded"),
+        (P + "lmcache.enable", c.psrl.lmcache.enable, True, f"set {P}lmcache.enable=False"),
+        (P + "tms.range", c.psrl.tms.range is not None, c.psrl.tms.range, f"set {P}tms.range=null"),
+        (RC + "session_strategy.thunder_agent.enable", sessions.thunder_agent.enable, True,
+         f"set {RC}session_strategy.thunder_agent.enable=False"),
+    ]  # fmt: skip
+    for path, is_set, value, fix in unavailable:
+        if is_set:
+            yield problem(path, value, "this feature is not available in this version of psrl", fix)
+
+
 RULES: tuple[Rule, ...] = (
     staleness_non_negative,
     pre_step_needs_mini_batch,
@@ -361,6 +376,7 @@ RULES: tuple[Rule, ...] = (
     partial_rollout_modes,
     proactive_filter_threshold,
     tms_rules,
+    features_available,
 )
 
 
