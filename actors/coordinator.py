@@ -146,6 +146,11 @@ class CoordinatorActor(Actor):
     def _on_refill(self, event: Event[Refill]) -> None:
         for prompt_id in event.message.prompt_ids:
             self.book.drop(prompt_id)
+        if event.message.reason == "failed" and not self.config.psrl.agentic_rl.manager_retry_on_error:
+            reason = f"prompt groups {event.message.prompt_ids} failed (psrl.agentic_rl.manager_retry_on_error=False)"
+            self.is_finished = True
+            self.publisher.publish(RunFinished(False, reason))
+            return
         for _ in range(event.message.num_groups):
             self._dispatch_group(is_replacement=True)
 
@@ -213,7 +218,7 @@ class CoordinatorActor(Actor):
 
     def _send_chunk(self, chunk: Chunk) -> None:
         groups = self.book.take(list(chunk.prompt_ids))
-        data = train_data(chunk, groups)
+        data = train_data(chunk, groups, with_logprobs=self.config.psrl.log_prob.enable_rollout_engine_log_prob)
         for trainer in self.trainers:
             trainer.send(data, model_version=chunk.buffer)
         self.handed_over.append(data)
@@ -333,8 +338,9 @@ class CoordinatorActor(Actor):
                 link.close()
 
 
-def train_data(chunk: Chunk, groups: list[Group]) -> TrainData:
-    """Flatten the kept trajectories of ``groups`` into one TrainData message."""
+def train_data(chunk: Chunk, groups: list[Group], *, with_logprobs: bool = True) -> TrainData:
+    """Flatten the kept trajectories of ``groups`` into one TrainData message (engine log-probs only
+    when the run uses them)."""
     rows: list[tuple[Group, GenerateResult, Any]] = [(g, r, w) for g in groups for r, w in g.kept_results()]
     i32, f32 = np.int32, np.float32
 
@@ -350,7 +356,7 @@ def train_data(chunk: Chunk, groups: list[Group]) -> TrainData:
         response_lengths=np.asarray([len(r.token_ids) for _, r, _ in rows], i32),
         prompt_token_ids=cat([g.prompt_token_ids for g, _, _ in rows], i32),
         response_token_ids=cat([r.token_ids for _, r, _ in rows], i32),
-        response_logprobs=cat([r.logprobs for _, r, _ in rows], f32),
+        response_logprobs=cat([r.logprobs for _, r, _ in rows], f32) if with_logprobs else np.zeros(0, f32),
         response_versions=cat([r.versions for _, r, _ in rows], i32),
         rewards=np.asarray([w.score for _, _, w in rows], f32),
         accs=np.asarray([w.acc for _, _, w in rows], f32),

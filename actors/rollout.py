@@ -79,9 +79,10 @@ class RolloutActor(Actor):
         self.last_dispatch_seq = -1
         self.report_seq = 0
         self.routing = self.config.psrl.rollout_coordination.routing_strategy
-        interval = self.config.psrl.status_collection.engine_sync_interval_in_ms / 1000
-        self.every(interval, self._report_status)
-        self._report_status()
+        collection = self.config.psrl.status_collection
+        if collection.enable:
+            self.every(collection.engine_sync_interval_in_ms / 1000, self._report_status)
+        self._report_status()  # always once: it is how the router learns the instance exists
         status = self.engine.status()
         return {"kv_blocks": status.num_kv_blocks_total, "max_num_seqs": self.config.engine.max_num_seqs}
 

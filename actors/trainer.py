@@ -115,6 +115,7 @@ def trajectories_from(data: TrainData, responses_per_prompt: int) -> list[Trajec
     """Split a flattened TrainData into the trainer's Trajectory records."""
     out = []
     p_off = r_off = 0
+    has_logprobs = len(data.response_logprobs) == len(data.response_token_ids)
     for i in range(len(data.prompt_ids)):
         p_len, r_len = int(data.prompt_lengths[i]), int(data.response_lengths[i])
         prompt = data.prompt_token_ids[p_off : p_off + p_len]
@@ -125,7 +126,7 @@ def trajectories_from(data: TrainData, responses_per_prompt: int) -> list[Trajec
             child=int(data.request_ids[i]) % responses_per_prompt,
             prompt_token_ids=tuple(int(t) for t in prompt),
             response_token_ids=tuple(int(t) for t in data.response_token_ids[span]),
-            rollout_log_probs=tuple(float(x) for x in data.response_logprobs[span]),
+            rollout_log_probs=tuple(float(x) for x in data.response_logprobs[span]) if has_logprobs else (),
             token_versions=tuple(int(v) for v in data.response_versions[span]),
             version=int(data.v_traj[i]),
             reward=float(data.rewards[i]),

@@ -12,6 +12,7 @@ from psrl.launch.hosts import HostsFile
 from psrl.launch.metrics_sink import MetricsSink
 from psrl.launch.plan import plan_actors
 from psrl.launch.progress import ProgressView
+from psrl.launch.status_recorder import StatusRecorder
 from psrl.launch.supervisor import EXIT_OK, Supervisor
 from psrl.rundir import RunDir
 
@@ -33,12 +34,20 @@ def run_launch(
             options[spec.name] = {"actor_class": target}
     view = ProgressView(config, echo=None if quiet else click.echo)
     sink = MetricsSink(run_dir)
+    listeners: list[Any] = [view.on_event, sink.on_event]
+    recorder = None
+    stats = config.psrl.status_collection.stats_recorder
+    if config.psrl.status_collection.enable and stats.enable:
+        recorder = StatusRecorder(run_dir, stats.interval_in_s)
+        listeners.append(recorder.on_event)
     click.echo(f"run directory: {run_dir.path}")
-    supervisor = Supervisor(config, run_dir, hosts, listeners=(view.on_event, sink.on_event), actor_options=options)
+    supervisor = Supervisor(config, run_dir, hosts, listeners=tuple(listeners), actor_options=options)
     try:
         code = supervisor.run()
     finally:
         sink.close()
+        if recorder is not None:
+            recorder.close()
     for line in view.summary_lines():
         click.echo(line)
     _write_report(run_dir)
