@@ -112,7 +112,10 @@ def _config(preset: str | None, overrides: list[str]) -> Config:
 
 def _cost_path(preset: str | None, overrides: list[str], explicit: Path | None) -> tuple[Path, list[str]]:
     """The engines' cost model, and the overrides that give the decision code a cost model if none is set."""
-    configured = _config(preset, overrides).psrl.rollout_coordination.routing_strategy.cost_model_path
+    try:
+        configured = _config(preset, overrides).psrl.rollout_coordination.routing_strategy.cost_model_path
+    except ConfigError:  # e.g. throughput_optimal without a cost model: it gets the engines' one (other
+        configured = None  # problems are reported when the config is loaded with it)
     path = explicit or (Path(configured) if configured else DEMO_COST_MODEL)
     return path, [] if configured else [f"{COST_PATH_KEY}={path}"]
 

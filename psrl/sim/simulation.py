@@ -98,6 +98,7 @@ class Simulation:
             label=self.label, num_instances=self.num_instances, num_steps=len(stats.steps), sim_s=end,
             trajectories_per_s=per_s, tokens_per_s=tokens_per_s,
             window_trajectories_per_s=window_throughput(stats.steps, self.total_steps, stats.first_dispatch_s),
+            mean_train_s=sum(s.train_s for s in stats.steps) / len(stats.steps) if stats.steps else 0.0,
             instance_busy=fleet.total("busy_s") / instance_s, instance_syncing=fleet.total("pull_s") / instance_s,
             trainer_idle=max(0.0, 1.0 - stats.trainer_busy_s / end), staleness=dict(sorted(stats.staleness.items())),
             num_trained=stats.num_trained, num_mixed_versions=stats.num_mixed_versions,

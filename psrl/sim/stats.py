@@ -59,6 +59,7 @@ class SimSummary:
     trajectories_per_s: float
     tokens_per_s: float
     window_trajectories_per_s: float
+    mean_train_s: float  # trainer seconds per step
     instance_busy: float  # fraction of instance time spent prefilling or decoding
     instance_syncing: float  # fraction of instance time spent pulling weights
     trainer_idle: float
