@@ -73,8 +73,9 @@ def sweep(num_instances: int, steps: int) -> dict[float, tuple[SimSummary, SimSu
         sync = run(SYNC, num_instances, steps, factor, [])
         psrl = run(PSRL, num_instances, steps, factor, [])
         results[factor] = (sync, psrl)
+        speedup = psrl.trajectories_per_s / sync.trajectories_per_s
         print(f"{factor:>9} {psrl.mean_train_s:>12.3f} {sync.trajectories_per_s:>11.1f} "
-              f"{psrl.trajectories_per_s:>11.1f} {psrl.trajectories_per_s / sync.trajectories_per_s:>6.2f}x {sync.instance_busy:>9.0%} "
+              f"{psrl.trajectories_per_s:>11.1f} {speedup:>6.2f}x {sync.instance_busy:>9.0%} "
               f"{psrl.instance_busy:>9.0%} {psrl.trainer_idle:>12.0%} "
               f"{sync.num_bound_violations + psrl.num_bound_violations:>4}")  # fmt: skip
     return results
