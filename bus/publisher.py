@@ -42,7 +42,13 @@ class Publisher:
         array_frame_bytes: int = DEFAULT_ARRAY_FRAME_BYTES,
         linger_ms: int = DEFAULT_PUBLISHER_LINGER_MS,
     ) -> None:
-        self.stamper = Stamper(sender, incarnation)
+        # One numbered stream per channel: the two proxies may reorder events between channels,
+        # never within one, so per-channel numbering keeps "missing" meaning "lost".
+        self.stampers = {
+            Channel.EVENTS: Stamper(sender, incarnation),
+            Channel.CONTROL: Stamper(f"{sender}/ctl", incarnation),
+        }
+        self.stamper = self.stampers[Channel.EVENTS]
         self._encoder = Encoder(array_frame_bytes)
         self._sockets: dict[Channel, zmq.Socket[bytes]] = {}
         try:
@@ -65,7 +71,7 @@ class Publisher:
         prompt_id: int | None = None,
     ) -> Envelope:
         """Send one event; never blocks (a full subscriber queue drops it for that subscriber)."""
-        envelope = self.stamper.stamp(message, parent, model_version, request_id, prompt_id)
+        envelope = self.stampers[message.CHANNEL].stamp(message, parent, model_version, request_id, prompt_id)
         frames = self._encoder.encode(envelope, message)
         send_frames(self._sockets[message.CHANNEL], frames)
         return envelope
@@ -91,7 +97,7 @@ class Publisher:
             raise BusError(f"request_ids and prompt_ids must hold one entry per message ({num})")
         no_ids: list[int | None] = [None] * num
         stamped = [
-            (self.stamper.stamp(message, parent, model_version, request_id, prompt_id), message)
+            (self.stampers[message.CHANNEL].stamp(message, parent, model_version, request_id, prompt_id), message)
             for message, request_id, prompt_id in zip(
                 messages, request_ids or no_ids, prompt_ids or no_ids, strict=True
             )

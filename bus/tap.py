@@ -32,7 +32,8 @@ class TapFilter:
 
     def matches(self, event: Event[Any]) -> bool:
         env = event.envelope
-        if self.actors and env.sender not in self.actors and env.actor not in self.actors:
+        base = env.sender.split("/", 1)[0]  # an actor's control (/ctl) and heartbeat (/hb) streams are its own
+        if self.actors and base not in self.actors and env.sender not in self.actors and env.actor not in self.actors:
             return False
         if self.request_ids and not set(self.request_ids) & set(request_ids_of(event)):
             return False

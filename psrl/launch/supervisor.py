@@ -50,6 +50,7 @@ from psrl.trainer.checkpoint import latest_checkpoint
 
 WATCH_INTERVAL_S = 0.1
 SUBSCRIBE_WAIT_S = 10.0
+INCARNATIONS_PER_LAUNCH = 1000  # incarnation = launch * 1000 + restarts of the actor in that launch
 SHUTDOWN_GRACE_S = 6.0  # for actors to exit after Shutdown (all stages together), before SIGTERM
 TERM_GRACE_S = 1.5  # after SIGTERM, before SIGKILL
 
@@ -94,7 +95,10 @@ class Supervisor:
     def run(self) -> int:
         previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
         self.run_dir.config.write_text(to_yaml(self.config))
-        self.run_dir.write_state(status="starting", started_at=time.time(), launcher_pid=_pid())
+        # A resumed run's actors continue the incarnation numbering, so every event id stays unique.
+        launches = int(self.run_dir.read_state().get("launches", 0))
+        self.incarnation_base = launches * INCARNATIONS_PER_LAUNCH
+        self.run_dir.write_state(status="starting", started_at=time.time(), launcher_pid=_pid(), launches=launches + 1)
         try:
             self._start_bus()
             self._start_all()
@@ -145,7 +149,9 @@ class Supervisor:
         self.initial_version = resume_version(self.run_dir) if self.config.trainer.resume else 0
         if self.initial_version:
             self.log.info("resuming", version=self.initial_version)
-        self.publisher = Publisher(self.ctx, self.addresses, "supervisor", 0, options=self.settings.options)
+        self.publisher = Publisher(
+            self.ctx, self.addresses, "supervisor", self.incarnation_base, options=self.settings.options
+        )
         self.watcher = Subscriber(
             self.ctx,
             self.addresses.events_out,
@@ -214,13 +220,13 @@ class Supervisor:
         logger = [s for s in self.specs if s.role == "logger"]
         others = [s for s in self.specs if s.role != "logger"]
         for spec in logger:
-            self._start(spec, 0, announce=False)
+            self._start(spec, self.incarnation_base, announce=False)
         self._await_ready([s.name for s in logger])
         self.publisher.wait_subscribed(SUBSCRIBE_WAIT_S, prefix="")
         for spec in logger:  # announced once the log listens
             self._announce(self.processes[spec.name])
         for spec in others:
-            self._start(spec, 0)
+            self._start(spec, self.incarnation_base)
         self._await_ready([s.name for s in others])
 
     def _await_ready(self, names: list[str]) -> None:
@@ -264,7 +270,7 @@ class Supervisor:
 
     def _on_event(self, event: Event[Any]) -> None:
         msg, sender = event.message, event.envelope.sender
-        name = sender.removesuffix("/hb")
+        name = sender.split("/", 1)[0]  # heartbeats (/hb) and control events (/ctl) come from the actor
         process = self.processes.get(name)
         if process is not None and event.envelope.incarnation == process.incarnation:
             if isinstance(msg, Heartbeat):

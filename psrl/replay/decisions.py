@@ -102,9 +102,12 @@ class LedgerChecker(Checker):
         super().__init__(config)
         self.sizes = LedgerSizes.from_config(config)
         self.ledger: StalenessLedger | None = None
+        self.router_incarnation: int | None = None
 
     def observe(self, event: Event[Any]) -> None:
-        if self.ledger is None and isinstance(event.message, RouterStatus):
+        """A new router incarnation (a restart or a resumed run) starts from a fresh ledger."""
+        if isinstance(event.message, RouterStatus) and event.envelope.incarnation != self.router_incarnation:
+            self.router_incarnation = event.envelope.incarnation
             self.ledger = StalenessLedger(self.sizes, next_buffer_id=event.message.next_buffer)
 
     def _ledger(self) -> StalenessLedger:

@@ -38,6 +38,8 @@ def for_type(info: mi.Type) -> st.SearchStrategy[Any]:
         return st.floats(allow_nan=False)
     if isinstance(info, mi.StrType):
         return st.text(max_size=16)
+    if isinstance(info, mi.BytesType):
+        return st.binary(max_size=64)
     if isinstance(info, mi.BoolType):
         return st.booleans()
     if isinstance(info, mi.NoneType):

@@ -32,13 +32,19 @@ def test_publish_many_keeps_order_and_channels(ctx: zmq.Context, proxy: BusAddre
     assert publisher.wait_subscribed(10, prefix="")
     batch = [Metrics(1, {}), Metrics(2, {}), Pause(), Metrics(3, {})]
     envelopes = publisher.publish_many(batch, request_ids=[7, None, None, 9], model_version=4)
-    assert [e.seq for e in envelopes] == [1, 2, 3, 4]
+    # one numbered stream per channel: control events are sender "trainer/ctl"
+    assert [(e.sender, e.seq) for e in envelopes] == [
+        ("trainer", 1),
+        ("trainer", 2),
+        ("trainer/ctl", 1),
+        ("trainer", 3),
+    ]
     received = recv_all(events, 3)
     assert [e.message.step for e in received] == [1, 2, 3]
     assert [e.envelope.request_id for e in received] == [7, None, 9]
     assert {e.envelope.model_version for e in received} == {4}
     (pause,) = recv_all(control, 1)
-    assert pause.envelope.seq == 3
+    assert (pause.envelope.sender, pause.envelope.seq) == ("trainer/ctl", 1)
     with pytest.raises(BusError, match="one entry per message"):
         publisher.publish_many(batch, request_ids=[1])
     for closable in (publisher, events, control):
