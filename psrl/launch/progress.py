@@ -11,6 +11,9 @@ from bus.schema import Event
 from psrl.config import Config
 
 
+SUMMARY_WINDOW = 5
+
+
 class ProgressView:
     """Turns TrainerProgress / Metrics / InstanceStatus events into progress lines."""
 
@@ -54,7 +57,15 @@ class ProgressView:
         )
 
     def summary_lines(self) -> list[str]:
+        """First and last step's reward, and the means of the first and last few steps (one buffer's
+        reward depends on which prompts it drew, so the means show the trend)."""
         if not self.rewards:
             return []
         first, last = self.rewards[0], self.rewards[-1]
-        return [f"reward: first step {first[1]:.3f} -> last step {last[1]:.3f}"]
+        lines = [f"reward: first step {first[1]:.3f} -> last step {last[1]:.3f}"]
+        window = min(SUMMARY_WINDOW, len(self.rewards) // 2)
+        if window >= 2:
+            head = sum(r for _, r in self.rewards[:window]) / window
+            tail = sum(r for _, r in self.rewards[-window:]) / window
+            lines.append(f"reward: mean of the first {window} steps {head:.3f} -> of the last {window} steps {tail:.3f}")
+        return lines
