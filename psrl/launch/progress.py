@@ -10,7 +10,6 @@ from bus.messages import InstanceStatus, Metrics, RunFinished, TrainerProgress
 from bus.schema import Event
 from psrl.config import Config
 
-
 SUMMARY_WINDOW = 5
 
 
@@ -67,5 +66,5 @@ class ProgressView:
         if window >= 2:
             head = sum(r for _, r in self.rewards[:window]) / window
             tail = sum(r for _, r in self.rewards[-window:]) / window
-            lines.append(f"reward: mean of the first {window} steps {head:.3f} -> of the last {window} steps {tail:.3f}")
+            lines.append(f"reward: mean of the first {window} steps {head:.3f} -> of the last {window} {tail:.3f}")
         return lines
