@@ -21,7 +21,7 @@ pytest.importorskip("matplotlib")
 @pytest.mark.slow
 @pytest.mark.system
 def test_demo_run_metrics_and_report(tmp_path: Path) -> None:
-    config = load_config("demo", ["trainer.total_steps=3"])
+    config = load_config("demo", ["trainer.total_steps=3", "psrl.staleness_buffer_entries=8", "psrl.rollout_n=4"])
     run = RunDir.create(tmp_path, "demo3")
     sink = MetricsSink(run)
     code = Supervisor(config, run, listeners=(sink.on_event,)).run()

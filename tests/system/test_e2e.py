@@ -23,8 +23,11 @@ from tests.system.run_checks import (
 
 pytestmark = pytest.mark.system
 
+# Small buffers of the long-answer task (fast runs).
+SMALL = ["psrl.staleness_buffer_entries=8", "psrl.rollout_n=4", "task.name=demo"]
 # Long responses on small engine batches, so generation outlasts training steps and syncs interrupt it.
 LONG = [
+    *SMALL,
     "trainer.total_steps=4",
     "task.response_lengths=long_tail",
     "task.long_tail_median=200",
@@ -92,7 +95,8 @@ def test_killing_an_instance_mid_run_loses_no_trajectory(tmp_path) -> None:
 
 def test_proactive_truncate_completes_stuck_buffers(tmp_path) -> None:
     pf = "psrl.rollout_coordination.proactive_filter_strategy"
-    overrides = ["trainer.total_steps=3", "psrl.staleness=0", "psrl.rollout_coordination.partial_rollout.enable=False",
+    overrides = [*SMALL, "trainer.total_steps=3", "psrl.staleness=0",
+                 "psrl.rollout_coordination.partial_rollout.enable=False",
                  f"{pf}.method=truncate", f"{pf}.threshold=2", "task.response_lengths=long_tail",
                  "task.long_tail_median=60", "task.long_tail_sigma=1.2", "task.max_response_length=450"]  # fmt: skip
     config, sup, code = run(tmp_path, overrides)
@@ -110,10 +114,10 @@ def test_a_resumed_run_continues_the_version_numbering(tmp_path) -> None:
     from bus.eventlog.reader import EventLogReader
     from bus.messages import TrainerProgress
 
-    first = load_config("demo", ["trainer.total_steps=2"])
+    first = load_config("demo", [*SMALL, "trainer.total_steps=2"])
     run_dir = RunDir.create(tmp_path / "runs", "resume")
     assert Supervisor(first, run_dir).run() == 0
-    second = load_config("demo", ["trainer.total_steps=4"])
+    second = load_config("demo", [*SMALL, "trainer.total_steps=4"])
     assert Supervisor(second, run_dir).run() == 0
     progress = [
         e.event for e in EventLogReader(run_dir.events).events() if isinstance(e.event.message, TrainerProgress)
