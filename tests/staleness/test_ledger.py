@@ -328,6 +328,8 @@ def test_sizes_from_config() -> None:
     config = load_config(
         "demo",
         [
+            "psrl.staleness_buffer_entries=8",
+            "psrl.rollout_n=4",
             "psrl.rollout_coordination.redundant_rollout.enable=true",
             "psrl.rollout_coordination.redundant_rollout.redundant_global_batch_size=10",
             "psrl.rollout_coordination.redundant_rollout.redundant_rollout_n=5",
