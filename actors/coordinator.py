@@ -21,6 +21,7 @@ from transformers import AutoTokenizer
 
 from actors.base import Actor, handles
 from actors.links import Link
+from actors.status import snapshot_from_status
 from bus.messages import (
     ActorExited,
     BufferReady,
@@ -58,7 +59,6 @@ from psrl.coordination.sync import SyncPolicy
 from psrl.coordination.tick import decide_tick
 from psrl.engine.args import DEMO_MODEL_DIR
 from psrl.routing.cost_model import load_cost_model
-from psrl.routing.instance import InstanceSnapshot
 from psrl.routing.servable import ServableCounts
 from psrl.staleness.throttle import dispatch_allowance
 from psrl.tasks import get_task
@@ -262,12 +262,7 @@ class CoordinatorActor(Actor):
     @handles(InstanceStatus)
     def _on_instance_status(self, event: Event[InstanceStatus]) -> None:
         s = event.message
-        kv_usage = s.kv_blocks_used / s.kv_blocks_total if s.kv_blocks_total else 0.0
-        self.instances.report(InstanceSnapshot(
-            s.instance, s.report_seq, s.weight_version, s.num_running, s.num_waiting, s.num_tokens_running,
-            s.kv_capacity_tokens, kv_usage, s.budget_kv_tokens, s.num_response_tokens, s.tokens_per_s,
-            s.last_dispatch_seq,
-        ))  # fmt: skip
+        self.instances.report(snapshot_from_status(s))
 
     @handles(WeightsPublished)
     def _on_published(self, event: Event[WeightsPublished]) -> None:

@@ -26,6 +26,7 @@ import msgspec
 
 from actors.base import Actor, handles
 from actors.links import Link
+from actors.status import snapshot_from_status
 from bus.messages import (
     Abort,
     ActorExited,
@@ -55,7 +56,6 @@ from bus.schema import Event
 from psrl.routing.core import RouterCore
 from psrl.routing.cost_model import load_cost_model
 from psrl.routing.decision import RoutingDecision
-from psrl.routing.instance import InstanceSnapshot
 from psrl.routing.policies import make_policy
 from psrl.routing.request import RoutingRequest
 from psrl.routing.trajectories import TrackerSettings, TrajectoryTracker, Verdict
@@ -152,12 +152,7 @@ class RouterActor(Actor):
             self.core.add_instance(s.instance, s.weight_version, s.kv_capacity_tokens)
             self.first_join = self.first_join or time.monotonic()
             self.log.info("instance joined", instance=s.instance, version=s.weight_version)
-        kv_usage = s.kv_blocks_used / s.kv_blocks_total if s.kv_blocks_total else 0.0
-        self.core.apply_snapshot(InstanceSnapshot(
-            s.instance, s.report_seq, s.weight_version, s.num_running, s.num_waiting, s.num_tokens_running,
-            s.kv_capacity_tokens, kv_usage, s.budget_kv_tokens, s.num_response_tokens, s.tokens_per_s,
-            s.last_dispatch_seq,
-        ))  # fmt: skip
+        self.core.apply_snapshot(snapshot_from_status(s))
 
     @handles(GenerateResult, link=True)
     def _on_result(self, event: Event[GenerateResult]) -> None:

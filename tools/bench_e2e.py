@@ -31,10 +31,13 @@ from psrl.rundir import RunDir
 
 RC = "psrl.rollout_coordination."
 WORKLOAD = [
+    "psrl.staleness_buffer_entries=8",
+    "psrl.rollout_n=4",
+    "actor.ppo_mini_batch_size=8",
     "task.response_lengths=long_tail",
     "task.long_tail_median=48",
-    "task.long_tail_sigma=1.0",
-    "task.max_response_length=400",
+    "task.long_tail_sigma=1.2",
+    "task.max_response_length=480",
     "engine.max_num_seqs=32",
 ]
 PHASES = {
