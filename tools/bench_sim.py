@@ -7,8 +7,9 @@
 
 Workload: bench_e2e's long-tail workload (log-normal response lengths, median 48, sigma 1, at most
 400 tokens, engines of 32 sequences) on the demo preset, with the staleness buffer scaled with the
-fleet so every instance gets the demo's share of each buffer (16 requests per buffer). Engines run
-on the shipped CPU fit of the demo model (``psrl/sim/demo_cost_model.json``).
+fleet so every instance gets the demo's share of each buffer (the demo preset's groups per buffer
+over its instances). Engines run on the shipped CPU fit of the demo model
+(``psrl/sim/demo_cost_model.json``).
 
 Trainer: the demo's trainer as measured on this machine (``psrl/sim/demo_run_models.json``: one
 trainer for two instances), made data parallel with the fleet (one trainer rank per two instances,
@@ -46,8 +47,13 @@ WORKLOAD = [
     "engine.max_num_seqs=32",
     f"psrl.rollout_coordination.routing_strategy.cost_model_path={DEMO_COST_MODEL}",
 ]
-GROUPS_PER_INSTANCE = 4  # the demo: 8 groups of 4 per buffer over 2 instances
 FACTORS = (1, 4, 16)
+
+
+def groups_per_instance() -> int:
+    """The demo preset's share of a staleness buffer per rollout instance (prompt groups)."""
+    demo = load_config("demo", [])
+    return max(1, demo.psrl.staleness_buffer_entries // demo.topology.n_rollout_instances)
 
 
 def trainer_for(num_instances: int, factor: float) -> TrainerModel:
@@ -57,7 +63,7 @@ def trainer_for(num_instances: int, factor: float) -> TrainerModel:
 
 
 def run(variant: Variant, num_instances: int, steps: int, factor: float, extra: list[str]) -> SimSummary:
-    overrides = [*WORKLOAD, f"psrl.staleness_buffer_entries={GROUPS_PER_INSTANCE * num_instances}",
+    overrides = [*WORKLOAD, f"psrl.staleness_buffer_entries={groups_per_instance() * num_instances}",
                  f"trainer.total_steps={steps}", *extra, *variant.overrides]  # fmt: skip
     _, pull = load_run_models()
     settings = SimSettings(trainer_for(num_instances, factor), pull, num_instances=num_instances)
@@ -113,7 +119,7 @@ def main() -> None:
 
 
 def scale_run() -> SimSummary:
-    """1,024 instances, the reasoning profile, 7 buffers of 16,384 requests dispatched (114,688 requests).
+    """1,024 instances, the reasoning profile, 7 buffers of 4,096 groups of 4 dispatched (114,688 requests).
 
     Work is dispatched one buffer ahead (``psrl.max_dispatch_ahead=1``): with two buffers ahead, the
     groups dispatched when a version is published cannot reserve until the instances have synced,
@@ -121,7 +127,8 @@ def scale_run() -> SimSummary:
     simulator section, has the numbers), which at this size costs hours, not minutes.
     """
     print("\nscale: 1,024 instances (psrl reasoning profile, one buffer dispatched ahead, trainer f=16)")
-    summary = run(PSRL, 1024, 6, 16, ["psrl.rollout_n=4", "psrl.max_dispatch_ahead=1"])
+    summary = run(PSRL, 1024, 6, 16, ["psrl.max_dispatch_ahead=1", "psrl.staleness_buffer_entries=4096",
+                                      "psrl.rollout_n=4"])  # fmt: skip
     for line in summary_table([summary]):
         print(line)
     print(f"  {summary.num_requests} requests, {summary.num_routing_decisions} routings, "

@@ -35,7 +35,8 @@ def run(*overrides: str, preset: str = "demo", settings: SimSettings = SETTINGS)
 def test_demo_trains_complete_buffers_within_the_staleness_bound() -> None:
     simulation, summary = run(settings=dataclasses.replace(SETTINGS, prompt_tokens=None))  # the task's prompts
     assert [s.step for s in simulation.stats.steps] == list(range(1, 7))
-    assert all(s.num_trajectories == 8 * 4 for s in simulation.stats.steps)
+    per_step = simulation.config.psrl.staleness_buffer_entries * simulation.config.psrl.rollout_n
+    assert all(s.num_trajectories == per_step for s in simulation.stats.steps)
     assert summary.num_bound_violations == 0
     assert set(summary.staleness) <= {0, 1, 2} and summary.num_trained == sum(summary.staleness.values())
     # the simulator's own count and the ledger's agree trajectory for trajectory
@@ -63,8 +64,10 @@ def test_partial_rollout_continues_interrupted_trajectories_on_new_weights() -> 
 
 def test_redundant_rollout_keeps_n_per_group_and_wastes_the_surplus() -> None:
     red = "psrl.rollout_coordination.redundant_rollout."
-    simulation, summary = run(*LONG, f"{red}enable=true", f"{red}redundant_rollout_n=6")
-    assert all(s.num_trajectories == 8 * 4 for s in simulation.stats.steps)
+    simulation, summary = run(*LONG, f"{red}enable=true", "psrl.rollout_n=4", f"{red}redundant_rollout_n=6")
+    assert all(
+        s.num_trajectories == simulation.config.psrl.staleness_buffer_entries * 4 for s in simulation.stats.steps
+    )
     assert summary.num_wasted_tokens > 0 and summary.num_bound_violations == 0
 
 
