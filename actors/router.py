@@ -110,6 +110,8 @@ class RouterActor(Actor):
         self.syncing: set[str] = set()
         self.counters: Counter[str] = Counter()
         self.every(STATUS_INTERVAL_S, self._publish_status)
+        # The log's first router event: replay starts this incarnation's ledger from it, before any op.
+        self.publisher.publish(self._status())
         return {}
 
     @property
@@ -472,14 +474,17 @@ class RouterActor(Actor):
         self.publisher.publish(record, request_id=traj.request_id, prompt_id=traj.prompt_id,
                                model_version=traj.v_traj)  # fmt: skip
 
-    def _publish_status(self) -> None:
+    def _status(self) -> RouterStatus:
         versions = sorted(set(self.instances.values()))
         counts = self.core.servable_counts(versions) if versions else {}
-        status = RouterStatus(
+        return RouterStatus(
             self.core.num_queued, len(self.tracker.live) - self.core.num_queued, versions,
             [counts[v].without_new_entry for v in versions], [counts[v].with_new_entry for v in versions],
             self.ledger.next_buffer_id, self.tracker.num_loopbacks, self.tracker.num_wasted_tokens,
         )  # fmt: skip
+
+    def _publish_status(self) -> None:
+        status = self._status()
         self.publisher.publish(status)
         self.link.send(status, COORDINATOR)
 

@@ -7,7 +7,7 @@ batch with the mini-batch's data, whatever the micro-batch size or the number of
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -43,6 +43,9 @@ def micro_batches(samples: Sequence[Sample], size: int) -> list[list[Sample]]:
     return [list(samples[i : i + size]) for i in range(0, len(samples), size)]
 
 
+LossOfBatch = Callable[[Batch], tuple[Tensor, dict[str, float]]]
+
+
 def actor_step(
     policy: Trainable,
     own: Sequence[Sample],
@@ -53,22 +56,14 @@ def actor_step(
     sums: MetricSums,
 ) -> None:
     """One optimizer step of the policy on this rank's share of a mini-batch."""
-    policy.optimizer.zero_grad(set_to_none=True)
-    parts = micro_batches(own, settings.micro_batch_size)
-    contributions: dict[str, float] = {}
-    for index, part in enumerate(parts):
-        batch = collate(part, settings.pad_token_id).to(parallel.device)
-        with parallel.gradient_sync(policy.model, enabled=index == len(parts) - 1):
-            log_probs, entropy = response_log_probs(
-                policy.model, batch, temperature=settings.temperature, with_entropy=True
-            )
-            loss, metrics = actor_loss(log_probs, entropy, batch, algorithm, scale)
-            _backward(loss * parallel.loss_scale)
-        for name, value in metrics.items():
-            contributions[name] = contributions.get(name, 0.0) + value
-    for name, value in contributions.items():
-        sums.add_share(name, value, 1.0 / parallel.world_size)
-    _finish_step(policy, settings.grad_clip, sums, "actor")
+
+    def loss_of(batch: Batch) -> tuple[Tensor, dict[str, float]]:
+        log_probs, entropy = response_log_probs(
+            policy.model, batch, temperature=settings.temperature, with_entropy=True
+        )
+        return actor_loss(log_probs, entropy, batch, algorithm, scale)
+
+    _accumulated_step(policy, own, settings, parallel, sums, loss_of, "actor")
 
 
 def critic_step(
@@ -84,27 +79,44 @@ def critic_step(
     vf_coef: float,
 ) -> None:
     """One optimizer step of the critic on this rank's share of a mini-batch."""
-    critic.optimizer.zero_grad(set_to_none=True)
+
+    def loss_of(batch: Batch) -> tuple[Tensor, dict[str, float]]:
+        values = response_values(critic.model, batch)
+        losses, is_clipped = value_loss(values, batch.fields["values"], batch.fields["returns"], clip_range=clip_range)
+        loss = vf_coef * aggregate(losses, batch.response_mask, algorithm.loss_agg_mode, **_scale(scale))
+        metrics = {
+            "critic/vf_loss": float(loss.detach()) / vf_coef,
+            "critic/vf_clip_frac": _token_share(is_clipped.float(), batch, scale),
+            "critic/values_mean": _token_share(values.detach(), batch, scale),
+        }
+        return loss, metrics
+
+    _accumulated_step(critic, own, settings, parallel, sums, loss_of, "critic")
+
+
+def _accumulated_step(
+    trainable: Trainable,
+    own: Sequence[Sample],
+    settings: UpdateSettings,
+    parallel: ParallelContext,
+    sums: MetricSums,
+    loss_of: LossOfBatch,
+    prefix: str,
+) -> None:
+    """Zero, accumulate gradients over micro-batches (syncing ranks on the last), clip and step."""
+    trainable.optimizer.zero_grad(set_to_none=True)
     parts = micro_batches(own, settings.micro_batch_size)
     contributions: dict[str, float] = {}
     for index, part in enumerate(parts):
         batch = collate(part, settings.pad_token_id).to(parallel.device)
-        with parallel.gradient_sync(critic.model, enabled=index == len(parts) - 1):
-            values = response_values(critic.model, batch)
-            losses, is_clipped = value_loss(
-                values, batch.fields["values"], batch.fields["returns"], clip_range=clip_range
-            )
-            loss = vf_coef * aggregate(losses, batch.response_mask, algorithm.loss_agg_mode, **_scale(scale))
+        with parallel.gradient_sync(trainable.model, enabled=index == len(parts) - 1):
+            loss, metrics = loss_of(batch)
             _backward(loss * parallel.loss_scale)
-        for name, value in (
-            ("critic/vf_loss", float(loss.detach()) / vf_coef),
-            ("critic/vf_clip_frac", _token_share(is_clipped.float(), batch, scale)),
-            ("critic/values_mean", _token_share(values.detach(), batch, scale)),
-        ):
+        for name, value in metrics.items():
             contributions[name] = contributions.get(name, 0.0) + value
     for name, value in contributions.items():
         sums.add_share(name, value, 1.0 / parallel.world_size)
-    _finish_step(critic, settings.grad_clip, sums, "critic")
+    _finish_step(trainable, settings.grad_clip, sums, prefix)
 
 
 def _finish_step(trainable: Trainable, grad_clip: float, sums: MetricSums, prefix: str) -> None:
