@@ -56,7 +56,6 @@ def run_dir(tmp_path: Path) -> Path:
     return tmp_path
 
 
-@register_checker
 class LatestBufferChecker(Checker):
     """Test checker: with empty buffers, Reserve takes the latest legal buffer, V + eta."""
 
@@ -68,6 +67,14 @@ class LatestBufferChecker(Checker):
 
     def recorded(self, event: Event[Any]) -> int:
         return event.message.buffer
+
+
+@pytest.fixture(autouse=True)
+def latest_buffer_checker() -> Iterator[None]:
+    """Registered for this module's tests only: other tests replay real runs with ``all`` checkers."""
+    register_checker(LatestBufferChecker)
+    yield
+    del CHECKERS[LatestBufferChecker.name]
 
 
 def test_timeline_counts_kinds_actors_gaps_and_quiet_periods(run_dir: Path) -> None:

@@ -31,7 +31,7 @@ LONG = [
     "trainer.total_steps=4",
     "task.response_lengths=long_tail",
     "task.long_tail_median=200",
-    "engine.max_num_seqs=4",
+    "engine.max_num_seqs=2",
     "task.max_response_length=400",
     "bus.handshake_timeout_s=120",
 ]

@@ -58,6 +58,14 @@ def instance(tmp_path):
     ctx.destroy(linger=0)
 
 
+def send(link: Link, message, timeout_s: float = 30) -> None:
+    """Send to the instance, waiting until its link has connected (a status can come first)."""
+    deadline = time.monotonic() + timeout_s
+    while link.send(message, "rollout-0") is None:
+        assert time.monotonic() < deadline, "the instance never connected to the router link"
+        time.sleep(0.05)
+
+
 def receive(link: Link, kinds: tuple[type, ...], timeout_s: float = 60) -> list:
     deadline, out = time.monotonic() + timeout_s, []
     while time.monotonic() < deadline:
@@ -90,7 +98,7 @@ def request(rid: int, length: int) -> GenerateRequest:
 def test_streams_tokens_then_a_complete_result(instance) -> None:
     link, _, status, _ = instance
     assert status.recv(60_000) is not None  # the instance is up and reporting
-    link.send(request(1, 40), "rollout-0")
+    send(link, request(1, 40))
     messages = receive(link, (TokenChunk, GenerateResult))
     chunks = [m for m in messages if isinstance(m, TokenChunk)]
     result = next(m for m in messages if isinstance(m, GenerateResult))
@@ -105,11 +113,11 @@ def test_abort_returns_the_tokens_so_far_and_pause_stops_progress(instance) -> N
     assert status.recv(60_000) is not None
     publisher.publish(Pause(targets=["rollout-0"]))
     time.sleep(0.5)
-    link.send(request(2, 500), "rollout-0")
+    send(link, request(2, 500))
     assert not drain(link, 1.0, (TokenChunk, GenerateResult)), "a paused instance generated tokens"
     publisher.publish(Resume(targets=["rollout-0"]))
     assert drain(link, 0.3, (TokenChunk,)), "no tokens after resuming"
-    link.send(Abort([2], "requested"), "rollout-0")
+    send(link, Abort([2], "requested"))
     result = next(m for m in receive(link, (GenerateResult,)) if isinstance(m, GenerateResult))
     assert result.finish_reason == FinishReason.ABORT and result.error == "requested"
     assert 0 < len(result.token_ids) < 500
@@ -119,10 +127,10 @@ def test_bad_request_gets_a_request_scoped_error(instance) -> None:
     link, _, status, _ = instance
     assert status.recv(60_000) is not None
     bad = GenerateRequest(3, 0, np.asarray([], np.int32), SamplingParams(8))
-    link.send(bad, "rollout-0")
+    send(link, bad)
     result = next(m for m in receive(link, (GenerateResult,)) if isinstance(m, GenerateResult))
     assert result.finish_reason == FinishReason.ERROR and result.error
-    link.send(request(4, 8), "rollout-0")  # and it keeps serving
+    send(link, request(4, 8))  # and it keeps serving
     result = next(m for m in receive(link, (GenerateResult,)) if isinstance(m, GenerateResult))
     assert result.request_id == 4 and len(result.token_ids) == 8
     snapshot = status.recv(5_000)
