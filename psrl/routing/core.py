@@ -26,7 +26,16 @@ from psrl.routing.decision import DecisionInputs, LedgerAnswer, Reason, RoutingD
 from psrl.routing.instance import CandidateState, InstanceSnapshot
 from psrl.routing.ledger import StalenessLedger
 from psrl.routing.offload import OffloadTierView
-from psrl.routing.parking import LEDGER, VERSIONS, ParkingLot, WakeKey, instance_key, prompt_key, wake_keys
+from psrl.routing.parking import (
+    LEDGER,
+    LEDGER_ROOM,
+    VERSIONS,
+    ParkingLot,
+    WakeKey,
+    instance_key,
+    prompt_key,
+    wake_keys,
+)
 from psrl.routing.policies.base import RoutingPolicy
 from psrl.routing.prefix_tree import PrefixTree
 from psrl.routing.queue import RequestQueue
@@ -69,6 +78,7 @@ class RouterCore:
         self.cluster = Cluster()
         self.tree = PrefixTree()
         self.parking = ParkingLot()
+        self._room = ledger.room_signature()
         self.is_paused = False
         self._routed: dict[int, _Routed] = {}
         self._group_pins: dict[int, str] = {}
@@ -132,6 +142,18 @@ class RouterCore:
     def notify_ledger_changed(self) -> None:
         """The ledger changed outside the router (occupy, consume, abort): retry what it refused."""
         self._wake(LEDGER)
+        self._check_room()
+
+    def _check_room(self) -> None:
+        """Wake prompts waiting for new room when the ledger gained some since the last look.
+
+        Called on every notified change and after every dispatch pass (within a pass, room only
+        shrinks), so a gain is seen even when the change itself was not notified.
+        """
+        room = self.ledger.room_signature()
+        previous, self._room = self._room, room
+        if room[0] != previous[0] or previous[1] - room[1]:
+            self._wake(LEDGER_ROOM)
 
     def instance(self, instance_id: str) -> CandidateState:
         return self.cluster.view(instance_id).candidate()
@@ -234,6 +256,7 @@ class RouterCore:
         if self.is_paused:
             return DispatchResult(routed, deferred)
         self._maybe_evict(now)
+        self._check_room()  # room gained by changes nobody notified competes in this pass
         while max_decisions is None or len(routed) + len(deferred) < max_decisions:
             item = self.queue.pop()
             if item is None:
@@ -244,11 +267,13 @@ class RouterCore:
                 routed.append(decision)
                 continue
             deferred.append(decision)
-            keys = wake_keys(decision, request, pinned_instance, restricted_to)
+            has_group = self.ledger.has_group(request.prompt_id)
+            keys = wake_keys(decision, request, pinned_instance, restricted_to, has_group=has_group)
             if not keys:
                 self.queue.push(request, arrival)
                 break
             self.parking.park(request, arrival, keys)
+        self._check_room()  # the pass's reservations shrank the room: later gains compare with this
         return DispatchResult(routed, deferred)
 
     def decide(self, request: RoutingRequest) -> RoutingDecision:

@@ -1,7 +1,7 @@
 """The staleness ledger as routing sees it.
 
 The ledger (Reserve / Occupy / Consume) is owned elsewhere; worker selection only asks these
-four questions, synchronously and locally, so the per-request path never waits on the network.
+these questions, synchronously and locally, so the per-request path never waits on the network.
 """
 
 from __future__ import annotations
@@ -24,4 +24,13 @@ class StalenessLedger(Protocol):
 
     def reserve(self, prompt_id: int, child: int, version: int, instance: str) -> int:
         """Reserve a slot for this child at ``version`` on ``instance``; returns the buffer id."""
+        ...
+
+    def has_group(self, prompt_id: int) -> bool:
+        """Does the ledger hold a group of this prompt (that a refused child may later join)?"""
+        ...
+
+    def room_signature(self) -> tuple[int, frozenset[int]]:
+        """The next buffer to consume and the buffers without room for new groups: new-group
+        reservations can only become possible when this changes (see ``RouterCore``)."""
         ...

@@ -7,6 +7,9 @@ queue with its original arrival position. Wake keys:
 
 * ``VERSIONS``: an instance was added, removed, re-versioned or became healthy;
 * ``LEDGER``: the staleness ledger changed outside the router (occupy, consume, abort);
+* ``LEDGER_ROOM``: a buffer gained room for new groups, or the next buffer moved (a prompt
+  without a group yet waits on this, not on every ledger change: at scale most occupies free
+  nothing, and re-deciding every parked group on each of them is quadratic);
 * ``("prompt", p)``: a sibling of prompt ``p`` opened the group's reservation;
 * ``("instance", i)``: instance ``i`` released a request, reported status, resumed or re-versioned.
 """
@@ -21,6 +24,7 @@ from psrl.routing.request import RoutingRequest
 WakeKey = tuple[str, ...] | tuple[str, int] | tuple[str, str]
 VERSIONS: WakeKey = ("versions",)
 LEDGER: WakeKey = ("ledger",)
+LEDGER_ROOM: WakeKey = ("ledger_room",)
 
 
 def prompt_key(prompt_id: int) -> WakeKey:
@@ -32,18 +36,28 @@ def instance_key(instance_id: str) -> WakeKey:
 
 
 def wake_keys(
-    decision: RoutingDecision, request: RoutingRequest, pinned_instance: str | None, restricted_to: list[str] | None
+    decision: RoutingDecision,
+    request: RoutingRequest,
+    pinned_instance: str | None,
+    restricted_to: list[str] | None,
+    *,
+    has_group: bool = True,
 ) -> list[WakeKey]:
     """Events that could let this deferred request through; empty when any capacity change could.
 
     ``restricted_to`` names the instances the request could use when that was fewer than all
     healthy ones (its version or its prompt's reservations ruled the others out): their being
     full says nothing about the rest, so it waits on them instead of holding up the queue.
+    ``has_group``: the ledger already holds a group of the request's prompt (a refused child may
+    join it after any change to it); without one only new room can help.
     """
     if decision.reason == Reason.NO_ELIGIBLE_VERSION:
         return [VERSIONS]
     keys: list[WakeKey] = []
-    if decision.reason in (Reason.NO_RESERVABLE, Reason.LEDGER_REFUSED):
+    if decision.reason == Reason.NO_RESERVABLE and not has_group:
+        keys = [LEDGER_ROOM, VERSIONS, prompt_key(request.prompt_id)]
+    elif decision.reason in (Reason.NO_RESERVABLE, Reason.LEDGER_REFUSED):
+        # A refused reserve call means the ledger changed under the decision: any change may help.
         keys = [LEDGER, VERSIONS, prompt_key(request.prompt_id)]
     if pinned_instance is not None:
         keys.append(instance_key(pinned_instance))

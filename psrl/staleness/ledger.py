@@ -116,6 +116,16 @@ class StalenessLedger:
         group = self._groups.get(prompt_id)
         return group is not None and self._can_join(group, version)
 
+    def has_group(self, prompt_id: int) -> bool:
+        return prompt_id in self._groups
+
+    def room_signature(self) -> tuple[int, frozenset[int]]:
+        """What decides whether *new* groups can reserve at any version: the next buffer to
+        consume and the buffers without room. New-group reservations can become possible only
+        when the next buffer moves or a buffer leaves that set."""
+        full = frozenset(b for b, buffer in self._buffers.items() if b >= self._next_buffer and not buffer.has_room)
+        return self._next_buffer, full
+
     def reserve_indicator(self, prompt_id: int, version: int) -> float:
         """-inf: joins the group's existing entry; -b: new entry in buffer b; +inf: impossible."""
         group = self._groups.get(prompt_id)

@@ -50,6 +50,12 @@ class WindowLedger:
         buffer = None if prompt_id in self.groups else self._new_entry_buffer(version)
         return math.inf if buffer is None else -float(buffer)
 
+    def has_group(self, prompt_id: int) -> bool:
+        return prompt_id in self.groups
+
+    def room_signature(self) -> tuple[int, frozenset[int]]:
+        return self.first_buffer, frozenset(b for b, n in self.counts.items() if n >= self.entries)
+
     def reserve(self, prompt_id: int, child: int, version: int, instance: str) -> int:
         self.reserved.append((prompt_id, child, version, instance))
         if prompt_id in self.groups:

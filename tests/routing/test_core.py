@@ -133,6 +133,28 @@ class TestParking:
         core.release(1)
         assert [d.request_id for d in core.dispatch(0.0).routed] == [2]
 
+    def test_a_new_group_refused_by_the_ledger_waits_for_room_not_for_every_change(self) -> None:
+        ledger = WindowLedger(staleness=0, entries=1)
+        core = make_core(versions=(0,), ledger=ledger)
+        route(core, request(1))  # buffer 0's only entry
+        core.submit(request(2))
+        assert [d.reason for d in core.dispatch(0.0).deferred] == [Reason.NO_RESERVABLE]
+        core.notify_ledger_changed()  # a change that frees nothing (an occupy, say)
+        assert core.dispatch(0.0).deferred == []  # not re-decided
+        ledger.counts[0] = 0  # the entry left buffer 0 without a notification...
+        assert core.dispatch(0.0).routed[0].request_id == 2  # ...and the next pass still sees the room
+
+    def test_a_new_group_is_woken_when_the_next_buffer_moves(self) -> None:
+        ledger = WindowLedger(staleness=0, entries=1)
+        core = make_core(versions=(0,), ledger=ledger)
+        route(core, request(1))
+        core.submit(request(2))
+        assert [d.reason for d in core.dispatch(0.0).deferred] == [Reason.NO_RESERVABLE]
+        assert core.dispatch(0.0).deferred == []
+        ledger.first_buffer = 1  # buffer 0 consumed (version 0 still cannot place it: nothing routes,
+        core.notify_ledger_changed()  # but the move wakes it and it is decided again)
+        assert [d.request_id for d in core.dispatch(0.0).deferred] == [2]
+
 
 def run_events(method: str, seed: int = 0) -> list[bytes]:
     """A fixed event sequence; returns the encoded decisions."""
