@@ -119,16 +119,9 @@ def main() -> None:
 
 
 def scale_run() -> SimSummary:
-    """1,024 instances, the reasoning profile, 7 buffers of 4,096 groups of 4 dispatched (114,688 requests).
-
-    Work is dispatched one buffer ahead (``psrl.max_dispatch_ahead=1``): with two buffers ahead, the
-    groups dispatched when a version is published cannot reserve until the instances have synced,
-    and the router re-decides every one of them on every Occupy in between (docs/benchmarks.md,
-    simulator section, has the numbers), which at this size costs hours, not minutes.
-    """
-    print("\nscale: 1,024 instances (psrl reasoning profile, one buffer dispatched ahead, trainer f=16)")
-    summary = run(PSRL, 1024, 6, 16, ["psrl.max_dispatch_ahead=1", "psrl.staleness_buffer_entries=4096",
-                                      "psrl.rollout_n=4"])  # fmt: skip
+    """1,024 instances, the reasoning profile, 8 buffers of 4,096 groups of 4 dispatched (131,072 requests)."""
+    print("\nscale: 1,024 instances (psrl reasoning profile, trainer f=16)")
+    summary = run(PSRL, 1024, 6, 16, ["psrl.staleness_buffer_entries=4096", "psrl.rollout_n=4"])
     for line in summary_table([summary]):
         print(line)
     print(f"  {summary.num_requests} requests, {summary.num_routing_decisions} routings, "
