@@ -135,3 +135,23 @@ def test_a_resumed_run_continues_the_version_numbering(tmp_path) -> None:
     report = replay_run(run_dir.path, ["all"])
     for checker in report.checkers:
         assert checker.agreement.num_disagree == 0, (checker.name, checker.agreement.disagreements[:3])
+
+
+def test_a_data_parallel_trainer_steps_in_lockstep_and_one_rank_pushes(tmp_path) -> None:
+    from bus.eventlog.reader import EventLogReader
+    from bus.messages import TrainerProgress, WeightsPushed
+
+    config, sup, code = run(tmp_path, [*SMALL, "topology.n_trainer_ranks=2", "trainer.total_steps=3"])
+    assert code == 0, sup.end_reason
+    events = [e.event for e in EventLogReader(sup.run_dir.events).events()]
+    versions: dict[str, list[int]] = {}
+    for e in events:
+        if isinstance(e.message, TrainerProgress):
+            versions.setdefault(e.envelope.sender, []).append(e.message.version)
+    assert versions == {"trainer-0": [1, 2, 3], "trainer-1": [1, 2, 3]}
+    # The ranks gather their shards (FSDP2, the default) and rank 0 alone pushes each whole version.
+    pushes = [(e.envelope.sender, e.message.version) for e in events if isinstance(e.message, WeightsPushed)]
+    assert pushes == [("trainer-0", 1), ("trainer-0", 2), ("trainer-0", 3)]
+    check_staleness_bound(read_run(sup.run_dir.events), config.psrl.staleness)
+    for checker in replay_run(sup.run_dir.path, ["all"]).checkers:
+        assert checker.agreement.num_disagree == 0, (checker.name, checker.agreement.disagreements[:3])
