@@ -109,6 +109,8 @@ class TrainerActor(Actor):
             self.link.close()
         if getattr(self, "pusher", None) is not None:
             self.pusher.close()  # type: ignore[union-attr]
+        if hasattr(self, "parallel"):
+            self.parallel.close()
 
 
 def trajectories_from(data: TrainData, responses_per_prompt: int) -> list[Trajectory]:

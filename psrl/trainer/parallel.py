@@ -14,13 +14,16 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager, nullcontext, suppress
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Literal
 
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
+
+CLOSE_BARRIER_S = 10.0  # how long a closing rank waits for its peers before tearing down
 
 Strategy = Literal["fsdp2", "ddp", "megatron"]
 
@@ -112,6 +115,11 @@ class ParallelContext:
 
     def close(self) -> None:
         if self.is_initialised_here and dist.is_initialized():
+            if self.is_distributed and dist.get_backend() == "gloo":
+                # Leave together: a rank that tears down while its peer still talks to the
+                # rendezvous store aborts the peer. Bounded, since a peer may already be dead.
+                with suppress(RuntimeError):
+                    dist.monitored_barrier(timeout=timedelta(seconds=CLOSE_BARRIER_S))
             dist.destroy_process_group()
 
 
