@@ -23,23 +23,16 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import get_args
 
-from psrl.config.coordination import RoutingStrategy
+from psrl.config.coordination import RoutingMethod, RoutingStrategy
 from psrl.routing import InstanceSnapshot, RequestQueue, RouterCore, RoutingRequest, make_policy
 from psrl.routing.cost_model import CostModel
 from psrl.routing.prefix_tree import PrefixTree
 from psrl.staleness.ledger import StalenessLedger
 from psrl.staleness.types import LedgerSizes
 
-POLICIES = (
-    "random",
-    "round_robin",
-    "request_num_balance",
-    "throughput_optimal",
-    "throughput_optimal_with_budget",
-    "cache_aware",
-    "cache_aware_v1",
-)
+POLICIES = get_args(RoutingMethod)
 COST = CostModel(3.35e-8, 0.0064, 1.231e-4, 0.0028)
 CHILDREN = 8
 SYSTEM_PROMPT = tuple(range(50_000, 50_064))

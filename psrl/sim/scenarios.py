@@ -11,6 +11,9 @@ sync strategy.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import get_args
+
+from psrl.config.coordination import RoutingMethod
 
 RC = "psrl.rollout_coordination."
 ROUTING = RC + "routing_strategy."
@@ -40,14 +43,8 @@ PSRL = Variant(
      f"{SYNC_MIG}mig.stop_indicator=request_num", f"{SYNC_MIG}mig.stop_threshold=10"),
 )  # fmt: skip
 
-ROUTING_METHODS = (
-    "random",
-    "round_robin",
-    "request_num_balance",
-    "throughput_optimal",
-    "throughput_optimal_with_budget",
-    "cache_aware",
-)
+# cache_aware_v1 adds the offloaded KV tier to cache_aware; the simulator models no tier.
+ROUTING_METHODS = tuple(m for m in get_args(RoutingMethod) if m != "cache_aware_v1")
 
 
 def sync_variants() -> list[Variant]:
