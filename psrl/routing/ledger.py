@@ -1,7 +1,7 @@
 """The staleness ledger as routing sees it.
 
-The ledger (Reserve / Occupy / Consume) is owned elsewhere; worker selection only asks these
-these questions, synchronously and locally, so the per-request path never waits on the network.
+The ledger (Reserve / Occupy / Consume) is owned elsewhere; worker selection only asks the
+questions below, synchronously and locally, so the per-request path never waits on the network.
 """
 
 from __future__ import annotations
