@@ -61,16 +61,21 @@ F = TypeVar("F", bound=Callable[..., Any])
 Handler = Callable[[Event[Any]], None]
 
 
-def handles(*kinds: type[Message], link: bool = False) -> Callable[[F], F]:
+def handles(*kinds: type[Message], link: bool = False, fatal: bool = False) -> Callable[[F], F]:
     """Mark a method as the handler of the given message kinds.
 
     ``link=True``: the kinds arrive on a point-to-point link the actor reads itself, so the actor
     does not subscribe to them on the bus (where other actors' copies of them may be published).
+    ``fatal=True``: an exception in the handler ends the actor (ActorDead, exit 1) instead of being
+    counted and logged, for handlers whose failure leaves the actor unable to make progress (a
+    failed training step or weight push): the supervisor's restart policy then applies, where
+    carrying on would leave the run waiting forever.
     """
 
     def mark(method: F) -> F:
         method._psrl_kinds = kinds  # type: ignore[attr-defined]
         method._psrl_via_link = link  # type: ignore[attr-defined]
+        method._psrl_fatal = fatal  # type: ignore[attr-defined]
         return method
 
     return mark
@@ -168,6 +173,8 @@ class Actor:
         try:
             handler(event)
         except Exception as exc:
+            if event.envelope.kind in self._fatal_kinds:
+                raise
             self.num_handler_errors += 1
             self.log.error("handler failed", kind=event.envelope.kind, error=repr(exc), tb=traceback.format_exc())
 
@@ -294,12 +301,15 @@ class Actor:
     def _handler_table(self) -> dict[str, Handler]:
         table: dict[str, Handler] = {}
         self._link_kinds: set[str] = set()
+        self._fatal_kinds: set[str] = set()
         for klass in reversed(type(self).__mro__):
             for attr, value in vars(klass).items():
                 for kind in getattr(value, "_psrl_kinds", ()):
                     table[kind.KIND] = getattr(self, attr)
                     if getattr(value, "_psrl_via_link", False):
                         self._link_kinds.add(kind.KIND)
+                    if getattr(value, "_psrl_fatal", False):
+                        self._fatal_kinds.add(kind.KIND)
         return table
 
     def _subscribe(self) -> list[Subscriber]:

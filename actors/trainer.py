@@ -18,6 +18,7 @@ from bus.messages import FinishReason as BusFinish
 from bus.messages import Metrics, TrainData, TrainerProgress, WeightsPushed
 from bus.schema import Event
 from psrl.ps.from_config import make_pusher
+from psrl.ps.staging import HostStaging
 from psrl.rl.trajectory import FinishReason, Trajectory
 from psrl.trainer import ParallelContext, StepResult, TrainerCore, latest_checkpoint
 
@@ -45,6 +46,7 @@ class TrainerActor(Actor):
                          settings=self.bus, serve=True)  # fmt: skip
         self.add_input(self.link.socket, self._on_link)
         self.pusher = None
+        self.staging = HostStaging()  # a GPU trainer's weights go to the PS from host memory
         if self.rank == 0:
             shards = [self.boot.endpoint(f"ps-{i}") for i in range(cfg.topology.n_ps_shards)]
             self.pusher = make_pusher(cfg, shards, self.boot.incarnation)
@@ -52,7 +54,7 @@ class TrainerActor(Actor):
         if self.core.version > 0:  # a resumed run: the fresh parameter server needs the current version
             weights = dict(self.core.named_weights())
             if self.pusher is not None:
-                self.pusher.push(self.core.version, weights)
+                self.pusher.push(self.core.version, self.staging.stage(weights))
         return {"version": self.core.version}
 
     def _on_link(self) -> None:
@@ -61,7 +63,7 @@ class TrainerActor(Actor):
             for event in received[1]:
                 self.dispatch(event)
 
-    @handles(TrainData, link=True)
+    @handles(TrainData, link=True, fatal=True)  # a failed step or push must not leave the run waiting
     def _on_data(self, event: Event[TrainData]) -> None:
         data = event.message
         if data.buffer < self.core.version:  # already trained (a resent buffer after a restart)
@@ -84,7 +86,7 @@ class TrainerActor(Actor):
         started = time.monotonic()
         weights = dict(self.core.named_weights())  # a collective under FSDP2: every rank iterates
         if self.pusher is not None:
-            pushed = self.pusher.push(result.version, weights)
+            pushed = self.pusher.push(result.version, self.staging.stage(weights))
             self.publisher.publish(WeightsPushed(result.version, self.rank, pushed.num_bytes),
                                    model_version=result.version)  # fmt: skip
             self.publisher.publish(Metrics(data.buffer + 1, {

@@ -1,0 +1,49 @@
+"""Host staging: the trainer's weights as contiguous CPU tensors, the form a push sends from.
+
+A trainer on a GPU holds its weights in device memory, while the PS transports send host bytes.
+Each device (or non-contiguous) tensor is copied into a host buffer kept from one push to the next
+(pinned when CUDA is present, so the copies are asynchronous DMA), with one synchronisation after
+the last copy. CPU tensors that are already contiguous pass through without a copy, which keeps a
+CPU trainer's push zero-copy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+
+
+class HostStaging:
+    def __init__(self) -> None:
+        self._buffers: dict[str, torch.Tensor] = {}
+
+    def stage(self, weights: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Host copies of ``weights`` (same names, shapes and dtypes), valid until the next call."""
+        staged: dict[str, torch.Tensor] = {}
+        devices: set[torch.device] = set()
+        for name, tensor in weights.items():
+            if tensor.device.type == "cpu" and tensor.is_contiguous():
+                staged[name] = tensor
+                continue
+            buffer = self._buffer_for(name, tensor)
+            buffer.copy_(tensor, non_blocking=tensor.device.type == "cuda")
+            devices.add(tensor.device)
+            staged[name] = buffer
+        for device in devices:
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+        return staged
+
+    @property
+    def num_staged_bytes(self) -> int:
+        """Host memory held for staging."""
+        return sum(b.numel() * b.element_size() for b in self._buffers.values())
+
+    def _buffer_for(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
+        buffer = self._buffers.get(name)
+        if buffer is None or buffer.shape != tensor.shape or buffer.dtype != tensor.dtype:
+            pin = tensor.device.type == "cuda"
+            buffer = torch.empty(tensor.shape, dtype=tensor.dtype, device="cpu", pin_memory=pin)
+            self._buffers[name] = buffer
+        return buffer

@@ -1,0 +1,58 @@
+"""Actor.dispatch: a failing handler is counted and logged, unless it is marked fatal."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from actors.base import Actor, handles
+from bus.messages import Metrics, TrainData
+from psrl.log import get_logger
+
+
+class _Actor(Actor):
+    ROLE = "test"
+
+    @handles(Metrics)
+    def _on_metrics(self, event: object) -> None:
+        raise ValueError("a bad metrics event")
+
+    @handles(TrainData, link=True, fatal=True)
+    def _on_data(self, event: object) -> None:
+        raise RuntimeError("the step failed")
+
+
+def _bare_actor() -> _Actor:
+    # the dispatch path only: no sockets, no boot
+    actor = object.__new__(_Actor)
+    actor.log = get_logger("test")
+    actor.num_unhandled = actor.num_handler_errors = 0
+    actor._handlers = actor._handler_table()
+    return actor
+
+
+def _event(kind: str) -> SimpleNamespace:
+    return SimpleNamespace(envelope=SimpleNamespace(kind=kind, sender="someone"), message=None)
+
+
+def test_a_failing_handler_is_counted_and_the_actor_keeps_serving() -> None:
+    actor = _bare_actor()
+    actor.dispatch(_event(Metrics.KIND))
+    actor.dispatch(_event(Metrics.KIND))
+    assert actor.num_handler_errors == 2
+
+
+def test_a_failing_fatal_handler_ends_the_actor() -> None:
+    actor = _bare_actor()
+    with pytest.raises(RuntimeError, match="the step failed"):
+        actor.dispatch(_event(TrainData.KIND))
+    assert actor.num_handler_errors == 0
+
+
+def test_the_trainer_marks_its_training_handler_fatal() -> None:
+    from actors.trainer import TrainerActor
+
+    actor = object.__new__(TrainerActor)
+    actor._handler_table()
+    assert TrainData.KIND in actor._fatal_kinds
