@@ -16,6 +16,9 @@ def main() -> int:
     if threads:  # before torch is imported: several actors share the machine's cores
         os.environ["OMP_NUM_THREADS"] = str(threads)
         os.environ["MKL_NUM_THREADS"] = str(threads)
+    gpus = boot.options.get("cuda_visible_devices")
+    if gpus is not None:  # before CUDA starts: the actor's device is then its cuda:0
+        os.environ["CUDA_VISIBLE_DEVICES"] = str(gpus)
     json_log = None
     if boot.run_dir is not None and boot.options.get("log_to_run_dir", True):
         json_log = os.path.join(boot.run_dir, "logs", f"{boot.name}.jsonl")

@@ -34,8 +34,10 @@ class TrainerActor(Actor):
         self.rank, self.world_size = self.boot.index, cfg.topology.n_trainer_ranks
         if self.world_size > 1:
             host, port = str(self.boot.options["dist_master"]).rsplit(":", 1)
+            # a rank placed on its own GPU sees only that one (topology.trainer_gpus)
+            local_rank = 0 if "cuda_visible_devices" in self.boot.options else self.rank
             os.environ.update(MASTER_ADDR=host, MASTER_PORT=port, RANK=str(self.rank),
-                              WORLD_SIZE=str(self.world_size), LOCAL_RANK=str(self.rank))  # fmt: skip
+                              WORLD_SIZE=str(self.world_size), LOCAL_RANK=str(local_rank))  # fmt: skip
         self.parallel = ParallelContext.from_env(cfg.topology.device)
         self.core = TrainerCore(cfg, parallel=self.parallel)
         self.checkpoints = Path(self.boot.run_dir) / "checkpoints" if self.boot.run_dir else None

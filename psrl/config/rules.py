@@ -357,6 +357,28 @@ def features_available(c: Config) -> Iterator[ConfigProblem]:
             yield problem(path, value, "this feature is not available in this version of psrl", fix)
 
 
+def gpu_placement(c: Config) -> Iterator[ConfigProblem]:
+    topo = c.topology
+    for name, gpus in (("trainer_gpus", topo.trainer_gpus), ("rollout_gpus", topo.rollout_gpus)):
+        if any(g < 0 for g in gpus):
+            yield problem("topology." + name, gpus, "GPU indices cannot be negative", "use indices 0, 1, ...")
+        if gpus and topo.device == "cpu":
+            yield problem(
+                ("topology." + name, "topology.device"),
+                gpus,
+                "GPUs are placed but the device is cpu",
+                f"set topology.device=cuda (or auto), or topology.{name}=[]",
+            )
+    trainer = topo.trainer_gpus
+    if trainer and (len(trainer) < topo.n_trainer_ranks or len(set(trainer)) != len(trainer)):
+        yield problem(
+            ("topology.trainer_gpus", "topology.n_trainer_ranks"),
+            trainer,
+            f"each of the {topo.n_trainer_ranks} trainer ranks needs a GPU of its own (NCCL)",
+            f"list {topo.n_trainer_ranks} distinct GPU indices, or leave topology.trainer_gpus empty",
+        )
+
+
 RULES: tuple[Rule, ...] = (
     staleness_non_negative,
     pre_step_needs_mini_batch,
@@ -377,6 +399,7 @@ RULES: tuple[Rule, ...] = (
     proactive_filter_threshold,
     tms_rules,
     features_available,
+    gpu_placement,
 )
 
 

@@ -37,6 +37,16 @@ class Topology(Section):
     n_ps_shards: int = field(2, "Parameter-server shards; tensors are balanced across them by bytes.", ge=1)
     device: Literal["auto", "cpu", "cuda"] = field("auto", "Device of engines and trainer (auto = cuda if present).")
     threads_per_actor: int = field(1, "torch intra-op threads per actor process (0 = torch default).", ge=0)
+    trainer_gpus: list[int] = field(
+        [],
+        "GPU indices of the trainer ranks (rank r sees only trainer_gpus[r]); empty = every process sees all "
+        "GPUs and uses the first.",
+    )
+    rollout_gpus: list[int] = field(
+        [],
+        "GPU indices of the rollout instances (instance i sees only rollout_gpus[i % n], so instances may "
+        "share a GPU); empty = every process sees all GPUs and uses the first.",
+    )
 
 
 class Engine(Section):

@@ -41,6 +41,7 @@ from bus.security import generate_keys, load_keys
 from bus.settings import BusSettings
 from psrl.config import Config, to_yaml
 from psrl.launch.hosts import HostsFile
+from psrl.launch.placement import visible_gpus
 from psrl.launch.plan import ActorSpec, plan_actors, plan_endpoints
 from psrl.launch.policy import RestartPolicy, Verdict
 from psrl.launch.process import ActorProcess, run_on_host, start_actor
@@ -200,6 +201,7 @@ class Supervisor:
                 "log_level": self.config.run.log_level,
                 "dist_master": self.dist_master,
                 "torch_threads": self.config.topology.threads_per_actor,
+                **_placement(spec, self.config),
                 **self.actor_options.get(spec.name, {}),
             },
         )
@@ -389,3 +391,8 @@ def _dist_master(endpoints: dict[str, str]) -> str:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return f"127.0.0.1:{probe.getsockname()[1]}"
+
+
+def _placement(spec: ActorSpec, config: Config) -> dict[str, str]:
+    gpus = visible_gpus(spec.role, spec.index, config.topology)
+    return {} if gpus is None else {"cuda_visible_devices": gpus}

@@ -1,0 +1,18 @@
+"""Which GPUs an actor process may see: trainer ranks and rollout instances on their own devices.
+
+Placement works through CUDA_VISIBLE_DEVICES, set in the actor process before CUDA starts, so every
+actor keeps addressing its device as cuda:0 and the same boot line works on a remote host.
+"""
+
+from __future__ import annotations
+
+from psrl.config.system import Topology
+
+
+def visible_gpus(role: str, index: int, topology: Topology) -> str | None:
+    """The CUDA_VISIBLE_DEVICES value of actor ``role``/``index``; None leaves the environment alone."""
+    if role == "trainer" and topology.trainer_gpus:
+        return str(topology.trainer_gpus[index % len(topology.trainer_gpus)])
+    if role == "rollout" and topology.rollout_gpus:
+        return str(topology.rollout_gpus[index % len(topology.rollout_gpus)])
+    return None
