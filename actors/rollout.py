@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass, field
 
 import numpy as np
+import torch
 
 from actors.base import Actor, handles
 from actors.links import Link
@@ -30,6 +31,7 @@ from bus.messages import (
     SyncCommand,
     TokenChunk,
     WeightsLoaded,
+    WeightsPublished,
 )
 from bus.schema import Event
 from psrl.engine import Engine
@@ -39,6 +41,7 @@ from psrl.engine.sequence import FinishReason as EngineFinish
 from psrl.errors import RequestError
 from psrl.ps import PullFailedError
 from psrl.ps.from_config import make_puller
+from psrl.ps.prefetch import Prefetcher
 from psrl.routing.budget import budget_request_tokens
 from psrl.routing.preemption import preempted_to_loop_back
 
@@ -73,6 +76,8 @@ class RolloutActor(Actor):
         self.add_input(self.link.socket, self._on_link)
         shards = range(self.config.topology.n_ps_shards)
         self.puller = make_puller(self.config, [self.boot.endpoint(f"ps-{i}.1") for i in shards])
+        ps = self.config.psrl.ps
+        self.prefetcher = Prefetcher(self.puller, ps.pull_attempts) if ps.prefetch and not ps.delta_sync else None
         self.streams: dict[str, _Stream] = {}
         self.prompt_ids: dict[str, int] = {}
         self.pending_sync: _PendingSync | None = None
@@ -153,6 +158,11 @@ class RolloutActor(Actor):
         if cmd.abort_running:
             self._abort(list(self.streams), "sync")
 
+    @handles(WeightsPublished)
+    def _on_published(self, event: Event[WeightsPublished]) -> None:
+        if self.prefetcher is not None and event.message.version > self.engine.weight_version:
+            self.prefetcher.start(event.message.version)
+
     def _sync_if_due(self) -> bool:
         """Pull and load the pending version once no request holds the old weights."""
         sync = self.pending_sync
@@ -163,7 +173,7 @@ class RolloutActor(Actor):
         self.publisher.publish(PullRequest(self.name, sync.version), model_version=sync.version)
         started = time.monotonic()
         try:
-            loaded = self._pull(sync.version)
+            loaded, prefetched = self._pull(sync.version)
         except (PullFailedError, ValueError, RuntimeError) as exc:
             self.log.error("sync failed", version=sync.version, error=str(exc))
             self.publisher.publish(InstanceSyncFailed(self.name, sync.version, str(exc)))
@@ -171,16 +181,22 @@ class RolloutActor(Actor):
             return True
         self.engine.resume()
         load_ms = (time.monotonic() - started) * 1000
-        self.publisher.publish(WeightsLoaded(self.name, loaded, load_ms), model_version=loaded)
+        self.publisher.publish(WeightsLoaded(self.name, loaded, load_ms, prefetched), model_version=loaded)
         self._report_status()
         return True
 
-    def _pull(self, version: int) -> int:
-        """Pull every tensor first and load them in one step: a failed pull leaves the old weights intact."""
-        tensors: list[tuple[str, object]] = []
-        result = self.puller.sync(lambda name, tensor: tensors.append((name, tensor)), version)
-        self.engine.load_weights(tensors, result.version)  # type: ignore[arg-type]
-        return result.version
+    def _pull(self, version: int) -> tuple[int, bool]:
+        """Pull every tensor first and load them in one step: a failed pull leaves the old weights intact.
+
+        Returns the loaded version and whether it came from a background pull."""
+        prefetched = self.prefetcher.take(version) if self.prefetcher is not None else None
+        if prefetched is not None:
+            self.engine.load_weights(prefetched, version)
+            return version, True
+        tensors: dict[str, torch.Tensor] = {}  # by name: a retried pull replaces what it loaded
+        result = self.puller.sync(tensors.__setitem__, version, self.config.psrl.ps.pull_attempts)
+        self.engine.load_weights(list(tensors.items()), result.version)
+        return result.version, False
 
     # ------------------------------------------------------------------ stepping
 
@@ -268,4 +284,6 @@ class RolloutActor(Actor):
         if hasattr(self, "engine"):
             self._abort(list(self.streams), "shutdown")
             self.link.close()
+            if self.prefetcher is not None:
+                self.prefetcher.close()  # its pull uses the puller's sockets
             self.puller.close()

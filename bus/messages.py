@@ -514,12 +514,15 @@ class WeightsLoaded(Message, frozen=True):
 
     instance: instance id.
     version: loaded version.
-    load_ms: pull plus load time in milliseconds.
+    load_ms: pull plus load time in milliseconds (the instance's stop for the sync).
+    prefetched: the version was pulled in the background before the sync (load_ms is then the wait
+        for that pull to finish plus the load) (added in 1.2).
     """
 
     instance: str
     version: int
     load_ms: float = 0.0
+    prefetched: bool = False
 
 
 @message("wt.sync_failed")

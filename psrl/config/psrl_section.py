@@ -80,6 +80,11 @@ class ParameterServer(Section):
     pull_timeout_s: float = field(60.0, "A pull fails after this long without progress.", gt=0)
     probe_interval_s: float = field(1.0, "A shard silent this long during a push gets a status probe.", gt=0)
     pull_attempts: int = field(5, "Pull attempts of one weight sync before the instance reports failure.", ge=1)
+    prefetch: bool = field(
+        True,
+        "Instances pull a newly published version in the background while they generate, so a sync only "
+        "loads it (full pulls only: with delta_sync an instance pulls at sync time).",
+    )
 
 
 class AgenticRL(Section):

@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+from bus.messages import WeightsLoaded
 from psrl.config import load_config
 from psrl.launch.supervisor import Supervisor
 from psrl.replay.runner import replay_run
@@ -53,6 +54,8 @@ def test_partial_rollout_run_keeps_every_promise(tmp_path) -> None:
     check_staleness_bound(facts, config.psrl.staleness)
     check_consumed_groups(facts, config.psrl.rollout_n, config.responses_per_prompt, config.psrl.staleness)
     assert check_continuations(facts) > 0, "no request was interrupted: the test exercised no partial rollout"
+    loads = [e.message for e in facts.events if isinstance(e.message, WeightsLoaded)]
+    assert any(load.prefetched for load in loads), "no sync loaded a version pulled in the background"
     report = replay_run(sup.run_dir.path, ["routing", "sync", "ledger"])
     for checker in report.checkers:
         assert checker.agreement.num_disagree == 0, checker.name

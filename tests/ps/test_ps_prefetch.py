@@ -1,0 +1,81 @@
+"""Prefetcher: a published version pulled in the background is what a sync loads, or nothing is used."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import pytest
+from ps_helpers import ThreadShards, assert_same, small_model
+
+from psrl.ps import Puller, Pusher
+from psrl.ps.prefetch import Prefetcher
+
+MakeShards = Callable[..., ThreadShards]
+BLOCK = 16 << 10
+
+
+@pytest.fixture
+def parts(make_shards: MakeShards) -> Iterator[tuple[Pusher, Puller]]:
+    shards = make_shards(2)
+    pusher = Pusher(shards.push_endpoints, incarnation=1, max_block_bytes=BLOCK, timeout_s=30)
+    puller = Puller(shards.pull_endpoints, timeout_s=2)
+    yield pusher, puller
+    pusher.close()
+    puller.close()
+
+
+def test_a_prefetched_version_is_handed_over_whole(parts: tuple[Pusher, Puller]) -> None:
+    pusher, puller = parts
+    model = small_model(1)
+    pusher.push(1, model)
+    prefetcher = Prefetcher(puller)
+    assert prefetcher.start(1)
+    tensors = prefetcher.take(1)  # waits for the background pull
+    assert tensors is not None
+    assert_same({name: t.clone() for name, t in tensors}, model)
+    assert prefetcher.num_used == 1 and puller.held_version == 1
+
+
+def test_a_prefetch_of_another_version_is_not_used_and_the_caller_pulls(parts: tuple[Pusher, Puller]) -> None:
+    pusher, puller = parts
+    pusher.push(1, small_model(1))
+    pusher.push(2, small_model(2))
+    prefetcher = Prefetcher(puller)
+    assert prefetcher.start(2)
+    assert prefetcher.take(1) is None  # asked for 1, held 2
+    got: dict[str, object] = {}
+    puller.pull(1, lambda name, t: got.__setitem__(name, t.clone()))
+    assert_same(got, small_model(1))  # type: ignore[arg-type]
+
+
+def test_one_pull_at_a_time_and_never_an_older_version(parts: tuple[Pusher, Puller]) -> None:
+    pusher, puller = parts
+    pusher.push(1, small_model(1))
+    pusher.push(2, small_model(2))
+    prefetcher = Prefetcher(puller)
+    assert prefetcher.start(2)
+    assert not prefetcher.start(2)  # running, or already held
+    assert not prefetcher.start(1)  # never goes back to an older version
+    assert prefetcher.take(2) is not None
+    assert prefetcher.start(1)  # take handed the puller back: a new pull may start
+    tensors = prefetcher.take(1)
+    assert tensors is not None
+    assert_same({name: t.clone() for name, t in tensors}, small_model(1))
+    assert prefetcher.num_started == 2
+
+
+def test_a_failed_prefetch_is_reported_as_nothing_to_use(parts: tuple[Pusher, Puller]) -> None:
+    _, puller = parts
+    prefetcher = Prefetcher(puller, max_attempts=1)
+    assert prefetcher.start(7)  # never published
+    assert prefetcher.take(7) is None
+
+
+def test_delta_pullers_are_refused(make_shards: MakeShards) -> None:
+    shards = make_shards(1)
+    puller = Puller(shards.pull_endpoints, delta_sync=True, timeout_s=2)
+    try:
+        with pytest.raises(ValueError, match="full pulls"):
+            Prefetcher(puller)
+    finally:
+        puller.close()
