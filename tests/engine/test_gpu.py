@@ -52,3 +52,15 @@ def test_cuda_bf16_prefill_agrees_with_transformers_bf16(qwen2: Checkpoint) -> N
             want = torch.log_softmax(reference(torch.tensor([prompt], device="cuda")).logits[0, -1].float(), -1)
         got = torch.log_softmax(recorder.rows[str(index)][0][1], -1)
         assert (got - want).abs().max().item() < 0.15, index
+
+
+def test_host_weights_load_into_a_cuda_engine_exactly(qwen2: Checkpoint) -> None:
+    """Host tensors are moved first and reordered on the GPU (fused, transposed, interleaved slots)."""
+    on_cpu = make_engine(qwen2, num_kv_blocks=16)
+    on_gpu = make_engine(qwen2, device="cuda", num_kv_blocks=16)
+    weights = {name: tensor.clone() * 1.5 for name, tensor in qwen2.model.state_dict().items()}
+    on_cpu.load_weights(weights, 1)
+    on_gpu.load_weights(weights, 1)
+    cpu_params = dict(on_cpu.runner.model.named_parameters())
+    for name, param in on_gpu.runner.model.named_parameters():
+        assert torch.equal(param.cpu(), cpu_params[name]), name
