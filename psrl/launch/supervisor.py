@@ -53,6 +53,9 @@ WATCH_INTERVAL_S = 0.1
 SUBSCRIBE_WAIT_S = 10.0
 INCARNATIONS_PER_LAUNCH = 1000  # incarnation = launch * 1000 + restarts of the actor in that launch
 SHUTDOWN_GRACE_S = 6.0  # for actors to exit after Shutdown (all stages together), before SIGTERM
+# but at least this long for each stage: a GPU actor takes 1-2 s to exit (CUDA teardown), and a
+# late stage (the PS, the event log) must not lose its grace to the stages before it
+STAGE_GRACE_S = 3.0
 TERM_GRACE_S = 1.5  # after SIGTERM, before SIGKILL
 
 EXIT_OK, EXIT_FAILED, EXIT_INTERRUPTED = 0, 1, 130
@@ -340,12 +343,13 @@ class Supervisor:
     def _stop_all(self) -> None:
         """Stop in stages, the order work flows: no new work first, the parameter server and the log last.
 
-        All stages share one grace period; whatever is left when it runs out is terminated."""
+        All stages share one grace period, but each stage gets at least STAGE_GRACE_S; whatever is
+        left when its grace runs out is terminated."""
         self.is_stopping = True
         deadline = time.monotonic() + SHUTDOWN_GRACE_S
         for roles in STOP_STAGES:
             group = [s.name for s in reversed(self.specs) if s.role in roles and s.name in self.processes]
-            self._stop_group(group, deadline)
+            self._stop_group(group, max(deadline, time.monotonic() + STAGE_GRACE_S))
 
     def _stop_group(self, names: list[str], deadline: float) -> None:
         if not names:

@@ -11,7 +11,7 @@ from bus.schema import Event
 
 
 class FakeActor(Actor):
-    """Options: fail_at_start, slow_start_s, ignore_sigterm, drop_every, finish_after_s, tick_s."""
+    """Options: fail_at_start, slow_start_s, slow_stop_s, ignore_sigterm, drop_every, finish_after_s, tick_s."""
 
     ROLE = "fake"
 
@@ -43,6 +43,9 @@ class FakeActor(Actor):
         drop_every = int(self.boot.options.get("drop_every", 0))
         if drop_every and self.num_seen % drop_every == 0:
             self.num_dropped += 1
+
+    def teardown(self) -> None:
+        time.sleep(float(self.boot.options.get("slow_stop_s", 0)))
 
     def request_stop(self, reason: str) -> None:
         if self.boot.options.get("ignore_sigterm") and reason.startswith(("SIGTERM", "shutdown")):

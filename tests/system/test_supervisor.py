@@ -99,6 +99,14 @@ def test_slow_start_and_an_actor_ignoring_sigterm_still_stop_in_time(tmp_path) -
     assert time.monotonic() - started < 120  # a hang would block far longer
 
 
+def test_a_slow_stage_does_not_cost_the_event_log_its_clean_exit(tmp_path) -> None:
+    # the instance outlasts the whole shared grace; the stages after it still get their own
+    sup = make_supervisor(tmp_path, {"rollout-0": {"slow_stop_s": 7.0}, "coordinator": {"finish_after_s": 1.0}})
+    assert sup.run() == 0
+    logger_log = (sup.run_dir.path / "logs" / "logger.log").read_text()
+    assert "reason='shutdown" in logger_log and "reason=SIGTERM" not in logger_log, logger_log
+
+
 def test_ctrl_c_stops_every_process(tmp_path) -> None:
     roles = ["ps", "rollout", "trainer", "router", "coordinator"]
     cmd = [
