@@ -24,6 +24,16 @@ def parts(make_shards: MakeShards) -> Iterator[tuple[Pusher, Puller]]:
     puller.close()
 
 
+def _prefetching_2_of(parts: tuple[Pusher, Puller], versions: list[int]) -> Prefetcher:
+    """Publish ``versions`` (model i as version i) and start prefetching version 2."""
+    pusher, puller = parts
+    for version in versions:
+        pusher.push(version, small_model(version))
+    prefetcher = Prefetcher(puller)
+    assert prefetcher.start(2)
+    return prefetcher
+
+
 def test_a_prefetched_version_is_handed_over_whole(parts: tuple[Pusher, Puller]) -> None:
     pusher, puller = parts
     model = small_model(1)
@@ -37,23 +47,15 @@ def test_a_prefetched_version_is_handed_over_whole(parts: tuple[Pusher, Puller])
 
 
 def test_a_prefetch_of_another_version_is_not_used_and_the_caller_pulls(parts: tuple[Pusher, Puller]) -> None:
-    pusher, puller = parts
-    pusher.push(1, small_model(1))
-    pusher.push(2, small_model(2))
-    prefetcher = Prefetcher(puller)
-    assert prefetcher.start(2)
+    prefetcher = _prefetching_2_of(parts, [1, 2])
     assert prefetcher.take(1) is None  # asked for 1, held 2
     got: dict[str, object] = {}
-    puller.pull(1, lambda name, t: got.__setitem__(name, t.clone()))
+    parts[1].pull(1, lambda name, t: got.__setitem__(name, t.clone()))
     assert_same(got, small_model(1))  # type: ignore[arg-type]
 
 
 def test_one_pull_at_a_time_and_never_an_older_version(parts: tuple[Pusher, Puller]) -> None:
-    pusher, puller = parts
-    pusher.push(1, small_model(1))
-    pusher.push(2, small_model(2))
-    prefetcher = Prefetcher(puller)
-    assert prefetcher.start(2)
+    prefetcher = _prefetching_2_of(parts, [1, 2])
     assert not prefetcher.start(2)  # running, or already held
     assert not prefetcher.start(1)  # never goes back to an older version
     assert prefetcher.take(2) is not None
