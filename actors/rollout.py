@@ -284,6 +284,6 @@ class RolloutActor(Actor):
         if hasattr(self, "engine"):
             self._abort(list(self.streams), "shutdown")
             self.link.close()
-            if self.prefetcher is not None:
-                self.prefetcher.close()  # its pull uses the puller's sockets
-            self.puller.close()
+            # a pull still running in the background owns the puller's sockets: leave them to the exit
+            if self.prefetcher is None or self.prefetcher.close():
+                self.puller.close()

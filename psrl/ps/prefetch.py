@@ -75,10 +75,13 @@ class Prefetcher:
         self.num_used += 1
         return list(job.tensors.items())
 
-    def close(self) -> None:
+    def close(self) -> bool:
+        """Wait (bounded) for a running pull; False if it is still running (the puller is then still in use)."""
         job, self._job = self._job, None
-        if job is not None and job.thread is not None:
-            job.thread.join(CLOSE_WAIT_S)
+        if job is None or job.thread is None:
+            return True
+        job.thread.join(CLOSE_WAIT_S)
+        return not job.thread.is_alive()
 
     def _run(self, job: _Job) -> None:
         try:

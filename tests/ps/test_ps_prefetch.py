@@ -81,3 +81,10 @@ def test_delta_pullers_are_refused(make_shards: MakeShards) -> None:
             Prefetcher(puller)
     finally:
         puller.close()
+
+
+def test_close_waits_for_a_running_pull_and_says_the_puller_is_free(parts: tuple[Pusher, Puller]) -> None:
+    prefetcher = _prefetching_2_of(parts, [2])
+    assert prefetcher.close()  # the pull finished within the wait
+    assert not prefetcher.is_running and prefetcher.take(2) is None  # closed: nothing is handed over
+    assert Prefetcher(parts[1]).close()  # nothing running
