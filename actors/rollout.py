@@ -59,6 +59,13 @@ class _Stream:
     versions: list[int] = field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class _Loaded:
+    version: int
+    prefetched: bool  # the bytes came from a background pull
+    pull_ms: float  # getting the bytes into host memory (pulling, or waiting for the background pull)
+
+
 @dataclass
 class _PendingSync:
     version: int
@@ -173,7 +180,7 @@ class RolloutActor(Actor):
         self.publisher.publish(PullRequest(self.name, sync.version), model_version=sync.version)
         started = time.monotonic()
         try:
-            loaded, prefetched = self._pull(sync.version)
+            loaded = self._pull(sync.version)
         except (PullFailedError, ValueError, RuntimeError) as exc:
             self.log.error("sync failed", version=sync.version, error=str(exc))
             self.publisher.publish(InstanceSyncFailed(self.name, sync.version, str(exc)))
@@ -181,22 +188,24 @@ class RolloutActor(Actor):
             return True
         self.engine.resume()
         load_ms = (time.monotonic() - started) * 1000
-        self.publisher.publish(WeightsLoaded(self.name, loaded, load_ms, prefetched), model_version=loaded)
+        self.publisher.publish(WeightsLoaded(self.name, loaded.version, load_ms, loaded.prefetched, loaded.pull_ms),
+                               model_version=loaded.version)  # fmt: skip
         self._report_status()
         return True
 
-    def _pull(self, version: int) -> tuple[int, bool]:
-        """Pull every tensor first and load them in one step: a failed pull leaves the old weights intact.
-
-        Returns the loaded version and whether it came from a background pull."""
+    def _pull(self, version: int) -> _Loaded:
+        """Pull every tensor first and load them in one step: a failed pull leaves the old weights intact."""
+        started = time.monotonic()
         prefetched = self.prefetcher.take(version) if self.prefetcher is not None else None
         if prefetched is not None:
+            pulled = time.monotonic()
             self.engine.load_weights(prefetched, version)
-            return version, True
+            return _Loaded(version, True, (pulled - started) * 1000)
         tensors: dict[str, torch.Tensor] = {}  # by name: a retried pull replaces what it loaded
         result = self.puller.sync(tensors.__setitem__, version, self.config.psrl.ps.pull_attempts)
+        pulled = time.monotonic()
         self.engine.load_weights(list(tensors.items()), result.version)
-        return result.version, False
+        return _Loaded(result.version, False, (pulled - started) * 1000)
 
     # ------------------------------------------------------------------ stepping
 

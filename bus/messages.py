@@ -517,12 +517,15 @@ class WeightsLoaded(Message, frozen=True):
     load_ms: pull plus load time in milliseconds (the instance's stop for the sync).
     prefetched: the version was pulled in the background before the sync (load_ms is then the wait
         for that pull to finish plus the load) (added in 1.2).
+    pull_ms: the part of load_ms spent getting the bytes into host memory (the pull, or the wait for
+        the background pull); the rest is the copy into the engine (added in 1.2).
     """
 
     instance: str
     version: int
     load_ms: float = 0.0
     prefetched: bool = False
+    pull_ms: float = 0.0
 
 
 @message("wt.sync_failed")

@@ -102,6 +102,7 @@ def print_table(results: dict[str, RunSummary]) -> None:
         ("trainer idle", "trainer_idle_fraction", "{:.2f}"),
         ("push ms", "push_ms_mean", "{:.1f}"),
         ("pull+load ms", "load_ms_mean", "{:.1f}"),
+        ("  of which pull", "pull_ms_mean", "{:.1f}"),
         ("work window s", "work_s", "{:.1f}"),
     ]
     names = list(results)

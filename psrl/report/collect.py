@@ -86,7 +86,7 @@ class TimelineBuilder:
         self.timeline.published.append((time, msg.version))
 
     def _on_loaded(self, msg: WeightsLoaded, time: float) -> None:
-        self.timeline.loaded.append(LoadedPoint(time, msg.instance, msg.version, msg.load_ms))
+        self.timeline.loaded.append(LoadedPoint(time, msg.instance, msg.version, msg.load_ms, msg.pull_ms))
 
     def _on_sync(self, msg: SyncCommand, time: float) -> None:
         mark = SyncMark(time, msg.version, tuple(msg.instances), msg.strategy, msg.abort_running)

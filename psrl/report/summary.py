@@ -32,6 +32,7 @@ class RunSummary:
     num_migrations: int = 0
     push_ms_mean: float | None = None
     load_ms_mean: float | None = None
+    pull_ms_mean: float | None = None  # the pull's share of load_ms_mean
     end_reason: str = ""
     num_steps_after_end: int = 0
 
@@ -63,6 +64,7 @@ class RunSummary:
             ("weight syncs commanded / migrations", f"{self.num_syncs} / {self.num_migrations}"),
             ("weight push, mean per version", _ms(self.push_ms_mean)),
             ("pull+load, mean per instance and version", _ms(self.load_ms_mean)),
+            ("  of which pull (or waiting for the background pull)", _ms(self.pull_ms_mean)),
             ("end", self.end_reason or "-"),
         ]
 
@@ -123,6 +125,7 @@ def summarize(timeline: RunTimeline) -> RunSummary:
         num_migrations=len(timeline.migrations),
         push_ms_mean=statistics.fmean(pushes) if pushes else None,
         load_ms_mean=statistics.fmean(loads) if loads else None,
+        pull_ms_mean=statistics.fmean(point.pull_ms for point in timeline.loaded) if loads else None,
         end_reason=timeline.run_end.reason if timeline.run_end else "",
         num_steps_after_end=len({p.step for p in timeline.progress})
         - len({p.step for p in counted_progress(timeline)}),

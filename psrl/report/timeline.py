@@ -46,6 +46,7 @@ class LoadedPoint:
     instance: str
     version: int
     load_ms: float
+    pull_ms: float = 0.0  # the part of load_ms spent getting the bytes
 
 
 @dataclass(frozen=True)

@@ -56,6 +56,7 @@ def test_partial_rollout_run_keeps_every_promise(tmp_path) -> None:
     assert check_continuations(facts) > 0, "no request was interrupted: the test exercised no partial rollout"
     loads = [e.message for e in facts.events if isinstance(e.message, WeightsLoaded)]
     assert any(load.prefetched for load in loads), "no sync loaded a version pulled in the background"
+    assert all(0 < load.pull_ms <= load.load_ms for load in loads), "a sync's pull is part of its stop"
     report = replay_run(sup.run_dir.path, ["routing", "sync", "ledger"])
     for checker in report.checkers:
         assert checker.agreement.num_disagree == 0, checker.name
