@@ -19,7 +19,7 @@ from bus.messages import Metrics, TrainData, TrainerProgress, WeightsPushed
 from bus.schema import Event
 from psrl.ps.from_config import make_pusher
 from psrl.ps.staging import HostStaging
-from psrl.rl.trajectory import FinishReason, Trajectory
+from psrl.rl.trajectory import FinishReason, InvalidTrajectoryError, Trajectory
 from psrl.trainer import ParallelContext, StepResult, TrainerCore, latest_checkpoint
 
 _FINISH = {int(BusFinish.STOP): FinishReason.STOP, int(BusFinish.LENGTH): FinishReason.LENGTH,
@@ -75,7 +75,12 @@ class TrainerActor(Actor):
             return
         if data.chunk == 0:
             self.buffer_started = time.monotonic()
-        trajectories = trajectories_from(data, self.config.responses_per_prompt)
+        try:
+            trajectories = trajectories_from(data, self.config.responses_per_prompt)
+        except (InvalidTrajectoryError, ValueError, IndexError, TypeError) as exc:  # malformed input: dropped
+            self.num_handler_errors += 1
+            self.log.error("malformed train data dropped", buffer=data.buffer, chunk=data.chunk, error=repr(exc))
+            return
         self.num_samples += len(trajectories)
         result = self.core.add_chunk(data.buffer, trajectories, is_last=data.chunk == data.num_chunks - 1)
         if result is not None:

@@ -56,3 +56,24 @@ def test_the_trainer_marks_its_training_handler_fatal() -> None:
     actor = object.__new__(TrainerActor)
     actor._handler_table()
     assert TrainData.KIND in actor._fatal_kinds
+
+
+def test_the_trainer_drops_malformed_train_data_and_serves_on() -> None:
+    import numpy as np
+
+    from actors.trainer import TrainerActor
+    from psrl.config import load_config
+
+    actor = object.__new__(TrainerActor)
+    actor.log = get_logger("test")
+    actor.num_unhandled = actor.num_handler_errors = 0
+    actor._handlers = actor._handler_table()
+    actor.config = load_config("demo", [])
+    actor.core = SimpleNamespace(version=0)
+    actor.num_samples = 0
+    ints = np.zeros(2, dtype=np.int32)
+    floats = np.zeros(2, dtype=np.float32)
+    # two trajectories, but lengths for one: the arrays disagree
+    data = TrainData(0, 0, 0, 1, ints, ints, ints, ints[:1], ints[:1], ints, ints, floats, ints, floats, floats, ints)
+    actor.dispatch(SimpleNamespace(envelope=SimpleNamespace(kind=TrainData.KIND, sender="coordinator"), message=data))
+    assert actor.num_handler_errors == 1 and actor.num_samples == 0
