@@ -78,6 +78,9 @@ class RouterCore:
         self.cluster = Cluster()
         self.tree = PrefixTree()
         self.parking = ParkingLot()
+        # instance wakes in turn (see _wake_in_turn): the request each instance key's turn is at
+        self._turn_holder: dict[WakeKey, int] = {}
+        self._turn_of: dict[int, WakeKey] = {}
         self._room = ledger.room_signature()
         self.is_paused = False
         self._routed: dict[int, _Routed] = {}
@@ -136,7 +139,7 @@ class RouterCore:
         if view is None or not view.apply_snapshot(snapshot):
             return False
         self.cluster.changed(view)
-        self._wake(instance_key(snapshot.instance_id))
+        self._wake_in_turn(instance_key(snapshot.instance_id))
         return True
 
     def notify_ledger_changed(self) -> None:
@@ -173,6 +176,7 @@ class RouterCore:
     def abort(self, request_id: int) -> bool:
         """Drop a waiting request or release a routed one; returns whether it was known."""
         if self.queue.remove(request_id) or self.parking.remove(request_id):
+            self._end_turn(request_id)
             return True
         return self.release(request_id) is not None
 
@@ -185,7 +189,7 @@ class RouterCore:
         if view is not None:
             view.on_released()
             self.cluster.changed(view)
-            self._wake(instance_key(routed.instance_id))
+            self._wake_in_turn(instance_key(routed.instance_id))
         prompt_id = routed.request.prompt_id
         if prompt_id in self._group_active:
             self._group_active[prompt_id] -= 1
@@ -265,6 +269,7 @@ class RouterCore:
             decision, pinned_instance, restricted_to = self._decide(request)
             if decision.is_routed:
                 routed.append(decision)
+                self._end_turn(request.request_id)
                 continue
             deferred.append(decision)
             has_group = self.ledger.has_group(request.prompt_id)
@@ -273,6 +278,7 @@ class RouterCore:
                 self.queue.push(request, arrival)
                 break
             self.parking.park(request, arrival, keys)
+            self._end_turn(request.request_id, keys)
         self._check_room()  # the pass's reservations shrank the room: later gains compare with this
         return DispatchResult(routed, deferred)
 
@@ -388,6 +394,31 @@ class RouterCore:
         for key in keys:
             for request, arrival in self.parking.wake(key):
                 self.queue.push(request, arrival)
+
+    def _wake_in_turn(self, key: WakeKey) -> None:
+        """Wake the requests parked on an instance one at a time, in arrival order.
+
+        A release or a status report frees room on one instance. Waking every request parked on
+        it would re-decide them all, and all but the first few would park again on it (quadratic
+        in the parked requests). Instead the oldest is woken, and when it has been decided the
+        next one is, unless it parked on this instance again (the instance is full again).
+        """
+        if key in self._turn_holder:
+            return  # a turn on this instance is under way: it goes on from its current request
+        item = self.parking.wake_oldest(key)
+        if item is not None:
+            self._turn_holder[key] = item[0].request_id
+            self._turn_of[item[0].request_id] = key
+            self.queue.push(*item)
+
+    def _end_turn(self, request_id: int, parked_on: list[WakeKey] | None = None) -> None:
+        """``request_id`` was decided (``parked_on``: the keys it parked on again) or left the queue."""
+        key = self._turn_of.pop(request_id, None)
+        if key is None:
+            return
+        del self._turn_holder[key]
+        if parked_on is None or key not in parked_on:
+            self._wake_in_turn(key)
 
     def _maybe_evict(self, now: float) -> None:
         if not self.policy.uses_prefix_tree:

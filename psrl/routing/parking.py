@@ -105,5 +105,15 @@ class ParkingLot:
         woken.sort(key=lambda item: item[1])
         return woken
 
+    def wake_oldest(self, key: WakeKey) -> tuple[RoutingRequest, int] | None:
+        """Un-park the earliest-arrived request waiting on ``key``, if any."""
+        request_ids = self._by_key.get(key)
+        if not request_ids:
+            return None
+        oldest = min(request_ids, key=lambda rid: self._parked[rid][1])
+        item = self._parked[oldest]
+        self.remove(oldest)
+        return item
+
     def requests(self) -> Iterator[RoutingRequest]:
         return (request for request, _ in self._parked.values())

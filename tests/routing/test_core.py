@@ -133,6 +133,29 @@ class TestParking:
         core.release(1)
         assert [d.request_id for d in core.dispatch(0.0).routed] == [2]
 
+    def test_a_release_wakes_the_requests_parked_on_it_in_turn_not_all_at_once(self) -> None:
+        core = make_core(versions=(0, 1), max_concurrent_seqs_per_instance=1)
+        route(core, request(1, version_tag=1))  # fills i1, the only instance at version 1
+        for request_id in range(2, 7):
+            core.submit(request(request_id, version_tag=1))
+        assert [d.request_id for d in core.dispatch(0.0).deferred] == [2, 3, 4, 5, 6]  # all parked on i1
+        core.release(1)
+        result = core.dispatch(0.0)
+        assert [d.request_id for d in result.routed] == [2]  # the oldest takes the freed slot
+        assert [d.request_id for d in result.deferred] == [3]  # the next finds i1 full: the turn ends
+        core.release(2)
+        assert [d.request_id for d in core.dispatch(0.0).routed] == [3]  # arrival order is kept
+
+    def test_a_turn_passes_on_when_its_request_leaves(self) -> None:
+        core = make_core(versions=(0, 1), max_concurrent_seqs_per_instance=1)
+        route(core, request(1, version_tag=1))
+        core.submit(request(2, version_tag=1))
+        core.submit(request(3, version_tag=1))
+        core.dispatch(0.0)
+        core.release(1)  # wakes 2...
+        core.abort(2)  # ...which is aborted before it is decided: 3 gets the turn
+        assert [d.request_id for d in core.dispatch(0.0).routed] == [3]
+
     def test_a_new_group_refused_by_the_ledger_waits_for_room_not_for_every_change(self) -> None:
         ledger = WindowLedger(staleness=0, entries=1)
         core = make_core(versions=(0,), ledger=ledger)
