@@ -12,6 +12,8 @@ queue with its original arrival position. Wake keys:
   nothing, and re-deciding every parked group on each of them is quadratic);
 * ``("prompt", p)``: a sibling of prompt ``p`` opened the group's reservation;
 * ``("instance", i)``: instance ``i`` released a request, reported status, resumed or re-versioned.
+  A release or a status report wakes the requests parked on ``i`` in turn, oldest first (see
+  ``RouterCore._wake_in_turn``); the other events wake them all.
 """
 
 from __future__ import annotations
