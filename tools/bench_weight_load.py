@@ -16,26 +16,29 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file
 
-import psrl.models.weights as weights_module
 from psrl.engine import DEMO_MODEL_DIR, Engine, EngineArgs
+from psrl.models.llama import DecoderModel
 
 
-def reorder_on_host(self: weights_module.WeightSlot, tensor: torch.Tensor) -> None:
-    if self.num_interleaved_heads:
-        tensor = weights_module.to_interleaved_halves(tensor, self.num_interleaved_heads)
-    self.target.copy_(tensor.t() if self.is_transposed else tensor)
+def load_reordering_on_host(model: DecoderModel, host: dict[str, torch.Tensor]) -> None:
+    """The baseline: each slot copies straight from the host tensor (the host lays out the bytes)."""
+    with torch.no_grad():
+        for name, tensor in host.items():
+            for slot in model.check_weight(name, tensor):
+                slot.copy_from(tensor)
 
 
-def timed_load(engine: Engine, host: dict[str, torch.Tensor], device: str) -> float:
+def timed_load(load: Callable[[], object], device: str) -> float:
     if device == "cuda":
         torch.cuda.synchronize()
     started = time.perf_counter()
-    engine.load_weights(host, 1)
+    load()
     if device == "cuda":
         torch.cuda.synchronize()
     return (time.perf_counter() - started) * 1e3
@@ -54,17 +57,19 @@ def main() -> None:
     host = {name: t.to(dtype).contiguous() for name, t in load_file(args.model / "model.safetensors").items()}
     engine = Engine(EngineArgs(model_path=args.model, dtype=args.dtype, device=args.device, num_kv_blocks=16,
                                max_num_seqs=4))  # fmt: skip
-    ours = weights_module.WeightSlot.copy_from
-    times: dict[str, list[float]] = {"psrl": [], "host_reorder": []}
+    model = engine.runner.model
+    loads: dict[str, Callable[[], object]] = {
+        "host_reorder": lambda: load_reordering_on_host(model, host),
+        "psrl": lambda: model.load_weights(host.items()),
+    }
+    times: dict[str, list[float]] = {name: [] for name in loads}
     reference = None
     for _ in range(args.repeats):
-        for name, method in (("host_reorder", reorder_on_host), ("psrl", ours)):
-            weights_module.WeightSlot.copy_from = method  # type: ignore[method-assign]
-            times[name].append(timed_load(engine, host, args.device))
-            params = {n: p.detach().clone() for n, p in engine.runner.model.named_parameters()}
+        for name, load in loads.items():
+            times[name].append(timed_load(load, args.device))
+            params = {n: p.detach().clone() for n, p in model.named_parameters()}
             reference = reference or params
             assert all(torch.equal(reference[n], p) for n, p in params.items()), "layouts differ"
-    weights_module.WeightSlot.copy_from = ours  # type: ignore[method-assign]
     num_bytes = sum(t.numel() * t.element_size() for t in host.values())
     load_ms, host_ms = statistics.median(times["psrl"]), statistics.median(times["host_reorder"])
     print(f"model {args.model.name}: {len(host)} tensors, {num_bytes / 1e9:.3f} GB {args.dtype}, device {args.device}")

@@ -132,9 +132,14 @@ class DecoderModel(nn.Module):
         callers that need all-or-nothing check first with `check_weight`).
         """
         loaded: set[str] = set()
+        device = self.embed_tokens.weight.device
         for name, tensor in weights:
-            for slot in self.check_weight(name, tensor):
-                slot.copy_from(tensor)
+            slots = self.check_weight(name, tensor)
+            # Move once, then reorder on the device: a reordering copy across devices would make the
+            # host lay the bytes out first (a slow strided copy), once per slot.
+            on_device = tensor.to(device) if slots else tensor
+            for slot in slots:
+                slot.copy_from(on_device)
             loaded.add(name)
         return loaded
 

@@ -35,10 +35,6 @@ class WeightSlot:
         return shape[::-1] if self.is_transposed else shape
 
     def copy_from(self, tensor: torch.Tensor) -> None:
-        if tensor.device != self.target.device:
-            # Move first, reorder on the target: a reordering copy across devices would make the host
-            # lay the bytes out (a slow strided copy) before transferring them.
-            tensor = tensor.to(self.target.device)
         if self.num_interleaved_heads:
             tensor = to_interleaved_halves(tensor, self.num_interleaved_heads)
         self.target.copy_(tensor.t() if self.is_transposed else tensor)
