@@ -196,16 +196,15 @@ class RolloutActor(Actor):
     def _pull(self, version: int) -> _Loaded:
         """Pull every tensor first and load them in one step: a failed pull leaves the old weights intact."""
         started = time.monotonic()
-        prefetched = self.prefetcher.take(version) if self.prefetcher is not None else None
-        if prefetched is not None:
-            pulled = time.monotonic()
-            self.engine.load_weights(prefetched, version)
-            return _Loaded(version, True, (pulled - started) * 1000)
-        tensors: dict[str, torch.Tensor] = {}  # by name: a retried pull replaces what it loaded
-        result = self.puller.sync(tensors.__setitem__, version, self.config.psrl.ps.pull_attempts)
-        pulled = time.monotonic()
-        self.engine.load_weights(list(tensors.items()), result.version)
-        return _Loaded(result.version, False, (pulled - started) * 1000)
+        tensors = self.prefetcher.take(version) if self.prefetcher is not None else None
+        was_prefetched = tensors is not None
+        if tensors is None:
+            pulled: dict[str, torch.Tensor] = {}  # by name: a retried pull replaces what it loaded
+            version = self.puller.sync(pulled.__setitem__, version, self.config.psrl.ps.pull_attempts).version
+            tensors = list(pulled.items())
+        pull_ms = (time.monotonic() - started) * 1000
+        self.engine.load_weights(tensors, version)
+        return _Loaded(version, was_prefetched, pull_ms)
 
     # ------------------------------------------------------------------ stepping
 
