@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from types import SimpleNamespace
+from typing import TypeVar
 
 import pytest
 
@@ -23,9 +24,12 @@ class _Actor(Actor):
         raise RuntimeError("the step failed")
 
 
-def _bare_actor() -> _Actor:
+ActorT = TypeVar("ActorT", bound=Actor)
+
+
+def _bare_actor(cls: type[ActorT] = _Actor) -> ActorT:  # type: ignore[assignment]
     # the dispatch path only: no sockets, no boot
-    actor = object.__new__(_Actor)
+    actor = object.__new__(cls)
     actor.log = get_logger("test")
     actor.num_unhandled = actor.num_handler_errors = 0
     actor._handlers = actor._handler_table()
@@ -64,10 +68,7 @@ def test_the_trainer_drops_malformed_train_data_and_serves_on() -> None:
     from actors.trainer import TrainerActor
     from psrl.config import load_config
 
-    actor = object.__new__(TrainerActor)
-    actor.log = get_logger("test")
-    actor.num_unhandled = actor.num_handler_errors = 0
-    actor._handlers = actor._handler_table()
+    actor = _bare_actor(TrainerActor)
     actor.config = load_config("demo", [])
     actor.core = SimpleNamespace(version=0)
     actor.num_samples = 0
