@@ -66,6 +66,11 @@ class Engine(Section):
     )
     seed: int = field(0, "Seed of the engine's sampling stream for requests without their own seed.")
     cuda_graphs: bool = field(True, "Replay decode steps as CUDA graphs (embedded engine on CUDA only).")
+    cpu_kernels: Literal["auto", "on", "off"] = field(
+        "auto",
+        "Fused fp32 CPU decode kernels, built with the system C compiler on first use (embedded engine, CPU, "
+        "float32): auto = use them when they can be built, else warn and decode in eager torch; on = fail instead.",
+    )
 
 
 class Bus(Section):

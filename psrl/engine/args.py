@@ -35,6 +35,9 @@ class EngineArgs:
     # eager decode reads keys/values from a dense per-sequence copy instead of gathering blocks each step
     # (faster on CPU; costs a second copy of the running sequences' KV)
     dense_decode: bool = True
+    # fused fp32 CPU decode kernels, compiled with the system C compiler on first use: "auto" uses them
+    # where they apply and can be built (and logs a warning when they cannot), "on" makes that an error
+    cpu_kernels: Literal["auto", "on", "off"] = "auto"
 
     @classmethod
     def from_config(cls, config: Config) -> EngineArgs:
@@ -51,6 +54,7 @@ class EngineArgs:
             max_model_len=engine.max_model_len,
             seed=engine.seed,
             cuda_graphs=engine.cuda_graphs,
+            cpu_kernels=engine.cpu_kernels,
         )
 
     def resolve_device(self) -> torch.device:

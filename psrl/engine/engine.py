@@ -26,6 +26,8 @@ from psrl.engine.sampling_params import SamplingParams
 from psrl.engine.scheduler import Scheduler
 from psrl.engine.sequence import FinishReason, Sequence
 from psrl.errors import RequestError
+from psrl.kernels.cpu_sample import CpuSampleKernel
+from psrl.kernels.library import resolve_cpu_kernels
 from psrl.models import ModelSpec, build_model, iter_safetensors
 
 log = structlog.get_logger(__name__)
@@ -45,6 +47,9 @@ class Engine:
         source = iter_safetensors(args.model_path) if weights is None else _named_tensors(weights)
         model = build_model(self.spec, self.max_model_len, self.dtype, self.device, source)
         shape = RunnerShape(args.num_kv_blocks, args.block_size, args.max_num_seqs, self.max_model_len)
+        if args.cpu_kernels == "on" and self.dtype != torch.float32:
+            raise ValueError(f"engine.cpu_kernels=on needs dtype float32, not {self.dtype}")
+        cpu_library = resolve_cpu_kernels(args.cpu_kernels, self.device.type)
         self.runner = ModelRunner(
             model,
             shape,
@@ -52,10 +57,12 @@ class Engine:
             cuda_graphs=args.cuda_graphs,
             bucketed_decode=args.bucketed_decode,
             dense_decode=args.dense_decode,
+            cpu_library=cpu_library,
         )
         self.block_manager = BlockManager(args.num_kv_blocks, args.block_size, args.enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, args.max_num_seqs, args.max_num_batched_tokens)
-        self.sampler = Sampler(self.device, self.spec.eos_token_ids, args.seed)
+        sample_kernel = None if cpu_library is None else CpuSampleKernel(cpu_library)
+        self.sampler = Sampler(self.device, self.spec.eos_token_ids, args.seed, sample_kernel)
         self.weight_version = args.initial_weight_version
         self.is_paused = False
         self._seqs: dict[str, Sequence] = {}
@@ -63,7 +70,8 @@ class Engine:
         self._num_generated_total = 0
         self._recent_steps: deque[tuple[float, int]] = deque()
         log.info("engine_ready", model=str(args.model_path), device=str(self.device), dtype=str(self.dtype),
-                 max_model_len=self.max_model_len, kv_blocks=args.num_kv_blocks)  # fmt: skip
+                 max_model_len=self.max_model_len, kv_blocks=args.num_kv_blocks,
+                 decode=self.runner.decode_path)  # fmt: skip
 
     # requests
 

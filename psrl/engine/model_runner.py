@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import ctypes
 import itertools
 from dataclasses import dataclass
 
 import torch
 
 from psrl.engine.decode_graphs import DecodeGraphRunner
-from psrl.engine.decode_workspace import DecodeWorkspace
+from psrl.engine.decode_workspace import DecodeWorkspace, HeadMajorDecodeWorkspace
 from psrl.engine.scheduler import ScheduledBatch
 from psrl.engine.sequence import Sequence
+from psrl.kernels.cpu_decode import CpuDecodeKernels
 from psrl.models.attention import AttentionBatch
+from psrl.models.fused_decode import FusedCpuDecoder
 from psrl.models.llama import DecoderModel
 
 
@@ -33,7 +36,9 @@ class ModelRunner:
         cuda_graphs: bool = True,
         bucketed_decode: bool = False,
         dense_decode: bool = True,
+        cpu_library: ctypes.CDLL | None = None,
     ) -> None:
+        """`cpu_library`: the CPU kernels (psrl.kernels.library); fp32 CPU decode steps run fused with them."""
         spec, device = model.spec, model.embed_tokens.weight.device
         self.model = model
         self.block_size = shape.block_size
@@ -51,15 +56,32 @@ class ModelRunner:
                 model, self.kv_cache, shape.block_size, shape.num_blocks, shape.max_num_seqs, max_blocks_per_seq,
                 use_graphs,
             )  # fmt: skip
-        self.workspace = None
+        self.workspace: DecodeWorkspace | None = None
+        self.fused: FusedCpuDecoder | None = None
+        self.fused_workspace: HeadMajorDecodeWorkspace | None = None
         if self.decode_graphs is None and dense_decode:
-            self.workspace = DecodeWorkspace(self.kv_cache, shape.block_size, shape.max_num_seqs, shape.max_model_len)
+            workspace_shape = (self.kv_cache, shape.block_size, shape.max_num_seqs, shape.max_model_len)
+            if cpu_library is not None and device.type == "cpu" and dtype == torch.float32:
+                self.fused = FusedCpuDecoder(model, CpuDecodeKernels(cpu_library))
+            if self.fused is not None:
+                self.fused_workspace = HeadMajorDecodeWorkspace(*workspace_shape)
+            else:
+                self.workspace = DecodeWorkspace(*workspace_shape)
+
+    @property
+    def decode_path(self) -> str:
+        """How decode steps run: cuda_graphs, bucketed, fused_cpu (kernels), dense (eager torch) or gather."""
+        if self.decode_graphs is not None:
+            return "cuda_graphs" if self.decode_graphs.use_graphs else "bucketed"
+        return "fused_cpu" if self.fused is not None else "dense" if self.workspace is not None else "gather"
 
     @torch.inference_mode()
     def execute(self, batch: ScheduledBatch) -> tuple[torch.Tensor, list[Sequence]]:
         """Run one step; returns fp32 logits for the sequences that now need a token, and those sequences."""
         if not batch.is_prefill and self.decode_graphs is not None:
             return self.decode_graphs.run(batch.seqs), batch.seqs
+        if not batch.is_prefill and self.fused is not None:
+            return self._fused_decode(batch.seqs)
         dense_kv = None
         if batch.is_prefill:
             input_ids, positions, attention, logits_rows, sampled = self._prepare_prefill(batch)
@@ -74,6 +96,19 @@ class ModelRunner:
         if logits_rows is not None:
             hidden = hidden.index_select(0, logits_rows)
         return self.model.compute_logits(hidden), sampled
+
+    def _fused_decode(self, scheduled: list[Sequence]) -> tuple[torch.Tensor, list[Sequence]]:
+        if self.fused is None or self.fused_workspace is None:
+            raise RuntimeError("the fused CPU decoder is not set up")
+        workspace, block_size = self.fused_workspace, self.block_size
+        seqs = workspace.sync(scheduled)
+        positions = [seq.num_tokens - 1 for seq in seqs]
+        slots = [
+            seq.block_table[p // block_size] * block_size + p % block_size
+            for seq, p in zip(seqs, positions, strict=True)
+        ]
+        packed = torch.tensor([seq.token_ids[-1] for seq in seqs] + positions + slots, dtype=torch.int64)
+        return self.fused.logits(packed, self.kv_cache, workspace.keys, workspace.values), seqs
 
     def _prepare_decode(
         self, seqs: list[Sequence], dense_capacity: int | None

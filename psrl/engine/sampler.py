@@ -4,7 +4,8 @@ All rows are processed together; per-row Python work happens only for rows that 
 requests, min_tokens suppression). Sampling is by inverse CDF: one uniform draw per row, located
 in the row's cumulative distribution. A seeded row draws from its own generator, so a seed gives
 the same samples whatever else is in the batch; one draw per row (not one per vocabulary entry)
-keeps sampling cheap for large vocabularies.
+keeps sampling cheap for large vocabularies. On the CPU, batches that need no top-k/top-p and no
+top log-probs (RL rollouts) run in one fused kernel (psrl.kernels.cpu_sample) with the same draws.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from psrl.engine.sequence import Sequence
+from psrl.kernels.cpu_sample import CpuSampleKernel
 
 
 @dataclass(slots=True)
@@ -25,11 +27,19 @@ class SampleResult:
 
 
 class Sampler:
-    def __init__(self, device: torch.device, eos_token_ids: tuple[int, ...], seed: int = 0) -> None:
+    def __init__(
+        self,
+        device: torch.device,
+        eos_token_ids: tuple[int, ...],
+        seed: int = 0,
+        kernel: CpuSampleKernel | None = None,
+    ) -> None:
+        """`kernel`: the fused CPU sampling kernel, used for batches that need no truncation or top log-probs."""
         self.device = device
         self.eos_token_ids = eos_token_ids
         self.generator = torch.Generator(device=device)
         self.generator.manual_seed(seed)
+        self.kernel = kernel if device.type == "cpu" else None
 
     def make_generator(self, seed: int) -> torch.Generator:
         generator = torch.Generator(device=self.device)
@@ -41,6 +51,8 @@ class Sampler:
         """logits [len(seqs), vocab] fp32 -> one token per sequence."""
         self._suppress_early_stops(logits, seqs)
         temperatures = [seq.params.temperature for seq in seqs]
+        if self.kernel is not None and not any(seq.params.needs_truncation or seq.params.num_logprobs for seq in seqs):
+            return self._sample_with_kernel(self.kernel, logits, temperatures, seqs)
         scaled = logits
         if any(t not in (0.0, 1.0) for t in temperatures):
             scale = torch.tensor([t if t > 0 else 1.0 for t in temperatures], device=logits.device)
@@ -53,6 +65,14 @@ class Sampler:
             logprobs=chosen.tolist(),
             top_logprobs=_top_logprobs(logprobs_all, seqs),
         )
+
+    def _sample_with_kernel(
+        self, kernel: CpuSampleKernel, logits: torch.Tensor, temperatures: list[float], seqs: list[Sequence]
+    ) -> SampleResult:
+        # the same draws from the same generators as the tensor path, so a seed gives the same tokens either way
+        uniforms = None if all(t == 0.0 for t in temperatures) else self._uniforms(seqs).view(-1)
+        token_ids, logprobs = kernel.sample(logits, temperatures, uniforms)
+        return SampleResult(token_ids, logprobs, [None] * len(seqs))
 
     def _choose(self, scaled: torch.Tensor, logprobs_all: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
         is_greedy = [seq.params.is_greedy for seq in seqs]
@@ -67,14 +87,19 @@ class Sampler:
 
     def _inverse_cdf(self, probs: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
         """One uniform draw per row located in the row's cumulative distribution (probs need not sum to 1)."""
-        uniforms = torch.rand(len(seqs), 1, generator=self.generator, device=probs.device, dtype=torch.float64)
-        for row, seq in enumerate(seqs):
-            if seq.generator is not None:
-                uniforms[row] = torch.rand(1, generator=seq.generator, device=probs.device, dtype=torch.float64)
+        uniforms = self._uniforms(seqs)
         cdf = probs.double().cumsum_(dim=-1)
         targets = uniforms * cdf[:, -1:]
         # clamp: a draw equal to the total (rounding) must still land on the last non-zero token
         return torch.searchsorted(cdf, targets, right=True).squeeze(1).clamp_(max=probs.shape[1] - 1)
+
+    def _uniforms(self, seqs: list[Sequence]) -> torch.Tensor:
+        """[rows, 1] float64 draws: the engine's stream, or a seeded request's own."""
+        uniforms = torch.rand(len(seqs), 1, generator=self.generator, device=self.device, dtype=torch.float64)
+        for row, seq in enumerate(seqs):
+            if seq.generator is not None:
+                uniforms[row] = torch.rand(1, generator=seq.generator, device=self.device, dtype=torch.float64)
+        return uniforms
 
     def _suppress_early_stops(self, logits: torch.Tensor, seqs: list[Sequence]) -> None:
         """Forbid end-of-sequence and stop tokens for rows that have not reached min_tokens yet."""

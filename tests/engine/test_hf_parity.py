@@ -29,15 +29,26 @@ def _check_all(checkpoint: Checkpoint, recorder: LogitRecorder, prompts: list[li
         assert error < TOLERANCE, f"request {index}: max logit error {error}"
 
 
-def test_batched_greedy_matches_transformers(checkpoint: Checkpoint) -> None:
-    engine = make_engine(checkpoint, num_kv_blocks=128)
+@pytest.mark.parametrize("mode", ["fused_cpu", "dense"])
+def test_batched_greedy_matches_transformers(checkpoint: Checkpoint, mode: str, request: pytest.FixtureRequest) -> None:
+    if mode == "fused_cpu":
+        request.getfixturevalue("cpu_kernels")
+    engine = make_engine(checkpoint, num_kv_blocks=128, **DECODE_MODES[mode])
+    assert engine.runner.decode_path == mode
     _run_batched_greedy(checkpoint, engine)
 
 
-@pytest.mark.parametrize("mode", ["gather", "bucketed"])
+def test_default_cpu_decode_is_fused(qwen2: Checkpoint, cpu_kernels: object) -> None:
+    # the parity tests below would pass on the eager path too; this one pins which path they cover
+    assert make_engine(qwen2, num_kv_blocks=16).runner.decode_path == "fused_cpu"
+
+
+@pytest.mark.parametrize("mode", ["dense", "gather", "bucketed"])
 def test_other_decode_paths_match_transformers(qwen2: Checkpoint, mode: str) -> None:
-    overrides = {"gather": {"dense_decode": False}, "bucketed": {"bucketed_decode": True, "max_num_seqs": 8}}[mode]
-    _run_batched_greedy(qwen2, make_engine(qwen2, num_kv_blocks=128, **overrides))
+    overrides = {"bucketed": {"max_num_seqs": 8}}.get(mode, {})
+    engine = make_engine(qwen2, num_kv_blocks=128, **DECODE_MODES[mode], **overrides)
+    assert engine.runner.decode_path == mode
+    _run_batched_greedy(qwen2, engine)
 
 
 def _run_batched_greedy(checkpoint: Checkpoint, engine) -> None:  # type: ignore[no-untyped-def]
@@ -79,17 +90,21 @@ def test_prefix_cache_hits_match_transformers(qwen2: Checkpoint) -> None:
     _check_all(qwen2, recorder, prompts, results)
 
 
-DECODE_MODES = {
-    "dense": {},  # the default eager path: keys from the dense decode workspace
+DECODE_MODES: dict[str, dict[str, object]] = {
+    "fused_cpu": {},  # the default on CPU/fp32: fused C kernels over the head-major workspace
+    "dense": {"cpu_kernels": "off"},  # eager torch: keys from the dense decode workspace
     "gather": {"dense_decode": False},  # keys gathered from the blocks each step
     "bucketed": {"bucketed_decode": True},  # the fixed shapes CUDA graphs replay
 }
 
 
 @pytest.mark.parametrize("mode", sorted(DECODE_MODES))
-def test_preemption_matches_transformers(qwen2: Checkpoint, mode: str) -> None:
+def test_preemption_matches_transformers(qwen2: Checkpoint, mode: str, request: pytest.FixtureRequest) -> None:
+    if mode == "fused_cpu":
+        request.getfixturevalue("cpu_kernels")
     # 24 blocks of 4 tokens cannot hold 8 sequences of ~30 tokens: decode must preempt
     engine = make_engine(qwen2, num_kv_blocks=24, **DECODE_MODES[mode])
+    assert engine.runner.decode_path == mode
     recorder = LogitRecorder()
     recorder.attach(engine)
     prompts = _prompts(8, seed=4, min_len=6, max_len=14)
