@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 
 class Section(BaseModel):
@@ -25,3 +25,16 @@ def field(default: Any, description: str, **kwargs: Any) -> Any:
 def section(factory: type[Section], description: str) -> Any:
     """A nested section created from its own defaults."""
     return Field(default_factory=factory, description=description)
+
+
+def _yaml_switch(value: Any) -> Any:
+    """YAML 1.1 reads a bare on/off as a bool (in files and in key=value overrides); read it back as the word."""
+    if value is True:
+        return "on"
+    if value is False:
+        return "off"
+    return value
+
+
+# a three-way switch; `key=on` and `key: off` mean the words, not YAML booleans
+Switch = Annotated[Literal["auto", "on", "off"], BeforeValidator(_yaml_switch)]

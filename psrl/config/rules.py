@@ -379,6 +379,22 @@ def gpu_placement(c: Config) -> Iterator[ConfigProblem]:
         )
 
 
+def cpu_kernels_apply(c: Config) -> Iterator[ConfigProblem]:
+    """engine.cpu_kernels=on promises fused CPU decode; refuse a device or dtype the kernels do not run."""
+    if c.engine.cpu_kernels != "on":
+        return
+    if c.topology.device == "cuda":
+        yield problem(
+            ("engine.cpu_kernels", "topology.device"), "on", "the CPU kernels do not run on cuda",
+            "set engine.cpu_kernels=auto (or off), or topology.device=cpu",
+        )  # fmt: skip
+    if c.engine.dtype == "bfloat16":
+        yield problem(
+            ("engine.cpu_kernels", "engine.dtype"), "on", "the CPU decode kernels are float32 only",
+            "set engine.dtype=float32 (or auto), or engine.cpu_kernels=auto",
+        )  # fmt: skip
+
+
 RULES: tuple[Rule, ...] = (
     staleness_non_negative,
     pre_step_needs_mini_batch,
@@ -400,6 +416,7 @@ RULES: tuple[Rule, ...] = (
     tms_rules,
     features_available,
     gpu_placement,
+    cpu_kernels_apply,
 )
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from psrl.config.base import Section, field
+from psrl.config.base import Section, Switch, field
 
 
 class Model(Section):
@@ -66,7 +66,7 @@ class Engine(Section):
     )
     seed: int = field(0, "Seed of the engine's sampling stream for requests without their own seed.")
     cuda_graphs: bool = field(True, "Replay decode steps as CUDA graphs (embedded engine on CUDA only).")
-    cpu_kernels: Literal["auto", "on", "off"] = field(
+    cpu_kernels: Switch = field(
         "auto",
         "Fused fp32 CPU decode kernels, built with the system C compiler on first use (embedded engine, CPU, "
         "float32): auto = use them when they can be built, else warn and decode in eager torch; on = fail instead.",
@@ -76,9 +76,7 @@ class Engine(Section):
 class Bus(Section):
     transport: Literal["ipc", "tcp"] = field("ipc", "Socket transport on one machine; across hosts tcp is used.")
     host: str = field("127.0.0.1", "Address the run's sockets bind to on this host (loopback by default).")
-    curve: Literal["auto", "on", "off"] = field(
-        "auto", "ZeroMQ CURVE encryption: auto = on whenever actors span several hosts."
-    )
+    curve: Switch = field("auto", "ZeroMQ CURVE encryption: auto = on whenever actors span several hosts.")
     hwm: int = field(100_000, "High-water mark of event sockets (messages).", ge=0)
     request_timeout_ms: int = field(5000, "Default timeout of a request/reply call.", ge=1)
     heartbeat_interval_ms: int = field(250, "Actor heartbeat period.", ge=10)

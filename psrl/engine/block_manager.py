@@ -98,12 +98,19 @@ class BlockManager:
     # growth: one more token per decode step
 
     def can_append(self, seq: Sequence) -> bool:
-        return self._num_missing_blocks(seq) <= len(self._free)
+        return self.num_missing_blocks(seq) <= len(self._free)
 
-    def may_append(self, seq: Sequence) -> None:
-        """Make the block table cover every token of `seq` (after can_append said it can)."""
-        for _ in range(self._num_missing_blocks(seq)):
+    def may_append(self, seq: Sequence, num_missing: int | None = None) -> None:
+        """Make the block table cover every token of `seq` (after can_append said it can).
+
+        `num_missing`: num_missing_blocks(seq), when the caller has just computed it.
+        """
+        for _ in range(self.num_missing_blocks(seq) if num_missing is None else num_missing):
             seq.block_table.append(self._take_fresh())
+
+    def num_missing_blocks(self, seq: Sequence) -> int:
+        """Blocks `seq` still needs to cover all its tokens."""
+        return max(0, (len(seq.token_ids) + self.block_size - 1) // self.block_size - len(seq.block_table))
 
     def hash_blocks(self, seq: Sequence) -> None:
         """Register the full blocks of `seq` whose keys/values are now computed."""
@@ -141,9 +148,6 @@ class BlockManager:
                 break
             hits.append(block_id)
         return hits
-
-    def _num_missing_blocks(self, seq: Sequence) -> int:
-        return max(0, self.num_blocks_for(seq.num_tokens) - len(seq.block_table))
 
     def _take(self, block_id: int) -> None:
         block = self.blocks[block_id]

@@ -32,25 +32,29 @@ class _RowWorkspace(ABC):
         self.max_rows = max_rows
         self.max_len = max_len
         self.rows: list[Sequence] = []
+        self._members: set[Sequence] = set()  # the sequences in rows, as of the last sync
         self.capacity = 0
         self._resize(min(INITIAL_CAPACITY, max_len))
 
     def sync(self, seqs: list[Sequence]) -> list[Sequence]:
         """Make the rows hold exactly `seqs`; returns them in row order (the order the step must use)."""
-        members = set(seqs)
-        for row in reversed(range(len(self.rows))):
-            if self.rows[row] not in members:
-                self._drop(row)
         longest = max(seq.num_tokens for seq in seqs)
         if longest > self.capacity:
             capacity = self.capacity
             while capacity < longest:
                 capacity *= 2
             self._resize(min(capacity, self.max_len))
+        if len(seqs) == len(self._members) and all(seq in self._members for seq in seqs):
+            return list(self.rows)  # most steps: the same sequences as the last one
+        members = set(seqs)
+        for row in reversed(range(len(self.rows))):
+            if self.rows[row] not in members:
+                self._drop(row)
         present = set(self.rows)
         for seq in seqs:
             if seq not in present:
                 self._add(seq)
+        self._members = set(self.rows)
         return list(self.rows)
 
     def _drop(self, row: int) -> None:

@@ -104,12 +104,14 @@ class Sampler:
     def _suppress_early_stops(self, logits: torch.Tensor, seqs: list[Sequence]) -> None:
         """Forbid end-of-sequence and stop tokens for rows that have not reached min_tokens yet."""
         for row, seq in enumerate(seqs):
-            if seq.num_outputs < seq.params.min_tokens:
-                stop_ids = list(seq.params.stop_token_ids)
-                if not seq.params.ignore_eos:
-                    stop_ids += self.eos_token_ids
-                if stop_ids:
-                    logits[row, stop_ids] = float("-inf")
+            params = seq.params
+            if seq.num_outputs >= params.min_tokens or (params.ignore_eos and not params.stop_token_ids):
+                continue
+            stop_ids = list(params.stop_token_ids)
+            if not params.ignore_eos:
+                stop_ids += self.eos_token_ids
+            if stop_ids:
+                logits[row, stop_ids] = float("-inf")
 
 
 def _truncate(logprobs: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:

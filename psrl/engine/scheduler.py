@@ -84,15 +84,20 @@ class Scheduler:
     def _schedule_decode(self) -> ScheduledBatch | None:
         scheduled: list[Sequence] = []
         candidates = deque(self.running)
+        blocks = self.block_manager
         while candidates:
             seq = candidates.popleft()
-            while not self.block_manager.can_append(seq):
+            missing = blocks.num_missing_blocks(seq)
+            if missing == 0:  # the common step: the newest token still fits in the last block
+                scheduled.append(seq)
+                continue
+            while missing > blocks.num_free_blocks:
                 victim = candidates.pop() if candidates else seq
                 self._preempt(victim)
                 if victim is seq:
                     break
             else:
-                self.block_manager.may_append(seq)
+                blocks.may_append(seq, missing)
                 scheduled.append(seq)
         if not scheduled:
             return None

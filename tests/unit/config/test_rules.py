@@ -134,3 +134,14 @@ def test_cost_model_json_round_trip(tmp_path) -> None:
     path.write_text(json.dumps(data))
     with pytest.raises(ValueError, match="k3"):
         load_cost_model(path)
+
+
+def test_cpu_kernels_on_refuses_what_they_do_not_run() -> None:
+    assert "the CPU kernels do not run on cuda" in refused("engine.cpu_kernels=on", "topology.device=cuda")
+    assert "float32 only" in refused("engine.cpu_kernels=on", "engine.dtype=bfloat16")
+    load_config(None, ["engine.cpu_kernels=on", "topology.device=cpu"])
+
+
+def test_on_and_off_overrides_are_the_words_not_yaml_booleans() -> None:
+    config = load_config(None, ["bus.curve=on", "engine.cpu_kernels=off"])
+    assert (config.bus.curve, config.engine.cpu_kernels) == ("on", "off")
