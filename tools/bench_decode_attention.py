@@ -1,4 +1,4 @@
-"""Decode attention inside a decode loop: which form of it is cheapest in eager PyTorch on this CPU.
+"""Decode attention inside a decode loop: which form of it is cheapest on this CPU.
 
 A 4-layer decode step of the demo model's shape (hidden 128, 4 query and 2 key/value heads of 32)
 at batch 32 with 96 keys per sequence, each layer with its own weights and KV buffer, so that caches
@@ -9,6 +9,8 @@ behave as in the engine. Attention forms compared (checked to agree where they r
   sdpa_split    SDPA over a [K|V, rows, heads, positions, dim] buffer (contiguous per head)
   bmm_kt        baddbmm over a pre-transposed key cache, softmax, bmm
   bmm_split     baddbmm / softmax / bmm over the split buffer
+  fused_c       the engine's CPU kernel (psrl.kernels): rotary embedding, the new key/value written
+                to a paged cache and to the split buffer, and attention, in one call
   none          no attention: the rest of the layer alone
 
     .venv/bin/python tools/bench_decode_attention.py [--threads 2]
@@ -26,6 +28,8 @@ import torch
 from torch.nn import functional
 
 BATCH, KV_HEADS, GROUP, HEAD_DIM, KEYS, CAPACITY, LAYERS, HIDDEN = 32, 2, 2, 32, 96, 256, 4, 128
+QKV = HIDDEN + 2 * KV_HEADS * HEAD_DIM
+# (layer, qkv [batch, q | k | v]) -> attention output [batch, hidden]
 Attention = Callable[[int, torch.Tensor], torch.Tensor]
 
 
@@ -51,7 +55,8 @@ def attention_forms() -> dict[str, Attention]:
     scale = d**-0.5
 
     def sdpa_ws(mask: torch.Tensor) -> Attention:
-        def run(layer: int, q: torch.Tensor) -> torch.Tensor:
+        def run(layer: int, qkv: torch.Tensor) -> torch.Tensor:
+            q = qkv[:, :HIDDEN]
             kv = workspace[layer][:, :n]
             keys, values = kv[:, :, 0].transpose(1, 2), kv[:, :, 1].transpose(1, 2)
             out = functional.scaled_dot_product_attention(q.view(b, h, g, d), keys, values, attn_mask=mask)
@@ -59,15 +64,14 @@ def attention_forms() -> dict[str, Attention]:
 
         return run
 
-    def sdpa_split(layer: int, q: torch.Tensor) -> torch.Tensor:
-        kv = split[layer]
-        out = functional.scaled_dot_product_attention(q.view(b, h, g, d), kv[0, :, :, :n], kv[1, :, :, :n],
-                                                      attn_mask=float_mask)  # fmt: skip
+    def sdpa_split(layer: int, qkv: torch.Tensor) -> torch.Tensor:
+        kv, q = split[layer], qkv[:, :HIDDEN].reshape(b, h, g, d)
+        out = functional.scaled_dot_product_attention(q, kv[0, :, :, :n], kv[1, :, :, :n], attn_mask=float_mask)
         return out.reshape(b, -1)
 
     def bmm(keys_view: Callable[[int], torch.Tensor], values_view: Callable[[int], torch.Tensor]) -> Attention:
-        def run(layer: int, q: torch.Tensor) -> torch.Tensor:
-            scores = torch.baddbmm(bias, q.view(b * h, g, d), keys_view(layer), alpha=scale)
+        def run(layer: int, qkv: torch.Tensor) -> torch.Tensor:
+            scores = torch.baddbmm(bias, qkv[:, :HIDDEN].reshape(b * h, g, d), keys_view(layer), alpha=scale)
             return torch.bmm(torch.softmax(scores, -1), values_view(layer)).view(b, -1)
 
         return run
@@ -87,15 +91,37 @@ def attention_forms() -> dict[str, Attention]:
         "sdpa_split": sdpa_split,
         "bmm_kt": bmm(transposed_keys, split_values),
         "bmm_split": bmm(split_keys, split_values),
-        "none": lambda layer, q: q.reshape(BATCH, -1),
+        "fused_c": fused_kernel(split, positions),
+        "none": lambda layer, qkv: qkv[:, :HIDDEN],
     }
+
+
+def fused_kernel(split: list[torch.Tensor], positions: torch.Tensor) -> Attention:
+    """The CPU kernel over the split buffers, with an identity rotation (cos 1, sin 0), so it reads what
+    sdpa_split reads once it has written its new key/value at each sequence's position."""
+    from psrl.kernels.cpu_decode import AttentionShape, CpuDecodeKernels, DecodeBatch
+    from psrl.kernels.library import cpu_kernel_library
+
+    kernels = CpuDecodeKernels(cpu_kernel_library())
+    rope = torch.stack((torch.ones(CAPACITY, HEAD_DIM // 2), torch.zeros(CAPACITY, HEAD_DIM // 2)), dim=-1)
+    num_slots = BATCH * CAPACITY
+    caches = [torch.zeros(num_slots, 2, KV_HEADS, HEAD_DIM) for _ in range(LAYERS)]
+    slots = torch.arange(BATCH) * CAPACITY + positions
+    shape = AttentionShape(KV_HEADS * GROUP, KV_HEADS, HEAD_DIM)
+    batch = DecodeBatch(shape, rope.contiguous(), positions, slots, CAPACITY, num_slots)
+
+    def run(layer: int, qkv: torch.Tensor) -> torch.Tensor:
+        kv = split[layer]
+        return kernels.decode_attention(qkv, batch, caches[layer], kv[0], kv[1])
+
+    return run
 
 
 def decode_step(attention: Attention, weights: list[dict[str, torch.Tensor]], x0: torch.Tensor) -> torch.Tensor:
     x = x0
     for layer, w in enumerate(weights):
         qkv = functional.rms_norm(x, (HIDDEN,)) @ w["qkv"]
-        x = x + attention(layer, qkv[:, :HIDDEN].contiguous()) @ w["o"]
+        x = x + attention(layer, qkv) @ w["o"]
         gate, up = (functional.rms_norm(x, (HIDDEN,)) @ w["gate_up"]).chunk(2, -1)
         x = x + (functional.silu(gate) * up) @ w["down"]
     return x
@@ -108,15 +134,17 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    weights = [{"qkv": torch.randn(HIDDEN, 256) * 0.05, "o": torch.randn(HIDDEN, HIDDEN) * 0.05,
+    weights = [{"qkv": torch.randn(HIDDEN, QKV) * 0.05, "o": torch.randn(HIDDEN, HIDDEN) * 0.05,
                 "gate_up": torch.randn(HIDDEN, 768) * 0.05, "down": torch.randn(384, HIDDEN) * 0.05}
                for _ in range(LAYERS)]  # fmt: skip
     x0 = torch.randn(BATCH, HIDDEN)
     forms = attention_forms()
-    q = x0[:, :HIDDEN].contiguous()
-    # same buffers, same answer: the workspace forms agree, and so do the split-buffer forms
-    for first, second in (("sdpa_bool", "sdpa_float"), ("sdpa_split", "bmm_split"), ("sdpa_split", "bmm_kt")):
-        assert torch.allclose(forms[first](0, q), forms[second](0, q), atol=1e-4), (first, second)
+    qkv = torch.randn(BATCH, QKV)
+    # same buffers, same answer: the workspace forms agree, and so do the split-buffer forms (the
+    # transposed key copy only until fused_c writes its new keys into the split buffers)
+    for first, second in (("sdpa_bool", "sdpa_float"), ("sdpa_split", "bmm_split"), ("sdpa_split", "bmm_kt"),
+                          ("fused_c", "sdpa_split")):  # fmt: skip
+        assert torch.allclose(forms[first](0, qkv), forms[second](0, qkv), atol=1e-4), (first, second)
     with torch.inference_mode():
         step_us = {
             name: time_us(lambda f=form: decode_step(f, weights, x0), args.repeats) for name, form in forms.items()

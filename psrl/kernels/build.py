@@ -24,7 +24,10 @@ import structlog
 log = structlog.get_logger(__name__)
 
 # fast math: vectorised exp (glibc's libmvec) and reductions
-FLAGS = ("-O3", "-march=native", "-ffast-math", "-fopenmp", "-fPIC", "-shared", "-std=c11")
+FLAGS = ("-O3", "-march=native", "-ffast-math", "-fopenmp", "-fPIC", "-std=c11")
+# linked without -ffast-math: with it, gcc adds crtfastmath.o, whose constructor would switch the
+# whole process to flushing denormals the moment the library is loaded
+LINK = ("-shared", "-fopenmp")
 LIBS = ("-lm",)
 
 
@@ -60,8 +63,11 @@ def load_library(name: str, sources: list[Path]) -> ctypes.CDLL:
 def _compile(cc: str, sources: list[Path], target: Path) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
+        objects = [os.path.join(scratch, f"{index}-{source.stem}.o") for index, source in enumerate(sources)]
+        for source, obj in zip(sources, objects, strict=True):
+            _run([cc, *FLAGS, "-c", str(source), "-o", obj])
         library = os.path.join(scratch, target.name)
-        _run([cc, *FLAGS, "-o", library, *map(str, sources), *LIBS])
+        _run([cc, *LINK, "-o", library, *objects, *LIBS])
         os.replace(library, target)  # atomic: a concurrent build of the same key writes the same bytes
     log.info("kernels_built", library=str(target))
 
@@ -79,7 +85,7 @@ def _build_key(sources: list[Path], cc: str) -> str:
     digest = hashlib.sha256()
     for source in sources:
         digest.update(source.read_bytes())
-    digest.update(repr((FLAGS, LIBS)).encode())
+    digest.update(repr((FLAGS, LINK, LIBS)).encode())
     digest.update(_compiler_version(cc).encode())
     digest.update(platform.machine().encode())
     digest.update(_cpu_flags().encode())

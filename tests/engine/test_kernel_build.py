@@ -57,3 +57,10 @@ def test_off_never_builds(fresh_cache: Path, qwen2: Checkpoint) -> None:
     engine = make_engine(qwen2, num_kv_blocks=32, cpu_kernels="off")
     assert engine.runner.decode_path == "dense" and engine.sampler.kernel is None
     assert not fresh_cache.exists()
+
+
+def test_loading_the_kernels_leaves_the_floating_point_mode_alone(fresh_cache: Path, cpu_kernels: object) -> None:
+    # a library linked with -ffast-math switches the whole process to flush denormals when loaded
+    build.load_library("psrl_cpu", SOURCES)
+    smallest_normal = 2.2250738585072014e-308
+    assert smallest_normal / 2 > 0.0
