@@ -134,6 +134,29 @@ static void attend_any_dim(const float *restrict q, const float *restrict keys, 
     }
 }
 
+/* One (sequence, kv head) pair of a decode step; `scratch` holds group * (longest + dim) floats. */
+static void decode_pair(const float *restrict qkv, const float *restrict rope, const int64_t *restrict positions,
+                        const int64_t *restrict slots, float *restrict cache, float *restrict keys,
+                        float *restrict values, float *restrict out, float *restrict scratch, int64_t pair,
+                        int64_t longest, const psrl_decode_shape *shape) {
+    const int64_t heads = shape->num_heads, kv_heads = shape->num_kv_heads, dim = shape->head_dim;
+    const int64_t group = heads / kv_heads, kv_size = kv_heads * dim;
+    const int64_t b = pair / kv_heads, h = pair % kv_heads, pos = positions[b];
+    const float *restrict row = qkv + b * shape->qkv_stride;
+    const float *restrict factors = rope + pos * dim;
+    float *restrict q = scratch + group * longest;
+    for (int64_t g = 0; g < group; g++) rotate(row + (h * group + g) * dim, factors, q + g * dim, dim);
+    float *restrict slot = cache + slots[b] * 2 * kv_size + h * dim;
+    float *restrict key = keys + (pair * shape->capacity + pos) * dim;
+    rotate(row + heads * dim + h * dim, factors, key, dim);
+    memcpy(slot, key, (size_t)dim * sizeof(float));
+    memcpy(values + (pair * shape->capacity + pos) * dim, row + heads * dim + kv_size + h * dim,
+           (size_t)dim * sizeof(float));
+    memcpy(slot + kv_size, row + heads * dim + kv_size + h * dim, (size_t)dim * sizeof(float));
+    attend_any_dim(q, keys + pair * shape->capacity * dim, values + pair * shape->capacity * dim,
+                   out + (b * heads + h * group) * dim, scratch, group, pos + 1, dim, shape->scale);
+}
+
 /* One layer's decode attention for a batch.
  *   qkv:       [num_seqs, qkv_stride]; q heads, then k heads, then v heads (pairs interleaved in q, k)
  *   rope:      [positions, head_dim / 2, 2] (cos, sin)
@@ -149,47 +172,25 @@ int psrl_decode_attention(const float *restrict qkv, const float *restrict rope,
                           const int64_t *restrict slots, float *restrict cache, float *restrict keys,
                           float *restrict values, float *restrict out, const psrl_decode_shape *shape) {
     const int64_t heads = shape->num_heads, kv_heads = shape->num_kv_heads, dim = shape->head_dim;
-    const int64_t num_seqs = shape->num_seqs, capacity = shape->capacity, kv_size = kv_heads * dim;
-    const int64_t group = heads / kv_heads;
+    const int64_t num_seqs = shape->num_seqs, group = heads / kv_heads;
     int64_t longest = 0;
     for (int64_t b = 0; b < num_seqs; b++) longest = positions[b] + 1 > longest ? positions[b] + 1 : longest;
-    float *rotated_q = malloc((size_t)(num_seqs * heads * dim + kv_size) * sizeof(float));
-    if (rotated_q == NULL) return -1;
-    float *k = rotated_q + num_seqs * heads * dim;
-    for (int64_t b = 0; b < num_seqs; b++) {
-        const int64_t pos = positions[b];
-        const float *restrict row = qkv + b * shape->qkv_stride;
-        const float *restrict factors = rope + pos * dim;
-        const float *restrict v = row + heads * dim + kv_size;
-        for (int64_t h = 0; h < heads; h++) rotate(row + h * dim, factors, rotated_q + (b * heads + h) * dim, dim);
-        for (int64_t h = 0; h < kv_heads; h++) rotate(row + heads * dim + h * dim, factors, k + h * dim, dim);
-        float *restrict slot = cache + slots[b] * 2 * kv_size;
-        memcpy(slot, k, (size_t)kv_size * sizeof(float));
-        memcpy(slot + kv_size, v, (size_t)kv_size * sizeof(float));
-        for (int64_t h = 0; h < kv_heads; h++) {
-            const int64_t at = ((b * kv_heads + h) * capacity + pos) * dim;
-            memcpy(keys + at, k + h * dim, (size_t)dim * sizeof(float));
-            memcpy(values + at, v + h * dim, (size_t)dim * sizeof(float));
-        }
-    }
     int failed = 0;
-    /* each (sequence, kv head) pair is independent; threads share torch's OpenMP pool (same libgomp) */
+    /* Each (sequence, kv head) pair is independent: it rotates its own query heads and key, stores its
+     * key/value, and attends. Threads come from torch's OpenMP pool (the same libgomp). */
 #pragma omp parallel reduction(| : failed)
     {
         DENORMALS_OFF(saved_mode);
-        float *scores = malloc((size_t)(group * longest) * sizeof(float));
-        if (scores == NULL) failed = 1;
+        /* scores, then the pair's rotated query heads */
+        float *scratch = malloc((size_t)(group * (longest + dim)) * sizeof(float));
+        if (scratch == NULL) failed = 1;
 #pragma omp for schedule(static)
         for (int64_t pair = 0; pair < num_seqs * kv_heads; pair++) {
-            if (scores == NULL) continue;
-            const int64_t b = pair / kv_heads, h = pair % kv_heads;
-            attend_any_dim(rotated_q + (b * heads + h * group) * dim, keys + pair * capacity * dim,
-                   values + pair * capacity * dim, out + (b * heads + h * group) * dim, scores, group,
-                   positions[b] + 1, dim, shape->scale);
+            if (scratch != NULL)
+                decode_pair(qkv, rope, positions, slots, cache, keys, values, out, scratch, pair, longest, shape);
         }
-        free(scores);
+        free(scratch);
         DENORMALS_RESTORE(saved_mode);
     }
-    free(rotated_q);
     return failed ? -1 : 0;
 }
