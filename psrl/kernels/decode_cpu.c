@@ -102,6 +102,7 @@ static inline __attribute__((always_inline)) void attend(const float *restrict q
             scores[g * n + j] = dot * scale;
         }
     }
+    float inverse_totals[group];
     for (int64_t g = 0; g < group; g++) {
         float *restrict row = scores + g * n;
         float peak = row[0];
@@ -111,15 +112,20 @@ static inline __attribute__((always_inline)) void attend(const float *restrict q
             row[j] = expf(row[j] - peak);
             total += row[j];
         }
-        float acc[dim];
-        for (int64_t d = 0; d < dim; d++) acc[d] = 0.0f;
-        for (int64_t j = 0; j < n; j++) {
-            const float weight = row[j];
-            const float *restrict value = values + j * dim;
-            for (int64_t d = 0; d < dim; d++) acc[d] += weight * value[d];
+        inverse_totals[g] = 1.0f / total;
+    }
+    /* one pass over the values for every query head of the group */
+    float acc[group * dim];
+    for (int64_t i = 0; i < group * dim; i++) acc[i] = 0.0f;
+    for (int64_t j = 0; j < n; j++) {
+        const float *restrict value = values + j * dim;
+        for (int64_t g = 0; g < group; g++) {
+            const float weight = scores[g * n + j];
+            for (int64_t d = 0; d < dim; d++) acc[g * dim + d] += weight * value[d];
         }
-        const float inv = 1.0f / total;
-        for (int64_t d = 0; d < dim; d++) out[g * dim + d] = acc[d] * inv;
+    }
+    for (int64_t g = 0; g < group; g++) {
+        for (int64_t d = 0; d < dim; d++) out[g * dim + d] = acc[g * dim + d] * inverse_totals[g];
     }
 }
 
