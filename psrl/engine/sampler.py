@@ -51,7 +51,7 @@ class Sampler:
         """logits [len(seqs), vocab] fp32 -> one token per sequence."""
         self._suppress_early_stops(logits, seqs)
         temperatures = [seq.params.temperature for seq in seqs]
-        if self.kernel is not None and not any(seq.params.needs_truncation or seq.params.num_logprobs for seq in seqs):
+        if self.kernel is not None and _all_plain(seqs):
             return self._sample_with_kernel(self.kernel, logits, temperatures, seqs)
         scaled = logits
         if any(t not in (0.0, 1.0) for t in temperatures):
@@ -112,6 +112,19 @@ class Sampler:
                 stop_ids += self.eos_token_ids
             if stop_ids:
                 logits[row, stop_ids] = float("-inf")
+
+
+def _all_plain(seqs: list[Sequence]) -> bool:
+    """No row needs top-k/top-p truncation or top log-probs (rows of one request group share params)."""
+    checked = None
+    for seq in seqs:
+        params = seq.params
+        if params is checked:
+            continue
+        if params.needs_truncation or params.num_logprobs:
+            return False
+        checked = params
+    return True
 
 
 def _truncate(logprobs: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
