@@ -5,10 +5,10 @@ For each batch size, both generate exactly --gen-len tokens per sequence (sampli
 same random prompts of --prompt-len tokens. Tokens/s counts generated tokens over the whole call
 (prefill included); each figure is the median of --repeats runs, contenders interleaved. On CUDA
 it also reports the fraction of the weights-only memory-bandwidth roofline (every decode step
-reads all weights once, so tok/s <= batch * bandwidth / weight bytes), and with --compare-eager
-the engine without CUDA graphs.
+reads all weights once, so tok/s <= batch * bandwidth / weight bytes). --compare-eager adds the
+engine's eager decode path: without CUDA graphs on CUDA, without the fused C kernels on a CPU.
 
-    .venv/bin/python tools/bench_engine.py                       # the demo model, CPU
+    .venv/bin/python tools/bench_engine.py --compare-eager       # the demo model, CPU
     .venv/bin/python tools/bench_engine.py --model ~/.cache/psrl/models/SmolLM2-135M-Instruct
     python tools/bench_engine.py --random-init qwen2.5-0.5b --device cuda --dtype bfloat16 --compare-eager
 
@@ -68,7 +68,7 @@ def load_reference(args: argparse.Namespace, model_dir: Path) -> PreTrainedModel
 
 
 def make_engine(
-    args: argparse.Namespace, model_dir: Path, reference: PreTrainedModel, batch: int, cuda_graphs: bool = True
+    args: argparse.Namespace, model_dir: Path, reference: PreTrainedModel, batch: int, eager: bool = False
 ) -> Engine:
     block_size = 16
     max_len = args.prompt_len + args.gen_len
@@ -81,7 +81,8 @@ def make_engine(
         max_num_seqs=batch,
         max_num_batched_tokens=max(2048, args.prompt_len),
         enable_prefix_caching=False,
-        cuda_graphs=cuda_graphs,
+        cuda_graphs=not eager,
+        cpu_kernels="off" if eager else "auto",
     )
     return Engine(engine_args, weights=reference.state_dict())
 
@@ -124,15 +125,15 @@ def timed(function: Callable[[], int], device: str) -> float:
 
 
 def bench_batch(args: argparse.Namespace, model_dir: Path, reference: PreTrainedModel, batch: int) -> dict[str, float]:
-    """Median tokens/s of each contender: engine, hf and, with --compare-eager on CUDA, engine_eager."""
+    """Median tokens/s of each contender: engine, hf and, with --compare-eager, engine_eager."""
     rng = random.Random(batch)
     vocab = reference.config.vocab_size
     prompts = [[rng.randrange(1, vocab) for _ in range(args.prompt_len)] for _ in range(batch)]
     contenders: dict[str, Callable[[], int]] = {}
     engine = make_engine(args, model_dir, reference, batch)
     contenders["engine"] = lambda: run_engine(engine, prompts, args.gen_len)
-    if args.compare_eager and args.device == "cuda":
-        eager = make_engine(args, model_dir, reference, batch, cuda_graphs=False)
+    if args.compare_eager:
+        eager = make_engine(args, model_dir, reference, batch, eager=True)
         contenders["engine_eager"] = lambda: run_engine(eager, prompts, args.gen_len)
     contenders["hf"] = lambda: run_hf(reference, prompts, args.gen_len, args.device)
     for run in contenders.values():  # warm-up: first calls, and graph captures for the shapes used
@@ -152,7 +153,8 @@ def print_header(args: argparse.Namespace, contenders: list[str]) -> None:
     name = args.random_init or args.model.name
     print(f"model={name} device={args.device} dtype={args.dtype} threads={args.threads} "
           f"prompt_len={args.prompt_len} gen_len={args.gen_len} repeats={args.repeats} (median tok/s)")  # fmt: skip
-    columns = [*contenders, "engine/hf"] + (["roofline"] if args.device == "cuda" else [])
+    columns = [*contenders, "engine/hf"] + (["eager/hf"] if "engine_eager" in contenders else [])
+    columns += ["roofline"] if args.device == "cuda" else []
     print(f"{'batch':>5} " + " ".join(f"{column:>13}" for column in columns), flush=True)
 
 
@@ -161,6 +163,10 @@ def report_row(args: argparse.Namespace, batch: int, rates: dict[str, float], nu
     ratio = rates["engine"] / rates["hf"]
     cells = [f"{rate:>13.1f}" for rate in rates.values()] + [f"{ratio:>13.2f}"]
     fields = [f"engine_vs_hf_b{batch}={ratio:.2f}"] + [f"{c}_tok_s_b{batch}={r:.1f}" for c, r in rates.items()]
+    if "engine_eager" in rates:
+        eager_ratio = rates["engine_eager"] / rates["hf"]
+        cells.append(f"{eager_ratio:>13.2f}")
+        fields.append(f"eager_vs_hf_b{batch}={eager_ratio:.2f}")
     if args.device == "cuda":
         fraction = rates["engine"] / (batch * args.bandwidth_tb_s * 1e12 / num_weight_bytes)
         cells.append(f"{fraction:>13.3f}")
@@ -181,13 +187,15 @@ def main() -> None:
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--bandwidth-tb-s", type=float, default=4.0, help="HBM bandwidth for the roofline (CUDA)")
-    parser.add_argument("--compare-eager", action="store_true", help="CUDA: also time the engine without graphs")
+    parser.add_argument(
+        "--compare-eager", action="store_true", help="also time the eager engine (no CUDA graphs / no CPU kernels)"
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as scratch:
         model_dir = Path(scratch) if args.random_init else args.model
         reference = load_reference(args, model_dir)
-        contenders = ["engine"] + (["engine_eager"] if args.compare_eager and args.device == "cuda" else []) + ["hf"]
+        contenders = ["engine"] + (["engine_eager"] if args.compare_eager else []) + ["hf"]
         print_header(args, contenders)
         fields: list[str] = []
         for batch in map(int, args.batches.split(",")):
