@@ -162,7 +162,7 @@ class RolloutActor(Actor):
         if self.name not in cmd.instances or cmd.version <= self.engine.weight_version:
             return
         self.pending_sync = _PendingSync(cmd.version, cmd.abort_running, time.monotonic())
-        if cmd.abort_running:
+        if cmd.abort_running and not self._version_arriving(cmd.version):
             self._abort(list(self.streams), "sync")
 
     @handles(WeightsPublished)
@@ -170,10 +170,23 @@ class RolloutActor(Actor):
         if self.prefetcher is not None and event.message.version > self.engine.weight_version:
             self.prefetcher.start(event.message.version)
 
+    def _version_arriving(self, version: int) -> bool:
+        """The background pull of `version` is still running: interrupting now would only make requests wait."""
+        return self.prefetcher is not None and self.prefetcher.is_pulling(version)
+
     def _sync_if_due(self) -> bool:
-        """Pull and load the pending version once no request holds the old weights."""
+        """Pull and load the pending version once no request holds the old weights.
+
+        Under partial rollout the requests are interrupted here, once the version's bytes have arrived.
+        """
         sync = self.pending_sync
-        if sync is None or self.engine.has_unfinished_requests():
+        if sync is None:
+            return False
+        if sync.abort_running and self.streams:
+            if self._version_arriving(sync.version):
+                return False
+            self._abort(list(self.streams), "sync")
+        if self.engine.has_unfinished_requests():
             return False
         self.pending_sync = None
         self.engine.pause()

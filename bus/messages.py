@@ -551,7 +551,8 @@ class SyncCommand(Message, frozen=True):
 
     instances: instance ids addressed.
     version: version to load.
-    abort_running: abort running requests first (otherwise they are paused and continued).
+    abort_running: interrupt running requests (partial rollout; an instance pulling the version in the
+        background interrupts once the pull has landed), otherwise they finish first.
     strategy: the sync strategy that decided.
     """
 

@@ -6,6 +6,10 @@ engine inside that stop. One pull at a time: the puller's sockets and mirror bel
 background thread while it runs, and `take` (which waits for it) hands them back. A prefetch of
 another version than the one a sync asks for is not used; the caller then pulls as before.
 
+Under partial rollout the rollout actor also keeps generating after a sync command until the
+background pull of that version has landed (`is_pulling`), and only then interrupts its requests:
+the wait for the bytes becomes generation time instead of idle time.
+
 Full pulls only: with delta sync the mirror records what the engine holds, so a version pulled but
 not loaded would make the next delta wrong.
 """
@@ -45,6 +49,10 @@ class Prefetcher:
     @property
     def is_running(self) -> bool:
         return self._job is not None and self._job.thread is not None and self._job.thread.is_alive()
+
+    def is_pulling(self, version: int) -> bool:
+        """A background pull of exactly ``version`` is still running."""
+        return self.is_running and self._job is not None and self._job.version == version
 
     def start(self, version: int) -> bool:
         """Start pulling ``version`` unless a pull is running or this or a newer version is held."""
