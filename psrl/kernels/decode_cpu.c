@@ -33,9 +33,10 @@
 #if defined(__SSE__)
 #include <xmmintrin.h>
 /* Flush denormals to zero inside a kernel. Softmax weights of far-off positions and their products
- * with values are often denormal, and x86 arithmetic on denormals is about a hundred times slower;
- * -ffast-math sets these bits only in executables, not in a shared library. The caller's mode is
- * restored on the way out. */
+ * with values are often denormal, and x86 arithmetic on denormals is about a hundred times slower.
+ * The library is linked without -ffast-math (psrl/kernels/build.py), so nothing sets these bits for
+ * the whole process; each kernel thread sets them for the kernel's duration and restores the
+ * caller's mode on the way out. */
 #define DENORMALS_OFF(saved) const unsigned int saved = _mm_getcsr(); _mm_setcsr(saved | 0x8040)
 #define DENORMALS_RESTORE(saved) _mm_setcsr(saved)
 #else
