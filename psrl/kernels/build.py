@@ -53,7 +53,12 @@ def load_library(name: str, sources: list[Path]) -> ctypes.CDLL:
     cc = compiler()
     target = cache_dir() / f"{name}-{_build_key(sources, cc)}.so"
     if not target.exists():
-        _compile(cc, sources, target)
+        try:
+            _compile(cc, sources, target)
+        except OSError as error:  # the cache directory cannot be created or written
+            raise KernelBuildError(
+                f"cannot build into {target.parent}: {error} (set PSRL_CACHE_DIR to a writable directory)"
+            ) from error
     try:
         return ctypes.CDLL(str(target))
     except OSError as error:

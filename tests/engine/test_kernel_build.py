@@ -64,3 +64,18 @@ def test_loading_the_kernels_leaves_the_floating_point_mode_alone(fresh_cache: P
     build.load_library("psrl_cpu", SOURCES)
     smallest_normal = 2.2250738585072014e-308
     assert smallest_normal / 2 > 0.0
+
+
+def test_an_unwritable_cache_is_a_build_error_that_names_the_fix(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, qwen2: Checkpoint
+) -> None:
+    blocker = tmp_path / "not-a-directory"
+    blocker.write_text("")
+    monkeypatch.setenv("PSRL_CACHE_DIR", str(blocker))
+    cpu_kernel_library.cache_clear()
+    try:
+        with pytest.raises(KernelBuildError, match="PSRL_CACHE_DIR"):
+            build.load_library("psrl_cpu", SOURCES)
+        assert make_engine(qwen2, num_kv_blocks=16).runner.decode_path == "dense"  # auto: warned, eager
+    finally:
+        cpu_kernel_library.cache_clear()
