@@ -3,7 +3,7 @@
 Per layer: RMSNorm (kernel), the q|k|v matmul, rotary embedding + cache writes + attention (one
 kernel), the output projection accumulated onto the residual in place (addmm_), RMSNorm
 (kernel), the gate|up matmul, silu * up (kernel), the down projection accumulated onto the
-residual. That is seven calls a layer where the eager path runs about thirty, which is what a
+residual. That is eight calls a layer where the eager path runs about thirty, which is what a
 step of a small model costs on a CPU. Everything is checked once per step, intermediate buffers
 are allocated once per step and reused by every layer, and the weights are read from tensors
 collected at construction (weight loads copy into them in place). fp32 only; the numbers match
