@@ -114,3 +114,26 @@ def test_preemption_matches_transformers(qwen2: Checkpoint, mode: str, request: 
     assert engine.status().num_preemptions_total > 0
     assert sum(result.num_preemptions for result in results.values()) == engine.status().num_preemptions_total
     _check_all(qwen2, recorder, prompts, results)
+
+
+def test_sequences_longer_than_the_first_workspace_match_transformers(cpu_kernels: object) -> None:
+    # the decode workspace starts with room for 256 positions and grows while rows are decoding
+    from transformers import AutoModelForCausalLM
+
+    from psrl.engine import DEMO_MODEL_DIR
+    from psrl.engine.decode_workspace import INITIAL_CAPACITY
+
+    demo = Checkpoint("demo", DEMO_MODEL_DIR, AutoModelForCausalLM.from_pretrained(DEMO_MODEL_DIR).eval())
+    engine = make_engine(demo, block_size=16, num_kv_blocks=64)
+    assert engine.runner.decode_path == "fused_cpu"
+    recorder = LogitRecorder()
+    recorder.attach(engine)
+    prompts = [[5, 6, 7, 8, 9], [10, 11, 12]]
+    for index, prompt in enumerate(prompts):
+        engine.add_request(str(index), prompt, greedy(max_tokens=300 - 40 * index))
+    results, _ = run_to_completion(engine)
+    assert engine.runner.fused_workspace is not None
+    assert engine.runner.fused_workspace.capacity > INITIAL_CAPACITY
+    for index, prompt in enumerate(prompts):
+        error = recorder.max_error(demo, str(index), prompt + results[str(index)].output_ids)
+        assert error < TOLERANCE, f"request {index}: max logit error {error}"
