@@ -110,7 +110,7 @@ class BlockManager:
 
     def num_missing_blocks(self, seq: Sequence) -> int:
         """Blocks `seq` still needs to cover all its tokens."""
-        return max(0, (len(seq.token_ids) + self.block_size - 1) // self.block_size - len(seq.block_table))
+        return max(0, self.num_blocks_for(seq.num_tokens) - len(seq.block_table))
 
     def hash_blocks(self, seq: Sequence) -> None:
         """Register the full blocks of `seq` whose keys/values are now computed."""

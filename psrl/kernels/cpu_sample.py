@@ -8,6 +8,7 @@ import ctypes
 import torch
 
 from psrl.kernels.build import KernelBuildError
+from psrl.kernels.cpu_decode import check_tensor
 
 ABI_VERSION = 1
 
@@ -31,8 +32,7 @@ class CpuSampleKernel:
         row is greedy. Per-row values travel in `array` buffers: at this size, cheaper than tensors or ctypes arrays.
         """
         rows, vocab = logits.shape
-        if logits.dtype != torch.float32 or logits.device.type != "cpu" or not logits.is_contiguous():
-            raise ValueError(f"logits must be contiguous float32 on the CPU, got {logits.dtype} on {logits.device}")
+        check_tensor(logits, "logits")
         if len(temperatures) != rows:
             raise ValueError(f"{len(temperatures)} temperatures for {rows} rows")
         if uniforms is None:

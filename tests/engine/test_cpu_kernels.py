@@ -3,7 +3,7 @@
 The decode kernel is checked on its own outputs (attention) and on its side effects (the new
 key/value in the paged cache and in the workspace), over head sizes with and without a
 specialised copy, grouped and plain multi-head attention, and rows of different lengths. The
-sampling kernel is checked against the torch sampler's formulas with the same uniform draws.
+sampling kernel is checked against the sampler's own tensor path with the same generators.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from psrl.engine.sampling_params import SamplingParams
 from psrl.engine.sequence import Sequence
 from psrl.kernels.cpu_decode import AttentionShape, CpuDecodeKernels, DecodeBatch
 from psrl.kernels.cpu_sample import CpuSampleKernel
+from psrl.models.llama import _rotate as rotate_pairs
 
 
 @pytest.fixture(scope="module")
@@ -32,9 +33,9 @@ def sample_kernel(cpu_kernels: ctypes.CDLL) -> CpuSampleKernel:
 
 
 def _rotate(x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
-    """x [B, H, D] with interleaved pairs, rope [B, D/2, 2] -> rotated, as the eager model does."""
-    factors = torch.view_as_complex(rope.contiguous()).unsqueeze(1)
-    return torch.view_as_real(torch.view_as_complex(x.reshape(*x.shape[:2], -1, 2)) * factors).flatten(2)
+    """x [B, H, D] with interleaved pairs, rope [B, D/2, 2]: the eager model's own rotation."""
+    pairs = x.reshape(*x.shape[:2], -1, 2)
+    return rotate_pairs(pairs, torch.view_as_complex(rope.contiguous()).unsqueeze(1)).flatten(2)
 
 
 @pytest.mark.parametrize(("heads", "kv_heads", "dim"), [(4, 2, 32), (8, 8, 64), (14, 2, 128), (6, 3, 24), (2, 1, 16)])
@@ -95,27 +96,24 @@ def test_rms_norm_and_silu_mul_match_torch(decode_kernels: CpuDecodeKernels) -> 
     torch.testing.assert_close(decode_kernels.silu_mul(gate_up), functional.silu(gate) * up)
 
 
-def _torch_sample(logits: torch.Tensor, temperatures: list[float], uniforms: torch.Tensor) -> tuple[list, list]:
-    """What Sampler's tensor path computes, for rows without truncation."""
-    scale = torch.tensor([t if t > 0 else 1.0 for t in temperatures]).unsqueeze(1)
-    logprobs = torch.log_softmax(logits / scale, dim=-1)
-    cdf = logprobs.exp().double().cumsum(dim=-1)
-    drawn = torch.searchsorted(cdf, uniforms.view(-1, 1) * cdf[:, -1:], right=True).squeeze(1)
-    chosen = torch.where(torch.tensor(temperatures) == 0, logits.argmax(dim=-1), drawn.clamp(max=logits.shape[1] - 1))
-    return chosen.tolist(), logprobs.gather(1, chosen.unsqueeze(1)).squeeze(1).tolist()
+def _sample_both_ways(sample_kernel: CpuSampleKernel, logits: torch.Tensor, params: list[SamplingParams]) -> list:
+    """The sampler's results with its kernel and with its tensor path, from generators seeded alike."""
+    results = []
+    for kernel in (sample_kernel, None):
+        sampler = Sampler(torch.device("cpu"), (1,), seed=7, kernel=kernel)
+        seqs = [Sequence(str(i), [2, 3], p, i, generator=sampler.make_generator(p.seed) if p.seed else None)
+                for i, p in enumerate(params)]  # fmt: skip
+        results.append(sampler.sample(logits.clone(), seqs))
+    return results
 
 
 @pytest.mark.parametrize("vocab", [48, 1000, 5003])
 def test_sampling_kernel_draws_what_the_tensor_path_draws(sample_kernel: CpuSampleKernel, vocab: int) -> None:
-    generator = torch.Generator().manual_seed(vocab)
-    rows = 300
-    logits = torch.randn(rows, vocab, generator=generator) * 3
-    temperatures = [(0.0, 0.5, 1.0, 1.7)[row % 4] for row in range(rows)]
-    uniforms = torch.rand(rows, generator=generator, dtype=torch.float64)
-    tokens, logprobs = sample_kernel.sample(logits, temperatures, uniforms)
-    want_tokens, want_logprobs = _torch_sample(logits, temperatures, uniforms)
-    assert tokens == want_tokens
-    assert logprobs == pytest.approx(want_logprobs, abs=1e-5)
+    logits = torch.randn(300, vocab, generator=torch.Generator().manual_seed(vocab)) * 3
+    params = [SamplingParams(temperature=(0.0, 0.5, 1.0, 1.7)[row % 4]) for row in range(300)]
+    with_kernel, tensor_path = _sample_both_ways(sample_kernel, logits, params)
+    assert with_kernel.token_ids == tensor_path.token_ids
+    assert with_kernel.logprobs == pytest.approx(tensor_path.logprobs, abs=1e-5)
 
 
 def test_sampling_kernel_never_draws_a_suppressed_token(sample_kernel: CpuSampleKernel) -> None:
@@ -133,11 +131,6 @@ def test_sampling_kernel_never_draws_a_suppressed_token(sample_kernel: CpuSample
 def test_sampler_gives_the_same_tokens_with_and_without_the_kernel(sample_kernel: CpuSampleKernel) -> None:
     logits = torch.randn(16, 300, generator=torch.Generator().manual_seed(0)) * 2
     params = [SamplingParams(temperature=(0.0, 1.0, 0.8)[i % 3], seed=i if i % 2 else None) for i in range(16)]
-    results = []
-    for kernel in (sample_kernel, None):
-        sampler = Sampler(torch.device("cpu"), (1,), seed=7, kernel=kernel)
-        seqs = [Sequence(str(i), [2, 3], p, i, generator=sampler.make_generator(p.seed) if p.seed else None)
-                for i, p in enumerate(params)]  # fmt: skip
-        results.append(sampler.sample(logits.clone(), seqs))
+    results = _sample_both_ways(sample_kernel, logits, params)
     assert results[0].token_ids == results[1].token_ids
     assert results[0].logprobs == pytest.approx(results[1].logprobs, abs=1e-5)
