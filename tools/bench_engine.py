@@ -29,19 +29,12 @@ import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel, Qwen2Config
 
 from psrl.engine import DEMO_MODEL_DIR, Engine, EngineArgs, SamplingParams
+from psrl.models.shapes import BODIES
 
 RANDOM_INIT_SHAPES = {
     # Qwen2.5-0.5B: 494 M parameters
     "qwen2.5-0.5b": dict(
-        vocab_size=151936,
-        hidden_size=896,
-        intermediate_size=4864,
-        num_hidden_layers=24,
-        num_attention_heads=14,
-        num_key_value_heads=2,
-        max_position_embeddings=32768,
-        rope_theta=1000000.0,
-        tie_word_embeddings=True,
+        **BODIES["qwen2.5-0.5b"], vocab_size=151936, max_position_embeddings=32768, tie_word_embeddings=True
     ),
     # for a quick end-to-end check of this script
     "qwen2-tiny": dict(

@@ -21,15 +21,8 @@ import torch
 from transformers import AutoModelForCausalLM, Qwen2Config
 
 from psrl.engine import DEMO_MODEL_DIR
+from psrl.models.shapes import BODIES
 
-BODIES = {
-    # Qwen2.5-0.5B's layers (358 M parameters without its 151,936-token vocabulary)
-    "qwen2.5-0.5b": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
-                         num_key_value_heads=2, rope_theta=1000000.0),
-    # Qwen2.5-1.5B's layers
-    "qwen2.5-1.5b": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
-                         num_key_value_heads=2, rope_theta=1000000.0),
-}  # fmt: skip
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "generation_config.json")
 
 

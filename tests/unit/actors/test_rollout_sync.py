@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from actors.rollout import RolloutActor
+from actors.rollout import RolloutActor, _Stream
 from bus.messages import GenerateResult, SyncCommand, WeightsLoaded
 from psrl.config import load_config
 from psrl.engine import DEMO_MODEL_DIR, Engine, EngineArgs, SamplingParams
@@ -62,8 +62,6 @@ def instance() -> Iterator[tuple[RolloutActor, _GatedPuller, list]]:
 
 
 def _start_requests(actor: RolloutActor, count: int) -> None:
-    from actors.rollout import _Stream
-
     for index in range(count):
         actor.engine.add_request(str(index), [3, 4, 5], SamplingParams(max_tokens=400, ignore_eos=True))
         actor.streams[str(index)] = _Stream()
