@@ -61,7 +61,8 @@ from psrl.engine.args import DEMO_MODEL_DIR
 from psrl.routing.cost_model import load_cost_model
 from psrl.routing.servable import ServableCounts
 from psrl.staleness.throttle import dispatch_allowance
-from psrl.tasks import get_task
+from psrl.data import make_task
+from psrl.rewards.factory import make_scorer
 
 ROUTER = "router"
 
@@ -71,12 +72,13 @@ class CoordinatorActor(Actor):
 
     def setup(self) -> dict[str, int]:
         cfg = self.config
-        self.task = get_task(cfg.task.name, cfg.task.seed)
         model_dir = cfg.model.tokenizer_path or cfg.model.path or str(DEMO_MODEL_DIR)
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        self.task = make_task(cfg, self.tokenizer)  # data.train_files, or the task's prompt generator
+        self.scorer = make_scorer(cfg, self.task)  # reward.function, or the task's reward
         self.n = cfg.responses_per_prompt
         self.initial_version = int(self.boot.options.get("initial_version", 0))
-        self.book = GroupBook(self.n, first_prompt_id=self.initial_version * cfg.entries_per_buffer)
+        self.book = GroupBook(self.n, first_prompt_id=int(self.boot.options.get("first_prompt_id", 0)))
         plan = chunk_plan(cfg)
         self.emitter = ChunkEmitter(plan.chunk_groups, cfg.psrl.staleness_buffer_entries, self.initial_version)
         self.instances = InstanceBook()
@@ -129,7 +131,7 @@ class CoordinatorActor(Actor):
 
     def _dispatch_group(self, *, is_replacement: bool) -> None:
         prompt = self.task.prompt(self.book.next_prompt_id)
-        ids = np.asarray(self.tokenizer.encode(prompt.text), np.int32)
+        ids = np.asarray(prompt.token_ids or self.tokenizer.encode(prompt.text), np.int32)
         group = self.book.open(prompt, ids, is_replacement=is_replacement)
         task = self.config.task
         stop = [self.tokenizer.eos_token_id] if self.tokenizer.eos_token_id is not None else []
@@ -165,7 +167,7 @@ class CoordinatorActor(Actor):
             if group is None:
                 return
             text = str(self.tokenizer.decode(result.token_ids.tolist(), skip_special_tokens=True))
-            reward = self.task.reward(group.prompt, text)
+            reward = self.scorer.score(group.prompt, text, result.token_ids)
             self.response_lengths.append(len(result.token_ids))
         v_traj = event.envelope.model_version
         self.book.record(result, reward, -1 if v_traj is None else v_traj)
@@ -245,6 +247,8 @@ class CoordinatorActor(Actor):
             "staleness/max": float(staleness.max()) if len(staleness) else 0.0,
             "throughput/trajectories_per_s": len(rewards) / elapsed,
             "throughput/tokens_per_s": float(lengths.sum()) / elapsed,
+            "data/truncated_prompts": float(getattr(self.task, "num_truncated", 0)),
+            **self.scorer.take_metrics(),
         }
         self.last_handoff = now
         self.reward_history.append((chunk.buffer + 1, values["reward/mean"]))
@@ -328,6 +332,8 @@ class CoordinatorActor(Actor):
             self.publisher.publish(RunFinished(True, f"{event.message.step} training steps done", summary))
 
     def teardown(self) -> None:
+        if hasattr(self, "scorer"):
+            self.scorer.close()
         for link in [getattr(self, "router", None), *getattr(self, "trainers", [])]:
             if link is not None:
                 link.close()

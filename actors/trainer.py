@@ -15,7 +15,7 @@ from pathlib import Path
 from actors.base import Actor, handles
 from actors.links import Link
 from bus.messages import FinishReason as BusFinish
-from bus.messages import Metrics, TrainData, TrainerProgress, WeightsPushed
+from bus.messages import ActorState, Metrics, TrainData, TrainerProgress, WeightsPushed
 from bus.schema import Event
 from psrl.ps.from_config import make_pusher
 from psrl.ps.staging import HostStaging
@@ -44,6 +44,7 @@ class TrainerActor(Actor):
         if cfg.trainer.resume and self.checkpoints is not None and (path := latest_checkpoint(self.checkpoints)):
             self.core.load_checkpoint(path)
             self.log.info("resumed", checkpoint=str(path), version=self.core.version)
+        self.saved_version = self.core.version
         self.link = Link(self.ctx, self.boot.endpoint(self.name), sender=self.name, incarnation=self.boot.incarnation,
                          settings=self.bus, serve=True)  # fmt: skip
         self.add_input(self.link.socket, self._on_link)
@@ -108,12 +109,28 @@ class TrainerActor(Actor):
 
     def _maybe_checkpoint(self, version: int) -> None:
         freq, total = self.config.trainer.save_freq, self.config.trainer.total_steps
-        if self.checkpoints is None or not (version >= total or (freq and version % freq == 0)):
+        if version >= total or (freq and version % freq == 0):
+            self._checkpoint()
+
+    def _checkpoint(self) -> None:
+        if self.checkpoints is None:
             return
-        path = self.core.save_checkpoint(self.checkpoints)
-        self.log.info("checkpoint", path=str(path), version=version)
+        path = self.core.save_checkpoint(self.checkpoints, keep=self.config.trainer.keep_checkpoints)
+        self.saved_version = self.core.version
+        self.log.info("checkpoint", path=str(path), version=self.core.version)
+
+    def _checkpoint_on_stop(self) -> None:
+        """A run stopped early keeps every version trained so far (a half-trained buffer is retrained)."""
+        if not hasattr(self, "core") or self.state == ActorState.DEAD or self.core.version <= self.saved_version:
+            return
+        if not self.core.discard_partial_buffer():
+            self.log.warning("no checkpoint on stop: a pre_step buffer is half-applied", version=self.core.version)
+            return
+        self.log.info("checkpoint on stop", reason=self.stop_reason, version=self.core.version)
+        self._checkpoint()
 
     def teardown(self) -> None:
+        self._checkpoint_on_stop()
         if hasattr(self, "link"):
             self.link.close()
         if getattr(self, "pusher", None) is not None:

@@ -27,11 +27,19 @@ def config() -> None:
 
 @config.command("show")
 @click.argument("args", nargs=-1)
-def show(args: tuple[str, ...]) -> None:
-    """Print the fully resolved config: [PRESET] [key=value ...]."""
+@click.option("--no-checks", is_flag=True, help="Skip the checks against this machine (files, model, packages, GPUs).")
+def show(args: tuple[str, ...], no_checks: bool) -> None:
+    """Print the fully resolved config: [PRESET] [key=value ...].
+
+    Runs every check `psrl launch` runs before starting a process: the config rules, then the model
+    directory, dataset files, reward function, optional packages and GPUs."""
     preset, overrides = split_preset(args)
     try:
         cfg = load_config(preset, overrides)
+        if not no_checks:
+            from psrl.launch.preflight import checked
+
+            cfg = checked(cfg)
     except ConfigError as exc:
         click.echo(str(exc), err=True)
         sys.exit(2)

@@ -55,6 +55,7 @@ def launch(
     from psrl.config import load_config
     from psrl.launch.hosts import HostsFileError, parse_hosts_file
     from psrl.launch.plan import hosts_overrides
+    from psrl.launch.preflight import checked
     from psrl.launch.runner import run_launch
     from psrl.log import configure
 
@@ -63,6 +64,7 @@ def launch(
     try:
         hosts = parse_hosts_file(hosts_file) if hosts_file is not None else None
         config = load_config(preset, [*(hosts_overrides(hosts) if hosts else []), *overrides])
+        config = checked(config, spans_hosts=hosts is not None and hosts.spans_hosts)
     except (ConfigError, HostsFileError) as exc:
         click.echo(str(exc), err=True)
         sys.exit(2)

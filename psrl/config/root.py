@@ -5,6 +5,7 @@ from __future__ import annotations
 from pydantic import model_validator
 
 from psrl.config.base import Section, section
+from psrl.config.data import Data, Logging, Reward
 from psrl.config.psrl_section import PsrlSection
 from psrl.config.system import Bus, Engine, Model, Run, Task, Topology
 from psrl.config.training import Actor, Algorithm, Critic, TrainerLoop
@@ -19,11 +20,14 @@ class Config(Section):
     critic: Critic = section(Critic, "Value model (GAE only).")
     trainer: TrainerLoop = section(TrainerLoop, "Training loop and checkpoints.")
     model: Model = section(Model, "Policy checkpoint.")
-    task: Task = section(Task, "Prompts, reward and sampling.")
+    task: Task = section(Task, "Prompt generator, prompt and response lengths, sampling.")
+    data: Data = section(Data, "A dataset of prompts (instead of the task's generator).")
+    reward: Reward = section(Reward, "A reward function of your own, or a built-in verifier.")
     topology: Topology = section(Topology, "How many actors of each kind.")
     engine: Engine = section(Engine, "Rollout engine.")
     bus: Bus = section(Bus, "Message bus.")
     run: Run = section(Run, "Run directory and logging.")
+    logging: Logging = section(Logging, "Experiment trackers besides TensorBoard and metrics.jsonl.")
 
     @model_validator(mode="after")
     def _inherit_redundancy_sizes(self) -> Config:

@@ -65,6 +65,15 @@ class Critic(Section):
 
 class TrainerLoop(Section):
     total_steps: int = field(20, "Training steps (= versions produced) before the run ends.", ge=1)
-    save_freq: int = field(0, "Checkpoint every this many steps (0 = only at the end).", ge=0)
+    save_freq: int = field(
+        10, "Checkpoint every this many steps (0 = only at the end and when the run is stopped early).", ge=0
+    )
+    keep_checkpoints: int = field(3, "Keep only this many newest checkpoints (0 = keep all).", ge=0)
+    stop_save_timeout_s: float = field(
+        120.0,
+        "When a run is stopped early (Ctrl-C, SIGTERM), how long the launcher waits for the trainer to "
+        "checkpoint its current version before terminating it.",
+        gt=0,
+    )
     resume: bool = field(True, "Resume from the run directory's latest checkpoint when one exists.")
     seed: int = field(0, "Seed of the trainer's randomness.")

@@ -12,12 +12,12 @@ The exit code says how the run ended: 0 finished, 1 failed, 130 interrupted.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import socket
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import zmq
@@ -47,7 +47,7 @@ from psrl.launch.policy import RestartPolicy, Verdict
 from psrl.launch.process import ActorProcess, run_on_host, start_actor
 from psrl.log import get_logger
 from psrl.rundir import RunDir
-from psrl.trainer.checkpoint import latest_checkpoint
+from psrl.trainer.checkpoint import latest_checkpoint, read_trainer_state
 
 WATCH_INTERVAL_S = 0.1
 SUBSCRIBE_WAIT_S = 10.0
@@ -150,9 +150,9 @@ class Supervisor:
             local_address=host,
         )
         self.dist_master = _dist_master(self.endpoints)
-        self.initial_version = resume_version(self.run_dir) if self.config.trainer.resume else 0
-        if self.initial_version:
-            self.log.info("resuming", version=self.initial_version)
+        self.resume = resume_point(self.run_dir, self.config.entries_per_buffer) if self.config.trainer.resume else ResumePoint()
+        if self.resume.version:
+            self.log.info("resuming", version=self.resume.version, next_prompt_id=self.resume.next_prompt_id)
         self.publisher = Publisher(
             self.ctx, self.addresses, "supervisor", self.incarnation_base, options=self.settings.options
         )
@@ -204,6 +204,9 @@ class Supervisor:
                 "log_level": self.config.run.log_level,
                 "dist_master": self.dist_master,
                 "torch_threads": self.config.topology.threads_per_actor,
+                # the router's ledger and the coordinator's buffers and prompt cursor continue from here
+                "initial_version": self.resume.version,
+                "first_prompt_id": self.resume.next_prompt_id,
                 **_placement(spec, self.config),
                 **self.actor_options.get(spec.name, {}),
             },
@@ -349,7 +352,9 @@ class Supervisor:
         deadline = time.monotonic() + SHUTDOWN_GRACE_S
         for roles in STOP_STAGES:
             group = [s.name for s in reversed(self.specs) if s.role in roles and s.name in self.processes]
-            self._stop_group(group, max(deadline, time.monotonic() + STAGE_GRACE_S))
+            # the trainer checkpoints its latest version before it exits (bounded by stop_save_timeout_s)
+            grace_s = self.config.trainer.stop_save_timeout_s if "trainer" in roles else STAGE_GRACE_S
+            self._stop_group(group, max(deadline, time.monotonic() + grace_s))
 
     def _stop_group(self, names: list[str], deadline: float) -> None:
         if not names:
@@ -378,13 +383,23 @@ def _pid() -> int:
     return os.getpid()
 
 
-def resume_version(run_dir: RunDir) -> int:
-    """The version a resumed run continues from: its latest complete checkpoint's (0 = fresh)."""
+@dataclass(frozen=True)
+class ResumePoint:
+    """Where a resumed run continues: the version and the dataset cursor of its latest checkpoint."""
+
+    version: int = 0
+    next_prompt_id: int = 0
+
+
+def resume_point(run_dir: RunDir, entries_per_buffer: int) -> ResumePoint:
+    """The latest complete checkpoint's version and prompt cursor (zeros for a fresh run); a checkpoint
+    written before the cursor was recorded continues after every prompt its versions could have used."""
     latest = latest_checkpoint(run_dir.checkpoints)
     if latest is None:
-        return 0
-    state = json.loads((latest / "trainer_state.json").read_text())
-    return int(state["version"])
+        return ResumePoint()
+    state = read_trainer_state(latest)
+    version = int(state["version"])
+    return ResumePoint(version, int(state.get("next_prompt_id", version * entries_per_buffer)))
 
 
 def _dist_master(endpoints: dict[str, str]) -> str:

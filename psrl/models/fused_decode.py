@@ -33,6 +33,8 @@ class _LayerWeights:
     gate_up_bias: torch.Tensor | None
     down: torch.Tensor
     down_bias: torch.Tensor | None
+    q_norm: torch.Tensor | None = None  # Qwen3's per-head query / key norms
+    k_norm: torch.Tensor | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +98,8 @@ class FusedCpuDecoder:
     ) -> None:
         self._rms_norm(hidden, layer.input_norm, buffers.normed)
         _project(buffers.normed, layer.qkv, layer.qkv_bias, buffers.qkv)
+        if layer.q_norm is not None and layer.k_norm is not None:
+            self._qk_norm(buffers.qkv, layer.q_norm, layer.k_norm)
         cache, keys, values = caches
         status = self.kernels.raw_attention(
             buffers.qkv.data_ptr(), self.rope.data_ptr(), batch.positions.data_ptr(), batch.slots.data_ptr(),
@@ -111,6 +115,14 @@ class FusedCpuDecoder:
         rows, inter = buffers.activation.shape
         self.kernels.raw_silu_mul(buffers.gate_up.data_ptr(), buffers.activation.data_ptr(), rows, inter)
         _accumulate(hidden, buffers.activation, layer.down, layer.down_bias)
+
+    def _qk_norm(self, qkv: torch.Tensor, q_norm: torch.Tensor, k_norm: torch.Tensor) -> None:
+        """Normalise each query and key head in place, before the attention kernel rotates them."""
+        shape, rows = self.shape, qkv.shape[0]
+        q_size = shape.num_heads * shape.head_dim
+        for start, heads, weight in ((0, shape.num_heads, q_norm), (q_size, shape.num_kv_heads, k_norm)):
+            part = qkv[:, start : start + heads * shape.head_dim].view(rows, heads, shape.head_dim)
+            part.copy_(functional.rms_norm(part, (shape.head_dim,), weight, self.eps))
 
     def _rms_norm(self, x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor) -> None:
         self.kernels.raw_rms_norm(x.data_ptr(), weight.data_ptr(), out.data_ptr(), x.shape[0], x.shape[1], self.eps)
@@ -141,6 +153,8 @@ def _layer_weights(layer: DecoderLayer) -> _LayerWeights:
     for short, projection in projections:
         tensors[short] = projection.weight_t.detach()
         tensors[f"{short}_bias"] = None if projection.bias is None else projection.bias.detach()
+    tensors["q_norm"] = None if layer.q_norm is None else layer.q_norm.detach()
+    tensors["k_norm"] = None if layer.k_norm is None else layer.k_norm.detach()
     for name, tensor in tensors.items():
         if tensor is not None:
             check_tensor(tensor, name)

@@ -1,7 +1,7 @@
-"""Llama / Qwen2-family decoder for inference: fused projections, RMSNorm, RoPE, GQA, SwiGLU.
+"""Llama / Qwen2 / Qwen3-family decoder for inference: fused projections, RMSNorm, RoPE, GQA, SwiGLU.
 
-One class covers both families; the differences (qkv bias, MLP bias, tied embeddings, RoPE
-scaling) come from `ModelSpec`. Projections are fused (q|k|v and gate|up) so a layer runs four
+One class covers the families; the differences (qkv bias, MLP bias, tied embeddings, RoPE
+scaling, Qwen3's per-head q/k RMSNorm) come from `ModelSpec`. Projections are fused (q|k|v and gate|up) so a layer runs four
 matmuls; `load_weights` maps Hugging Face parameter names onto the fused slices.
 
 Projection weights are stored transposed ([in, out]), and the q and k projections with each
@@ -57,6 +57,9 @@ class DecoderLayer(nn.Module):
         self.o_proj = Projection(spec.q_size, spec.hidden_size, bias=spec.has_o_bias)
         self.gate_up_proj = Projection(spec.hidden_size, 2 * spec.intermediate_size, bias=spec.has_mlp_bias)
         self.down_proj = Projection(spec.intermediate_size, spec.hidden_size, bias=spec.has_mlp_bias)
+        # Qwen3: RMSNorm over each query / key head before the rotary embedding (weights interleaved like q and k)
+        self.q_norm = nn.Parameter(torch.empty(spec.head_dim)) if spec.has_qk_norm else None
+        self.k_norm = nn.Parameter(torch.empty(spec.head_dim)) if spec.has_qk_norm else None
 
     def forward(
         self,
@@ -70,8 +73,11 @@ class DecoderLayer(nn.Module):
         spec = self.spec
         num_tokens, num_heads = hidden.shape[0], spec.num_heads
         qkv = self.qkv_proj(rms_norm(hidden, self.input_layernorm, spec.rms_norm_eps))
-        qk = qkv[:, : spec.q_size + spec.kv_size].view(num_tokens, num_heads + spec.num_kv_heads, -1, 2)
-        qk = _rotate(qk, rotation).view(num_tokens, num_heads + spec.num_kv_heads, spec.head_dim)
+        qk = qkv[:, : spec.q_size + spec.kv_size].view(num_tokens, num_heads + spec.num_kv_heads, spec.head_dim)
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = qk[:, :num_heads], qk[:, num_heads:]
+            qk = torch.cat((rms_norm(q, self.q_norm, spec.rms_norm_eps), rms_norm(k, self.k_norm, spec.rms_norm_eps)), 1)
+        qk = _rotate(qk.view(num_tokens, num_heads + spec.num_kv_heads, -1, 2), rotation).view(num_tokens, num_heads + spec.num_kv_heads, spec.head_dim)
         v = qkv[:, spec.q_size + spec.kv_size :].view(num_tokens, 1, spec.num_kv_heads, spec.head_dim)
         new_kv = torch.cat((qk[:, num_heads:].unsqueeze(1), v), dim=1)
         attention = paged_attention(qk[:, :num_heads], new_kv, kv_cache, batch, dense_kv)

@@ -57,6 +57,8 @@ def expected_weight_names(spec: ModelSpec) -> list[str]:
             names.append(f"{prefix}self_attn.{proj}.weight")
             if spec.has_qkv_bias:
                 names.append(f"{prefix}self_attn.{proj}.bias")
+        if spec.has_qk_norm:
+            names += [prefix + "self_attn.q_norm.weight", prefix + "self_attn.k_norm.weight"]
         names.append(prefix + "self_attn.o_proj.weight")
         if spec.has_o_bias:
             names.append(prefix + "self_attn.o_proj.bias")

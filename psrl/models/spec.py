@@ -13,7 +13,7 @@ from typing import Any
 
 from psrl.errors import FatalError
 
-SUPPORTED_MODEL_TYPES = ("llama", "qwen2")
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")  # Llama 1-3.x, Qwen2 / 2.5, Qwen3 dense
 SUPPORTED_ROPE_TYPES = ("default", "linear", "dynamic", "llama3", "yarn")
 
 
@@ -45,6 +45,7 @@ class ModelSpec:
     has_qkv_bias: bool
     has_o_bias: bool  # Llama's attention_bias covers o_proj too; Qwen2's qkv bias does not
     has_mlp_bias: bool
+    has_qk_norm: bool  # Qwen3: an RMSNorm over each query and key head before the rotary embedding
     tie_word_embeddings: bool
     eos_token_ids: tuple[int, ...]
 
@@ -71,7 +72,7 @@ class ModelSpec:
         model_type = config.get("model_type")
         if model_type not in SUPPORTED_MODEL_TYPES:
             raise UnsupportedModelError(
-                f"model_type {model_type!r} is not supported; use one of {SUPPORTED_MODEL_TYPES}"
+                f"model_type {model_type!r} is not supported; the embedded engine runs {', '.join(SUPPORTED_MODEL_TYPES)}"
             )
         _check_unsupported_options(config)
         num_heads = int(config["num_attention_heads"])
@@ -88,9 +89,10 @@ class ModelSpec:
             rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)),
             max_position_embeddings=int(config.get("max_position_embeddings", 2048)),
             rope=_read_rope(config),
-            has_qkv_bias=model_type == "qwen2" or bool(config.get("attention_bias", False)),
-            has_o_bias=model_type == "llama" and bool(config.get("attention_bias", False)),
+            has_qkv_bias=model_type == "qwen2" or bool(config.get("attention_bias", False)),  # qwen2: always
+            has_o_bias=model_type in ("llama", "qwen3") and bool(config.get("attention_bias", False)),
             has_mlp_bias=bool(config.get("mlp_bias", False)),
+            has_qk_norm=model_type == "qwen3",
             tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
             eos_token_ids=_read_eos(config, generation or {}),
         )

@@ -74,6 +74,9 @@ def _layer_slot(layer: DecoderLayer, local: str, full_name: str) -> WeightSlot:
         return WeightSlot(layer.input_layernorm)
     if local == "post_attention_layernorm.weight":
         return WeightSlot(layer.post_attention_layernorm)
+    norms = {"self_attn.q_norm.weight": layer.q_norm, "self_attn.k_norm.weight": layer.k_norm}
+    if local in norms and (norm := norms[local]) is not None:
+        return WeightSlot(norm, num_interleaved_heads=1)  # one head's dimension, interleaved like q and k
     module, _, kind = local.rpartition(".")
     # HF module -> (fused projection, first output row, rows, heads to interleave)
     parts: dict[str, tuple[Projection, int, int, int]] = {

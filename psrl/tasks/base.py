@@ -7,7 +7,7 @@ Prompts and rewards are plain data (str, int, float), so they cross the bus as m
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
 
@@ -17,6 +17,9 @@ class Prompt:
     kind: str  # sub-task name, for per-kind metrics
     text: str  # what the policy sees
     answer: str  # the reference the reward compares against
+    # the prompt already tokenized (a dataset renders chat templates itself); empty = tokenize `text`
+    token_ids: tuple[int, ...] = ()
+    row: dict[str, Any] = field(default_factory=dict)  # a dataset row's columns, for the reward function
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -24,7 +27,8 @@ class Prompt:
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> Prompt:
         return cls(index=int(values["index"]), kind=str(values["kind"]), text=str(values["text"]),
-                   answer=str(values["answer"]))  # fmt: skip
+                   answer=str(values["answer"]), token_ids=tuple(int(t) for t in values.get("token_ids", ())),
+                   row=dict(values.get("row", {})))  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)

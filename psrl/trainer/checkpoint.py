@@ -7,7 +7,9 @@ a directory with the final name is always whole):
     policy_optimizer.safetensors + policy_optimizer.json    AdamW state by parameter name
     critic/ + critic_optimizer.*                            only with a critic
     rng.safetensors             torch CPU (and CUDA) generator states
-    trainer_state.json          version, Python `random` state, format number
+    trainer_state.json          version, next prompt id, Python `random` state, format number
+    policy/ also holds the tokenizer (with its chat template) and generation config, so
+    `transformers` (and any engine) loads it as it is.
 
 Under data parallelism the full (unsharded) state is gathered to rank 0, which writes; on resume
 every rank reads the files (one host, or a shared filesystem across hosts).
@@ -64,12 +66,32 @@ def latest_checkpoint(root: str | Path) -> Path | None:
     root = Path(root)
     if not root.is_dir():
         return None
-    complete = [p for p in root.iterdir() if p.is_dir() and p.name.startswith(STEP_PREFIX) and p.suffix != ".tmp"]
-    return max(complete, key=lambda p: int(p.name.removeprefix(STEP_PREFIX)), default=None)
+    return max(_complete_dirs(root), key=_version_of, default=None)
 
 
-def save_checkpoint(root: str | Path, version: int, trainables: list[Trainable], parallel: ParallelContext) -> Path:
-    """Write the checkpoint of `version`; collective under data parallelism (every rank must call)."""
+def _complete_dirs(root: Path) -> list[Path]:
+    return [p for p in root.iterdir() if p.is_dir() and p.name.startswith(STEP_PREFIX) and p.suffix != ".tmp"]
+
+
+def _version_of(path: Path) -> int:
+    return int(path.name.removeprefix(STEP_PREFIX))
+
+
+def save_checkpoint(
+    root: str | Path,
+    version: int,
+    trainables: list[Trainable],
+    parallel: ParallelContext,
+    *,
+    next_prompt_id: int = 0,
+    assets_dir: str | Path | None = None,
+    keep: int = 0,
+) -> Path:
+    """Write the checkpoint of `version`; collective under data parallelism (every rank must call).
+
+    `next_prompt_id`: the dataset cursor a resumed run continues from (one past the last prompt trained on).
+    `assets_dir`: the tokenizer / generation-config directory copied next to the policy weights.
+    `keep`: keep only this many newest checkpoints (0 = all)."""
     final = step_dir(Path(root), version)
     staging = final.with_suffix(".tmp")
     full_options = StateDictOptions(full_state_dict=True, cpu_offload=True)
@@ -80,11 +102,55 @@ def save_checkpoint(root: str | Path, version: int, trainables: list[Trainable],
         for trainable, model_state, optimizer_state in states:
             _write_model(trainable, model_state, staging / trainable.name)
             _write_optimizer(optimizer_state, staging / f"{trainable.name}_optimizer")
-        _write_trainer_state(staging, version)
+        if assets_dir is not None:
+            copy_model_assets(Path(assets_dir), staging / "policy")
+        _write_trainer_state(staging, version, next_prompt_id)
         shutil.rmtree(final, ignore_errors=True)
         staging.rename(final)
+        if keep > 0:
+            prune_checkpoints(Path(root), keep)
     parallel.barrier()
     return final
+
+
+def prune_checkpoints(root: Path, keep: int) -> list[Path]:
+    """Delete all but the `keep` newest complete checkpoints; returns the deleted paths."""
+    complete = sorted(_complete_dirs(root), key=_version_of)
+    doomed = complete[: max(len(complete) - keep, 0)]
+    for path in doomed:
+        shutil.rmtree(path, ignore_errors=True)
+    return doomed
+
+
+# tokenizer files and generation config that make a policy directory loadable on its own
+ASSET_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+    "chat_template.json",
+    "generation_config.json",
+    "vocab.json",
+    "merges.txt",
+    "tokenizer.model",
+    "added_tokens.json",
+)
+
+
+def copy_model_assets(source: Path, policy_dir: Path) -> list[str]:
+    """Copy the tokenizer (with its chat template) and generation config next to the saved weights."""
+    copied = []
+    for name in ASSET_FILES:
+        src = source / name
+        if src.is_file() and not (policy_dir / name).exists():
+            shutil.copyfile(src, policy_dir / name)
+            copied.append(name)
+    return copied
+
+
+def read_trainer_state(path: str | Path) -> dict[str, Any]:
+    """A checkpoint's trainer_state.json (version, next_prompt_id, ...)."""
+    return _read_json(Path(path) / "trainer_state.json")
 
 
 def load_checkpoint(path: str | Path, trainables: list[Trainable]) -> int:
@@ -180,14 +246,15 @@ def _load_optimizer(trainable: Trainable, stem: Path) -> None:
 # ---------------------------------------------------------------- trainer state and RNG
 
 
-def _write_trainer_state(directory: Path, version: int) -> None:
+def _write_trainer_state(directory: Path, version: int, next_prompt_id: int) -> None:
     rng = {"torch_cpu": torch.get_rng_state()}
     if torch.cuda.is_available():
         for index, cuda_state in enumerate(torch.cuda.get_rng_state_all()):
             rng[f"torch_cuda_{index}"] = cuda_state
     save_file(rng, str(directory / "rng.safetensors"))
     version_tuple, internal, gauss = random.getstate()
-    state = {"format": FORMAT, "version": version, "python_random": [version_tuple, list(internal), gauss]}
+    state = {"format": FORMAT, "version": version, "next_prompt_id": next_prompt_id,
+             "python_random": [version_tuple, list(internal), gauss]}  # fmt: skip
     (directory / "trainer_state.json").write_text(json.dumps(state))
 
 

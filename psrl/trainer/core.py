@@ -74,10 +74,12 @@ class TrainerCore:
         self.config = config
         self.parallel = parallel or ParallelContext()
         self.version = 0
+        self.next_prompt_id = 0  # one past the highest prompt id trained on: a resumed run's dataset cursor
         self._buffer: _BufferState | None = None
         random.seed(config.trainer.seed)
         torch.manual_seed(config.trainer.seed)
         directory = resolve_model_dir(config, model_dir)
+        self.assets_dir = Path(config.model.tokenizer_path) if config.model.tokenizer_path else directory
         dtype = torch_dtype(config.actor.dtype)
         device = self.parallel.device
         self.policy = self._trainable("policy", load_policy(directory, dtype, device), config.actor.lr)
@@ -157,15 +159,33 @@ class TrainerCore:
             full = getattr(tensor, "full_tensor", None)
             yield name, (full() if full is not None else tensor).detach()
 
-    def save_checkpoint(self, root: str | Path) -> Path:
+    @property
+    def has_partial_buffer(self) -> bool:
+        """A buffer is half-trained (chunks arrived, no version produced yet)."""
+        return self._buffer is not None
+
+    def save_checkpoint(self, root: str | Path, *, keep: int = 0) -> Path:
         """Write a resumable checkpoint of the current version (collective under data parallelism)."""
         if self._buffer is not None:
             raise TrainerError(f"buffer {self._buffer.buffer_id} is half-trained; checkpoint between buffers")
-        return checkpoint.save_checkpoint(root, self.version, self._trainables(), self.parallel)
+        return checkpoint.save_checkpoint(root, self.version, self._trainables(), self.parallel,
+                                          next_prompt_id=self.next_prompt_id, assets_dir=self.assets_dir,
+                                          keep=keep)  # fmt: skip
+
+    def discard_partial_buffer(self) -> bool:
+        """Forget a half-trained buffer whose chunks did not change the weights (recompute scope);
+        returns whether the weights are still exactly those of `self.version`."""
+        if self._buffer is None:
+            return True
+        if self.is_pre_step and self._buffer.num_updated > 0:
+            return False
+        self._buffer = None
+        return True
 
     def load_checkpoint(self, path: str | Path) -> int:
-        """Resume from `path`: weights, optimizer state, RNG, and the version numbering."""
+        """Resume from `path`: weights, optimizer state, RNG, the version numbering and the dataset cursor."""
         self.version = checkpoint.load_checkpoint(path, self._trainables())
+        self.next_prompt_id = int(checkpoint.read_trainer_state(path).get("next_prompt_id", 0))
         self._buffer = None
         return self.version
 
@@ -264,6 +284,7 @@ class TrainerCore:
         metrics["perf/train_seconds"] = seconds
         metrics["perf/tokens_per_s"] = num_tokens / max(seconds, 1e-9)
         self.version += 1
+        self.next_prompt_id = max([self.next_prompt_id, *(t.prompt_id + 1 for t in trajectories)])
         metrics["trainer/version"] = float(self.version)
         self._buffer = None
         return StepResult(state.buffer_id, self.version, True, metrics)

@@ -11,7 +11,15 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel, Qwen2Config, Qwen2ForCausalLM
+from transformers import (
+    LlamaConfig,
+    LlamaForCausalLM,
+    PreTrainedModel,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+)
 
 from psrl.engine import Engine, EngineArgs, RequestResult, SamplingParams, StepOutput
 
@@ -28,7 +36,7 @@ COMMON = dict(
     initializer_range=0.2,
     eos_token_id=None,
 )
-MODEL_CONFIGS: dict[str, Callable[[], Qwen2Config | LlamaConfig]] = {
+MODEL_CONFIGS: dict[str, Callable[[], Qwen2Config | Qwen3Config | LlamaConfig]] = {
     "qwen2_tied": lambda: Qwen2Config(**COMMON, tie_word_embeddings=True),
     "llama_llama3_rope": lambda: LlamaConfig(
         **COMMON,
@@ -50,6 +58,8 @@ MODEL_CONFIGS: dict[str, Callable[[], Qwen2Config | LlamaConfig]] = {
             "original_max_position_embeddings": 64,
         },
     ),
+    # Qwen3 dense: per-head q/k RMSNorm, and a head_dim that is not hidden_size / num_heads
+    "qwen3_qk_norm": lambda: Qwen3Config(**COMMON, head_dim=24, tie_word_embeddings=True),
     "llama_linear_rope_bias": lambda: LlamaConfig(
         **COMMON, attention_bias=True, rope_parameters={"rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0}
     ),
@@ -78,7 +88,8 @@ class Checkpoint:
 def make_checkpoint(name: str, directory: Path, seed: int = 0) -> Checkpoint:
     torch.manual_seed(seed)
     config = MODEL_CONFIGS[name]()
-    model_class = Qwen2ForCausalLM if isinstance(config, Qwen2Config) else LlamaForCausalLM
+    classes = {Qwen2Config: Qwen2ForCausalLM, Qwen3Config: Qwen3ForCausalLM, LlamaConfig: LlamaForCausalLM}
+    model_class = classes[type(config)]
     model = model_class(config).eval()
     model.save_pretrained(directory)
     return Checkpoint(name, directory, model)

@@ -1,4 +1,4 @@
-"""The engine against transformers on random Qwen2 / Llama checkpoints, fp32.
+"""The engine against transformers on random Qwen2 / Qwen3 / Llama (3.x rope) checkpoints, fp32.
 
 Every logits row the engine computes (prefill and each decode step) must be within 1e-4 of a plain
 full-sequence transformers forward, and greedy outputs must match token for token, also through

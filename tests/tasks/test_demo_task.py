@@ -56,7 +56,7 @@ def test_partial_credit_is_graded_and_bounded() -> None:
 def test_prompt_round_trips_as_plain_data() -> None:
     prompt = DemoTask(seed=2).prompt(7)
     assert Prompt.from_dict(prompt.to_dict()) == prompt
-    assert all(isinstance(value, int | str) for value in prompt.to_dict().values())
+    assert all(isinstance(value, int | str | tuple | dict) for value in prompt.to_dict().values())
 
 
 def test_unknown_task_is_a_config_error() -> None:

@@ -1,0 +1,23 @@
+"""Prompt datasets: files on disk (jsonl, parquet, datasets directories) as train and val splits."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from psrl.config import Config
+from psrl.data.files import DataError, read_table
+from psrl.data.prompts import PromptDataset, RenderSettings, load_split, render_prompt
+from psrl.tasks.base import Task
+
+
+def make_task(config: Config, tokenizer: Any) -> Task:
+    """Where a run's training prompts come from: data.train_files when set, else the task named by task.name."""
+    train = load_split(config.data, "train", tokenizer, config.task.max_prompt_length)
+    if train is not None:
+        return train
+    from psrl.tasks import get_task
+
+    return get_task(config.task.name, config.task.seed)
+
+
+__all__ = ["DataError", "PromptDataset", "RenderSettings", "load_split", "make_task", "read_table", "render_prompt"]

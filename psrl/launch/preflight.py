@@ -1,0 +1,174 @@
+"""Checks that need no actor, run by `psrl config show`, `psrl launch` and `psrl.run` before anything starts.
+
+The config rules (psrl.config.rules) check values against each other; these check them against
+the machine: the model directory and its architecture, the dataset files and their columns, the
+reward function and its signature, the optional packages the chosen features need, and the GPUs
+GPU settings ask for. Relative paths are made absolute first, so every actor (whatever its working
+directory) reads the same files.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from psrl.config import Config
+from psrl.config.rules import problem
+from psrl.errors import ConfigError, ConfigProblem
+
+ROWS_CHECKED = 64  # rows of each split rendered before the run starts
+Check = Callable[[Config, dict[str, Any]], Iterator[ConfigProblem]]
+
+
+def absolute_paths(config: Config) -> Config:
+    """A copy of `config` with model, tokenizer, data and reward-file paths made absolute."""
+    update = config.model_copy(deep=True)
+    if update.model.path:
+        update.model.path = _absolute(update.model.path)
+    if update.model.tokenizer_path:
+        update.model.tokenizer_path = _absolute(update.model.tokenizer_path)
+    update.data.train_files = [_absolute(p) for p in update.data.train_files]
+    update.data.val_files = [_absolute(p) for p in update.data.val_files]
+    spec = update.reward.function
+    if spec and ":" in spec:
+        target, _, name = spec.rpartition(":")
+        if target.endswith(".py") or "/" in target:
+            update.reward.function = f"{_absolute(target)}:{name}"
+    return update
+
+
+def _absolute(path: str) -> str:
+    return str(Path(path).expanduser().resolve())
+
+
+def check_environment(config: Config, *, spans_hosts: bool = False) -> list[ConfigProblem]:
+    """Every problem found (empty when the run can start). Across hosts the GPUs are not this machine's."""
+    found: dict[str, Any] = {}  # what one check learns (tokenizer, dataset columns) and a later one needs
+    checks = [c for c in CHECKS if not (spans_hosts and c is gpus)]
+    return [p for check in checks for p in check(config, found)]
+
+
+def checked(config: Config, *, spans_hosts: bool = False) -> Config:
+    """`config` with absolute paths, or ConfigError listing every problem."""
+    config = absolute_paths(config)
+    problems = check_environment(config, spans_hosts=spans_hosts)
+    if problems:
+        raise ConfigError(problems)
+    return config
+
+
+def model_directory(c: Config, found: dict[str, Any]) -> Iterator[ConfigProblem]:
+    from psrl.engine.args import DEMO_MODEL_DIR
+    from psrl.errors import FatalError
+    from psrl.models.spec import ModelSpec
+
+    path = c.model.path or str(DEMO_MODEL_DIR)
+    if not Path(path).is_dir():
+        yield problem("model.path", path, "no such directory", "give a Hugging Face checkpoint directory")
+        return
+    try:
+        ModelSpec.from_dir(path)
+    except FatalError as exc:
+        yield problem("model.path", path, str(exc), "use a checkpoint of a supported architecture")
+    tokenizer_dir = c.model.tokenizer_path or path
+    try:
+        from transformers import AutoTokenizer
+
+        found["tokenizer"] = AutoTokenizer.from_pretrained(tokenizer_dir)
+    except Exception as exc:  # transformers raises OSError, ValueError, ... for a directory it cannot read
+        field_path = "model.tokenizer_path" if c.model.tokenizer_path else "model.path"
+        yield problem(field_path, tokenizer_dir, f"no loadable tokenizer ({type(exc).__name__}: {exc})",
+                      "point model.tokenizer_path at a directory with tokenizer files")  # fmt: skip
+
+
+def prompts(c: Config, found: dict[str, Any]) -> Iterator[ConfigProblem]:
+    from psrl.data import DataError, load_split
+    from psrl.tasks import task_names
+
+    if not c.data.train_files:
+        if c.data.val_files:
+            yield problem(("data.val_files", "data.train_files"), c.data.val_files,
+                          "a validation split needs a training dataset", "set data.train_files too")  # fmt: skip
+        elif c.task.name not in task_names():
+            yield problem("task.name", c.task.name, "unknown task",
+                          f"use one of {task_names()}, or give a dataset with data.train_files")  # fmt: skip
+        return
+    if "tokenizer" not in found:
+        return  # the model check has reported why
+    for split in ("train", "val"):
+        path = f"data.{split}_files"
+        try:
+            dataset = load_split(c.data, split, found["tokenizer"], c.task.max_prompt_length)
+            if dataset is not None:
+                for index in range(min(ROWS_CHECKED, len(dataset))):
+                    dataset.render(dict(dataset.table[index]))
+        except DataError as exc:
+            yield problem(path, getattr(c.data, f"{split}_files"), str(exc), "fix the file or the data.* keys")
+            continue
+        if dataset is not None:
+            found[f"{split}_columns"] = list(dataset.table.column_names)
+
+
+def reward_function(c: Config, found: dict[str, Any]) -> Iterator[ConfigProblem]:
+    from psrl.rewards.loader import RewardLoadError, load_reward_function
+
+    if c.reward.function is None:
+        if c.data.train_files:
+            yield problem(("reward.function", "data.train_files"), None, "a dataset has no reward of its own",
+                          "set reward.function=path/to/file.py:fn (or psrl.rewards.builtin:math_answer)")  # fmt: skip
+        return
+    try:
+        load_reward_function(c.reward.function, found.get("train_columns", []), c.reward.kwargs)
+    except RewardLoadError as exc:
+        yield problem("reward.function", c.reward.function, str(exc), "see `reward.function` in docs/configuration.md")
+
+
+# feature switch -> (config path, is it on, module, extra)
+def _extras(c: Config) -> list[tuple[str, bool, str, str]]:
+    return [
+        ("psrl.ps.transport", c.psrl.ps.transport == "nixl", "nixl", "kv"),
+        ("engine.backend", c.engine.backend == "vllm", "vllm", "vllm"),
+        ("psrl.lmcache.enable", c.psrl.lmcache.enable, "lmcache", "kv"),
+        ("psrl.tms.range", c.psrl.tms.range is not None, "torch_memory_saver", "gpu"),
+        ("logging.wandb.enable", c.logging.wandb.enable, "wandb", "wandb"),
+    ]
+
+
+def optional_packages(c: Config, found: dict[str, Any]) -> Iterator[ConfigProblem]:
+    for path, is_on, module, extra in _extras(c):
+        if is_on and importlib.util.find_spec(module) is None:
+            yield problem(path, getattr_path(c, path), f"needs the optional package '{module}', which is not installed",
+                          f"pip install 'psrl[{extra}]' (or turn the feature off)")  # fmt: skip
+
+
+def gpus(c: Config, found: dict[str, Any]) -> Iterator[ConfigProblem]:
+    topo = c.topology
+    listed = [*topo.trainer_gpus, *topo.rollout_gpus]
+    if topo.device != "cuda" and not listed:
+        return
+    import torch
+
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if count == 0:
+        paths = [p for p, used in (("topology.device", topo.device == "cuda"), ("topology.trainer_gpus", topo.trainer_gpus),
+                                   ("topology.rollout_gpus", topo.rollout_gpus)) if used]  # fmt: skip
+        yield problem(tuple(paths), topo.device, "no CUDA device is visible on this machine",
+                      "set topology.device=cpu (or auto) and leave the GPU lists empty")  # fmt: skip
+        return
+    for name, indices in (("trainer_gpus", topo.trainer_gpus), ("rollout_gpus", topo.rollout_gpus)):
+        beyond = [i for i in indices if i >= count]
+        if beyond:
+            yield problem(f"topology.{name}", indices, f"GPUs {beyond} do not exist ({count} visible)",
+                          f"use indices 0..{count - 1}")  # fmt: skip
+
+
+def getattr_path(config: Config, path: str) -> Any:
+    node: Any = config
+    for part in path.split("."):
+        node = getattr(node, part)
+    return node
+
+
+CHECKS: tuple[Check, ...] = (model_directory, prompts, reward_function, optional_packages, gpus)
