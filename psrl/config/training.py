@@ -48,8 +48,14 @@ class Actor(Section):
     ppo_epochs: int = field(1, "Passes over each buffer.", ge=1)
     ppo_mini_batch_size: int = field(16, "Prompt groups per optimizer step.", ge=1)
     ppo_micro_batch_size_per_gpu: int = field(4, "Samples per forward/backward per rank.", ge=1)
-    use_dynamic_bsz: bool = field(False, "Pack micro-batches by token count instead of a fixed sample count.")
-    ppo_max_token_len_per_gpu: int = field(16384, "Token budget per micro-batch with use_dynamic_bsz.", ge=1)
+    use_dynamic_bsz: bool = field(
+        False,
+        "Pack each update's micro-batches up to ppo_max_token_len_per_gpu padded tokens instead of "
+        "ppo_micro_batch_size_per_gpu samples (the step is the same; memory per micro-batch is bounded).",
+    )
+    ppo_max_token_len_per_gpu: int = field(
+        16384, "Padded tokens (rows x longest prompt + response) per micro-batch with use_dynamic_bsz.", ge=1
+    )
     lr: float = field(1e-6, "Learning rate.", gt=0)
     weight_decay: float = field(0.0, "AdamW weight decay.", ge=0)
     betas: tuple[float, float] = field((0.9, 0.999), "AdamW betas.")

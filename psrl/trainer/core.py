@@ -102,6 +102,7 @@ class TrainerCore:
             grad_clip=config.actor.grad_clip,
             temperature=config.task.temperature,
             pad_token_id=pad_token_id(self.policy.raw),  # type: ignore[arg-type]
+            max_tokens_per_micro_batch=config.actor.ppo_max_token_len_per_gpu if config.actor.use_dynamic_bsz else None,
         )
         self._check_sizes()
 

@@ -30,6 +30,8 @@ class UpdateSettings:
     grad_clip: float  # 0 = no clipping
     temperature: float
     pad_token_id: int
+    # actor.use_dynamic_bsz: micro-batches packed to this many padded tokens instead of micro_batch_size samples
+    max_tokens_per_micro_batch: int | None = None
 
 
 def denominators(trajectories: Sequence[Trajectory]) -> Denominators:
@@ -41,6 +43,50 @@ def denominators(trajectories: Sequence[Trajectory]) -> Denominators:
 
 def micro_batches(samples: Sequence[Sample], size: int) -> list[list[Sample]]:
     return [list(samples[i : i + size]) for i in range(0, len(samples), size)]
+
+
+def padded_tokens(samples: Sequence[Sample]) -> int:
+    """Tokens of the collated batch: rows x (longest prompt + longest response)."""
+    prompt = max(len(s.trajectory.prompt_token_ids) for s in samples)
+    response = max([1, *(s.trajectory.num_response_tokens for s in samples)])
+    return len(samples) * (prompt + response)
+
+
+def token_budget_batches(samples: Sequence[Sample], max_tokens: int) -> list[list[Sample]]:
+    """Consecutive samples packed while the padded batch stays within `max_tokens` (a longer sample
+    goes alone). The losses are normalised by the whole mini-batch, so any split gives the same step."""
+    parts: list[list[Sample]] = []
+    for sample in samples:
+        if parts and padded_tokens([*parts[-1], sample]) <= max_tokens:
+            parts[-1].append(sample)
+        else:
+            parts.append([sample])
+    return parts
+
+
+def split_to_count(parts: list[list[Sample]], count: int) -> list[list[Sample]]:
+    """Halve the largest micro-batches until there are `count` (data-parallel ranks must run as many
+    forwards as each other); stops when every micro-batch holds one sample."""
+    parts = [list(p) for p in parts]
+    while len(parts) < count:
+        largest = max(range(len(parts)), key=lambda i: len(parts[i]))
+        if len(parts[largest]) < 2:
+            break
+        half = len(parts[largest]) // 2
+        parts[largest : largest + 1] = [parts[largest][:half], parts[largest][half:]]
+    return parts
+
+
+def plan_micro_batches(own: Sequence[Sample], settings: UpdateSettings, parallel: ParallelContext) -> list[list[Sample]]:
+    """This rank's micro-batches: fixed sample counts, or token-budgeted with the same count on every rank."""
+    if settings.max_tokens_per_micro_batch is None:
+        return micro_batches(own, settings.micro_batch_size)
+    parts = token_budget_batches(own, settings.max_tokens_per_micro_batch)
+    if parallel.world_size > 1:
+        counts = torch.zeros(parallel.world_size, dtype=torch.float64, device=parallel.device)
+        counts[parallel.rank] = len(parts)
+        parts = split_to_count(parts, int(parallel.all_reduce_sum(counts).max()))
+    return parts
 
 
 LossOfBatch = Callable[[Batch], tuple[Tensor, dict[str, float]]]
@@ -105,7 +151,7 @@ def _accumulated_step(
 ) -> None:
     """Zero, accumulate gradients over micro-batches (syncing ranks on the last), clip and step."""
     trainable.optimizer.zero_grad(set_to_none=True)
-    parts = micro_batches(own, settings.micro_batch_size)
+    parts = plan_micro_batches(own, settings, parallel)
     contributions: dict[str, float] = {}
     for index, part in enumerate(parts):
         batch = collate(part, settings.pad_token_id).to(parallel.device)
