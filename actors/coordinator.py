@@ -57,12 +57,12 @@ from psrl.coordination.records import encode_tick, same_situation
 from psrl.coordination.state import CoordinationInputs, RouterFacts
 from psrl.coordination.sync import SyncPolicy
 from psrl.coordination.tick import decide_tick
+from psrl.data import make_task
 from psrl.engine.args import DEMO_MODEL_DIR
+from psrl.rewards.factory import make_scorer
 from psrl.routing.cost_model import load_cost_model
 from psrl.routing.servable import ServableCounts
 from psrl.staleness.throttle import dispatch_allowance
-from psrl.data import make_task
-from psrl.rewards.factory import make_scorer
 
 ROUTER = "router"
 

@@ -14,8 +14,8 @@ from pathlib import Path
 
 from actors.base import Actor, handles
 from actors.links import Link
-from bus.messages import FinishReason as BusFinish
 from bus.messages import ActorState, Metrics, TrainData, TrainerProgress, WeightsPushed
+from bus.messages import FinishReason as BusFinish
 from bus.schema import Event
 from psrl.ps.from_config import make_pusher
 from psrl.ps.staging import HostStaging

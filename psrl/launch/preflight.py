@@ -152,8 +152,9 @@ def gpus(c: Config, found: dict[str, Any]) -> Iterator[ConfigProblem]:
 
     count = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if count == 0:
-        paths = [p for p, used in (("topology.device", topo.device == "cuda"), ("topology.trainer_gpus", topo.trainer_gpus),
-                                   ("topology.rollout_gpus", topo.rollout_gpus)) if used]  # fmt: skip
+        settings = (("topology.device", topo.device == "cuda"), ("topology.trainer_gpus", topo.trainer_gpus),
+                    ("topology.rollout_gpus", topo.rollout_gpus))  # fmt: skip
+        paths = [path for path, used in settings if used]
         yield problem(tuple(paths), topo.device, "no CUDA device is visible on this machine",
                       "set topology.device=cpu (or auto) and leave the GPU lists empty")  # fmt: skip
         return

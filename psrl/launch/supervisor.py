@@ -150,7 +150,8 @@ class Supervisor:
             local_address=host,
         )
         self.dist_master = _dist_master(self.endpoints)
-        self.resume = resume_point(self.run_dir, self.config.entries_per_buffer) if self.config.trainer.resume else ResumePoint()
+        resume = self.config.trainer.resume
+        self.resume = resume_point(self.run_dir, self.config.entries_per_buffer) if resume else ResumePoint()
         if self.resume.version:
             self.log.info("resuming", version=self.resume.version, next_prompt_id=self.resume.next_prompt_id)
         self.publisher = Publisher(

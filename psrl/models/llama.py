@@ -1,8 +1,8 @@
 """Llama / Qwen2 / Qwen3-family decoder for inference: fused projections, RMSNorm, RoPE, GQA, SwiGLU.
 
 One class covers the families; the differences (qkv bias, MLP bias, tied embeddings, RoPE
-scaling, Qwen3's per-head q/k RMSNorm) come from `ModelSpec`. Projections are fused (q|k|v and gate|up) so a layer runs four
-matmuls; `load_weights` maps Hugging Face parameter names onto the fused slices.
+scaling, Qwen3's per-head q/k RMSNorm) come from `ModelSpec`. Projections are fused (q|k|v and
+gate|up) so a layer runs four matmuls; `load_weights` maps Hugging Face parameter names onto the fused slices.
 
 Projection weights are stored transposed ([in, out]), and the q and k projections with each
 head's two halves interleaved, so the rotary embedding is one complex multiply instead of a dozen
@@ -73,11 +73,12 @@ class DecoderLayer(nn.Module):
         spec = self.spec
         num_tokens, num_heads = hidden.shape[0], spec.num_heads
         qkv = self.qkv_proj(rms_norm(hidden, self.input_layernorm, spec.rms_norm_eps))
-        qk = qkv[:, : spec.q_size + spec.kv_size].view(num_tokens, num_heads + spec.num_kv_heads, spec.head_dim)
+        num_qk_heads = num_heads + spec.num_kv_heads
+        qk = qkv[:, : spec.q_size + spec.kv_size].view(num_tokens, num_qk_heads, spec.head_dim)
         if self.q_norm is not None and self.k_norm is not None:
-            q, k = qk[:, :num_heads], qk[:, num_heads:]
-            qk = torch.cat((rms_norm(q, self.q_norm, spec.rms_norm_eps), rms_norm(k, self.k_norm, spec.rms_norm_eps)), 1)
-        qk = _rotate(qk.view(num_tokens, num_heads + spec.num_kv_heads, -1, 2), rotation).view(num_tokens, num_heads + spec.num_kv_heads, spec.head_dim)
+            q = rms_norm(qk[:, :num_heads], self.q_norm, spec.rms_norm_eps)
+            qk = torch.cat((q, rms_norm(qk[:, num_heads:], self.k_norm, spec.rms_norm_eps)), 1)
+        qk = _rotate(qk.view(num_tokens, num_qk_heads, -1, 2), rotation).view(num_tokens, num_qk_heads, spec.head_dim)
         v = qkv[:, spec.q_size + spec.kv_size :].view(num_tokens, 1, spec.num_kv_heads, spec.head_dim)
         new_kv = torch.cat((qk[:, num_heads:].unsqueeze(1), v), dim=1)
         attention = paged_attention(qk[:, :num_heads], new_kv, kv_cache, batch, dense_kv)

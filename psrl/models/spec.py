@@ -72,7 +72,8 @@ class ModelSpec:
         model_type = config.get("model_type")
         if model_type not in SUPPORTED_MODEL_TYPES:
             raise UnsupportedModelError(
-                f"model_type {model_type!r} is not supported; the embedded engine runs {', '.join(SUPPORTED_MODEL_TYPES)}"
+                f"model_type {model_type!r} is not supported; "
+                f"the embedded engine runs {', '.join(SUPPORTED_MODEL_TYPES)}"
             )
         _check_unsupported_options(config)
         num_heads = int(config["num_attention_heads"])

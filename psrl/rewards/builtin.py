@@ -1,9 +1,9 @@
 """Built-in verifiers, usable as `reward.function=psrl.rewards.builtin:<name>`.
 
-    math_answer   1.0 when the response's final answer (the last \\boxed{...}, else the last number)
-                  equals `answer` as a number, a fraction or normalised LaTeX, else 0.0
-    exact_match   1.0 when the stripped response equals the stripped `answer`
-    regex_format  1.0 when the response matches reward.kwargs.pattern (re.fullmatch, DOTALL)
+math_answer   1.0 when the response's final answer (the last \\boxed{...}, else the last number)
+              equals `answer` as a number, a fraction or normalised LaTeX, else 0.0
+exact_match   1.0 when the stripped response equals the stripped `answer`
+regex_format  1.0 when the response matches reward.kwargs.pattern (re.fullmatch, DOTALL)
 """
 
 from __future__ import annotations

@@ -69,7 +69,7 @@ class _Counters:
     def __init__(self, source: str) -> None:
         self.log = get_logger("psrl.rewards", function=source)
         self.counts: Counter[str] = Counter()
-        self.sums: Counter[str] = Counter()
+        self.sums: dict[str, float] = {}
         self.lock = threading.Lock()
 
     def failed(self, kind: str, prompt: Prompt, detail: str) -> None:
@@ -84,7 +84,7 @@ class _Counters:
         with self.lock:
             self.counts["num_scored"] += 1
             for key, value in extras.items():
-                self.sums[key] += value
+                self.sums[key] = self.sums.get(key, 0.0) + value
                 self.counts[f"n:{key}"] += 1
 
     def take(self) -> dict[str, float]:
@@ -135,8 +135,10 @@ class FunctionScorer:
 
     def arguments(self, prompt: Prompt, response: str, response_ids: Sequence[int]) -> dict[str, Any]:
         available: dict[str, Any] = {**prompt.row, **self.settings.kwargs}
-        available.update(prompt=prompt.text, response=response, prompt_ids=list(prompt.token_ids),
-                         response_ids=[int(t) for t in response_ids], answer=prompt.answer, row=dict(prompt.row))  # fmt: skip
+        available.update(
+            prompt=prompt.text, response=response, prompt_ids=list(prompt.token_ids),
+            response_ids=[int(t) for t in response_ids], answer=prompt.answer, row=dict(prompt.row),
+        )  # fmt: skip
         return self.function.select(available)
 
     def score(self, prompt: Prompt, response: str, response_ids: Sequence[int]) -> Reward:

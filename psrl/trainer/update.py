@@ -77,7 +77,9 @@ def split_to_count(parts: list[list[Sample]], count: int) -> list[list[Sample]]:
     return parts
 
 
-def plan_micro_batches(own: Sequence[Sample], settings: UpdateSettings, parallel: ParallelContext) -> list[list[Sample]]:
+def plan_micro_batches(
+    own: Sequence[Sample], settings: UpdateSettings, parallel: ParallelContext
+) -> list[list[Sample]]:
     """This rank's micro-batches: fixed sample counts, or token-budgeted with the same count on every rank."""
     if settings.max_tokens_per_micro_batch is None:
         return micro_batches(own, settings.micro_batch_size)

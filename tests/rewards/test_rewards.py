@@ -15,7 +15,7 @@ from psrl.tasks.base import Prompt, Reward
 
 PROMPT = Prompt(3, "train", "add 1 2=", "3", (5, 6, 7), {"prompt": "add 1 2=", "answer": "3", "level": 2})
 
-REWARD_FILE = '''
+REWARD_FILE = """
 import asyncio, time
 from helper import BONUS
 
@@ -44,7 +44,7 @@ def garbage(response):
 
 def needs_unknown(response, judge_url):
     return 0.0
-'''
+"""
 
 
 @pytest.fixture()
@@ -125,8 +125,15 @@ def test_task_scorer_survives_a_failing_task() -> None:
 def test_builtin_verifiers() -> None:
     assert extract_boxed("a \\boxed{\\frac{1}{2}} b \\boxed{x^{2}}") == "x^{2}"
     assert extract_boxed("no box") is None
-    for response, answer in (("\\boxed{\\frac{1}{2}}", "0.5"), ("\\boxed{1,000}", "1000"), ("is 42.", "42"),
-                             ("\\boxed{\\text{(A)}}", "(A)"), ("\\boxed{ 3 }", "\\boxed{3}"), ("$\\boxed{90^\\circ}$", "90")):  # fmt: skip
+    cases = [
+        ("\\boxed{\\frac{1}{2}}", "0.5"),
+        ("\\boxed{1,000}", "1000"),
+        ("is 42.", "42"),
+        ("\\boxed{\\text{(A)}}", "(A)"),
+        ("\\boxed{ 3 }", "\\boxed{3}"),
+        ("$\\boxed{90^\\circ}$", "90"),
+    ]
+    for response, answer in cases:
         assert math_answer(response, answer) == 1.0, (response, answer)
     for response, answer in (("\\boxed{2}", "3"), ("no number", "3"), ("\\boxed{1/0}", "2")):
         assert math_answer(response, answer) == 0.0, (response, answer)

@@ -67,7 +67,8 @@ def test_resume_far_past_the_staleness_bound_continues_ledger_and_cursor(tmp_pat
     later = events[len(before) :]
     versions = [e.message.version for e in later if isinstance(e.message, TrainerProgress)]
     assert versions[:3] == [6, 7, 8]
-    consumed = [e.message.prompt_id for e in later if isinstance(e.message, LedgerOp) and e.message.op == "consume"]  # buffer ids
+    # a consume op's prompt_id is the buffer id
+    consumed = [e.message.prompt_id for e in later if isinstance(e.message, LedgerOp) and e.message.op == "consume"]
     assert consumed[:3] == [5, 6, 7], "the router's ledger continues at the checkpoint's version"
     trained = trained_prompts(events)
     repeated = [p for p, n in Counter(trained).items() if n > 1]
