@@ -26,9 +26,11 @@ Tree = dict[str, Any]
 
 
 def preset_dirs() -> list[Path]:
-    """Where preset names are looked up: $PSRL_CONFIG_DIR, then the repository's configs/."""
+    """Where preset names are looked up: $PSRL_CONFIG_DIR, then the shipped presets (psrl/presets in an
+    installed wheel, the repository's configs/ in a checkout)."""
     dirs = [Path(p) for p in os.environ.get(PRESET_ENV, "").split(os.pathsep) if p]
-    dirs.append(Path(__file__).resolve().parents[2] / "configs")
+    package = Path(__file__).resolve().parents[1]
+    dirs += [d for d in (package / "presets", package.parent / "configs") if d.is_dir()]
     return dirs
 
 
@@ -58,13 +60,42 @@ def find_preset(name: str) -> Path:
 
 
 def load_preset_tree(name: str) -> Tree:
-    """Read a preset; a preset may start from another with `extends: <name>`."""
+    """Read a preset; a preset may start from another with `extends: <name>`. Relative file paths in it
+    (model, data files, a reward file) are relative to the preset file, so a config can name files next to it."""
     path = find_preset(name)
     tree = yaml.safe_load(path.read_text()) or {}
     if not isinstance(tree, dict):
         raise ConfigError([ConfigProblem(("preset",), str(path), "a preset must be a YAML mapping", "fix the file")])
     parent = tree.pop("extends", None)
+    relative_to_file(tree, path.parent)
     return merge(load_preset_tree(parent), tree) if parent else tree
+
+
+# (section, key) of fields holding file paths; the reward function's file part (before ':') counts too
+PATH_FIELDS = (("model", "path"), ("model", "tokenizer_path"), ("data", "train_files"), ("data", "val_files"),
+               ("reward", "function"))  # fmt: skip
+
+
+def relative_to_file(tree: Tree, base: Path) -> None:
+    """Rewrite relative paths of PATH_FIELDS in a preset's tree as paths under `base`."""
+    for section_name, key in PATH_FIELDS:
+        section = tree.get(section_name)
+        if not isinstance(section, dict) or section.get(key) is None:
+            continue
+        value = section[key]
+        if key == "function":
+            target, sep, fn = str(value).rpartition(":")
+            is_file = sep and (target.endswith(".py") or "/" in target)
+            section[key] = f"{_under(base, target)}:{fn}" if is_file else value
+        elif isinstance(value, list):
+            section[key] = [_under(base, str(v)) for v in value]
+        else:
+            section[key] = _under(base, str(value))
+
+
+def _under(base: Path, path: str) -> str:
+    expanded = Path(path).expanduser()
+    return str(expanded if expanded.is_absolute() else (base / expanded).resolve())
 
 
 def merge(base: Tree, update: Tree) -> Tree:
