@@ -12,7 +12,7 @@ def digit_reward(response: str, answer: str, kind: str) -> dict[str, float]:
     if kind == "add":  # a sum's digits line up from the right
         predicted, answer = predicted[::-1], answer[::-1]
     longest = max(len(predicted), len(answer), 1)
-    matching = sum(a == b for a, b in zip(predicted, answer))
+    matching = sum(a == b for a, b in zip(predicted, answer, strict=False))
     return {
         "score": matching / longest,
         "acc": float(predicted == answer),

@@ -70,4 +70,4 @@ def launch(
         sys.exit(2)
     configure(config.run.log_level)
     classes = dict(item.split("=", 1) for item in actor_classes)
-    sys.exit(run_launch(config, hosts, name=name, root=root, actor_classes=classes, quiet=quiet))
+    sys.exit(run_launch(config, hosts, name=name, root=root, actor_classes=classes, quiet=quiet).exit_code)

@@ -178,12 +178,15 @@ def set_path(tree: Tree, path: str, value: Any) -> None:
     node[leaf] = value
 
 
-def build_tree(preset: str | None, overrides: Iterable[str]) -> tuple[Tree, list[ConfigProblem]]:
-    """Merge preset and overrides into one tree of known keys; collect key problems."""
+def build_tree(
+    preset: str | None, overrides: Iterable[str], base: Tree | None = None
+) -> tuple[Tree, list[ConfigProblem]]:
+    """Merge base tree, preset and overrides into one tree of known keys; collect key problems."""
     known = schema_paths()
     problems: list[ConfigProblem] = []
     tree: Tree = {}
-    items = list(flatten(load_preset_tree(preset))) if preset else []
+    items = list(flatten(base)) if base else []
+    items += list(flatten(load_preset_tree(preset))) if preset else []
     for text in overrides:
         items.append(parse_override(text))
     for raw_path, value in items:
@@ -205,9 +208,11 @@ def build_tree(preset: str | None, overrides: Iterable[str]) -> tuple[Tree, list
     return tree, problems
 
 
-def load_config(preset: str | None = None, overrides: Iterable[str] = ()) -> Config:
-    """Build and validate a configuration, raising ConfigError listing every problem."""
-    tree, problems = build_tree(preset, overrides)
+def load_config(preset: str | None = None, overrides: Iterable[str] = (), *, base: Config | None = None) -> Config:
+    """Build and validate a configuration, raising ConfigError listing every problem.
+
+    `base`: a configuration to start from instead of the schema defaults (the preset and overrides apply on top)."""
+    tree, problems = build_tree(preset, overrides, base.model_dump(mode="json") if base is not None else None)
     try:
         config = Config.model_validate(tree)
     except ValidationError as exc:

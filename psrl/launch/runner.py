@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import click
@@ -17,6 +19,19 @@ from psrl.launch.supervisor import EXIT_OK, Supervisor
 from psrl.rundir import RunDir
 
 
+@dataclass(frozen=True)
+class LaunchResult:
+    """How a run ended: exit code (0 finished, 1 failed, 130 interrupted), why, and where it lives."""
+
+    exit_code: int
+    reason: str | None
+    run_dir: Path
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == EXIT_OK
+
+
 def run_launch(
     config: Config,
     hosts: HostsFile | None,
@@ -25,7 +40,7 @@ def run_launch(
     root: str | None = None,
     actor_classes: dict[str, str] | None = None,
     quiet: bool = False,
-) -> int:
+) -> LaunchResult:
     run_dir = RunDir.create(root or config.run.root, name or config.run.name)
     options: dict[str, dict[str, Any]] = {}
     for spec in plan_actors(config, hosts):
@@ -35,25 +50,31 @@ def run_launch(
     view = ProgressView(config, echo=None if quiet else click.echo)
     sink = MetricsSink(run_dir)
     listeners: list[Any] = [view.on_event, sink.on_event]
-    recorder = None
+    closers: list[Any] = [sink]
+    if config.logging.wandb.enable:
+        from psrl.launch.wandb_sink import WandbSink
+
+        wandb_sink = WandbSink(config, run_dir)
+        listeners.append(wandb_sink.on_event)
+        closers.append(wandb_sink)
     stats = config.psrl.status_collection.stats_recorder
     if config.psrl.status_collection.enable and stats.enable:
         recorder = StatusRecorder(run_dir, stats.interval_in_s)
         listeners.append(recorder.on_event)
+        closers.append(recorder)
     click.echo(f"run directory: {run_dir.path}")
     supervisor = Supervisor(config, run_dir, hosts, listeners=tuple(listeners), actor_options=options)
     try:
         code = supervisor.run()
     finally:
-        sink.close()
-        if recorder is not None:
-            recorder.close()
+        for closer in closers:
+            closer.close()
     for line in view.summary_lines():
         click.echo(line)
     _write_report(run_dir)
     verdict = "finished" if code == EXIT_OK else f"ended with exit code {code}"
     click.echo(f"run {run_dir.name} {verdict}: {supervisor.end_reason}")
-    return code
+    return LaunchResult(code, supervisor.end_reason, run_dir.path)
 
 
 def _write_report(run_dir: RunDir) -> None:
