@@ -12,7 +12,7 @@ from typing import Any
 import msgspec
 import numpy as np
 
-from bus.plain import to_builtins
+from bus.plain import readable, to_builtins
 from bus.schema import Event
 
 _SHOWN_ITEMS = 8
@@ -66,7 +66,7 @@ def format_json(event: Event[Any]) -> str:
     data = {
         "event_id": event.envelope.event_id,
         "envelope": to_builtins(event.envelope),
-        "message": to_builtins(event.message),
+        "message": readable(event.message),
     }
     return json.dumps(data, separators=(",", ":"))
 
@@ -90,6 +90,8 @@ def format_line(event: Event[Any]) -> str:
 
 
 def _short(value: Any) -> str:
+    if isinstance(value, bytes):  # a nested record (msgpack): shown decoded
+        return _short(readable(value))
     if isinstance(value, np.ndarray):
         items = _items(value.ravel().tolist())
         return f"{value.dtype}{list(value.shape)}{items}"

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import click
 
+from bus.plain import readable
 from psrl.errors import ConfigError
 
 
@@ -40,7 +41,7 @@ def replay(
     except (ReplayError, ConfigError) as exc:
         raise click.ClickException(str(exc)) from exc
     if as_json:
-        click.echo(json.dumps(report.to_json(), indent=1, default=str))
+        click.echo(json.dumps(readable(report.to_json()), indent=1, default=str))
     else:
         click.echo(render_report(report))
     if any(c.agreement.num_disagree for c in report.checkers):

@@ -6,8 +6,10 @@ high-water mark without slowing the run (see docs/protocol.md, back-pressure).
 
 from __future__ import annotations
 
+import datetime as dt
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import click
@@ -21,9 +23,30 @@ from bus.sockets import SocketOptions
 from bus.subscriber import Subscriber
 from bus.tap import TapFilter, format_json, format_line
 from psrl.log import configure
+from psrl.rundir import RunDir
 
 TAP_HWM = 10_000
 _MAX_BATCH = 100
+_STATE_CHECK_S = 1.0  # how often a tap on a run directory looks whether the run has ended
+ENDED_STATUSES = ("finished", "failed", "interrupted")
+
+
+def run_ended(run_dir: Path | None) -> str | None:
+    """'run NAME finished at HH:MM:SS: reason' once the launcher has recorded the end; None before (or
+    without a run directory)."""
+    if run_dir is None:
+        return None
+    try:
+        state = RunDir(run_dir).read_state()
+    except (OSError, ValueError):  # not there yet, or being rewritten
+        return None
+    status = state.get("status")
+    if status not in ENDED_STATUSES:
+        return None
+    ended_at = state.get("ended_at")
+    when = dt.datetime.fromtimestamp(float(ended_at)).strftime("%Y-%m-%d %H:%M:%S") if ended_at else "?"
+    reason = state.get("reason") or ""
+    return f"run {Path(run_dir).name} {status} at {when}" + (f": {reason}" if reason else "")
 
 
 @click.command()
@@ -52,6 +75,10 @@ def tap(
 ) -> None:
     """Show the events of a running run: psrl tap RUN_DIR [--kind gen.] [--json]."""
     configure("warning")  # bus warnings (dropped messages) go to stderr, never into the tapped stream
+    ended = run_ended(run_dir)
+    if ended is not None:
+        click.echo(f"{ended}; nothing to tap. Its events are in its log: psrl replay {run_dir}", err=True)
+        return
     filters = TapFilter(kinds, actors, request_ids, versions)
     for prefix in kinds:
         if not kinds_matching(prefix):
@@ -63,7 +90,7 @@ def tap(
     ctx = zmq.Context()
     subs = _subscribers(ctx, addresses, filters, options)
     try:
-        num_shown = _show(subs, filters, as_json, count, duration)
+        num_shown = _show(subs, filters, as_json, count, duration, lambda: run_ended(run_dir))
     except KeyboardInterrupt:
         num_shown = -1
     except BrokenPipeError:
@@ -94,18 +121,32 @@ def _subscribers(
     return [Subscriber(ctx, a, filters.subscriptions(), options=options, name=f"tap:{a}") for a in addresses]
 
 
-def _show(subs: list[Subscriber], filters: TapFilter, as_json: bool, count: int, duration: float) -> int:
-    """Print matching events until count or duration is reached; returns how many were shown."""
+def _show(
+    subs: list[Subscriber],
+    filters: TapFilter,
+    as_json: bool,
+    count: int,
+    duration: float,
+    has_ended: Callable[[], str | None],
+) -> int:
+    """Print matching events until count or duration is reached, or the run ends; returns how many were shown."""
     poller = zmq.Poller()
     for sub in subs:
         poller.register(sub.socket, zmq.POLLIN)
     deadline = time.monotonic() + duration if duration > 0 else None
     render = format_json if as_json else format_line
     num_shown = 0
+    next_check = time.monotonic() + _STATE_CHECK_S
     while count <= 0 or num_shown < count:
         wait_ms = 200 if deadline is None else int((deadline - time.monotonic()) * 1000)
         if wait_ms <= 0:
             break
+        if time.monotonic() >= next_check:
+            next_check = time.monotonic() + _STATE_CHECK_S
+            ended = has_ended()
+            if ended is not None:
+                click.echo(ended, err=True)
+                break
         poller.poll(min(wait_ms, 200))
         for sub in subs:  # control first: it is listed first
             for _ in range(_MAX_BATCH):

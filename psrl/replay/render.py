@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 
+from bus.plain import readable
 from psrl.replay.runner import CheckerReport, ReplayReport, Verdicts
 
 _MAX_ROWS = 15
@@ -73,5 +74,5 @@ def _disagreement_lines(v: Verdicts) -> list[str]:
 
 
 def _clip(value: object) -> str:
-    text = json.dumps(value, default=str)
+    text = json.dumps(readable(value), default=str)
     return text if len(text) <= 120 else text[:119] + "…"

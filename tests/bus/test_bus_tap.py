@@ -171,3 +171,43 @@ def test_proxy_process_exits_cleanly_on_sigterm(tmp_path: Path) -> None:
     proxy.send_signal(signal.SIGTERM)
     assert proxy.wait(30) == 0
     assert os.path.exists(tmp_path / BUS_FILE)
+
+
+def test_nested_records_are_decoded_not_shown_as_bytes() -> None:
+    # regression: `psrl tap --kind router.decision` printed the record field as raw msgpack bytes
+    import msgspec
+
+    from bus.messages import RoutingRecord
+
+    record = msgspec.msgpack.encode({"seq": 7, "instance": "rollout-1", "inputs": {"loads": [1, 2]}})
+    event = _event(RoutingRecord(12, "rollout-1", "round_robin", record), request_id=12)
+    line = format_line(event)
+    assert "record={seq:7,instance:rollout-1,inputs:{loads:[1,2]}}" in line and "b'" not in line
+    data = json.loads(format_json(event))
+    assert data["message"]["record"] == {"seq": 7, "instance": "rollout-1", "inputs": {"loads": [1, 2]}}
+    garbage = _event(RoutingRecord(12, "rollout-1", "round_robin", b"\xc1\xc1\xc1"))
+    assert json.loads(format_json(garbage))["message"]["record"] == "<3 bytes>"
+
+
+def test_tap_on_a_finished_run_says_so_and_exits(tmp_path: Path) -> None:
+    # regression: tapping a finished run waited silently
+    from psrl.rundir import RunDir
+
+    run = RunDir.create(tmp_path, "done")
+    run.write_state(status="finished", ended_at=time.time(), reason="4 training steps done")
+    result = subprocess.run([*TAP, str(run.path)], capture_output=True, text=True, timeout=60, check=False)
+    assert result.returncode == 0, result.stderr
+    assert "run done finished at" in result.stderr and "4 training steps done" in result.stderr
+    assert "psrl replay" in result.stderr
+
+
+def test_tap_stops_when_the_run_ends(live_run: LiveRun) -> None:
+    from psrl.rundir import RunDir
+
+    process = subprocess.Popen([*TAP, str(live_run.run_dir), "--kind", "obs."], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)  # fmt: skip
+    assert process.stdout is not None and " obs.metrics " in process.stdout.readline()
+    RunDir(live_run.run_dir).write_state(status="interrupted", ended_at=time.time(), reason="interrupted by SIGINT")
+    _, stderr = process.communicate(timeout=30)
+    assert process.returncode == 0
+    assert "interrupted at" in stderr and "interrupted by SIGINT" in stderr
