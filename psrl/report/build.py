@@ -37,6 +37,7 @@ class ReportResult:
 def plot_specs() -> list[PlotSpec]:
     """Every plot of a report, in page order; needs matplotlib (the `report` extra)."""
     try:
+        from psrl.report.plots_health import plot_eval, plot_health
         from psrl.report.plots_rollout import plot_utilisation, plot_version_lag
         from psrl.report.plots_training import plot_reward, plot_staleness, plot_sync_time
     except ImportError as error:
@@ -45,7 +46,12 @@ def plot_specs() -> list[PlotSpec]:
         raise
     return [
         PlotSpec("reward.png", "Reward and accuracy per step",
-                 "Coordinator metrics reward/mean and acc/mean of the trajectories each step trained on.", plot_reward),
+                 "Coordinator metrics reward/mean and acc/mean of the trajectories each step trained on (faint: raw, "
+                 "solid: smoothed); steps finished while shutting down are left out.", plot_reward),
+        PlotSpec("health.png", "Training health",
+                 "KL (actor/kl_loss to the reference, actor/ppo_kl to the rollout policy), entropy, response length "
+                 "and gradient norm per step, raw and smoothed.", plot_health),
+        PlotSpec("eval.png", "Held-out evaluation", "val/* and eval/* metrics per step, raw and smoothed.", plot_eval),
         PlotSpec("staleness.png", "Staleness histogram",
                  "Trained trajectories by staleness (router staleness/count_k, summed over steps); "
                  "the dashed line is the configured bound.", plot_staleness),

@@ -11,18 +11,20 @@ from psrl.report.series import metric_by_step, staleness_histogram, sync_phases
 
 
 def plot_reward(inputs: ReportInputs, path: Path) -> None:
+    from psrl.report.plots_health import counted_steps, smooth
+
     records = inputs.timeline.metrics
-    rewards = metric_by_step(records, "reward/mean")
+    rewards = counted_steps(inputs, metric_by_step(records, "reward/mean"))  # shutdown leftovers are not steps
     if not rewards:
         raise NoDataError("no reward/mean metrics in the run")
-    accuracy = metric_by_step(records, "acc/mean")
+    accuracy = counted_steps(inputs, metric_by_step(records, "acc/mean"))
     figure, (axes,) = new_figure()
-    axes.plot(*zip(*rewards, strict=True), marker="o", markersize=3, label="reward (mean over the step's trajectories)")
-    if accuracy:
-        axes.plot(*zip(*accuracy, strict=True), marker="s", markersize=3, label="accuracy (share correct)")
-    last = inputs.summary.num_steps
-    if last and last < rewards[-1][0]:
-        axes.axvline(last + 0.5, color="grey", linestyle=":", label="run end (later steps: shutdown)")
+    for series, marker, label in ((rewards, "o", "reward (mean over the step's trajectories)"),
+                                  (accuracy, "s", "accuracy (share correct)")):  # fmt: skip
+        if series:
+            steps, values = zip(*series, strict=True)
+            (line,) = axes.plot(steps, values, marker=marker, markersize=3, alpha=0.35, linewidth=1)
+            axes.plot(steps, smooth(values), color=line.get_color(), linewidth=2, label=f"{label}, smoothed")
     axes.set_xlabel("training step")
     axes.set_ylabel("reward / accuracy (per trajectory)")
     finish(figure, path, f"{inputs.run_name}: reward and accuracy per training step")

@@ -72,7 +72,12 @@ def _training(script: Script) -> None:
         script.add(done_s - 1.6, TrainBatch(step, step - 1, [step], 8, 100, max(step - 3, 0)), "coordinator")
         script.add(done_s - 1.6, Metrics(step, {"reward/mean": 0.1 * step, "acc/mean": 0.05 * step}), "coordinator")
         script.add(done_s - 1.6, Metrics(step - 1, {f"staleness/count_{min(step - 1, 2)}": 8.0}), "router")
-        script.add(done_s - 0.5, Metrics(step, {"perf/train_seconds": 1.0, "actor/pg_loss": -0.1}), "trainer-0", step)
+        health = {"actor/entropy": 1.5 - 0.1 * step, "actor/grad_norm": 2.0 / step, "actor/ppo_kl": 0.01 * step,
+                  "response_length/mean": 10.0 + step}  # fmt: skip
+        script.add(done_s - 0.5, Metrics(step, {"perf/train_seconds": 1.0, "actor/pg_loss": -0.1, **health}),
+                   "trainer-0", step)  # fmt: skip
+        if step % 2 == 0:
+            script.add(done_s - 0.4, Metrics(step, {"val/reward/mean": 0.2 * step}), "coordinator", step)
         push = {"sync/push_s": 0.5, "sync/serialize_s": 0.1, "sync/transfer_s": 0.3, "sync/commit_s": 0.05}
         script.add(done_s, Metrics(step, push), "trainer-0", step)
         script.add(done_s, TrainerProgress(step, step, 8, 1.6), "trainer-0", step)

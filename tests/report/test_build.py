@@ -18,7 +18,8 @@ from tests.report.scenario import write_run
 pytest.importorskip("matplotlib")
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-PLOT_FILES = {"reward.png", "staleness.png", "utilisation.png", "version_lag.png", "sync_time.png"}
+PLOT_FILES = {"reward.png", "health.png", "eval.png", "staleness.png", "utilisation.png", "version_lag.png",
+              "sync_time.png"}  # fmt: skip
 
 
 def png_size(path: Path) -> tuple[int, int]:
@@ -48,7 +49,8 @@ def test_missing_data_is_said_not_drawn(tmp_path: Path) -> None:
     run = write_run(tmp_path / "thin", only_metrics, with_config=False)
     result = build_report(run, tmp_path / "out")
     assert [p.name for p in result.plots.values()] == ["reward.png"]
-    assert set(result.skipped) == {"Staleness histogram", "Rollout-instance utilisation", "Version lag",
+    assert set(result.skipped) == {"Training health", "Held-out evaluation", "Staleness histogram",
+                                   "Rollout-instance utilisation", "Version lag",
                                    "Weight-sync time per phase"}  # fmt: skip
     assert "no inst.status events" in result.skipped["Rollout-instance utilisation"]
     assert any("config.yaml missing" in p for p in result.problems)
@@ -110,3 +112,23 @@ def test_many_instances_use_a_heatmap(tmp_path: Path) -> None:
     assert {"Rollout-instance utilisation", "Version lag"} <= set(result.plots)
     assert len(result.summary.busy_by_instance) == 12
     assert result.summary.busy_by_instance["rollout-0"] == 0.0
+
+
+def test_training_plots_leave_out_shutdown_steps_and_smooth(tmp_path: Path) -> None:
+    # regression: the report plotted reward only (no KL, entropy, length, grad norm) and drew
+    # steps finished after the run had ended
+    from psrl.report.collect import read_timeline
+    from psrl.report.inputs import ReportInputs
+    from psrl.report.plots_health import counted_steps, smooth
+    from psrl.report.series import metric_by_step
+    from psrl.report.summary import summarize
+
+    run = write_run(tmp_path / "scripted")
+    timeline = read_timeline(run)
+    inputs = ReportInputs("scripted", timeline, summarize(timeline), 2)
+    raw = metric_by_step(timeline.metrics, "actor/grad_norm")
+    kept = counted_steps(inputs, raw)
+    assert max(s for s, _ in raw) > inputs.summary.num_steps == max(s for s, _ in kept)
+    assert smooth([1.0, 1.0, 1.0]) == [1.0, 1.0, 1.0]
+    assert smooth([0.0, 10.0], 0.5) == [0.0, pytest.approx(10 * 0.5 / 0.75)]
+    assert smooth([4.0, 0.0], 0.0) == [4.0, 0.0]
