@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 PYTEST := $(BIN)/python -m pytest
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: install check lint types test test-slow test-multihost test-all demo docs bench clean
+.PHONY: install check lint types test test-slow test-multihost test-wheel test-all demo docs bench clean
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -25,13 +25,17 @@ types: install
 check: lint types
 
 test: check
-	$(PYTEST) -m "not slow and not multihost"
+	$(PYTEST) -m "not slow and not multihost and not packaging"
 
 test-slow: install
 	$(PYTEST) -m slow
 
 test-multihost: install
 	$(PYTEST) -m multihost
+
+# builds the wheel, installs it (and torch) in a fresh venv, runs the CLI and the example from outside the repo
+test-wheel: install
+	$(PYTEST) -m packaging
 
 test-all: check
 	$(PYTEST)
