@@ -31,6 +31,9 @@ MOVED: dict[str, str] = {
     "psrl.group_post_process.": "algorithm.filter_groups.",
     "psrl.logging_path": "run.root",
     "psrl.ps_mode": "psrl.ps.transport",
+    "data.max_prompt_length": "task.max_prompt_length",
+    "data.max_response_length": "task.max_response_length",
+    "actor_rollout_ref.model.path": "model.path",
 }
 
 _NO_GATEWAY = "psrl routes on its own router actor; there is no SMG gateway process"
@@ -39,7 +42,8 @@ _NO_RAY = "psrl's parameter server is a set of shard actors on the bus, not a Ra
 # Upstream-only paths (prefix -> why they do not apply).
 NOT_APPLICABLE: dict[str, str] = {
     "psrl.ps_manager_ip": _NO_RAY + "; addresses come from the hosts file",
-    "psrl.reward_service_ip": "rewards are computed by the task module inside the coordinator",
+    "psrl.reward_service_ip": "rewards are computed by reward.function (or the task) inside the coordinator",
+    "custom_reward_function.": "write reward.function=path/to/file.py:function_name",
     "psrl.nixl.": "NIXL metadata is exchanged over the bus; choose it with psrl.ps.transport=nixl",
     "psrl.broadcast_init.": "PS shards partition the model, so no full-replica broadcast is needed",
     "psrl.checkpoint.": "Megatron checkpoint options; the trainer writes torch checkpoints in the run directory",
