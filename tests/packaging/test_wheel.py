@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.packaging
+pytestmark = [pytest.mark.packaging, pytest.mark.timeout(2400)]  # installs torch into a new venv
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -66,3 +66,14 @@ def test_the_example_launches_from_a_wheel_install(installed: Path, tmp_path: Pa
     assert (checkpoint / "tokenizer.json").is_file() and (checkpoint / "model.safetensors").is_file()
     metrics = (tmp_path / "runs" / "ex" / "metrics.jsonl").read_text()
     assert "reward/num_scored" in metrics, "the example's reward file scored the responses"
+
+
+def test_the_python_api_runs_from_a_wheel_install(installed: Path, tmp_path: Path) -> None:
+    script = (
+        "import psrl\n"
+        "result = psrl.run('demo', ['trainer.total_steps=2', 'psrl.staleness_buffer_entries=4',\n"
+        "                  'actor.ppo_mini_batch_size=2'], name='api', root='runs')\n"
+        "assert result.ok, result.reason\n"
+        "print('steps', sorted({r['step'] for r in result.metrics() if r['sender'] == 'coordinator'}))\n"
+    )
+    assert "steps [1, 2" in run([str(installed / "python"), "-c", script], cwd=tmp_path).stdout
