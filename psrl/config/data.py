@@ -54,6 +54,14 @@ class Reward(Section):
                              ge=1)  # fmt: skip
 
 
+def reward_file(spec: str) -> tuple[str, str] | None:
+    """(file, function) when a reward.function spec names a Python file, None for a module path."""
+    target, sep, name = spec.rpartition(":")
+    if sep and (target.endswith(".py") or "/" in target or "\\" in target):
+        return target, name
+    return None
+
+
 class Wandb(Section):
     enable: bool = field(False, "Also send metrics to Weights & Biases (wandb extra).")
     project: str = field("psrl", "W&B project.")

@@ -17,6 +17,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from psrl.config import keys
+from psrl.config.data import reward_file
 from psrl.config.root import Config
 from psrl.config.rules import check
 from psrl.errors import ConfigError, ConfigProblem
@@ -77,16 +78,15 @@ PATH_FIELDS = (("model", "path"), ("model", "tokenizer_path"), ("data", "train_f
 
 
 def relative_to_file(tree: Tree, base: Path) -> None:
-    """Rewrite relative paths of PATH_FIELDS in a preset's tree as paths under `base`."""
+    """Rewrite relative paths of PATH_FIELDS in a config tree as absolute paths under `base`."""
     for section_name, key in PATH_FIELDS:
         section = tree.get(section_name)
         if not isinstance(section, dict) or section.get(key) is None:
             continue
         value = section[key]
         if key == "function":
-            target, sep, fn = str(value).rpartition(":")
-            is_file = sep and (target.endswith(".py") or "/" in target)
-            section[key] = f"{_under(base, target)}:{fn}" if is_file else value
+            file = reward_file(str(value))
+            section[key] = f"{_under(base, file[0])}:{file[1]}" if file else value
         elif isinstance(value, list):
             section[key] = [_under(base, str(v)) for v in value]
         else:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from psrl.config import Config
+from psrl.config.loader import relative_to_file
 from psrl.config.rules import problem
 from psrl.errors import ConfigError, ConfigProblem
 
@@ -23,24 +24,11 @@ Check = Callable[[Config, dict[str, Any]], Iterator[ConfigProblem]]
 
 
 def absolute_paths(config: Config) -> Config:
-    """A copy of `config` with model, tokenizer, data and reward-file paths made absolute."""
-    update = config.model_copy(deep=True)
-    if update.model.path:
-        update.model.path = _absolute(update.model.path)
-    if update.model.tokenizer_path:
-        update.model.tokenizer_path = _absolute(update.model.tokenizer_path)
-    update.data.train_files = [_absolute(p) for p in update.data.train_files]
-    update.data.val_files = [_absolute(p) for p in update.data.val_files]
-    spec = update.reward.function
-    if spec and ":" in spec:
-        target, _, name = spec.rpartition(":")
-        if target.endswith(".py") or "/" in target:
-            update.reward.function = f"{_absolute(target)}:{name}"
-    return update
-
-
-def _absolute(path: str) -> str:
-    return str(Path(path).expanduser().resolve())
+    """A copy of `config` with model, tokenizer, data and reward-file paths made absolute (from the
+    working directory; paths in a config file were already made relative to that file)."""
+    tree = config.model_dump(mode="json")
+    relative_to_file(tree, Path.cwd())
+    return Config.model_validate(tree)
 
 
 def check_environment(config: Config, *, spans_hosts: bool = False) -> list[ConfigProblem]:

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from psrl.config.data import reward_file
 from psrl.errors import PsrlError
 
 ARGUMENTS = ("prompt", "response", "prompt_ids", "response_ids", "answer", "row")
@@ -57,7 +58,7 @@ def load_reward_function(spec: str, columns: Collection[str] = (), kwargs: Colle
 
     `columns`: the dataset's columns (None-free); `kwargs`: the keys of reward.kwargs."""
     target, name = _split(spec)
-    module = _import_file(target) if _is_file(target) else _import_module(target)
+    module = _import_file(target) if reward_file(spec) else _import_module(target)
     fn = getattr(module, name, None)
     if fn is None:
         public = sorted(n for n, v in vars(module).items() if callable(v) and not n.startswith("_"))
@@ -72,10 +73,6 @@ def _split(spec: str) -> tuple[str, str]:
     if not sep or not target or not name.isidentifier():
         raise RewardLoadError(f"{spec!r}: write it as path/to/file.py:function or package.module:function")
     return target, name
-
-
-def _is_file(target: str) -> bool:
-    return target.endswith(".py") or "/" in target or "\\" in target
 
 
 def _import_file(target: str) -> Any:
