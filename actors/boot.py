@@ -20,6 +20,10 @@ from typing import Any, TextIO
 from bus.addresses import BusAddresses
 from bus.security import CurveKeys, load_keys
 
+# ActorStatus detail of a trainer saving its version while it stops: the launcher then gives its
+# stage up to trainer.stop_save_timeout_s instead of the usual grace
+CHECKPOINT_ON_STOP = "checkpoint on stop"
+
 
 @dataclass(frozen=True)
 class Boot:

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 from actors.base import Actor, handles
+from actors.boot import CHECKPOINT_ON_STOP
 from actors.links import Link
 from bus.messages import ActorState, Metrics, TrainData, TrainerProgress, WeightsPushed
 from bus.messages import FinishReason as BusFinish
@@ -127,6 +128,8 @@ class TrainerActor(Actor):
             self.log.warning("no checkpoint on stop: a pre_step buffer is half-applied", version=self.core.version)
             return
         self.log.info("checkpoint on stop", reason=self.stop_reason, version=self.core.version)
+        # tells the launcher to wait for the save (up to trainer.stop_save_timeout_s) before terminating
+        self.set_state(ActorState.DRAINING, CHECKPOINT_ON_STOP)
         self._checkpoint()
 
     def teardown(self) -> None:

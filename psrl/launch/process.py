@@ -35,6 +35,7 @@ class ActorProcess:
     remote_pid: int | None = None
     is_ready: bool = False
     last_heartbeat: float = field(default=0.0)
+    saving_since: float | None = None  # when it reported saving a checkpoint while stopping
 
     @property
     def pid(self) -> int:

@@ -22,7 +22,7 @@ from typing import Any
 
 import zmq
 
-from actors.boot import Boot, read_curve_files
+from actors.boot import CHECKPOINT_ON_STOP, Boot, read_curve_files
 from bus import BusProxy, Publisher, Subscriber
 from bus.addresses import ipc_dir, plan_addresses
 from bus.messages import (
@@ -30,6 +30,7 @@ from bus.messages import (
     ActorExited,
     ActorRestarted,
     ActorStarted,
+    ActorStatus,
     Heartbeat,
     Hello,
     Ready,
@@ -292,6 +293,8 @@ class Supervisor:
                 process.last_heartbeat = time.monotonic()
             elif isinstance(msg, ActorDead):
                 self.dead_reasons[name] = msg.reason
+            elif isinstance(msg, ActorStatus) and msg.detail == CHECKPOINT_ON_STOP:
+                process.saving_since = time.monotonic()
         if isinstance(msg, RunFinished):
             self._end(EXIT_OK if msg.success else EXIT_FAILED, msg.reason or "run finished")
         for listener in self.listeners:
@@ -353,17 +356,17 @@ class Supervisor:
         deadline = time.monotonic() + SHUTDOWN_GRACE_S
         for roles in STOP_STAGES:
             group = [s.name for s in reversed(self.specs) if s.role in roles and s.name in self.processes]
-            # the trainer checkpoints its latest version before it exits (bounded by stop_save_timeout_s)
-            grace_s = self.config.trainer.stop_save_timeout_s if "trainer" in roles else STAGE_GRACE_S
-            self._stop_group(group, max(deadline, time.monotonic() + grace_s))
+            self._stop_group(group, max(deadline, time.monotonic() + STAGE_GRACE_S))
 
     def _stop_group(self, names: list[str], deadline: float) -> None:
         if not names:
             return
         if hasattr(self, "publisher"):
             self.publisher.publish(Shutdown(targets=names, reason=self.end_reason or ""))
-        while time.monotonic() < deadline and any(self.processes[n].poll() is None for n in names):
-            time.sleep(0.05)
+        while any(self.processes[n].poll() is None for n in names):
+            if time.monotonic() >= self._grace_end(names, deadline):
+                break
+            self._pump_events(0.05)  # still watching: a trainer may report that it is checkpointing
         for sig, grace in ((signal.SIGTERM, TERM_GRACE_S), (signal.SIGKILL, 1.0)):
             alive = [self.processes[n] for n in names if self.processes[n].poll() is None]
             for process in alive:
@@ -378,6 +381,11 @@ class Supervisor:
                 run_on_host(process.spec, f"kill -9 {process.remote_pid} 2>/dev/null; true")
             if not process.log.closed:
                 process.log.close()
+
+    def _grace_end(self, names: list[str], deadline: float) -> float:
+        """`deadline`, or later while one of `names` is saving a checkpoint (bounded by stop_save_timeout_s)."""
+        saving = [p.saving_since for n in names if (p := self.processes[n]).saving_since is not None]
+        return max([deadline, *(since + self.config.trainer.stop_save_timeout_s for since in saving)])
 
 
 def _pid() -> int:
