@@ -24,7 +24,7 @@ from psrl.rundir import RunDir
 from psrl.trainer.checkpoint import latest_checkpoint, read_trainer_state
 from tests.system.run_checks import check_staleness_bound, read_run
 
-pytestmark = pytest.mark.system
+pytestmark = [pytest.mark.system, pytest.mark.timeout(600)]  # two launches each
 
 SMALL = ["psrl.staleness_buffer_entries=8", "psrl.rollout_n=4", "task.name=demo_short", "psrl.staleness=1",
          "trainer.save_freq=0", "bus.handshake_timeout_s=120"]  # fmt: skip
