@@ -85,7 +85,7 @@ class VllmEngineArgs:
             "model": str(self.model_path),
             "dtype": str(dtype).removeprefix("torch."),
             "block_size": self.block_size,
-            "num_gpu_blocks_override": self.num_kv_blocks,
+            "num_gpu_blocks_override": self.num_kv_blocks + 1,  # vLLM keeps one block aside (its null block)
             "max_num_seqs": self.max_num_seqs,
             "max_num_batched_tokens": self.max_num_batched_tokens,
             "enable_prefix_caching": self.enable_prefix_caching,

@@ -52,7 +52,7 @@ class VllmEngine:
         vllm_config = self.llm.vllm_config
         self.max_model_len: int = vllm_config.model_config.max_model_len
         self.vocab_size: int = vllm_config.model_config.get_vocab_size()
-        self.num_kv_blocks: int = vllm_config.cache_config.num_gpu_blocks
+        self.num_kv_blocks: int = vllm_config.cache_config.num_gpu_blocks - 1  # without vLLM's null block
         self.block_size: int = vllm_config.cache_config.block_size
         self.eos_token_ids = _eos_token_ids(Path(args.model_path))
         self._checkpoint = checkpoint_shapes(Path(args.model_path))
@@ -179,7 +179,6 @@ class VllmEngine:
     def status(self) -> EngineStatus:
         stats, running = self.stats, list(self._scheduler.running)
         queue = self.waiting_queue()
-        usable_blocks = self.num_kv_blocks - 1  # vLLM keeps one block aside as its null block
         return EngineStatus(
             weight_version=self.weight_version,
             is_paused=self.is_paused,
@@ -187,7 +186,7 @@ class VllmEngine:
             num_waiting=queue.num_waiting,
             num_preempted_waiting=len(queue.preempted_request_ids),
             num_preemptions_total=stats.num_preemptions_total,
-            num_kv_blocks_used=round(self._scheduler.kv_cache_manager.usage * usable_blocks),
+            num_kv_blocks_used=round(self._scheduler.kv_cache_manager.usage * self.num_kv_blocks),
             num_kv_blocks_total=self.num_kv_blocks,
             num_kv_tokens=sum(request.num_computed_tokens for request in running),
             kv_capacity_tokens=self.num_kv_blocks * self.block_size,
@@ -209,7 +208,7 @@ def _start_vllm(args: VllmEngineArgs, stats: VllmStatistics) -> Any:
     cache = vllm_config.cache_config
     if args.is_cpu and cache.kv_cache_memory_bytes is None:
         # vLLM's CPU worker otherwise reserves a fraction of all host memory for its KV cache
-        cache.kv_cache_memory_bytes = args.num_kv_blocks * _kv_bytes_per_block(vllm_config)
+        cache.kv_cache_memory_bytes = cache.num_gpu_blocks_override * _kv_bytes_per_block(vllm_config)
     return LLMEngine.from_vllm_config(vllm_config, stat_loggers=[stats])
 
 

@@ -17,6 +17,7 @@ from safetensors import safe_open
 from psrl.models import WeightLoadError
 
 TIED_HEAD = "lm_head.weight"  # tied checkpoints omit it; trainers may still send it
+EMBEDDING = "model.embed_tokens.weight"
 
 
 def checkpoint_shapes(model_dir: Path) -> dict[str, tuple[int, ...]]:
@@ -34,23 +35,27 @@ def checkpoint_shapes(model_dir: Path) -> dict[str, tuple[int, ...]]:
 def checked_update(
     named: list[tuple[str, torch.Tensor]], expected: dict[str, tuple[int, ...]]
 ) -> list[tuple[str, torch.Tensor]]:
-    """The tensors to reload; raises WeightLoadError unless `named` covers the checkpoint, with its shapes."""
-    seen: set[str] = set()
-    to_load = []
+    """The tensors to reload; raises WeightLoadError unless `named` covers the checkpoint, with its shapes.
+
+    A tied checkpoint's head is sent as a copy of the new embedding: vLLM's CPU build computes
+    logits from a packed copy of the head, which it rebuilds only for a layer that receives weights.
+    """
+    to_load: dict[str, torch.Tensor] = {}
     for name, tensor in named:
         want = expected.get(name)
         if want is None and name == TIED_HEAD:
-            continue  # the head of a tied checkpoint is its embedding
+            continue  # replaced by the embedding below
         if want is None:
             raise WeightLoadError(f"{name} is not a tensor of this checkpoint")
         if tuple(tensor.shape) != want:
             raise WeightLoadError(f"{name} has shape {tuple(tensor.shape)}, the checkpoint's is {want}")
-        seen.add(name)
-        to_load.append((name, tensor))
-    missing = sorted(set(expected) - seen)
+        to_load[name] = tensor
+    missing = sorted(set(expected) - set(to_load))
     if missing:
         shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
         raise WeightLoadError(
             f"the vLLM backend reloads whole layers, so an update must carry every tensor; missing {shown}"
         )
-    return to_load
+    if TIED_HEAD not in expected and EMBEDDING in to_load:
+        to_load[TIED_HEAD] = to_load[EMBEDDING]
+    return list(to_load.items())
