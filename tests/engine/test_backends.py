@@ -22,11 +22,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from psrl.engine import Engine, EngineArgs, FinishReason, RolloutEngine, SamplingParams, StepOutput
-from psrl.engine.outputs import RequestResult
+from psrl.engine import Engine, EngineArgs, FinishReason, RolloutEngine, SamplingParams
 from psrl.errors import RequestError
 from psrl.models import WeightLoadError
-from tests.engine.conftest import Checkpoint, greedy
+from tests.engine.conftest import Checkpoint, greedy, run_to_completion
 
 LOGPROB_TOLERANCE = 2e-4
 BLOCK = 32
@@ -102,18 +101,6 @@ def engine(shared: RolloutEngine, reference: Checkpoint) -> Iterator[RolloutEngi
         shared.load_weights(load_file(str(reference.path / "model.safetensors")), version=0)
 
 
-def run_to_completion(engine: RolloutEngine, max_steps: int = 10_000) -> tuple[dict[str, RequestResult], list[StepOutput]]:
-    results: dict[str, RequestResult] = {}
-    steps: list[StepOutput] = []
-    for _ in range(max_steps):
-        if not engine.has_unfinished_requests():
-            return results, steps
-        out = engine.step()
-        steps.append(out)
-        results.update((result.request_id, result) for result in out.finished)
-    raise AssertionError(f"engine did not finish within {max_steps} steps")
-
-
 def step_until_tokens(engine: RolloutEngine, request_id: str, num_tokens: int) -> list[int]:
     streamed: list[int] = []
     while len(streamed) < num_tokens:
@@ -121,7 +108,9 @@ def step_until_tokens(engine: RolloutEngine, request_id: str, num_tokens: int) -
     return streamed
 
 
-def scored_logprobs(checkpoint: Checkpoint, prompt: list[int], output: list[int], temperature: float = 1.0) -> list[float]:
+def scored_logprobs(
+    checkpoint: Checkpoint, prompt: list[int], output: list[int], temperature: float = 1.0
+) -> list[float]:
     """transformers' log-probs of `output` after `prompt`, under the temperature-scaled distribution."""
     logits = checkpoint.reference_logits(prompt + output) / temperature
     logprobs = torch.log_softmax(logits, dim=-1)
@@ -218,7 +207,7 @@ def test_new_weights_change_outputs_from_the_next_step_with_version_stamps(
 def test_a_bad_weight_update_changes_nothing(engine: RolloutEngine, reference: Checkpoint, other: Checkpoint) -> None:
     state = dict(other.model.state_dict())
     unknown = {**state, "model.bogus.weight": torch.zeros(3)}
-    with pytest.raises(WeightLoadError, match="model.bogus.weight"):
+    with pytest.raises(WeightLoadError, match=r"model\.bogus\.weight"):
         engine.load_weights(unknown, version=1)
     bad_shape = {**state, "model.norm.weight": torch.zeros(7)}
     with pytest.raises(WeightLoadError, match="shape"):
