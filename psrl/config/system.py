@@ -50,7 +50,11 @@ class Topology(Section):
 
 
 class Engine(Section):
-    backend: Literal["embedded", "vllm"] = field("embedded", "Rollout engine: psrl's own, or vLLM (vllm extra).")
+    backend: Literal["embedded", "vllm"] = field(
+        "embedded",
+        "Rollout engine: psrl's own, or vLLM (the vllm extra: `make install-vllm` on a CPU, "
+        "`pip install -e '.[vllm]'` with CUDA).",
+    )
     dtype: Literal["auto", "float32", "bfloat16"] = field(
         "auto", "Engine weight dtype (auto: bf16 on GPU, fp32 on CPU)."
     )
