@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from psrl.config.environment import check_environment
 from psrl.config.loader import available_presets, load_config, to_yaml
 from psrl.errors import ConfigError
 
@@ -32,6 +33,7 @@ def show(args: tuple[str, ...]) -> None:
     preset, overrides = split_preset(args)
     try:
         cfg = load_config(preset, overrides)
+        check_environment(cfg)
     except ConfigError as exc:
         click.echo(str(exc), err=True)
         sys.exit(2)

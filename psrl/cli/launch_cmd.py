@@ -53,6 +53,7 @@ def launch(
 ) -> None:
     """Start a run: bus, logger, parameter server, rollout instances, trainer, router, coordinator."""
     from psrl.config import load_config
+    from psrl.config.environment import check_environment
     from psrl.launch.hosts import HostsFileError, parse_hosts_file
     from psrl.launch.plan import hosts_overrides
     from psrl.launch.runner import run_launch
@@ -63,6 +64,7 @@ def launch(
     try:
         hosts = parse_hosts_file(hosts_file) if hosts_file is not None else None
         config = load_config(preset, [*(hosts_overrides(hosts) if hosts else []), *overrides])
+        check_environment(config)
     except (ConfigError, HostsFileError) as exc:
         click.echo(str(exc), err=True)
         sys.exit(2)

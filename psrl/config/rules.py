@@ -357,15 +357,13 @@ def features_available(c: Config) -> Iterator[ConfigProblem]:
 
 
 def engine_backend(c: Config) -> Iterator[ConfigProblem]:
-    """The vLLM backend needs its extra and settings it can honour; vLLM itself checks engine.vllm_args."""
+    """Settings the chosen backend cannot honour (whether vLLM is installed is `psrl.config.environment`'s)."""
     engine = c.engine
     if engine.backend != "vllm":
         if engine.vllm_args:
             yield problem("engine.vllm_args", engine.vllm_args, "only the vLLM backend reads it",
                           "set engine.backend=vllm, or remove engine.vllm_args")  # fmt: skip
         return
-    from psrl.engine.vllm_backend.availability import vllm_unavailable
-
     if engine.cpu_kernels == "on":
         yield problem(("engine.cpu_kernels", "engine.backend"), "on", "the CPU kernels belong to the embedded engine",
                       "set engine.cpu_kernels=auto, or engine.backend=embedded")  # fmt: skip
@@ -373,13 +371,6 @@ def engine_backend(c: Config) -> Iterator[ConfigProblem]:
         yield problem((P + "ps.delta_sync", "engine.backend"), True,
                       "the vLLM backend reloads whole layers, so every sync must carry every tensor",
                       f"set {P}ps.delta_sync=False, or engine.backend=embedded")  # fmt: skip
-    missing = vllm_unavailable()
-    if missing is not None:
-        yield problem("engine.backend", "vllm", *missing)
-        return
-    from psrl.engine.vllm_backend.validation import vllm_problems
-
-    yield from vllm_problems(c)
 
 
 def gpu_placement(c: Config) -> Iterator[ConfigProblem]:

@@ -1,4 +1,8 @@
-"""engine.backend=vllm: refused without the extra (before any actor starts), and vLLM checks engine.vllm_args."""
+"""engine.backend=vllm: refused without the extra before any actor starts, and vLLM checks engine.vllm_args.
+
+Both need this machine's packages, so they are environment checks (`psrl launch`, `psrl config
+show`), not part of loading a config: a vLLM run's config.yaml loads anywhere (replay, report).
+"""
 
 from __future__ import annotations
 
@@ -11,6 +15,7 @@ from click.testing import CliRunner
 
 from psrl.cli.main import main
 from psrl.config import load_config
+from psrl.config.environment import check_environment
 from psrl.config.loader import build_tree
 from psrl.engine.vllm_backend import availability
 from psrl.errors import ConfigError
@@ -24,9 +29,17 @@ def refused(*overrides: str) -> str:
     return str(info.value)
 
 
+def refused_here(*overrides: str) -> str:
+    """The config loads, and this machine's environment check refuses it."""
+    config = load_config("demo", list(overrides))
+    with pytest.raises(ConfigError) as info:
+        check_environment(config)
+    return str(info.value)
+
+
 @pytest.mark.skipif(HAS_VLLM, reason="vLLM is installed here")
 def test_vllm_backend_without_the_extra_names_the_extra_and_the_install_command() -> None:
-    message = refused("engine.backend=vllm")
+    message = refused_here("engine.backend=vllm")
     assert "engine.backend = 'vllm'" in message and "the vllm extra" in message
     assert "make install-vllm" in message and "pip install -e '.[vllm]'" in message
 
@@ -65,17 +78,17 @@ def test_vllm_args_keys_go_into_the_map_and_only_the_vllm_backend_reads_them() -
     assert "engine.vllm_args" in refused("engine.vllm_args.gpu_memory_utilization=0.5")
 
 
-
 @pytest.mark.vllm
 @pytest.mark.skipif(not HAS_VLLM, reason="needs the vllm extra (make install-vllm)")
 class TestVllmChecksItsArguments:
     def test_a_valid_configuration_passes(self) -> None:
         config = load_config("demo", ["engine.backend=vllm", "engine.block_size=32",
                                       "engine.vllm_args.max_logprobs=8"])  # fmt: skip
+        check_environment(config)
         assert config.engine.vllm_args == {"max_logprobs": 8}
 
     def test_unknown_and_psrl_owned_keys_name_the_field(self) -> None:
-        message = refused("engine.backend=vllm", "engine.block_size=32", "engine.vllm_args.max_logprob=8",
+        message = refused_here("engine.backend=vllm", "engine.block_size=32", "engine.vllm_args.max_logprob=8",
                           "engine.vllm_args.max_num_seqs=4")  # fmt: skip
         assert "engine.vllm_args.max_logprob = 8: not a vLLM engine argument" in message
         assert "did you mean engine.vllm_args.max_logprobs" in message
@@ -83,9 +96,11 @@ class TestVllmChecksItsArguments:
         assert "set engine.max_num_seqs instead" in message
 
     def test_a_value_vllm_refuses_is_reported_against_its_field(self) -> None:
-        message = refused("engine.backend=vllm", "engine.block_size=32", "engine.vllm_args.gpu_memory_utilization=7")
+        message = refused_here(
+            "engine.backend=vllm", "engine.block_size=32", "engine.vllm_args.gpu_memory_utilization=7"
+        )
         assert "engine.vllm_args.gpu_memory_utilization = 7: vLLM refuses the engine configuration" in message
 
     def test_a_block_size_the_cpu_attention_cannot_run_is_refused(self) -> None:
-        message = refused("engine.backend=vllm", "engine.block_size=16")
+        message = refused_here("engine.backend=vllm", "engine.block_size=16")
         assert "engine.block_size = 16: vLLM's CPU attention does not support it" in message
