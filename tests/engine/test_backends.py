@@ -6,10 +6,11 @@ shapes vLLM's CPU attention supports (head size 64, KV blocks of 32 tokens).
 
 Log-prob tolerance: both backends compute fp32 logits with kernels of their own (blocked GEMMs,
 paged attention, fused norms), which round differently from transformers' eager fp32 forward.
-Over 96 greedy and sampled tokens of these models the largest difference measured was 1.0e-5
-(vLLM) and 2.2e-5 (embedded, fused CPU kernels). The test allows 2e-4: ten times that rounding
-noise, and far below anything a trainer's importance ratio would notice (exp(2e-4) - 1 = 0.02%);
-a wrong temperature, position or weight version moves log-probs by 1e-2 or more.
+The largest differences measured: 1.0e-5 (vLLM) and 2.2e-5 (embedded, fused CPU kernels) over 96
+greedy and sampled tokens of the small model; 4.1e-5 (vLLM) and 2.0e-5 (embedded) over about 280
+tokens of SmolLM2-135M-Instruct (30 layers). The tests allow 2e-4: five times the worst rounding
+noise seen, and far below anything a trainer's importance ratio would notice (exp(2e-4) - 1 =
+0.02%); a wrong temperature, position or weight version moves log-probs by 1e-2 or more.
 """
 
 from __future__ import annotations
@@ -330,3 +331,35 @@ def test_a_stop_token_ends_the_request_with_stop(engine: RolloutEngine, referenc
     engine.add_request("s", prompt, SamplingParams(max_tokens=12, temperature=0.0, stop_token_ids=(stop,)))
     result = run_to_completion(engine)[0]["s"]
     assert result.output_ids == expected[: expected.index(stop) + 1] and result.finish_reason == FinishReason.STOP
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_smollm2_greedy_and_logprobs_match_transformers(backend: str) -> None:
+    """The real 30-layer SmolLM2-135M-Instruct, under the same log-prob tolerance."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from tools.convert_smollm2 import default_output_dir
+
+    model_dir = default_output_dir()
+    if not (model_dir / "model.safetensors").is_file():
+        pytest.skip(f"no converted SmolLM2 at {model_dir}; run tools/convert_smollm2.py (see its docstring)")
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    reference = Checkpoint("smollm2", model_dir, AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32))
+    questions = ["What is the capital of France?", "Name three primary colours.", "What is 12 times 12?"]
+    texts = [tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True, tokenize=False)
+             for q in questions]  # fmt: skip
+    prompts = [tokenizer.encode(text, add_special_tokens=False) for text in texts]
+    engine = build(backend, model_dir, num_kv_blocks=32)
+    try:
+        for index, prompt in enumerate(prompts):
+            engine.add_request(str(index), prompt, SamplingParams(max_tokens=24, temperature=0.0))
+        results = run_to_completion(engine)[0]
+    finally:
+        close(engine)
+    for index, prompt in enumerate(prompts):
+        got = results[str(index)]
+        assert got.output_ids == reference.reference_greedy(prompt, 24)[: len(got.output_ids)]
+        expected = scored_logprobs(reference, prompt, got.output_ids)
+        assert got.logprobs == pytest.approx(expected, abs=LOGPROB_TOLERANCE), questions[index]
+    assert "Paris" in tokenizer.decode(results["0"].output_ids)
