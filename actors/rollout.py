@@ -77,6 +77,8 @@ class RolloutActor(Actor):
 
     def setup(self) -> dict[str, int]:
         self.engine = build_engine(self.config)
+        # vLLM's exit-time finalizers take 10-30 s on 2 busy cores; teardown below releases what matters
+        self.exit_without_interpreter_teardown = self.config.engine.backend == "vllm"
         self.link = Link(self.ctx, self.boot.endpoint("router"), sender=self.name, incarnation=self.boot.incarnation,
                          settings=self.bus, serve=False, identity=self.name)  # fmt: skip
         self.add_input(self.link.socket, self._on_link)
