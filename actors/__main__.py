@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 
@@ -25,7 +26,15 @@ def main() -> int:
     configure(str(boot.options.get("log_level", "info")), json_file=json_log)
     cls = actor_class(str(boot.options.get("actor_class", boot.role)))
     actor = cls(boot)
-    return int(actor.run())
+    code = int(actor.run())
+    if getattr(actor, "exit_without_interpreter_teardown", False):
+        # everything the actor owns is released; what is left are library finalizers that can
+        # outlast the launcher's stop grace (vLLM's runs a full garbage collection of its heap)
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code
 
 
 if __name__ == "__main__":

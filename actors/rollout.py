@@ -1,4 +1,4 @@
-"""A rollout instance: one embedded engine serving the router over a link.
+"""A rollout instance: one engine (`engine.backend`: embedded or vLLM) serving the router over a link.
 
 Requests arrive from the router (`gen.request`); generated tokens stream back in `gen.chunk`
 batches and each request ends with one `gen.result`. Control comes from the coordinator:
@@ -34,8 +34,7 @@ from bus.messages import (
     WeightsPublished,
 )
 from bus.schema import Event
-from psrl.engine import Engine
-from psrl.engine.args import EngineArgs
+from psrl.engine import build_engine
 from psrl.engine.outputs import RequestResult
 from psrl.engine.sequence import FinishReason as EngineFinish
 from psrl.errors import RequestError
@@ -77,7 +76,9 @@ class RolloutActor(Actor):
     ROLE = "rollout"
 
     def setup(self) -> dict[str, int]:
-        self.engine = Engine(EngineArgs.from_config(self.config))
+        self.engine = build_engine(self.config)
+        # vLLM's exit-time finalizers take 10-30 s on 2 busy cores; teardown below releases what matters
+        self.exit_without_interpreter_teardown = self.config.engine.backend == "vllm"
         self.link = Link(self.ctx, self.boot.endpoint("router"), sender=self.name, incarnation=self.boot.incarnation,
                          settings=self.bus, serve=False, identity=self.name)  # fmt: skip
         self.add_input(self.link.socket, self._on_link)
@@ -252,10 +253,10 @@ class RolloutActor(Actor):
 
     def _loop_back_preempted(self) -> None:
         threshold = self.routing.max_num_waiting_reqs_after_preemption
-        waiting = self.engine.scheduler.waiting
-        preempted = [int(seq.request_id) for seq in waiting if seq.num_preemptions > 0]
+        waiting = self.engine.waiting_queue()
+        preempted = [int(rid) for rid in waiting.preempted_request_ids]
         if preempted:
-            for rid in preempted_to_loop_back(preempted, len(waiting), threshold):
+            for rid in preempted_to_loop_back(preempted, waiting.num_waiting, threshold):
                 result = self.engine.abort(str(rid))
                 if result is not None:
                     self._send_result(result, "preempted")

@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 from psrl.config import load_config
+from psrl.launch.preflight import checked
 from psrl.launch.supervisor import EXIT_OK, Supervisor
 from psrl.log import configure
 from psrl.report.collect import read_timeline
@@ -56,6 +57,7 @@ PHASES = {
 
 def run_phase(name: str, overrides: list[str], root: Path) -> RunSummary:
     config = load_config("demo", overrides)
+    config = checked(config)
     run_dir = RunDir.create(root, name)
     started = time.monotonic()
     code = Supervisor(config, run_dir).run()

@@ -1,4 +1,4 @@
-"""psrl's embedded engine against transformers `generate` on the same model and prompts.
+"""psrl's embedded engine against transformers `generate`, or against vLLM, on the same model and prompts.
 
 For each batch size, both generate exactly --gen-len tokens per sequence (sampling at temperature
 1, no top-k/top-p; the engine uses min_tokens/ignore_eos, transformers min_new_tokens) from the
@@ -7,12 +7,17 @@ same random prompts of --prompt-len tokens. Tokens/s counts generated tokens ove
 it also reports the fraction of the weights-only memory-bandwidth roofline (every decode step
 reads all weights once, so tok/s <= batch * bandwidth / weight bytes). --compare-eager adds the
 engine's eager decode path: without CUDA graphs on CUDA, without the fused C kernels on a CPU.
+--backend both times the vLLM backend (the vllm extra) instead of transformers, back to back with
+the embedded engine, with the same dtype, threads and sampling; vLLM runs its KV cache in blocks of
+32 tokens (what its CPU attention needs), the embedded engine in blocks of 16.
 
     .venv/bin/python tools/bench_engine.py --compare-eager       # the demo model, CPU
     .venv/bin/python tools/bench_engine.py --model ~/.cache/psrl/models/SmolLM2-135M-Instruct
     python tools/bench_engine.py --random-init qwen2.5-0.5b --device cuda --dtype bfloat16 --compare-eager
 
-The last line is `RESULT engine_vs_hf_b32=<ratio> ...`.
+    .venv-vllm/bin/python tools/bench_engine.py --backend both --model ~/.cache/psrl/models/SmolLM2-135M-Instruct
+
+The last line is `RESULT engine_vs_hf_b32=<ratio> ...` (with --backend both: `RESULT embedded_vs_vllm_b32=...`).
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel, Qwen2Config
 
-from psrl.engine import DEMO_MODEL_DIR, Engine, EngineArgs, SamplingParams
+from psrl.engine import DEMO_MODEL_DIR, Engine, EngineArgs, RolloutEngine, SamplingParams
 from psrl.models.shapes import BODIES
 
 RANDOM_INIT_SHAPES = {
@@ -96,7 +101,20 @@ def run_hf(model: PreTrainedModel, prompts: list[list[int]], gen_len: int, devic
     return (out.shape[1] - len(prompts[0])) * len(prompts)
 
 
-def run_engine(engine: Engine, prompts: list[list[int]], gen_len: int) -> int:
+def make_vllm(args: argparse.Namespace, model_dir: Path, max_batch: int) -> RolloutEngine:
+    """One vLLM engine for every batch size (it takes tens of seconds to start)."""
+    from psrl.engine.vllm_backend import VllmEngine, VllmEngineArgs
+
+    block_size = 32
+    blocks_per_seq = (args.prompt_len + args.gen_len + block_size - 1) // block_size
+    return VllmEngine(VllmEngineArgs(
+        model_path=model_dir, dtype=args.dtype, device=args.device, block_size=block_size,
+        num_kv_blocks=max_batch * blocks_per_seq + 8, max_num_seqs=max_batch,
+        max_num_batched_tokens=max(2048, args.prompt_len), enable_prefix_caching=False, cuda_graphs=True,
+    ))  # fmt: skip
+
+
+def run_engine(engine: RolloutEngine, prompts: list[list[int]], gen_len: int) -> int:
     params = SamplingParams(max_tokens=gen_len, min_tokens=gen_len, ignore_eos=True, temperature=1.0)
     for index, prompt in enumerate(prompts):
         engine.add_request(str(index), prompt, params)
@@ -117,8 +135,10 @@ def timed(function: Callable[[], int], device: str) -> float:
     return num_tokens / (time.perf_counter() - started)
 
 
-def bench_batch(args: argparse.Namespace, model_dir: Path, reference: PreTrainedModel, batch: int) -> dict[str, float]:
-    """Median tokens/s of each contender: engine, hf and, with --compare-eager, engine_eager."""
+def bench_batch(
+    args: argparse.Namespace, model_dir: Path, reference: PreTrainedModel, batch: int, vllm: RolloutEngine | None
+) -> dict[str, float]:
+    """Median tokens/s of each contender: engine, the baseline (hf or vllm) and, with --compare-eager, engine_eager."""
     rng = random.Random(batch)
     vocab = reference.config.vocab_size
     prompts = [[rng.randrange(1, vocab) for _ in range(args.prompt_len)] for _ in range(batch)]
@@ -128,7 +148,10 @@ def bench_batch(args: argparse.Namespace, model_dir: Path, reference: PreTrained
     if args.compare_eager:
         eager = make_engine(args, model_dir, reference, batch, eager=True)
         contenders["engine_eager"] = lambda: run_engine(eager, prompts, args.gen_len)
-    contenders["hf"] = lambda: run_hf(reference, prompts, args.gen_len, args.device)
+    if vllm is None:
+        contenders["hf"] = lambda: run_hf(reference, prompts, args.gen_len, args.device)
+    else:
+        contenders["vllm"] = lambda: run_engine(vllm, prompts, args.gen_len)
     for run in contenders.values():  # warm-up: first calls, and graph captures for the shapes used
         run()
     rates: dict[str, list[float]] = {name: [] for name in contenders}
@@ -146,26 +169,32 @@ def print_header(args: argparse.Namespace, contenders: list[str]) -> None:
     name = args.random_init or args.model.name
     print(f"model={name} device={args.device} dtype={args.dtype} threads={args.threads} "
           f"prompt_len={args.prompt_len} gen_len={args.gen_len} repeats={args.repeats} (median tok/s)")  # fmt: skip
-    columns = [*contenders, "engine/hf"] + (["eager/hf"] if "engine_eager" in contenders else [])
+    base = contenders[-1]
+    columns = [*contenders, f"engine/{base}"] + ([f"eager/{base}"] if "engine_eager" in contenders else [])
     columns += ["roofline"] if args.device == "cuda" else []
     print(f"{'batch':>5} " + " ".join(f"{column:>13}" for column in columns), flush=True)
 
 
 def report_row(args: argparse.Namespace, batch: int, rates: dict[str, float], num_weight_bytes: int) -> list[str]:
     """Print one table row as soon as its batch is done; returns its RESULT fields."""
-    ratio = rates["engine"] / rates["hf"]
+    base = "vllm" if "vllm" in rates else "hf"
+    ratio = rates["engine"] / rates[base]
     cells = [f"{rate:>13.1f}" for rate in rates.values()] + [f"{ratio:>13.2f}"]
-    fields = [f"engine_vs_hf_b{batch}={ratio:.2f}"] + [f"{c}_tok_s_b{batch}={r:.1f}" for c, r in rates.items()]
+    fields = [f"{ratio_key(base)}_b{batch}={ratio:.2f}"] + [f"{c}_tok_s_b{batch}={r:.1f}" for c, r in rates.items()]
     if "engine_eager" in rates:
-        eager_ratio = rates["engine_eager"] / rates["hf"]
+        eager_ratio = rates["engine_eager"] / rates[base]
         cells.append(f"{eager_ratio:>13.2f}")
-        fields.append(f"eager_vs_hf_b{batch}={eager_ratio:.2f}")
+        fields.append(f"eager_vs_{base}_b{batch}={eager_ratio:.2f}")
     if args.device == "cuda":
         fraction = rates["engine"] / (batch * args.bandwidth_tb_s * 1e12 / num_weight_bytes)
         cells.append(f"{fraction:>13.3f}")
         fields.append(f"roofline_fraction_b{batch}={fraction:.3f}")
     print(f"{batch:>5} " + " ".join(cells), flush=True)
     return fields
+
+
+def ratio_key(base: str) -> str:
+    return "embedded_vs_vllm" if base == "vllm" else "engine_vs_hf"
 
 
 def main() -> None:
@@ -183,18 +212,29 @@ def main() -> None:
     parser.add_argument(
         "--compare-eager", action="store_true", help="also time the eager engine (no CUDA graphs / no CPU kernels)"
     )
+    parser.add_argument(
+        "--backend", default="embedded", choices=["embedded", "both"],
+        help="both: the embedded engine against vLLM (the vllm extra) instead of transformers",
+    )  # fmt: skip
     args = parser.parse_args()
-    torch.set_num_threads(args.threads)
+    torch.set_num_threads(args.threads)  # before vLLM starts: its CPU worker keeps the count it finds
+    batches = [int(batch) for batch in args.batches.split(",")]
     with tempfile.TemporaryDirectory() as scratch:
         model_dir = Path(scratch) if args.random_init else args.model
         reference = load_reference(args, model_dir)
-        contenders = ["engine"] + (["engine_eager"] if args.compare_eager else []) + ["hf"]
+        vllm = None
+        if args.backend == "both":
+            if args.random_init:
+                reference.save_pretrained(model_dir)  # vLLM loads its weights from disk
+            vllm = make_vllm(args, model_dir, max(batches))
+        base = "hf" if vllm is None else "vllm"
+        contenders = ["engine"] + (["engine_eager"] if args.compare_eager else []) + [base]
         print_header(args, contenders)
         fields: list[str] = []
-        for batch in map(int, args.batches.split(",")):
-            rates = bench_batch(args, model_dir, reference, batch)
+        for batch in batches:
+            rates = bench_batch(args, model_dir, reference, batch, vllm)
             fields += report_row(args, batch, rates, weight_bytes(reference))
-    key = [field for field in fields if field.startswith("engine_vs_hf_b32=")]
+    key = [field for field in fields if field.startswith(f"{ratio_key(base)}_b32=")]
     print("RESULT " + " ".join(key + [field for field in fields if field not in key]))
 
 

@@ -56,6 +56,10 @@ def calibrate(
         sys.exit(2)
     if repeats is not None and repeats < 1:
         raise click.BadParameter("must be >= 1", param_hint="--repeats")
+    if config.engine.backend != "embedded":
+        click.echo("psrl calibrate profiles the embedded engine; run it with engine.backend=embedded "
+                   f"(this config sets engine.backend={config.engine.backend})", err=True)  # fmt: skip
+        sys.exit(2)
     _run(config, output, quick=quick, samples_path=samples, threads=threads, repeats=repeats, seed=seed)
 
 

@@ -11,7 +11,7 @@ import difflib
 import os
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, get_origin
 
 import yaml
 from pydantic import BaseModel, ValidationError
@@ -134,6 +134,18 @@ def schema_paths(model: type[BaseModel] = Config, prefix: str = "") -> dict[str,
     return out
 
 
+def free_form_maps(model: type[BaseModel] = Config, prefix: str = "") -> set[str]:
+    """Dotted paths of mapping fields whose keys the schema leaves open (e.g. engine.vllm_args)."""
+    out: set[str] = set()
+    for name, info in model.model_fields.items():
+        sub = info.annotation
+        if isinstance(sub, type) and issubclass(sub, BaseModel):
+            out |= free_form_maps(sub, prefix + name + ".")
+        elif get_origin(sub) is dict:
+            out.add(prefix + name)
+    return out
+
+
 def suggest(path: str, paths: Iterable[str]) -> str:
     candidates = list(paths)
     close = difflib.get_close_matches(path, candidates, n=3, cutoff=0.6)
@@ -183,6 +195,7 @@ def build_tree(
 ) -> tuple[Tree, list[ConfigProblem]]:
     """Merge base tree, preset and overrides into one tree of known keys; collect key problems."""
     known = schema_paths()
+    maps = tuple(path + "." for path in free_form_maps())
     problems: list[ConfigProblem] = []
     tree: Tree = {}
     items = list(flatten(base)) if base else []
@@ -191,6 +204,9 @@ def build_tree(
         items.append(parse_override(text))
     for raw_path, value in items:
         path = keys.apply_alias(raw_path)
+        if path.startswith(maps):  # a key inside a free-form map: its owner validates it
+            set_path(tree, path, value)
+            continue
         bad = check_key(path, value, known)
         if bad is not None:
             problems.append(bad)

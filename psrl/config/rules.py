@@ -346,7 +346,6 @@ def features_available(c: Config) -> Iterator[ConfigProblem]:
     """Settings of features this version of psrl does not have yet are refused, never ignored."""
     sessions = c.psrl.rollout_coordination.session_strategy
     unavailable = [
-        ("engine.backend", c.engine.backend == "vllm", "vllm", "use engine.backend=embedded"),
         (P + "lmcache.enable", c.psrl.lmcache.enable, True, f"set {P}lmcache.enable=False"),
         (P + "tms.range", c.psrl.tms.range is not None, c.psrl.tms.range, f"set {P}tms.range=null"),
         (RC + "session_strategy.thunder_agent.enable", sessions.thunder_agent.enable, True,
@@ -355,6 +354,23 @@ def features_available(c: Config) -> Iterator[ConfigProblem]:
     for path, is_set, value, fix in unavailable:
         if is_set:
             yield problem(path, value, "this feature is not available in this version of psrl", fix)
+
+
+def engine_backend(c: Config) -> Iterator[ConfigProblem]:
+    """Settings the chosen backend cannot honour (whether vLLM is installed is checked by `psrl.launch.preflight`)."""
+    engine = c.engine
+    if engine.backend != "vllm":
+        if engine.vllm_args:
+            yield problem("engine.vllm_args", engine.vllm_args, "only the vLLM backend reads it",
+                          "set engine.backend=vllm, or remove engine.vllm_args")  # fmt: skip
+        return
+    if engine.cpu_kernels == "on":
+        yield problem(("engine.cpu_kernels", "engine.backend"), "on", "the CPU kernels belong to the embedded engine",
+                      "set engine.cpu_kernels=auto, or engine.backend=embedded")  # fmt: skip
+    if c.psrl.ps.delta_sync:
+        yield problem((P + "ps.delta_sync", "engine.backend"), True,
+                      "the vLLM backend reloads whole layers, so every sync must carry every tensor",
+                      f"set {P}ps.delta_sync=False, or engine.backend=embedded")  # fmt: skip
 
 
 def gpu_placement(c: Config) -> Iterator[ConfigProblem]:
@@ -415,6 +431,7 @@ RULES: tuple[Rule, ...] = (
     proactive_filter_threshold,
     tms_rules,
     features_available,
+    engine_backend,
     gpu_placement,
     cpu_kernels_apply,
 )

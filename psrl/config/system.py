@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from psrl.config.base import Section, Switch, field
 
@@ -50,11 +50,15 @@ class Topology(Section):
 
 
 class Engine(Section):
-    backend: Literal["embedded", "vllm"] = field("embedded", "Rollout engine: psrl's own, or vLLM (vllm extra).")
+    backend: Literal["embedded", "vllm"] = field(
+        "embedded",
+        "Rollout engine: psrl's own, or vLLM (the vllm extra: `make install-vllm` on a CPU, "
+        "`pip install -e '.[vllm]'` with CUDA).",
+    )
     dtype: Literal["auto", "float32", "bfloat16"] = field(
         "auto", "Engine weight dtype (auto: bf16 on GPU, fp32 on CPU)."
     )
-    block_size: int = field(16, "Tokens per KV-cache block.", ge=1)
+    block_size: int = field(16, "Tokens per KV-cache block (vLLM on a CPU: a multiple of 32).", ge=1)
     num_kv_blocks: int = field(512, "KV-cache blocks per instance.", ge=1)
     max_num_seqs: int = field(64, "Largest decode batch.", ge=1)
     max_num_batched_tokens: int = field(2048, "Token budget of one engine step (prefill chunking).", ge=1)
@@ -65,11 +69,20 @@ class Engine(Section):
         ge=2,
     )
     seed: int = field(0, "Seed of the engine's sampling stream for requests without their own seed.")
-    cuda_graphs: bool = field(True, "Replay decode steps as CUDA graphs (embedded engine on CUDA only).")
+    cuda_graphs: bool = field(
+        True, "Replay decode steps as CUDA graphs on CUDA (both backends; vLLM: False = enforce_eager)."
+    )
     cpu_kernels: Switch = field(
         "auto",
         "Fused fp32 CPU decode kernels, built with the system C compiler on first use (embedded engine, CPU, "
         "float32): auto = use them when they can be built, else warn and decode in eager torch; on = fail instead.",
+    )
+    vllm_args: dict[str, Any] = field(
+        {},
+        "Further vLLM engine arguments (fields of vllm's EngineArgs) for engine.backend=vllm, e.g. "
+        "engine.vllm_args.gpu_memory_utilization=0.8; checked by vLLM before anything starts. The typed fields "
+        "above set their vLLM counterparts (num_kv_blocks -> num_gpu_blocks_override, cuda_graphs=False -> "
+        "enforce_eager) and cannot be set here.",
     )
 
 

@@ -1,8 +1,10 @@
-"""The embedded rollout engine (continuous batching, paged KV cache, prefix cache) in torch."""
+"""Rollout engines: the embedded engine (continuous batching, paged KV cache, prefix cache) in torch, and
+the interface both backends implement (`RolloutEngine`, chosen by `build_engine` from `engine.backend`)."""
 
 from psrl.engine.args import DEMO_MODEL_DIR, EngineArgs
 from psrl.engine.engine import Engine
-from psrl.engine.outputs import EngineStatus, RequestOutput, RequestResult, StepOutput
+from psrl.engine.outputs import EngineStatus, RequestOutput, RequestResult, StepOutput, WaitingQueue
+from psrl.engine.protocol import RolloutEngine, build_engine
 from psrl.engine.sampling_params import SamplingParams
 from psrl.engine.sequence import FinishReason
 
@@ -14,6 +16,9 @@ __all__ = [
     "FinishReason",
     "RequestOutput",
     "RequestResult",
+    "RolloutEngine",
     "SamplingParams",
     "StepOutput",
+    "WaitingQueue",
+    "build_engine",
 ]

@@ -19,8 +19,8 @@ import torch
 from psrl.engine.args import EngineArgs
 from psrl.engine.block_manager import BlockManager
 from psrl.engine.model_runner import ModelRunner, RunnerShape
-from psrl.engine.outputs import EngineStatus, RequestOutput, RequestResult, StepOutput
-from psrl.engine.request_checks import check_prior_outputs, check_token_ids
+from psrl.engine.outputs import EngineStatus, RequestOutput, RequestResult, StepOutput, WaitingQueue
+from psrl.engine.request_checks import check_prior_outputs, check_room, check_token_ids, coerce_sampling_params
 from psrl.engine.sampler import Sampler
 from psrl.engine.sampling_params import SamplingParams
 from psrl.engine.scheduler import Scheduler
@@ -90,16 +90,12 @@ class Engine:
         max_tokens counts prior outputs too, so a continued request ends where an uninterrupted
         one would. Raises RequestError (and changes nothing) when the request is invalid.
         """
-        params = _sampling_params(request_id, sampling)
+        params = coerce_sampling_params(request_id, sampling)
         if request_id in self._seqs:
             raise RequestError(request_id, "a request with this id is already in the engine")
         prompt = check_token_ids(request_id, "prompt_ids", prompt_ids, self.spec.vocab_size, allow_empty=False)
         prior = check_prior_outputs(request_id, prior_output_ids, prior_logprobs, prior_versions, self.spec.vocab_size)
-        if len(prompt) + len(prior.token_ids) >= self.max_model_len:
-            raise RequestError(request_id, f"{len(prompt)} prompt + {len(prior.token_ids)} prior tokens leave "
-                               f"no room in the context of {self.max_model_len} tokens")  # fmt: skip
-        if len(prior.token_ids) >= params.max_tokens:
-            raise RequestError(request_id, f"max_tokens={params.max_tokens} already reached by the prior outputs")
+        check_room(request_id, len(prompt), prior, params.max_tokens, self.max_model_len)
         generator = None if params.seed is None else self.sampler.make_generator(params.seed)
         seq = Sequence(
             request_id,
@@ -128,6 +124,10 @@ class Engine:
 
     def has_unfinished_requests(self) -> bool:
         return bool(self._seqs)
+
+    def waiting_queue(self) -> WaitingQueue:
+        waiting = self.scheduler.waiting
+        return WaitingQueue(len(waiting), [seq.request_id for seq in waiting if seq.num_preemptions > 0])
 
     # stepping
 
@@ -242,17 +242,6 @@ class Engine:
         elapsed = self._recent_steps[-1][0] - self._recent_steps[0][0]
         num_tokens = sum(count for _, count in list(self._recent_steps)[1:])
         return num_tokens / elapsed if elapsed > 0 else 0.0
-
-
-def _sampling_params(request_id: str, sampling: SamplingParams | Mapping[str, Any] | None) -> SamplingParams:
-    if sampling is None:
-        return SamplingParams()
-    if isinstance(sampling, SamplingParams):
-        sampling.validate(request_id)
-        return sampling
-    if isinstance(sampling, Mapping):
-        return SamplingParams.from_mapping(request_id, sampling)
-    raise RequestError(request_id, f"sampling must be SamplingParams or a mapping, got {type(sampling).__name__}")
 
 
 def _named_tensors(weights: WeightSource) -> list[tuple[str, torch.Tensor]]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from psrl.engine.sequence import FinishReason, Sequence
 
@@ -90,3 +91,10 @@ class EngineStatus:
     @property
     def kv_usage(self) -> float:
         return self.num_kv_blocks_used / self.num_kv_blocks_total if self.num_kv_blocks_total else 0.0
+
+
+class WaitingQueue(NamedTuple):
+    """The engine's waiting queue, as the preemption loopback rule reads it."""
+
+    num_waiting: int
+    preempted_request_ids: list[str]  # waiting because the engine preempted them (they hold no KV now)

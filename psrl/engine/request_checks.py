@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from collections.abc import Sequence as SequenceLike
 from dataclasses import dataclass
+from typing import Any
 
+from psrl.engine.sampling_params import SamplingParams
 from psrl.errors import RequestError
 
 
@@ -53,3 +56,25 @@ def check_prior_outputs(
             f"{len(version_list)} versions",
         )
     return PriorOutputs(ids, logprob_list, version_list)
+
+
+def coerce_sampling_params(request_id: str, sampling: SamplingParams | Mapping[str, Any] | None) -> SamplingParams:
+    """Validated parameters from a SamplingParams, a wire mapping, or None (the defaults)."""
+    if sampling is None:
+        return SamplingParams()
+    if isinstance(sampling, SamplingParams):
+        sampling.validate(request_id)
+        return sampling
+    if isinstance(sampling, Mapping):
+        return SamplingParams.from_mapping(request_id, sampling)
+    raise RequestError(request_id, f"sampling must be SamplingParams or a mapping, got {type(sampling).__name__}")
+
+
+def check_room(request_id: str, num_prompt: int, prior: PriorOutputs, max_tokens: int, max_model_len: int) -> None:
+    """The request must leave room to generate: in the context, and under max_tokens (which counts prior outputs)."""
+    num_prior = len(prior.token_ids)
+    if num_prompt + num_prior >= max_model_len:
+        raise RequestError(request_id, f"{num_prompt} prompt + {num_prior} prior tokens leave "
+                           f"no room in the context of {max_model_len} tokens")  # fmt: skip
+    if num_prior >= max_tokens:
+        raise RequestError(request_id, f"max_tokens={max_tokens} already reached by the prior outputs")

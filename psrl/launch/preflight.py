@@ -117,7 +117,6 @@ def reward_function(c: Config, found: dict[str, Any]) -> Iterator[ConfigProblem]
 def _extras(c: Config) -> list[tuple[str, bool, str, str]]:
     return [
         ("psrl.ps.transport", c.psrl.ps.transport == "nixl", "nixl", "kv"),
-        ("engine.backend", c.engine.backend == "vllm", "vllm", "vllm"),
         ("psrl.lmcache.enable", c.psrl.lmcache.enable, "lmcache", "kv"),
         ("psrl.tms.range", c.psrl.tms.range is not None, "torch_memory_saver", "gpu"),
         ("logging.wandb.enable", c.logging.wandb.enable, "wandb", "wandb"),
@@ -129,6 +128,21 @@ def optional_packages(c: Config, found: dict[str, Any]) -> Iterator[ConfigProble
         if is_on and importlib.util.find_spec(module) is None:
             yield problem(path, getattr_path(c, path), f"needs the optional package '{module}', which is not installed",
                           f"pip install 'psrl[{extra}]' (or turn the feature off)")  # fmt: skip
+
+
+def vllm_backend(c: Config, found: dict[str, Any]) -> Iterator[ConfigProblem]:
+    """The vllm extra (with the install commands when it is missing), then vLLM's verdict on engine.vllm_args."""
+    if c.engine.backend != "vllm":
+        return
+    from psrl.engine.vllm_backend.availability import vllm_unavailable
+
+    missing = vllm_unavailable()
+    if missing is not None:
+        yield ConfigProblem(("engine.backend",), repr("vllm"), *missing)
+        return
+    from psrl.engine.vllm_backend.validation import vllm_problems
+
+    yield from vllm_problems(c)
 
 
 def gpus(c: Config, found: dict[str, Any]) -> Iterator[ConfigProblem]:
@@ -160,4 +174,4 @@ def getattr_path(config: Config, path: str) -> Any:
     return node
 
 
-CHECKS: tuple[Check, ...] = (model_directory, prompts, reward_function, optional_packages, gpus)
+CHECKS: tuple[Check, ...] = (model_directory, prompts, reward_function, optional_packages, vllm_backend, gpus)

@@ -30,11 +30,15 @@ from psrl.launch.plan import ActorSpec
 from psrl.launch.process import start_actor
 
 pytestmark = pytest.mark.system
+STARTUP_MS = 240_000  # an instance is up once it reports; vLLM's import alone takes up to a minute on 2 busy cores
 
 
-@pytest.fixture
-def instance(tmp_path):
-    config = load_config("demo", ["engine.max_num_seqs=4"])
+BACKENDS = {"embedded": [], "vllm": ["engine.backend=vllm", "engine.block_size=32"]}
+
+
+@pytest.fixture(params=["embedded", pytest.param("vllm", marks=pytest.mark.vllm)])
+def instance(request, tmp_path):
+    config = load_config("demo", ["engine.max_num_seqs=4", *BACKENDS[request.param]])
     ctx = zmq.Context()
     proxy = BusProxy(plan_addresses(tmp_path), ctx=ctx)
     addresses = proxy.start()
@@ -111,7 +115,7 @@ def request(rid: int, length: int) -> GenerateRequest:
 
 def test_streams_tokens_then_a_complete_result(instance) -> None:
     link, _, status, _ = instance
-    assert status.recv(60_000) is not None  # the instance is up and reporting
+    assert status.recv(STARTUP_MS) is not None  # the instance is up and reporting
     send(link, request(1, 40))
     messages = receive(link, (TokenChunk, GenerateResult))
     chunks = [m for m in messages if isinstance(m, TokenChunk)]
@@ -124,7 +128,7 @@ def test_streams_tokens_then_a_complete_result(instance) -> None:
 
 def test_abort_returns_the_tokens_so_far_and_pause_stops_progress(instance) -> None:
     link, publisher, status, _ = instance
-    assert status.recv(60_000) is not None
+    assert status.recv(STARTUP_MS) is not None
     publisher.publish(Pause(targets=["rollout-0"]))
     time.sleep(0.5)
     send(link, request(2, 500))
@@ -144,7 +148,7 @@ def test_abort_returns_the_tokens_so_far_and_pause_stops_progress(instance) -> N
 
 def test_bad_request_gets_a_request_scoped_error(instance) -> None:
     link, _, status, _ = instance
-    assert status.recv(60_000) is not None
+    assert status.recv(STARTUP_MS) is not None
     bad = GenerateRequest(3, 0, np.asarray([], np.int32), SamplingParams(8))
     send(link, bad)
     result = next(m for m in receive(link, (GenerateResult,)) if isinstance(m, GenerateResult))
