@@ -71,6 +71,17 @@ class Engine(Section):
         "Fused fp32 CPU decode kernels, built with the system C compiler on first use (embedded engine, CPU, "
         "float32): auto = use them when they can be built, else warn and decode in eager torch; on = fail instead.",
     )
+    gpu_kernels: Switch = field(
+        "auto",
+        "Triton step kernels for prefill and decode rounds (embedded engine, CUDA): auto = use them when Triton "
+        "imports, else warn and keep the torch path; on = fail instead; off = the torch path.",
+    )
+    decode_steps: int = field(
+        8,
+        "Decode steps per scheduling round with the GPU step kernels: tokens are sampled on the device and "
+        "stop tokens truncated after the round (1 = one token per step).",
+        ge=1,
+    )
 
 
 class Bus(Section):

@@ -71,7 +71,7 @@ class DecoderLayer(nn.Module):
         num_tokens, num_heads = hidden.shape[0], spec.num_heads
         qkv = self.qkv_proj(rms_norm(hidden, self.input_layernorm, spec.rms_norm_eps))
         qk = qkv[:, : spec.q_size + spec.kv_size].view(num_tokens, num_heads + spec.num_kv_heads, -1, 2)
-        qk = _rotate(qk, rotation).view(num_tokens, num_heads + spec.num_kv_heads, spec.head_dim)
+        qk = rotate_pairs(qk, rotation).view(num_tokens, num_heads + spec.num_kv_heads, spec.head_dim)
         v = qkv[:, spec.q_size + spec.kv_size :].view(num_tokens, 1, spec.num_kv_heads, spec.head_dim)
         new_kv = torch.cat((qk[:, num_heads:].unsqueeze(1), v), dim=1)
         attention = paged_attention(qk[:, :num_heads], new_kv, kv_cache, batch, dense_kv)
@@ -81,7 +81,7 @@ class DecoderLayer(nn.Module):
         return out
 
 
-def _rotate(pairs: torch.Tensor, rotation: torch.Tensor) -> torch.Tensor:
+def rotate_pairs(pairs: torch.Tensor, rotation: torch.Tensor) -> torch.Tensor:
     """Rotate interleaved (real, imaginary) pairs [..., D/2, 2] by complex factors, in fp32."""
     if pairs.dtype == torch.float32:
         return torch.view_as_real(torch.view_as_complex(pairs) * rotation)
