@@ -13,6 +13,14 @@ engine's eager decode path: without CUDA graphs on CUDA, without the fused C ker
     python tools/bench_engine.py --random-init qwen2.5-0.5b --device cuda --dtype bfloat16 --compare-eager
 
 The last line is `RESULT engine_vs_hf_b32=<ratio> ...`.
+
+--roofline (CUDA) measures decode throughput per model shape, batch size and context length against
+the weights + live-KV bandwidth roofline instead (tools/engine_roofline.py says how), with a profile
+split per shape and whole generations against the engine's torch path; one `RESULT shape=...` line
+per shape:
+
+    python3 tools/bench_engine.py --roofline --shapes qwen2.5-0.5b,qwen2.5-1.5b,qwen2.5-7b \
+        --batches 1,32,64,256,512 --contexts 512,2048,8192 --e2e-shapes qwen2.5-0.5b
 """
 
 from __future__ import annotations
@@ -172,7 +180,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", type=Path, default=DEMO_MODEL_DIR)
     parser.add_argument("--random-init", choices=sorted(RANDOM_INIT_SHAPES))
-    parser.add_argument("--batches", default="1,8,32,64")
+    parser.add_argument("--batches", help="comma-separated (default 1,8,32,64; with --roofline 1,32,64,256,512)")
     parser.add_argument("--prompt-len", type=int, default=32)
     parser.add_argument("--gen-len", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=3)
@@ -183,8 +191,13 @@ def main() -> None:
     parser.add_argument(
         "--compare-eager", action="store_true", help="also time the eager engine (no CUDA graphs / no CPU kernels)"
     )
+    add_roofline_arguments(parser)
     args = parser.parse_args()
+    args.batches = args.batches or ("1,32,64,256,512" if args.roofline else "1,8,32,64")
     torch.set_num_threads(args.threads)
+    if args.roofline:
+        roofline_main(args)
+        return
     with tempfile.TemporaryDirectory() as scratch:
         model_dir = Path(scratch) if args.random_init else args.model
         reference = load_reference(args, model_dir)
@@ -196,6 +209,37 @@ def main() -> None:
             fields += report_row(args, batch, rates, weight_bytes(reference))
     key = [field for field in fields if field.startswith("engine_vs_hf_b32=")]
     print("RESULT " + " ".join(key + [field for field in fields if field not in key]))
+
+
+def add_roofline_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("--roofline (CUDA): decode against the bandwidth roofline")
+    group.add_argument("--roofline", action="store_true")
+    group.add_argument("--shapes", default="qwen2.5-0.5b,qwen2.5-1.5b,qwen2.5-7b")
+    group.add_argument("--contexts", default="512,2048,8192")
+    group.add_argument("--rounds", default="2,4", help="warm-up and timed decode rounds per point")
+    group.add_argument("--decode-steps", type=int, default=8, help="decode steps per round (engine.decode_steps)")
+    group.add_argument("--e2e-shapes", default="qwen2.5-0.5b", help="shapes that also run whole generations")
+    group.add_argument("--e2e-batches", default="64,256")
+
+
+def roofline_main(args: argparse.Namespace) -> None:
+    from engine_roofline import measure_bandwidth, run_shape
+
+    device = torch.device("cuda")
+    args.batches = [int(b) for b in args.batches.split(",")]
+    args.contexts = [int(c) for c in args.contexts.split(",")]
+    args.rounds = tuple(int(r) for r in args.rounds.split(","))
+    args.e2e_shapes = [s for s in args.e2e_shapes.split(",") if s]
+    args.e2e_batches = [int(b) for b in args.e2e_batches.split(",")]
+    bandwidth = measure_bandwidth(device)
+    print(f"{torch.cuda.get_device_name(device)}: device-to-device copy {bandwidth / 1e12:.2f} TB/s "
+          f"(read + written), the roofline's bandwidth", flush=True)  # fmt: skip
+    results = []
+    with tempfile.TemporaryDirectory() as scratch:
+        for shape in args.shapes.split(","):
+            results.append(run_shape(shape, args, device, bandwidth, Path(scratch)))
+    for fields in results:
+        print("RESULT " + " ".join([*fields, f"bandwidth_tb_s={bandwidth / 1e12:.2f}"]))
 
 
 if __name__ == "__main__":

@@ -46,7 +46,8 @@ class Engine:
         self.device = args.resolve_device()
         self.dtype = args.resolve_dtype(self.device)
         self.max_model_len = _max_model_len(args, self.spec)
-        source = iter_safetensors(args.model_path) if weights is None else _named_tensors(weights)
+        # an iterable is consumed as it goes: a checkpoint never sits in memory twice
+        source = iter_safetensors(args.model_path) if weights is None else _weight_items(weights)
         model = build_model(self.spec, self.max_model_len, self.dtype, self.device, source)
         shape = RunnerShape(args.num_kv_blocks, args.block_size, args.max_num_seqs, self.max_model_len)
         if args.cpu_kernels == "on" and self.dtype != torch.float32:
@@ -309,9 +310,12 @@ def _sampling_params(request_id: str, sampling: SamplingParams | Mapping[str, An
     raise RequestError(request_id, f"sampling must be SamplingParams or a mapping, got {type(sampling).__name__}")
 
 
+def _weight_items(weights: WeightSource) -> Iterable[tuple[str, torch.Tensor]]:
+    return weights.items() if isinstance(weights, Mapping) else weights
+
+
 def _named_tensors(weights: WeightSource) -> list[tuple[str, torch.Tensor]]:
-    items = weights.items() if isinstance(weights, Mapping) else weights
-    return list(items)
+    return list(_weight_items(weights))
 
 
 def _max_model_len(args: EngineArgs, spec: ModelSpec) -> int:
