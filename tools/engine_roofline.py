@@ -149,9 +149,10 @@ def skip_prefill(engine: Engine) -> None:
 
 def start_requests(engine: Engine, batch: int, context: int, num_tokens: int, rng: random.Random) -> None:
     params = SamplingParams(max_tokens=num_tokens, min_tokens=num_tokens, ignore_eos=True, temperature=1.0)
-    vocab = engine.spec.vocab_size
-    for index in range(batch):
-        engine.add_request(f"r{index}", [rng.randrange(vocab) for _ in range(context)], params)
+    generator = torch.Generator().manual_seed(rng.randrange(1 << 30))
+    prompts = torch.randint(0, engine.spec.vocab_size, (batch, context), generator=generator).tolist()
+    for index, prompt in enumerate(prompts):
+        engine.add_request(f"r{index}", prompt, params)
     while engine.scheduler.waiting or any(seq.is_prefilling for seq in engine.scheduler.running):
         engine.step()
 
@@ -277,7 +278,7 @@ def e2e_comparison(shape: str, args: object, device: torch.device, directory: Pa
     """Whole generations with the step kernels against the torch path (gpu_kernels=off), same weights."""
     prompt_len, gen_len = args.prompt_len, args.gen_len  # type: ignore[attr-defined]
     spec = write_config(shape, directory, prompt_len + gen_len + BLOCK_SIZE)
-    fields = []
+    fields: list[str] = []
     print(f"{shape} whole generations ({prompt_len} prompt + {gen_len} generated tokens), tok/s:")
     for batch in args.e2e_batches:  # type: ignore[attr-defined]
         rates = {}
@@ -287,6 +288,11 @@ def e2e_comparison(shape: str, args: object, device: torch.device, directory: Pa
                 max_num_batched_tokens=max(2048, prompt_len), gpu_kernels=kernels,
                 decode_steps=args.decode_steps))  # type: ignore[attr-defined]  # fmt: skip
             rates[kernels] = e2e_tok_s(engine, batch, prompt_len, gen_len)
+            if batch == args.e2e_batches[0]:  # type: ignore[attr-defined]
+                split = profile_round(engine, batch, prompt_len)
+                print(f"  one step at batch {batch}, gpu_kernels={kernels}, ms: "
+                      + " ".join(f"{name}={value:.3f}" for name, value in split.items()), flush=True)  # fmt: skip
+                fields += [f"e2e_profile_{kernels}_{name}_ms={value:.3f}" for name, value in split.items()]
             del engine
             _synchronize()
         ratio = rates["auto"] / rates["off"]
