@@ -217,7 +217,7 @@ def add_roofline_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--shapes", default="qwen2.5-0.5b,qwen2.5-1.5b,qwen2.5-7b")
     group.add_argument("--contexts", default="512,2048,8192")
     group.add_argument("--rounds", default="2,4", help="warm-up and timed decode rounds per point")
-    group.add_argument("--decode-steps", type=int, default=8, help="decode steps per round (engine.decode_steps)")
+    group.add_argument("--decode-steps", type=int, default=16, help="decode steps per round (engine.decode_steps)")
     group.add_argument("--e2e-shapes", default="qwen2.5-0.5b", help="shapes that also run whole generations")
     group.add_argument("--e2e-batches", default="64,256")
 
@@ -234,12 +234,10 @@ def roofline_main(args: argparse.Namespace) -> None:
     bandwidth = measure_bandwidth(device)
     print(f"{torch.cuda.get_device_name(device)}: device-to-device copy {bandwidth / 1e12:.2f} TB/s "
           f"(read + written), the roofline's bandwidth", flush=True)  # fmt: skip
-    results = []
     with tempfile.TemporaryDirectory() as scratch:
         for shape in args.shapes.split(","):
-            results.append(run_shape(shape, args, device, bandwidth, Path(scratch)))
-    for fields in results:
-        print("RESULT " + " ".join([*fields, f"bandwidth_tb_s={bandwidth / 1e12:.2f}"]))
+            fields = run_shape(shape, args, device, bandwidth, Path(scratch))
+            print("RESULT " + " ".join([*fields, f"bandwidth_tb_s={bandwidth / 1e12:.2f}"]), flush=True)
 
 
 if __name__ == "__main__":

@@ -7,8 +7,9 @@ the GPU, published layer shapes and vocabularies), batch size and context length
 C-token prompts are started; their prefill is skipped (the KV cache holds random values, which cost
 a decode step the same bytes), a few decode rounds warm up (graph capture), and `rounds` rounds are
 timed through `Engine.step()`, host work included. The fraction is the roofline time of the bytes
-those steps read over the measured time. Points whose KV does not fit the cache run anyway and are
-marked with their preemptions. One round per shape is profiled with the torch profiler and split
+those steps read over the measured time. Points whose KV does not fit the cache are skipped (how
+the engine preempts under KV pressure is tests/engine/test_gpu.py's 256 x 8k test); a point that
+preempts anyway is marked. One round per shape is profiled with the torch profiler and split
 into attention, matrix products, norms/rotary/activation, sampling, other kernels, and the time the
 GPU sat idle (launch gaps and host work between rounds).
 
@@ -18,6 +19,7 @@ with the step kernels against the torch path (engine.gpu_kernels=off) in the sam
 
 from __future__ import annotations
 
+import gc
 import json
 import random
 import statistics
@@ -249,6 +251,10 @@ def run_shape(shape: str, args: object, device: torch.device, bandwidth: float, 
     fields, points = [f"shape={shape}"], []
     for batch in batches:
         for context in contexts:
+            needed = batch * -(-(context + 2 + (warm + timed + 1) * steps) // BLOCK_SIZE)
+            if needed > blocks:
+                print(f"{batch:>5} {context:>7}  skipped: needs {needed} KV blocks, the cache holds {blocks}")
+                continue
             point = decode_point(engine, batch, context, (warm, timed), bandwidth)
             points.append(point)
             note = f"preempted {point.preemptions}" if point.preemptions else ""
@@ -303,6 +309,7 @@ def e2e_comparison(shape: str, args: object, device: torch.device, directory: Pa
 
 
 def _synchronize() -> None:
+    gc.collect()  # an engine patched by skip_prefill is a reference cycle: free its KV cache now
     if torch.cuda.is_available():
         torch.cuda.synchronize()
         torch.cuda.empty_cache()

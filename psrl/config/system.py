@@ -77,7 +77,7 @@ class Engine(Section):
         "imports, else warn and keep the torch path; on = fail instead; off = the torch path.",
     )
     decode_steps: int = field(
-        8,
+        16,
         "Decode steps per scheduling round with the GPU step kernels: tokens are sampled on the device and "
         "stop tokens truncated after the round (1 = one token per step).",
         ge=1,

@@ -43,7 +43,7 @@ class EngineArgs:
     # torch path; "torch" runs the same rounds with the torch reference kernels (how CPU tests cover them)
     gpu_kernels: Literal["auto", "on", "off", "torch"] = "auto"
     # decode steps per scheduling round with the step kernels (sampled on the device; stop tokens truncated after)
-    decode_steps: int = 8
+    decode_steps: int = 16
 
     @classmethod
     def from_config(cls, config: Config) -> EngineArgs:

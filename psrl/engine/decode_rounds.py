@@ -16,6 +16,8 @@ blocks added since the last one (and the rows of sequences that joined).
 
 from __future__ import annotations
 
+import operator
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -93,9 +95,12 @@ class DecodeRounds:
         self._host_logprobs[:num_steps].copy_(self._logprobs[:num_steps], non_blocking=True)
         if self.device.type == "cuda":
             torch.cuda.current_stream().synchronize()
-        tokens = self._host_tokens[:num_steps].numpy().T
-        logprobs = self._host_logprobs[:num_steps].numpy().T
-        return RoundResult([tokens[row].tolist() for row in rows], [logprobs[row].tolist() for row in rows])
+        count = len(self._table_rows.seqs)
+        tokens = self._host_tokens[:num_steps, :count].numpy().T.tolist()
+        logprobs = self._host_logprobs[:num_steps, :count].numpy().T.tolist()
+        if rows == list(range(count)):
+            return RoundResult(tokens, logprobs)
+        return RoundResult([tokens[row] for row in rows], [logprobs[row] for row in rows])
 
     def _fill_fields(self, bucket: int) -> None:
         seqs = self._table_rows.seqs
@@ -103,7 +108,7 @@ class DecodeRounds:
         fields = self._host_fields.numpy()
         fields[:, count:bucket] = 0  # padding rows: no blocks, position 0
         fields[TOKEN, :count] = [seq.token_ids[-1] for seq in seqs]
-        fields[POSITION, :count] = [seq.num_tokens - 1 for seq in seqs]
+        fields[POSITION, :count] = [len(seq.token_ids) - 1 for seq in seqs]
         fields[NUM_BLOCKS, :count] = [len(seq.block_table) for seq in seqs]
         seeds = np.array([seq.sampling_seed for seq in seqs], dtype=np.uint64).view(np.int32).reshape(count, 2)
         fields[SEED_LOW : SEED_HIGH + 1, :count] = seeds.T  # little-endian: low word first
@@ -175,6 +180,20 @@ class _TableRows:
 
     def assign(self, seqs: list[Sequence]) -> list[int]:
         """Rows of `seqs` (in their order) after dropping every other sequence; tables brought up to date."""
+        if len(seqs) == len(self.seqs) and all(map(operator.is_, seqs, self.seqs)):
+            rows: Iterable[int] = range(len(seqs))  # most rounds: the same sequences in the same order
+        else:
+            rows = self._reassign(seqs)
+        for seq, row in zip(seqs, rows, strict=True):
+            table, written = seq.block_table, self._written[row]
+            if self._preemptions[row] != seq.num_preemptions:  # preempted and back: new blocks
+                written, self._preemptions[row] = 0, seq.num_preemptions
+            if written != len(table):
+                self.tables[row, written : len(table)] = table[written:]
+                self._written[row] = len(table)
+        return list(rows)
+
+    def _reassign(self, seqs: list[Sequence]) -> list[int]:
         members = set(seqs)
         for row in reversed(range(len(self.seqs))):
             if self.seqs[row] not in members:
@@ -185,15 +204,7 @@ class _TableRows:
                 self._written[len(self.seqs)] = 0
                 self._preemptions[len(self.seqs)] = seq.num_preemptions
                 self.seqs.append(seq)
-        rows = [self._row_of[seq] for seq in seqs]
-        for seq, row in zip(seqs, rows, strict=True):
-            table, written = seq.block_table, self._written[row]
-            if self._preemptions[row] != seq.num_preemptions:  # preempted and back: new blocks
-                written, self._preemptions[row] = 0, seq.num_preemptions
-            if written != len(table):
-                self.tables[row, written : len(table)] = table[written:]
-                self._written[row] = len(table)
-        return rows
+        return [self._row_of[seq] for seq in seqs]
 
     def _drop(self, row: int) -> None:
         last = len(self.seqs) - 1

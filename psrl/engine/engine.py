@@ -174,14 +174,17 @@ class Engine:
         """A decode round: every sequence's tokens up to its first stop token or length limit are kept."""
         result = self.runner.run_round(batch.seqs, batch.num_steps)
         out = StepOutput()
-        version = self.weight_version
-        for seq, tokens, logprobs in zip(batch.seqs, result.token_ids, result.logprobs, strict=True):
-            count, reason = self._accepted(seq, tokens)
-            kept, kept_logprobs = tokens[:count], logprobs[:count]
-            seq.extend_tokens(kept, kept_logprobs, version)
-            seq.num_computed_tokens = seq.num_tokens - 1
-            self.block_manager.hash_blocks(seq)
-            out.outputs.append(RequestOutput(seq.request_id, kept, kept_logprobs, [version] * count, None, reason))
+        version, blocks = self.weight_version, self.block_manager
+        for seq, round_tokens, round_logprobs in zip(batch.seqs, result.token_ids, result.logprobs, strict=True):
+            count, reason = self._accepted(seq, round_tokens)
+            tokens, logprobs = round_tokens[:count], round_logprobs[:count]
+            versions = [version] * count
+            seq.token_ids += tokens
+            seq.logprobs += logprobs
+            seq.versions += versions
+            seq.num_computed_tokens = len(seq.token_ids) - 1
+            blocks.hash_blocks(seq)
+            out.outputs.append(RequestOutput(seq.request_id, tokens, logprobs, versions, None, reason))
             out.num_computed_tokens += count
             if reason is not None:
                 self.scheduler.remove(seq)
@@ -193,12 +196,14 @@ class Engine:
     def _accepted(self, seq: Sequence, tokens: list[int]) -> tuple[int, FinishReason | None]:
         """How many of a round's tokens `seq` keeps, and why it finishes (as _finish_reason decides per token)."""
         params = seq.params
-        remaining = seq.remaining_tokens(self.max_model_len)
+        num_tokens = len(seq.token_ids)
+        num_outputs = num_tokens - seq.num_prompt_tokens
+        remaining = min(params.max_tokens - num_outputs, self.max_model_len - num_tokens)
         limit = min(len(tokens), remaining)
         if params.stop_token_ids or not params.ignore_eos:
             eos = () if params.ignore_eos else self.spec.eos_token_ids
             # token i brings the outputs to num_outputs + i + 1; stops count from min_tokens on
-            for index in range(max(0, params.min_tokens - seq.num_outputs - 1), limit):
+            for index in range(max(0, params.min_tokens - num_outputs - 1), limit):
                 if tokens[index] in params.stop_token_ids or tokens[index] in eos:
                     return index + 1, FinishReason.STOP
         return limit, FinishReason.LENGTH if limit == remaining else None

@@ -55,7 +55,12 @@ class Sampler:
 
     def samples_on_device(self, seqs: list[Sequence]) -> bool:
         """Whether the device sampler covers every row: temperature only, and no stop token to suppress."""
-        return _all_plain(seqs) and not any(self._suppressed_ids(seq) for seq in seqs)
+        if not _all_plain(seqs):
+            return False
+        for seq in seqs:  # per sequence per round: the cheap test first
+            if len(seq.token_ids) - seq.num_prompt_tokens < seq.params.min_tokens and self._suppressed_ids(seq):
+                return False
+        return True
 
     def make_generator(self, seed: int) -> torch.Generator:
         generator = torch.Generator(device=self.device)

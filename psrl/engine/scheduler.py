@@ -115,18 +115,20 @@ class Scheduler:
         return ScheduledBatch(seqs=scheduled, num_new_tokens=[1] * len(scheduled), is_prefill=False)
 
     def _schedule_round(self, num_steps: int) -> ScheduledBatch | None:
-        blocks = self.block_manager
-        needed = [
-            max(0, blocks.num_blocks_for(seq.num_tokens - 1 + min(num_steps, seq.remaining_tokens(self.max_model_len)))
-                - len(seq.block_table))
-            for seq in self.running
-        ]  # fmt: skip
-        if not self.running or sum(needed) > blocks.num_free_blocks:
+        blocks, running = self.block_manager, self.running
+        block_size, max_len = blocks.block_size, self.max_model_len
+        needed = []
+        for seq in running:  # per sequence per round: kept to plain arithmetic
+            num_tokens = len(seq.token_ids)
+            left = min(seq.params.max_tokens - num_tokens + seq.num_prompt_tokens, max_len - num_tokens)
+            covered = num_tokens - 1 + min(num_steps, left)
+            needed.append(max(0, (covered + block_size - 1) // block_size - len(seq.block_table)))
+        if not running or sum(needed) > blocks.num_free_blocks:
             return None
-        for seq, missing in zip(self.running, needed, strict=True):
+        for seq, missing in zip(running, needed, strict=True):
             if missing:
                 blocks.may_append(seq, missing)
-        return ScheduledBatch(list(self.running), [1] * len(self.running), is_prefill=False, num_steps=num_steps)
+        return ScheduledBatch(list(running), [1] * len(running), is_prefill=False, num_steps=num_steps)
 
     def _preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)

@@ -117,12 +117,3 @@ class Sequence:
         self.token_ids.append(token_id)
         self.logprobs.append(logprob)
         self.versions.append(version)
-
-    def extend_tokens(self, token_ids: list[int], logprobs: list[float], version: int) -> None:
-        self.token_ids += token_ids
-        self.logprobs += logprobs
-        self.versions += [version] * len(token_ids)
-
-    def remaining_tokens(self, max_model_len: int) -> int:
-        """Tokens it may still generate before max_tokens or the context limit."""
-        return min(self.params.max_tokens - self.num_outputs, max_model_len - self.num_tokens)
