@@ -208,8 +208,7 @@ class ModelRunner:
             dtype=torch.int64,
         ).to(device, non_blocking=True)
         num_seqs = len(seqs)
-        starts_t, num_tokens_t, query_starts = packed[:num_seqs], packed[num_seqs : 2 * num_seqs], packed[
-            2 * num_seqs : 3 * num_seqs]  # fmt: skip
+        starts_t, num_tokens_t, query_starts = packed[: 3 * num_seqs].view(3, num_seqs)
         table_tensor = torch.tensor(tables, device=device)
         seq_index = torch.repeat_interleave(torch.arange(num_seqs, device=device), num_tokens_t,
                                             output_size=len(input_ids))  # fmt: skip
