@@ -18,6 +18,14 @@ the embedded engine, with the same dtype, threads and sampling; vLLM runs its KV
     .venv-vllm/bin/python tools/bench_engine.py --backend both --model ~/.cache/psrl/models/SmolLM2-135M-Instruct
 
 The last line is `RESULT engine_vs_hf_b32=<ratio> ...` (with --backend both: `RESULT embedded_vs_vllm_b32=...`).
+
+--roofline (CUDA) measures decode throughput per model shape, batch size and context length against
+the weights + live-KV bandwidth roofline instead (tools/engine_roofline.py says how), with a profile
+split per shape and whole generations against the engine's torch path; one `RESULT shape=...` line
+per shape:
+
+    python3 tools/bench_engine.py --roofline --shapes qwen2.5-0.5b,qwen2.5-1.5b,qwen2.5-7b \
+        --batches 1,32,64,256,512 --contexts 512,2048,8192 --e2e-shapes qwen2.5-0.5b
 """
 
 from __future__ import annotations
@@ -201,7 +209,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", type=Path, default=DEMO_MODEL_DIR)
     parser.add_argument("--random-init", choices=sorted(RANDOM_INIT_SHAPES))
-    parser.add_argument("--batches", default="1,8,32,64")
+    parser.add_argument("--batches", help="comma-separated (default 1,8,32,64; with --roofline 1,32,64,256,512)")
     parser.add_argument("--prompt-len", type=int, default=32)
     parser.add_argument("--gen-len", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=3)
@@ -216,8 +224,13 @@ def main() -> None:
         "--backend", default="embedded", choices=["embedded", "both"],
         help="both: the embedded engine against vLLM (the vllm extra) instead of transformers",
     )  # fmt: skip
+    add_roofline_arguments(parser)
     args = parser.parse_args()
+    args.batches = args.batches or ("1,32,64,256,512" if args.roofline else "1,8,32,64")
     torch.set_num_threads(args.threads)  # before vLLM starts: its CPU worker keeps the count it finds
+    if args.roofline:
+        roofline_main(args)
+        return
     batches = [int(batch) for batch in args.batches.split(",")]
     with tempfile.TemporaryDirectory() as scratch:
         model_dir = Path(scratch) if args.random_init else args.model
@@ -236,6 +249,35 @@ def main() -> None:
             fields += report_row(args, batch, rates, weight_bytes(reference))
     key = [field for field in fields if field.startswith(f"{ratio_key(base)}_b32=")]
     print("RESULT " + " ".join(key + [field for field in fields if field not in key]))
+
+
+def add_roofline_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("--roofline (CUDA): decode against the bandwidth roofline")
+    group.add_argument("--roofline", action="store_true")
+    group.add_argument("--shapes", default="qwen2.5-0.5b,qwen2.5-1.5b,qwen2.5-7b")
+    group.add_argument("--contexts", default="512,2048,8192")
+    group.add_argument("--rounds", default="2,4", help="warm-up and timed decode rounds per point")
+    group.add_argument("--decode-steps", type=int, default=16, help="decode steps per round (engine.decode_steps)")
+    group.add_argument("--e2e-shapes", default="qwen2.5-0.5b", help="shapes that also run whole generations")
+    group.add_argument("--e2e-batches", default="64,256")
+
+
+def roofline_main(args: argparse.Namespace) -> None:
+    from engine_roofline import measure_bandwidth, run_shape
+
+    device = torch.device("cuda")
+    args.batches = [int(b) for b in args.batches.split(",")]
+    args.contexts = [int(c) for c in args.contexts.split(",")]
+    args.rounds = tuple(int(r) for r in args.rounds.split(","))
+    args.e2e_shapes = [s for s in args.e2e_shapes.split(",") if s]
+    args.e2e_batches = [int(b) for b in args.e2e_batches.split(",")]
+    bandwidth = measure_bandwidth(device)
+    print(f"{torch.cuda.get_device_name(device)}: device-to-device copy {bandwidth / 1e12:.2f} TB/s "
+          f"(read + written), the roofline's bandwidth", flush=True)  # fmt: skip
+    with tempfile.TemporaryDirectory() as scratch:
+        for shape in args.shapes.split(","):
+            fields = run_shape(shape, args, device, bandwidth, Path(scratch))
+            print("RESULT " + " ".join([*fields, f"bandwidth_tb_s={bandwidth / 1e12:.2f}"]), flush=True)
 
 
 if __name__ == "__main__":

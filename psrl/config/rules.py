@@ -411,6 +411,15 @@ def cpu_kernels_apply(c: Config) -> Iterator[ConfigProblem]:
         )  # fmt: skip
 
 
+def gpu_kernels_apply(c: Config) -> Iterator[ConfigProblem]:
+    """engine.gpu_kernels=on promises the Triton step kernels; refuse a device they do not run on."""
+    if c.engine.gpu_kernels == "on" and c.topology.device == "cpu":
+        yield problem(
+            ("engine.gpu_kernels", "topology.device"), "on", "the GPU step kernels do not run on cpu",
+            "set engine.gpu_kernels=auto (or off), or topology.device=cuda",
+        )  # fmt: skip
+
+
 RULES: tuple[Rule, ...] = (
     staleness_non_negative,
     pre_step_needs_mini_batch,
@@ -434,6 +443,7 @@ RULES: tuple[Rule, ...] = (
     engine_backend,
     gpu_placement,
     cpu_kernels_apply,
+    gpu_kernels_apply,
 )
 
 

@@ -84,6 +84,17 @@ class Engine(Section):
         "above set their vLLM counterparts (num_kv_blocks -> num_gpu_blocks_override, cuda_graphs=False -> "
         "enforce_eager) and cannot be set here.",
     )
+    gpu_kernels: Switch = field(
+        "auto",
+        "Triton step kernels for prefill and decode rounds (embedded engine, CUDA): auto = use them when Triton "
+        "imports, else warn and keep the torch path; on = fail instead; off = the torch path.",
+    )
+    decode_steps: int = field(
+        16,
+        "Decode steps per scheduling round with the GPU step kernels: tokens are sampled on the device and "
+        "stop tokens truncated after the round (1 = one token per step).",
+        ge=1,
+    )
 
 
 class Bus(Section):

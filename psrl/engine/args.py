@@ -38,6 +38,12 @@ class EngineArgs:
     # fused fp32 CPU decode kernels, compiled with the system C compiler on first use: "auto" uses them
     # where they apply and can be built (and logs a warning when they cannot), "on" makes that an error
     cpu_kernels: Literal["auto", "on", "off"] = "auto"
+    # GPU step kernels (psrl.kernels.gpu, Triton) for prefill and decode rounds: "auto" uses them on CUDA when
+    # Triton imports (and warns and keeps the torch path when not), "on" makes that an error, "off" keeps the
+    # torch path; "torch" runs the same rounds with the torch reference kernels (how CPU tests cover them)
+    gpu_kernels: Literal["auto", "on", "off", "torch"] = "auto"
+    # decode steps per scheduling round with the step kernels (sampled on the device; stop tokens truncated after)
+    decode_steps: int = 16
 
     @classmethod
     def from_config(cls, config: Config) -> EngineArgs:
@@ -55,6 +61,8 @@ class EngineArgs:
             seed=engine.seed,
             cuda_graphs=engine.cuda_graphs,
             cpu_kernels=engine.cpu_kernels,
+            gpu_kernels=engine.gpu_kernels,
+            decode_steps=engine.decode_steps,
         )
 
     def resolve_device(self) -> torch.device:

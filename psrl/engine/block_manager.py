@@ -11,6 +11,7 @@ are never shared again, not even when their sequence fills them later.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass
 
 from psrl.engine.sequence import Sequence
@@ -42,8 +43,9 @@ class BlockManager:
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
         self.blocks = [Block(block_id) for block_id in range(num_blocks)]
-        # insertion-ordered set: O(1) removal of a hit block, oldest-freed first on allocation
-        self._free: dict[int, None] = dict.fromkeys(range(num_blocks))
+        # ordered set: O(1) removal of a hit block, oldest-freed first on allocation (an OrderedDict, because
+        # taking the first key of a plain dict walks over the slots of every key deleted before it)
+        self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
         self._hash_to_block_id: dict[int, int] = {}
         self.cache_epoch = 0
         self.stats = PrefixCacheStats()
@@ -117,6 +119,8 @@ class BlockManager:
         if not self.enable_prefix_caching or seq.cache_epoch != self.cache_epoch:
             return
         num_full = min(seq.num_computed_tokens // self.block_size, len(seq.block_table))
+        if num_full <= seq.num_hashed_blocks:  # most steps: no block filled up
+            return
         index = seq.num_hashed_blocks
         parent = self.blocks[seq.block_table[index - 1]].hash if index > 0 else NO_HASH
         for index in range(seq.num_hashed_blocks, num_full):
@@ -156,8 +160,7 @@ class BlockManager:
         block.ref_count += 1
 
     def _take_fresh(self) -> int:
-        block_id = next(iter(self._free))
-        del self._free[block_id]
+        block_id, _ = self._free.popitem(last=False)
         block = self.blocks[block_id]
         if block.hash != NO_HASH and self._hash_to_block_id.get(block.hash) == block_id:
             del self._hash_to_block_id[block.hash]

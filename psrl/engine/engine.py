@@ -23,10 +23,11 @@ from psrl.engine.outputs import EngineStatus, RequestOutput, RequestResult, Step
 from psrl.engine.request_checks import check_prior_outputs, check_room, check_token_ids, coerce_sampling_params
 from psrl.engine.sampler import Sampler
 from psrl.engine.sampling_params import SamplingParams
-from psrl.engine.scheduler import Scheduler
+from psrl.engine.scheduler import ScheduledBatch, Scheduler
 from psrl.engine.sequence import FinishReason, Sequence
 from psrl.errors import RequestError
 from psrl.kernels.cpu_sample import CpuSampleKernel
+from psrl.kernels.gpu.step import resolve_step_kernels
 from psrl.kernels.library import resolve_cpu_kernels
 from psrl.models import ModelSpec, build_model, iter_safetensors
 
@@ -34,6 +35,7 @@ log = structlog.get_logger(__name__)
 
 WeightSource = Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]]
 THROUGHPUT_WINDOW_S = 5.0
+SEED_MASK = (1 << 64) - 1
 
 
 class Engine:
@@ -44,12 +46,18 @@ class Engine:
         self.device = args.resolve_device()
         self.dtype = args.resolve_dtype(self.device)
         self.max_model_len = _max_model_len(args, self.spec)
-        source = iter_safetensors(args.model_path) if weights is None else _named_tensors(weights)
+        # an iterable is consumed as it goes: a checkpoint never sits in memory twice
+        source = iter_safetensors(args.model_path) if weights is None else _weight_items(weights)
         model = build_model(self.spec, self.max_model_len, self.dtype, self.device, source)
         shape = RunnerShape(args.num_kv_blocks, args.block_size, args.max_num_seqs, self.max_model_len)
         if args.cpu_kernels == "on" and self.dtype != torch.float32:
             raise ValueError(f"engine.cpu_kernels=on needs dtype float32, not {self.dtype}")
+        if args.decode_steps < 1:
+            raise ValueError(f"engine.decode_steps must be at least 1, not {args.decode_steps}")
         cpu_library = resolve_cpu_kernels(args.cpu_kernels, self.device.type)
+        step_kernels = resolve_step_kernels(
+            args.gpu_kernels, self.device, self.spec.head_dim, has_qk_norm=self.spec.has_qk_norm
+        )
         self.runner = ModelRunner(
             model,
             shape,
@@ -58,11 +66,15 @@ class Engine:
             bucketed_decode=args.bucketed_decode,
             dense_decode=args.dense_decode,
             cpu_library=cpu_library,
+            step_kernels=step_kernels,
+            decode_steps=args.decode_steps,
         )
         self.block_manager = BlockManager(args.num_kv_blocks, args.block_size, args.enable_prefix_caching)
-        self.scheduler = Scheduler(self.block_manager, args.max_num_seqs, args.max_num_batched_tokens)
+        self.scheduler = Scheduler(
+            self.block_manager, args.max_num_seqs, args.max_num_batched_tokens, self.max_model_len
+        )
         sample_kernel = None if cpu_library is None else CpuSampleKernel(cpu_library)
-        self.sampler = Sampler(self.device, self.spec.eos_token_ids, args.seed, sample_kernel)
+        self.sampler = Sampler(self.device, self.spec.eos_token_ids, args.seed, sample_kernel, step_kernels)
         self.weight_version = args.initial_weight_version
         self.is_paused = False
         self._seqs: dict[str, Sequence] = {}
@@ -70,8 +82,8 @@ class Engine:
         self._num_generated_total = 0
         self._recent_steps: deque[tuple[float, int]] = deque()
         log.info("engine_ready", model=str(args.model_path), device=str(self.device), dtype=str(self.dtype),
-                 max_model_len=self.max_model_len, kv_blocks=args.num_kv_blocks,
-                 decode=self.runner.decode_path)  # fmt: skip
+                 max_model_len=self.max_model_len, kv_blocks=args.num_kv_blocks, decode=self.runner.decode_path,
+                 decode_steps=args.decode_steps if self.runner.rounds is not None else 1)  # fmt: skip
 
     # requests
 
@@ -97,6 +109,7 @@ class Engine:
         prior = check_prior_outputs(request_id, prior_output_ids, prior_logprobs, prior_versions, self.spec.vocab_size)
         check_room(request_id, len(prompt), prior, params.max_tokens, self.max_model_len)
         generator = None if params.seed is None else self.sampler.make_generator(params.seed)
+        seed = hash((self.args.seed, self._num_arrivals)) if params.seed is None else params.seed
         seq = Sequence(
             request_id,
             prompt,
@@ -106,6 +119,7 @@ class Engine:
             prior_logprobs=prior.logprobs,
             prior_versions=prior.versions,
             generator=generator,
+            sampling_seed=seed & SEED_MASK,
         )
         self._num_arrivals += 1
         self._seqs[request_id] = seq
@@ -135,9 +149,12 @@ class Engine:
         """Run one scheduling step and return the tokens it produced (nothing while paused)."""
         if self.is_paused:
             return StepOutput()
-        batch = self.scheduler.schedule()
+        round_steps = self._round_steps()
+        batch = self.scheduler.schedule(max(round_steps, 1))
         if batch is None:
             return StepOutput()
+        if round_steps and not batch.is_prefill:
+            return self._step_round(batch)
         logits, sampled_seqs = self.runner.execute(batch)
         for seq, num_new in zip(batch.seqs, batch.num_new_tokens, strict=True):
             seq.num_computed_tokens += num_new
@@ -147,6 +164,51 @@ class Engine:
             self._postprocess(sampled_seqs, logits, out)
         self._record_throughput(len(sampled_seqs))
         return out
+
+    def _round_steps(self) -> int:
+        """Decode steps of the next round when it can run on the device (0: one step, sampled by the Sampler)."""
+        running = self.scheduler.running
+        if self.runner.rounds is None or not running or not self.sampler.samples_on_device(running):
+            return 0
+        return self.args.decode_steps
+
+    def _step_round(self, batch: ScheduledBatch) -> StepOutput:
+        """A decode round: every sequence's tokens up to its first stop token or length limit are kept."""
+        result = self.runner.run_round(batch.seqs, batch.num_steps)
+        out = StepOutput()
+        version, blocks = self.weight_version, self.block_manager
+        for seq, round_tokens, round_logprobs in zip(batch.seqs, result.token_ids, result.logprobs, strict=True):
+            count, reason = self._accepted(seq, round_tokens)
+            tokens, logprobs = round_tokens[:count], round_logprobs[:count]
+            versions = [version] * count
+            seq.token_ids += tokens
+            seq.logprobs += logprobs
+            seq.versions += versions
+            seq.num_computed_tokens = len(seq.token_ids) - 1
+            blocks.hash_blocks(seq)
+            out.outputs.append(RequestOutput(seq.request_id, tokens, logprobs, versions, None, reason))
+            out.num_computed_tokens += count
+            if reason is not None:
+                self.scheduler.remove(seq)
+                del self._seqs[seq.request_id]
+                out.finished.append(RequestResult.from_sequence(seq, reason))
+        self._record_throughput(out.num_computed_tokens)
+        return out
+
+    def _accepted(self, seq: Sequence, tokens: list[int]) -> tuple[int, FinishReason | None]:
+        """How many of a round's tokens `seq` keeps, and why it finishes (as _finish_reason decides per token)."""
+        params = seq.params
+        num_tokens = len(seq.token_ids)
+        num_outputs = num_tokens - seq.num_prompt_tokens
+        remaining = min(params.max_tokens - num_outputs, self.max_model_len - num_tokens)
+        limit = min(len(tokens), remaining)
+        if params.stop_token_ids or not params.ignore_eos:
+            eos = () if params.ignore_eos else self.spec.eos_token_ids
+            # token i brings the outputs to num_outputs + i + 1; stops count from min_tokens on
+            for index in range(max(0, params.min_tokens - num_outputs - 1), limit):
+                if tokens[index] in params.stop_token_ids or tokens[index] in eos:
+                    return index + 1, FinishReason.STOP
+        return limit, FinishReason.LENGTH if limit == remaining else None
 
     def _postprocess(self, seqs: list[Sequence], logits: torch.Tensor, out: StepOutput) -> None:
         sample = self.sampler.sample(logits, seqs)
@@ -244,9 +306,12 @@ class Engine:
         return num_tokens / elapsed if elapsed > 0 else 0.0
 
 
+def _weight_items(weights: WeightSource) -> Iterable[tuple[str, torch.Tensor]]:
+    return weights.items() if isinstance(weights, Mapping) else weights
+
+
 def _named_tensors(weights: WeightSource) -> list[tuple[str, torch.Tensor]]:
-    items = weights.items() if isinstance(weights, Mapping) else weights
-    return list(items)
+    return list(_weight_items(weights))
 
 
 def _max_model_len(args: EngineArgs, spec: ModelSpec) -> int:

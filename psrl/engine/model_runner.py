@@ -9,12 +9,15 @@ from dataclasses import dataclass
 import torch
 
 from psrl.engine.decode_graphs import DecodeGraphRunner
+from psrl.engine.decode_rounds import DecodeRounds, RoundResult, RoundShape
 from psrl.engine.decode_workspace import DecodeWorkspace, HeadMajorDecodeWorkspace
 from psrl.engine.scheduler import ScheduledBatch
 from psrl.engine.sequence import Sequence
 from psrl.kernels.cpu_decode import CpuDecodeKernels
-from psrl.models.attention import AttentionBatch
+from psrl.kernels.gpu.step import StepKernels
+from psrl.models.attention import AttentionBatch, PackedPrefill, prefill_attention_batch
 from psrl.models.fused_decode import FusedCpuDecoder
+from psrl.models.kernel_forward import KernelForward
 from psrl.models.llama import DecoderModel
 
 
@@ -37,8 +40,14 @@ class ModelRunner:
         bucketed_decode: bool = False,
         dense_decode: bool = True,
         cpu_library: ctypes.CDLL | None = None,
+        step_kernels: StepKernels | None = None,
+        decode_steps: int = 1,
     ) -> None:
-        """`cpu_library`: the CPU kernels (psrl.kernels.library); fp32 CPU decode steps run fused with them."""
+        """`cpu_library`: the CPU kernels (psrl.kernels.library); fp32 CPU decode steps run fused with them.
+
+        `step_kernels` (psrl.kernels.gpu): prefill and decode rounds of `decode_steps` steps run through them
+        (raises StepKernelsUnavailableError for a model they do not cover).
+        """
         spec, device = model.spec, model.embed_tokens.weight.device
         self.model = model
         self.block_size = shape.block_size
@@ -49,9 +58,16 @@ class ModelRunner:
             dtype=dtype, device=device,
         )  # fmt: skip
         use_graphs = cuda_graphs and device.type == "cuda"
+        max_blocks_per_seq = (shape.max_model_len + shape.block_size - 1) // shape.block_size
+        self.kernel_forward: KernelForward | None = None
+        self.rounds: DecodeRounds | None = None
+        if step_kernels is not None:
+            self.kernel_forward = KernelForward(model, step_kernels)
+            round_shape = RoundShape(shape.block_size, shape.num_blocks, shape.max_num_seqs, max_blocks_per_seq,
+                                     shape.max_model_len, decode_steps)  # fmt: skip
+            self.rounds = DecodeRounds(self.kernel_forward, self.kv_cache, round_shape, use_graphs)
         self.decode_graphs = None
         if use_graphs or bucketed_decode:
-            max_blocks_per_seq = (shape.max_model_len + shape.block_size - 1) // shape.block_size
             self.decode_graphs = DecodeGraphRunner(
                 model, self.kv_cache, shape.block_size, shape.num_blocks, shape.max_num_seqs, max_blocks_per_seq,
                 use_graphs,
@@ -70,7 +86,11 @@ class ModelRunner:
 
     @property
     def decode_path(self) -> str:
-        """How decode steps run: cuda_graphs, bucketed, fused_cpu (kernels), dense (eager torch) or gather."""
+        """How decode steps run: <kernels>_graph_rounds or <kernels>_rounds (step kernels, several steps per
+        round), else cuda_graphs, bucketed, fused_cpu (kernels), dense (eager torch) or gather."""
+        if self.rounds is not None:
+            kind = self.rounds.forward.kernels.name
+            return f"{kind}_graph_rounds" if self.rounds.use_graphs else f"{kind}_rounds"
         if self.decode_graphs is not None:
             return "cuda_graphs" if self.decode_graphs.use_graphs else "bucketed"
         return "fused_cpu" if self.fused is not None else "dense" if self.workspace is not None else "gather"
@@ -82,9 +102,12 @@ class ModelRunner:
             return self.decode_graphs.run(batch.seqs), batch.seqs
         if not batch.is_prefill and self.fused is not None:
             return self._fused_decode(batch.seqs)
+        if batch.is_prefill and self.kernel_forward is not None:
+            return self._kernel_prefill(batch)
         dense_kv = None
         if batch.is_prefill:
-            input_ids, positions, attention, logits_rows, sampled = self._prepare_prefill(batch)
+            input_ids, positions, prefill, logits_rows, sampled = self._pack_prefill(batch)
+            attention = prefill_attention_batch(prefill, self.block_size)
         else:
             sampled, capacity = batch.seqs, None
             if self.workspace is not None:
@@ -96,6 +119,25 @@ class ModelRunner:
         if logits_rows is not None:
             hidden = hidden.index_select(0, logits_rows)
         return self.model.compute_logits(hidden), sampled
+
+    def run_round(self, seqs: list[Sequence], num_steps: int) -> RoundResult:
+        """`num_steps` decode steps of every sequence, sampled on the device (plain sampling only)."""
+        if self.rounds is None:
+            raise RuntimeError("decode rounds need step kernels")
+        with torch.inference_mode():
+            return self.rounds.run(seqs, num_steps)
+
+    def _kernel_prefill(self, batch: ScheduledBatch) -> tuple[torch.Tensor, list[Sequence]]:
+        forward = self.kernel_forward
+        if forward is None:
+            raise RuntimeError("kernel prefill needs step kernels")
+        input_ids, positions, prefill, logits_rows, sampled = self._pack_prefill(batch)
+
+        def attend(qkv: torch.Tensor, cache: torch.Tensor) -> torch.Tensor:
+            return forward.kernels.prefill_attention(qkv, cache, prefill, forward.num_heads)
+
+        normed = forward.final_hidden(input_ids, positions, prefill.slot_mapping, self.kv_cache, attend)
+        return forward.logits(normed.index_select(0, logits_rows)).float(), sampled
 
     def _fused_decode(self, scheduled: list[Sequence]) -> tuple[torch.Tensor, list[Sequence]]:
         if self.fused is None or self.fused_workspace is None:
@@ -146,9 +188,10 @@ class ModelRunner:
         input_ids = torch.tensor([seq.token_ids[-1] for seq in seqs], device=device)
         return input_ids, positions_t, attention
 
-    def _prepare_prefill(
+    def _pack_prefill(
         self, batch: ScheduledBatch
-    ) -> tuple[torch.Tensor, torch.Tensor, AttentionBatch, torch.Tensor, list[Sequence]]:
+    ) -> tuple[torch.Tensor, torch.Tensor, PackedPrefill, torch.Tensor, list[Sequence]]:
+        """(input ids, positions, the packed description, rows whose logits are needed, their sequences)."""
         device, block_size = self.device, self.block_size
         seqs, num_new = batch.seqs, batch.num_new_tokens
         starts = [seq.num_computed_tokens for seq in seqs]
@@ -159,30 +202,29 @@ class ModelRunner:
         num_blocks_per_seq = max((end + block_size - 1) // block_size for end in ends)
         tables = [seq.block_table[:num_blocks_per_seq] for seq in seqs]
         tables = [table + [0] * (num_blocks_per_seq - len(table)) for table in tables]
+        row_ends = list(itertools.accumulate(num_new))
+        packed = torch.tensor(
+            [*starts, *num_new, *(end - n for end, n in zip(row_ends, num_new, strict=True)), *input_ids],
+            dtype=torch.int64,
+        ).to(device, non_blocking=True)
+        num_seqs = len(seqs)
+        starts_t, num_tokens_t, query_starts = packed[: 3 * num_seqs].view(3, num_seqs)
         table_tensor = torch.tensor(tables, device=device)
-        max_query_len = max(num_new)
-        num_tokens_t = torch.tensor(num_new, device=device)
-        seq_index = torch.repeat_interleave(torch.arange(len(seqs), device=device), num_tokens_t)
-        first_token = torch.cumsum(num_tokens_t, 0) - num_tokens_t
-        offset_in_seq = torch.arange(len(input_ids), device=device) - first_token[seq_index]
-        starts_t = torch.tensor(starts, device=device)
+        seq_index = torch.repeat_interleave(torch.arange(num_seqs, device=device), num_tokens_t,
+                                            output_size=len(input_ids))  # fmt: skip
+        offset_in_seq = torch.arange(len(input_ids), device=device) - query_starts[seq_index]
         positions = starts_t[seq_index] + offset_in_seq
         slots = table_tensor[seq_index, positions // block_size] * block_size + positions % block_size
-        num_key_slots = num_blocks_per_seq * block_size
-        query_positions = starts_t.unsqueeze(1) + torch.arange(max_query_len, device=device).unsqueeze(0)
-        key_index = torch.arange(num_key_slots, device=device)
-        mask = key_index.view(1, 1, -1) <= query_positions.unsqueeze(2)
-        attention = AttentionBatch(
+        prefill = PackedPrefill(
+            block_tables=table_tensor,
+            context_starts=starts_t,
+            query_starts=query_starts,
+            query_lens=num_tokens_t,
+            query_lens_list=list(num_new),
+            seq_index=seq_index,
+            offset_in_seq=offset_in_seq,
             slot_mapping=slots,
-            block_tables=table_tensor.view(-1),
-            mask=mask.unsqueeze(1),
-            num_seqs=len(seqs),
-            max_query_len=max_query_len,
-            num_key_slots=num_key_slots,
-            query_pad_index=seq_index * max_query_len + offset_in_seq,
         )
-        row_ends = list(itertools.accumulate(num_new))
         finishing = [i for i, (seq, end) in enumerate(zip(seqs, ends, strict=True)) if end == seq.num_tokens]
         last_rows = torch.tensor([row_ends[i] - 1 for i in finishing], device=device, dtype=torch.long)
-        ids = torch.tensor(input_ids, device=device)
-        return ids, positions, attention, last_rows, [seqs[i] for i in finishing]
+        return packed[3 * num_seqs :], positions, prefill, last_rows, [seqs[i] for i in finishing]

@@ -6,16 +6,23 @@ in the row's cumulative distribution. A seeded row draws from its own generator,
 the same samples whatever else is in the batch; one draw per row (not one per vocabulary entry)
 keeps sampling cheap for large vocabularies. On the CPU, batches that need no top-k/top-p and no
 top log-probs (RL rollouts) run in one fused kernel (psrl.kernels.cpu_sample) with the same draws.
+
+With the GPU step kernels, such batches (and nothing to suppress for min_tokens) are sampled on the
+device instead, by the kernel the decode rounds sample with (psrl.kernels.gpu.triton_sample): its
+draws depend only on each sequence's `sampling_seed` and the token's position, so the first token
+after a prefill and the tokens of decode rounds come from one stream.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from psrl.engine.sequence import Sequence
 from psrl.kernels.cpu_sample import CpuSampleKernel
+from psrl.kernels.gpu.step import StepKernels
 
 
 @dataclass(slots=True)
@@ -33,13 +40,27 @@ class Sampler:
         eos_token_ids: tuple[int, ...],
         seed: int = 0,
         kernel: CpuSampleKernel | None = None,
+        step_kernels: StepKernels | None = None,
     ) -> None:
-        """`kernel`: the fused CPU sampling kernel, used for batches that need no truncation or top log-probs."""
+        """`kernel`: the fused CPU sampling kernel, used for batches that need no truncation or top log-probs.
+
+        `step_kernels`: sample such batches with their device sampler instead (when nothing is suppressed).
+        """
         self.device = device
         self.eos_token_ids = eos_token_ids
         self.generator = torch.Generator(device=device)
         self.generator.manual_seed(seed)
         self.kernel = kernel if device.type == "cpu" else None
+        self.step_kernels = step_kernels
+
+    def samples_on_device(self, seqs: list[Sequence]) -> bool:
+        """Whether the device sampler covers every row: temperature only, and no stop token to suppress."""
+        if not _all_plain(seqs):
+            return False
+        for seq in seqs:  # per sequence per round: the cheap test first
+            if len(seq.token_ids) - seq.num_prompt_tokens < seq.params.min_tokens and self._suppressed_ids(seq):
+                return False
+        return True
 
     def make_generator(self, seed: int) -> torch.Generator:
         generator = torch.Generator(device=self.device)
@@ -49,6 +70,8 @@ class Sampler:
     @torch.inference_mode()
     def sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> SampleResult:
         """logits [len(seqs), vocab] fp32 -> one token per sequence."""
+        if self.step_kernels is not None and self.samples_on_device(seqs):
+            return self._sample_on_device(self.step_kernels, logits, seqs)
         self._suppress_early_stops(logits, seqs)
         temperatures = [seq.params.temperature for seq in seqs]
         if self.kernel is not None and _all_plain(seqs):
@@ -73,6 +96,16 @@ class Sampler:
         uniforms = None if all(t == 0.0 for t in temperatures) else self._uniforms(seqs).view(-1)
         token_ids, logprobs = kernel.sample(logits, temperatures, uniforms)
         return SampleResult(token_ids, logprobs, [None] * len(seqs))
+
+    def _sample_on_device(self, kernels: StepKernels, logits: torch.Tensor, seqs: list[Sequence]) -> SampleResult:
+        rows, device = len(seqs), logits.device
+        seeds = np.array([seq.sampling_seed for seq in seqs], dtype=np.uint64).view(np.int32).reshape(rows, 2)
+        temperatures = torch.tensor([seq.params.temperature for seq in seqs], dtype=torch.float32, device=device)
+        counters = torch.tensor([seq.num_tokens for seq in seqs], device=device)  # position of the new token
+        tokens = torch.empty(rows, dtype=torch.int64, device=device)
+        logprobs = torch.empty(rows, dtype=torch.float32, device=device)
+        kernels.sample(logits, temperatures, torch.from_numpy(seeds.T.copy()).to(device), counters, tokens, logprobs)
+        return SampleResult(tokens.tolist(), logprobs.tolist(), [None] * rows)
 
     def _choose(self, scaled: torch.Tensor, logprobs_all: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
         is_greedy = [seq.params.is_greedy for seq in seqs]
@@ -104,14 +137,16 @@ class Sampler:
     def _suppress_early_stops(self, logits: torch.Tensor, seqs: list[Sequence]) -> None:
         """Forbid end-of-sequence and stop tokens for rows that have not reached min_tokens yet."""
         for row, seq in enumerate(seqs):
-            params = seq.params
-            if seq.num_outputs >= params.min_tokens or (params.ignore_eos and not params.stop_token_ids):
-                continue
-            stop_ids = list(params.stop_token_ids)
-            if not params.ignore_eos:
-                stop_ids += self.eos_token_ids
+            stop_ids = self._suppressed_ids(seq)
             if stop_ids:
                 logits[row, stop_ids] = float("-inf")
+
+    def _suppressed_ids(self, seq: Sequence) -> list[int]:
+        """Tokens the next sample of `seq` must not be: its stop tokens (and eos) until min_tokens."""
+        params = seq.params
+        if seq.num_outputs >= params.min_tokens or (params.ignore_eos and not params.stop_token_ids):
+            return []
+        return list(params.stop_token_ids) + ([] if params.ignore_eos else list(self.eos_token_ids))
 
 
 def _all_plain(seqs: list[Sequence]) -> bool:

@@ -22,6 +22,7 @@ class ScheduledBatch:
     seqs: list[Sequence]
     num_new_tokens: list[int]  # tokens each sequence computes this step
     is_prefill: bool
+    num_steps: int = 1  # decode steps of this round (blocks are allocated for all of them)
 
     @property
     def num_tokens(self) -> int:
@@ -29,8 +30,11 @@ class ScheduledBatch:
 
 
 class Scheduler:
-    def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int) -> None:
+    def __init__(
+        self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int, max_model_len: int
+    ) -> None:
         self.block_manager = block_manager
+        self.max_model_len = max_model_len
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.waiting: deque[Sequence] = deque()
@@ -44,9 +48,16 @@ class Scheduler:
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
 
-    def schedule(self) -> ScheduledBatch | None:
-        """The next step's batch, or None when there is nothing that can run."""
-        return self._schedule_prefill() or self._schedule_decode()
+    def schedule(self, decode_steps: int = 1) -> ScheduledBatch | None:
+        """The next step's batch, or None when there is nothing that can run.
+
+        `decode_steps` > 1 asks for a decode round of that many steps: granted when the free blocks cover
+        every running sequence's round (up to its length limit), else the round is one step.
+        """
+        prefill = self._schedule_prefill()
+        if prefill is not None:
+            return prefill
+        return (self._schedule_round(decode_steps) if decode_steps > 1 else None) or self._schedule_decode()
 
     def remove(self, seq: Sequence) -> None:
         """Take `seq` out of the queues and free its blocks (finish or abort)."""
@@ -102,6 +113,22 @@ class Scheduler:
         if not scheduled:
             return None
         return ScheduledBatch(seqs=scheduled, num_new_tokens=[1] * len(scheduled), is_prefill=False)
+
+    def _schedule_round(self, num_steps: int) -> ScheduledBatch | None:
+        blocks, running = self.block_manager, self.running
+        block_size, max_len = blocks.block_size, self.max_model_len
+        needed = []
+        for seq in running:  # per sequence per round: kept to plain arithmetic
+            num_tokens = len(seq.token_ids)
+            left = min(seq.params.max_tokens - num_tokens + seq.num_prompt_tokens, max_len - num_tokens)
+            covered = num_tokens - 1 + min(num_steps, left)
+            needed.append(max(0, (covered + block_size - 1) // block_size - len(seq.block_table)))
+        if not running or sum(needed) > blocks.num_free_blocks:
+            return None
+        for seq, missing in zip(running, needed, strict=True):
+            if missing:
+                blocks.may_append(seq, missing)
+        return ScheduledBatch(list(running), [1] * len(running), is_prefill=False, num_steps=num_steps)
 
     def _preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)

@@ -44,6 +44,7 @@ class Sequence:
         "num_prompt_tokens",
         "params",
         "request_id",
+        "sampling_seed",
         "status",
         "token_ids",
         "top_logprobs",
@@ -61,6 +62,7 @@ class Sequence:
         prior_logprobs: list[float] | None = None,
         prior_versions: list[int] | None = None,
         generator: torch.Generator | None = None,
+        sampling_seed: int = 0,
     ) -> None:
         prior_output_ids = prior_output_ids or []
         self.request_id = request_id
@@ -83,6 +85,8 @@ class Sequence:
         self.finish_reason: FinishReason | None = None
         # per-request random stream (seeded requests only), so a seed reproduces the same samples
         self.generator = generator
+        # 64-bit seed of the device sampler's counter-based draws (psrl.kernels.gpu.triton_sample)
+        self.sampling_seed = sampling_seed
 
     @property
     def num_tokens(self) -> int:

@@ -38,6 +38,40 @@ class AttentionBatch:
     dense_write_index: torch.Tensor | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class PackedPrefill:
+    """A prefill step's new tokens, packed back to back, described per sequence for attention."""
+
+    block_tables: torch.Tensor  # [B, W] block ids, padded with block 0
+    context_starts: torch.Tensor  # [B] position of each sequence's first new token
+    query_starts: torch.Tensor  # [B] packed row of each sequence's first new token
+    query_lens: torch.Tensor  # [B] new tokens of each sequence
+    query_lens_list: list[int]
+    seq_index: torch.Tensor  # [N] sequence of each packed token
+    offset_in_seq: torch.Tensor  # [N] index of each packed token among its sequence's new tokens
+    slot_mapping: torch.Tensor  # [N] cache slot of each packed token
+
+
+def prefill_attention_batch(prefill: PackedPrefill, block_size: int) -> AttentionBatch:
+    """The padded-SDPA description of a packed prefill (causal mask over each sequence's cached context)."""
+    tables = prefill.block_tables
+    num_seqs, num_key_slots = tables.shape[0], tables.shape[1] * block_size
+    max_query_len = max(prefill.query_lens_list)
+    device = tables.device
+    query_positions = prefill.context_starts.unsqueeze(1) + torch.arange(max_query_len, device=device).unsqueeze(0)
+    key_index = torch.arange(num_key_slots, device=device)
+    mask = key_index.view(1, 1, -1) <= query_positions.unsqueeze(2)
+    return AttentionBatch(
+        slot_mapping=prefill.slot_mapping,
+        block_tables=tables.reshape(-1),
+        mask=mask.unsqueeze(1),
+        num_seqs=num_seqs,
+        max_query_len=max_query_len,
+        num_key_slots=num_key_slots,
+        query_pad_index=prefill.seq_index * max_query_len + prefill.offset_in_seq,
+    )
+
+
 def paged_attention(
     q: torch.Tensor,
     new_kv: torch.Tensor,
@@ -53,6 +87,15 @@ def paged_attention(
     cache.view(-1, 2, num_kv_heads, head_dim).index_copy_(0, batch.slot_mapping, new_kv)
     if dense is not None and batch.dense_write_index is not None:
         dense.view(-1, 2, num_kv_heads, head_dim).index_copy_(0, batch.dense_write_index, new_kv)
+    return attend(q, cache, batch, dense)
+
+
+def attend(
+    q: torch.Tensor, cache: torch.Tensor, batch: AttentionBatch, dense: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Attention of q [N, Hq, D] over keys/values already in the cache (or the dense workspace) -> [N, Hq * D]."""
+    num_kv_heads, head_dim = cache.shape[3], cache.shape[4]
+    if dense is not None and batch.dense_write_index is not None:
         gathered = dense[: batch.num_seqs, : batch.num_key_slots]
     else:
         gathered = cache.index_select(0, batch.block_tables)

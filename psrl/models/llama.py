@@ -78,7 +78,9 @@ class DecoderLayer(nn.Module):
         if self.q_norm is not None and self.k_norm is not None:
             q = rms_norm(qk[:, :num_heads], self.q_norm, spec.rms_norm_eps)
             qk = torch.cat((q, rms_norm(qk[:, num_heads:], self.k_norm, spec.rms_norm_eps)), 1)
-        qk = _rotate(qk.view(num_tokens, num_qk_heads, -1, 2), rotation).view(num_tokens, num_qk_heads, spec.head_dim)
+        qk = rotate_pairs(qk.view(num_tokens, num_qk_heads, -1, 2), rotation).view(
+            num_tokens, num_qk_heads, spec.head_dim
+        )
         v = qkv[:, spec.q_size + spec.kv_size :].view(num_tokens, 1, spec.num_kv_heads, spec.head_dim)
         new_kv = torch.cat((qk[:, num_heads:].unsqueeze(1), v), dim=1)
         attention = paged_attention(qk[:, :num_heads], new_kv, kv_cache, batch, dense_kv)
@@ -88,7 +90,7 @@ class DecoderLayer(nn.Module):
         return out
 
 
-def _rotate(pairs: torch.Tensor, rotation: torch.Tensor) -> torch.Tensor:
+def rotate_pairs(pairs: torch.Tensor, rotation: torch.Tensor) -> torch.Tensor:
     """Rotate interleaved (real, imaginary) pairs [..., D/2, 2] by complex factors, in fp32."""
     if pairs.dtype == torch.float32:
         return torch.view_as_real(torch.view_as_complex(pairs) * rotation)

@@ -132,8 +132,12 @@ def lower_quartile(values: Sequence[float]) -> float:
 def _measure(
     engine: Engine, point: GridPoint, grid: ProfileGrid, rng: random.Random, clock: Clock
 ) -> tuple[list[float], list[int], list[ProfileSample]]:
-    """One pass over a point: start its requests, prefill, warm up, time decode steps, abort."""
-    num_tokens = grid.num_warmup_steps + grid.num_timed_steps + 2
+    """One pass over a point: start its requests, prefill, warm up, time decode steps, abort.
+
+    With decode rounds (several steps per `Engine.step()`), a round's time is divided by its steps.
+    """
+    steps_per_call = engine.args.decode_steps if engine.runner.rounds is not None else 1
+    num_tokens = (grid.num_warmup_steps + grid.num_timed_steps + 2) * steps_per_call
     params = SamplingParams(max_tokens=num_tokens, min_tokens=num_tokens, ignore_eos=True)
     vocab = engine.spec.vocab_size
     ids = [f"profile-{rng.getrandbits(48):x}-{i}" for i in range(point.num_running)]
@@ -150,7 +154,8 @@ def _measure(
             kv_tokens.append(engine.status().num_kv_tokens)
             started = clock()
             out = engine.step()
-            step_times.append(clock() - started)
+            elapsed = clock() - started
+            step_times.append(elapsed / max((len(o.token_ids) for o in out.outputs), default=1))
             if len(out.outputs) != point.num_running:
                 raise RuntimeError(
                     f"profiling step decoded {len(out.outputs)} of {point.num_running} requests: "

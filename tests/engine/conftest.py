@@ -5,12 +5,19 @@ The reference implementation is transformers itself, run on the same weights; no
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 import torch
+
+if not torch.cuda.is_available():
+    # Triton kernels (where Triton is installed) run in its interpreter; triton reads the flag when first
+    # imported, which importing transformers' models does
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
 from transformers import (
     LlamaConfig,
     LlamaForCausalLM,

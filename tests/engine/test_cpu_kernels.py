@@ -19,7 +19,7 @@ from psrl.engine.sampling_params import SamplingParams
 from psrl.engine.sequence import Sequence
 from psrl.kernels.cpu_decode import AttentionShape, CpuDecodeKernels, DecodeBatch
 from psrl.kernels.cpu_sample import CpuSampleKernel
-from psrl.models.llama import _rotate as rotate_pairs
+from psrl.models.llama import rotate_pairs
 
 
 @pytest.fixture(scope="module")

@@ -1,14 +1,22 @@
-"""The engine on CUDA (eager and CUDA graphs) against transformers; skipped without a GPU."""
+"""The engine on CUDA (torch path eager and with CUDA graphs, Triton step kernels) against transformers.
+
+Skipped without a GPU. The decode rounds' fp32 parity suite (prefix hits, preemption, abort and
+continuation, weight loads) is tests/engine/test_decode_rounds.py, whose `triton_cuda` cases run
+here; the kernels one by one are tests/engine/test_step_kernels.py.
+"""
 
 from __future__ import annotations
 
 import copy
 import random
+from pathlib import Path
 
 import pytest
 import torch
+from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from tests.engine.conftest import Checkpoint, LogitRecorder, greedy, make_engine, run_to_completion
+from psrl.engine import FinishReason
+from tests.engine.conftest import COMMON, Checkpoint, LogitRecorder, greedy, make_engine, run_to_completion
 
 pytestmark = [
     pytest.mark.gpu,
@@ -23,7 +31,9 @@ def _prompts(num: int) -> list[list[int]]:
 
 @pytest.mark.parametrize("cuda_graphs", [False, True])
 def test_cuda_fp32_matches_transformers(qwen2: Checkpoint, cuda_graphs: bool) -> None:
-    engine = make_engine(qwen2, device="cuda", num_kv_blocks=48, max_num_seqs=16, cuda_graphs=cuda_graphs)
+    # the torch path, whose every logits row the recorder sees (the rounds keep theirs on the device)
+    engine = make_engine(qwen2, device="cuda", num_kv_blocks=48, max_num_seqs=16, cuda_graphs=cuda_graphs,
+                         gpu_kernels="off")  # fmt: skip
     recorder = LogitRecorder()
     recorder.attach(engine)
     prompts = _prompts(12)
@@ -38,9 +48,10 @@ def test_cuda_fp32_matches_transformers(qwen2: Checkpoint, cuda_graphs: bool) ->
         assert recorder.max_error(qwen2, str(index), prompt + output) < 1e-3, index
 
 
-def test_cuda_bf16_prefill_agrees_with_transformers_bf16(qwen2: Checkpoint) -> None:
+@pytest.mark.parametrize("gpu_kernels", ["off", "on"])
+def test_cuda_bf16_prefill_agrees_with_transformers_bf16(qwen2: Checkpoint, gpu_kernels: str) -> None:
     reference = copy.deepcopy(qwen2.model).to(device="cuda", dtype=torch.bfloat16)
-    engine = make_engine(qwen2, device="cuda", dtype="bfloat16", num_kv_blocks=64)
+    engine = make_engine(qwen2, device="cuda", dtype="bfloat16", num_kv_blocks=64, gpu_kernels=gpu_kernels)
     recorder = LogitRecorder()
     recorder.attach(engine)
     prompts = _prompts(6)
@@ -64,3 +75,63 @@ def test_host_weights_load_into_a_cuda_engine_exactly(qwen2: Checkpoint) -> None
     cpu_params = dict(on_cpu.runner.model.named_parameters())
     for name, param in on_gpu.runner.model.named_parameters():
         assert torch.equal(param.cpu(), cpu_params[name]), name
+
+
+def test_bf16_rounds_are_as_close_to_fp32_as_transformers_bf16(qwen2: Checkpoint) -> None:
+    """bf16 carries 8 significant bits, so two correct bf16 implementations differ from fp32 (and from each
+    other) by rounding that grows through the layers; the bound is transformers' own bf16 error, plus 0.02."""
+    bf16 = copy.deepcopy(qwen2.model).to(device="cuda", dtype=torch.bfloat16)
+    fp32 = copy.deepcopy(qwen2.model).to(device="cuda")
+    engine = make_engine(qwen2, device="cuda", dtype="bfloat16", num_kv_blocks=128, gpu_kernels="on")
+    assert engine.runner.decode_path == "triton_graph_rounds"
+    prompts = _prompts(8)
+    for index, prompt in enumerate(prompts):
+        engine.add_request(str(index), prompt, greedy(max_tokens=20))
+    results, _ = run_to_completion(engine)
+    for index, prompt in enumerate(prompts):
+        result = results[str(index)]
+        ids = torch.tensor([prompt + result.output_ids], device="cuda")
+        rows = slice(len(prompt) - 1, len(prompt) - 1 + len(result.output_ids))
+        tokens = torch.tensor(result.output_ids, device="cuda").unsqueeze(1)
+        with torch.no_grad():
+            want = torch.log_softmax(fp32(ids).logits[0, rows].float(), -1).gather(1, tokens).squeeze(1)
+            theirs = torch.log_softmax(bf16(ids).logits[0, rows].float(), -1).gather(1, tokens).squeeze(1)
+        ours = torch.tensor(result.logprobs, device="cuda")
+        assert (ours - want).abs().max() <= 2 * (theirs - want).abs().max() + 0.02, index
+
+
+def _long_context_checkpoint(directory: Path) -> Checkpoint:
+    torch.manual_seed(0)
+    config = Qwen2Config(**{**COMMON, "max_position_embeddings": 8448}, tie_word_embeddings=True)
+    model = Qwen2ForCausalLM(config).eval()
+    model.save_pretrained(directory)
+    return Checkpoint("long", directory, model)
+
+
+def _run_long_batch(checkpoint: Checkpoint, num_kv_blocks: int) -> tuple[dict, int]:
+    engine = make_engine(checkpoint, device="cuda", block_size=16, num_kv_blocks=num_kv_blocks, max_num_seqs=256,
+                         max_num_batched_tokens=16384, gpu_kernels="on")  # fmt: skip
+    rng = random.Random(3)
+    for index in range(256):
+        engine.add_request(str(index), [rng.randrange(1, 97) for _ in range(8176)], greedy(max_tokens=16))
+    results, _ = run_to_completion(engine, max_steps=100_000)
+    assert engine.status().num_kv_blocks_used == 0
+    return results, engine.status().num_preemptions_total
+
+
+def test_256_sequences_of_8k_tokens_run_when_blocks_allow_and_preempt_cleanly_when_not(tmp_path: Path) -> None:
+    checkpoint = _long_context_checkpoint(tmp_path)
+    roomy, preemptions = _run_long_batch(checkpoint, num_kv_blocks=256 * 513)
+    assert preemptions == 0 and len(roomy) == 256
+    assert all(len(r.output_ids) == 16 and r.finish_reason == FinishReason.LENGTH for r in roomy.values())
+    reference = copy.deepcopy(checkpoint.model).to("cuda")
+    for index in ("0", "255"):
+        prompt = roomy[index].prompt_ids
+        with torch.no_grad():
+            out = reference.generate(torch.tensor([prompt], device="cuda"), max_new_tokens=16, do_sample=False,
+                                     eos_token_id=None, pad_token_id=0)  # fmt: skip
+        assert roomy[index].output_ids == out[0, len(prompt) :].tolist(), index
+    # prompts take 511 blocks each: 100 sequences are admitted, and 50 free blocks cannot grow all of them
+    tight, preemptions = _run_long_batch(checkpoint, num_kv_blocks=100 * 511 + 50)
+    assert preemptions > 0 and len(tight) == 256
+    assert all(tight[key].output_ids == roomy[key].output_ids for key in roomy)
