@@ -7,8 +7,8 @@
 
 Inputs are sockets registered with a poller: the events subscriber, the control subscriber and
 any socket the actor adds (`add_input`). Messages are dispatched through a handler table built
-once from the methods decorated with `@handles(Kind, ...)`; an unknown kind is counted and
-logged, a handler exception is logged and counted, and the loop goes on. Pause / Resume /
+once from the actor's input table (`inputs()`: kind -> handler, by link or bus); an unknown kind
+is counted and logged, a handler exception is logged and counted, and the loop goes on. Pause / Resume /
 Drain / Shutdown arrive on the control channel and are handled here for every actor. SIGTERM
 and end-of-file on stdin (the launcher is gone) become a graceful stop, never an exit from
 inside a signal handler. A heartbeat thread publishes liveness even while `step` blocks (a
@@ -26,9 +26,9 @@ import threading
 import time
 import traceback
 import weakref
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any, ClassVar, TypeVar
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
 import yaml
 import zmq
@@ -57,28 +57,24 @@ IDLE_POLL_MS = 50  # how long an idle loop blocks on its inputs; bounds reaction
 SUBSCRIBE_WAIT_S = 10.0  # wait for the logger to subscribe before the first event
 STDIN_GRACE_S = 5.0  # after the launcher vanished, exit even if the graceful stop hangs
 
-F = TypeVar("F", bound=Callable[..., Any])
 Handler = Callable[[Event[Any]], None]
 
 
-def handles(*kinds: type[Message], link: bool = False, fatal: bool = False) -> Callable[[F], F]:
-    """Mark a method as the handler of the given message kinds.
+@dataclass(frozen=True)
+class Inputs:
+    """An actor's input table: every kind it handles, where it arrives, and its handler.
 
-    ``link=True``: the kinds arrive on a point-to-point link the actor reads itself, so the actor
-    does not subscribe to them on the bus (where other actors' copies of them may be published).
-    ``fatal=True``: an exception in the handler ends the actor (ActorDead, exit 1) instead of being
-    counted and logged, for handlers whose failure leaves the actor unable to make progress (a
-    failed training step or weight push): the supervisor's restart policy then applies, where
-    carrying on would leave the run waiting forever.
+    ``link``: kinds that arrive on the actor's own point-to-point links (it does not subscribe to
+    them on the bus, where copies of other actors' link traffic are published). ``bus``: kinds it
+    subscribes to. ``fatal``: kinds whose handler failing ends the actor (ActorDead, exit 1) instead
+    of being counted and logged, for handlers whose failure leaves the actor unable to make
+    progress (a failed training step or weight push): the supervisor's restart policy then applies,
+    where carrying on would leave the run waiting forever.
     """
 
-    def mark(method: F) -> F:
-        method._psrl_kinds = kinds  # type: ignore[attr-defined]
-        method._psrl_via_link = link  # type: ignore[attr-defined]
-        method._psrl_fatal = fatal  # type: ignore[attr-defined]
-        return method
-
-    return mark
+    link: Mapping[type[Message], Handler] = field(default_factory=dict)
+    bus: Mapping[type[Message], Handler] = field(default_factory=dict)
+    fatal: frozenset[type[Message]] = frozenset()
 
 
 @dataclass
@@ -129,6 +125,10 @@ class Actor:
 
     # ------------------------------------------------------------------ overridable parts
 
+    def inputs(self) -> Inputs:
+        """What the actor handles (control kinds are added by the base)."""
+        return Inputs()
+
     def setup(self) -> dict[str, int]:
         """Build the actor's state; return its capacity for the Ready event."""
         return {}
@@ -159,6 +159,12 @@ class Actor:
         if is_control:
             self._control_inputs.add(sock)
         self._poller.register(sock, zmq.POLLIN)
+
+    def add_link_kinds(self, kinds: Iterable[type[Message]], handler: Handler) -> None:
+        """Handle ``kinds`` arriving on the actor's links (for inputs known only once setup built them)."""
+        for kind in kinds:
+            self._handlers[kind.KIND] = handler
+            self._link_kinds.add(kind.KIND)
 
     def every(self, interval_s: float, callback: Callable[[], None]) -> None:
         """Run ``callback`` from the loop about every ``interval_s`` seconds."""
@@ -273,25 +279,21 @@ class Actor:
 
     # ------------------------------------------------------------------ built-in control
 
-    @handles(Pause)
     def _on_pause(self, event: Event[Pause]) -> None:
         if self.is_addressed(event.message.targets) and not self.is_paused:
             self.is_paused = True
             self.on_pause()
 
-    @handles(Resume)
     def _on_resume(self, event: Event[Resume]) -> None:
         if self.is_addressed(event.message.targets) and self.is_paused:
             self.is_paused = False
             self.on_resume()
 
-    @handles(Drain)
     def _on_drain(self, event: Event[Drain]) -> None:
         if self.is_addressed(event.message.targets):
             self.is_draining = True
             self.set_state(ActorState.DRAINING)
 
-    @handles(Shutdown)
     def _on_shutdown(self, event: Event[Shutdown]) -> None:
         if self.is_addressed(event.message.targets):
             self.request_stop(f"shutdown: {event.message.reason}" if event.message.reason else "shutdown")
@@ -299,17 +301,16 @@ class Actor:
     # ------------------------------------------------------------------ internals
 
     def _handler_table(self) -> dict[str, Handler]:
-        table: dict[str, Handler] = {}
-        self._link_kinds: set[str] = set()
-        self._fatal_kinds: set[str] = set()
-        for klass in reversed(type(self).__mro__):
-            for attr, value in vars(klass).items():
-                for kind in getattr(value, "_psrl_kinds", ()):
-                    table[kind.KIND] = getattr(self, attr)
-                    if getattr(value, "_psrl_via_link", False):
-                        self._link_kinds.add(kind.KIND)
-                    if getattr(value, "_psrl_fatal", False):
-                        self._fatal_kinds.add(kind.KIND)
+        inputs = self.inputs()
+        control: dict[type[Message], Handler] = {
+            Pause: self._on_pause,
+            Resume: self._on_resume,
+            Drain: self._on_drain,
+            Shutdown: self._on_shutdown,
+        }
+        table = {kind.KIND: handler for kind, handler in {**control, **inputs.bus, **inputs.link}.items()}
+        self._link_kinds = {kind.KIND for kind in inputs.link}
+        self._fatal_kinds = {kind.KIND for kind in inputs.fatal}
         return table
 
     def _subscribe(self) -> list[Subscriber]:

@@ -789,6 +789,32 @@ class GroupComplete(Message, frozen=True):
     occupied_buffer: int = -1
 
 
+@message("group.trajectory")
+class TrajectoryDone(Message, frozen=True):
+    """A trajectory of a prompt group ended (router -> coordinator) (added in 1.3).
+
+    request_id: trajectory id.
+    prompt_id: prompt group id.
+    v_traj: the version the trajectory is pinned to (its first routing).
+    token_ids: its whole response, every continuation included (int32).
+    logprobs: their logprobs (float32).
+    versions: weight version of each token (int32).
+    finish_reason: stop, length or truncated (a response to train on), abort or error (given up).
+    instance: instance id that generated the last token.
+    error: why it was given up (abort reason or error text); empty otherwise.
+    """
+
+    request_id: int
+    prompt_id: int
+    v_traj: int
+    token_ids: np.ndarray
+    logprobs: np.ndarray
+    versions: np.ndarray
+    finish_reason: FinishReason
+    instance: str
+    error: str = ""
+
+
 @message("group.drop")
 class GroupDrop(Message, frozen=True):
     """Give up a prompt group: abort its requests and free its slot (added in 1.1).

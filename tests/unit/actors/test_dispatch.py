@@ -7,7 +7,7 @@ from typing import TypeVar
 
 import pytest
 
-from actors.base import Actor, handles
+from actors.base import Actor, Inputs
 from bus.messages import Metrics, TrainData
 from psrl.log import get_logger
 
@@ -15,11 +15,12 @@ from psrl.log import get_logger
 class _Actor(Actor):
     ROLE = "test"
 
-    @handles(Metrics)
+    def inputs(self) -> Inputs:
+        return Inputs(link={TrainData: self._on_data}, bus={Metrics: self._on_metrics}, fatal=frozenset({TrainData}))
+
     def _on_metrics(self, event: object) -> None:
         raise ValueError("a bad metrics event")
 
-    @handles(TrainData, link=True, fatal=True)
     def _on_data(self, event: object) -> None:
         raise RuntimeError("the step failed")
 
@@ -60,21 +61,4 @@ def test_the_trainer_marks_its_training_handler_fatal() -> None:
     actor = object.__new__(TrainerActor)
     actor._handler_table()
     assert TrainData.KIND in actor._fatal_kinds
-
-
-def test_the_trainer_drops_malformed_train_data_and_serves_on() -> None:
-    import numpy as np
-
-    from actors.trainer import TrainerActor
-    from psrl.config import load_config
-
-    actor = _bare_actor(TrainerActor)
-    actor.config = load_config("demo", [])
-    actor.core = SimpleNamespace(version=0)
-    actor.num_samples = 0
-    ints = np.zeros(2, dtype=np.int32)
-    floats = np.zeros(2, dtype=np.float32)
-    # two trajectories, but lengths for one: the arrays disagree
-    data = TrainData(0, 0, 0, 1, ints, ints, ints, ints[:1], ints[:1], ints, ints, floats, ints, floats, floats, ints)
-    actor.dispatch(SimpleNamespace(envelope=SimpleNamespace(kind=TrainData.KIND, sender="coordinator"), message=data))
-    assert actor.num_handler_errors == 1 and actor.num_samples == 0
+    assert TrainData.KIND in actor._link_kinds
