@@ -35,6 +35,7 @@ import zmq
 
 from actors.boot import Boot
 from bus import Publisher, Subscriber
+from bus.link import Link
 from bus.messages import (
     ActorDead,
     ActorState,
@@ -49,8 +50,9 @@ from bus.messages import (
 )
 from bus.schema import PROTOCOL_VERSION, Channel, Event, Message
 from bus.security import start_authenticator
-from bus.settings import BusSettings
+from bus.stamp import Cause
 from psrl.config import Config
+from psrl.config.bus_settings import bus_settings
 from psrl.log import get_logger
 
 IDLE_POLL_MS = 50  # how long an idle loop blocks on its inputs; bounds reaction to signals
@@ -96,9 +98,10 @@ class Actor:
         self.log = get_logger(f"actors.{self.ROLE}", actor=self.name, incarnation=boot.incarnation)
         self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
         curve = boot.curve_keys()
-        self.bus = BusSettings.from_config(self.config, curve)
+        self.bus = bus_settings(self.config, curve)
         self._authenticator = start_authenticator(self.ctx, curve) if curve is not None else None
         self.addresses = boot.addresses()
+        self.cause = Cause()  # the event being handled: the parent of whatever goes out meanwhile
         self.publisher = Publisher(
             self.ctx,
             self.addresses,
@@ -106,6 +109,7 @@ class Actor:
             boot.incarnation,
             options=self.bus.options,
             array_frame_bytes=self.bus.array_frame_bytes,
+            cause=self.cause,
         )
         self.state = ActorState.STARTING
         self.is_paused = False
@@ -176,6 +180,7 @@ class Actor:
             self.num_unhandled += 1
             self.log.warning("unhandled message kind", kind=event.envelope.kind, sender=event.envelope.sender)
             return
+        self.cause.event_id = event.envelope.event_id
         try:
             handler(event)
         except Exception as exc:
@@ -183,6 +188,29 @@ class Actor:
                 raise
             self.num_handler_errors += 1
             self.log.error("handler failed", kind=event.envelope.kind, error=repr(exc), tb=traceback.format_exc())
+        finally:
+            self.cause.event_id = None
+
+    def make_link(self, peer: str, *, serve: bool) -> Link:
+        """A link at ``peer``'s endpoint: served here (``serve``, peer = this actor), or to that peer.
+
+        Its sends are logged through this actor's publisher and name the event being handled as
+        their parent.
+        """
+        name = self.name if serve else f"{self.name}-{peer}"
+        return Link(
+            self.ctx,
+            self.boot.endpoint(peer),
+            sender=name,
+            incarnation=self.boot.incarnation,
+            serve=serve,
+            identity=None if serve else self.name,
+            options=self.bus.options,
+            log=self.publisher,
+            cause=self.cause,
+            array_frame_bytes=self.bus.array_frame_bytes,
+            max_message_bytes=self.bus.max_message_bytes,
+        )
 
     def request_stop(self, reason: str) -> None:
         if self.stop_reason is None:
@@ -206,10 +234,11 @@ class Actor:
             self.publisher.wait_subscribed(SUBSCRIBE_WAIT_S, prefix="")
             self.publisher.publish(
                 Hello(
-                    self.ROLE,
-                    pysocket.gethostname(),
-                    os.getpid(),
-                    *PROTOCOL_VERSION,
+                    role=self.ROLE,
+                    host=pysocket.gethostname(),
+                    pid=os.getpid(),
+                    protocol_major=PROTOCOL_VERSION[0],
+                    protocol_minor=PROTOCOL_VERSION[1],
                     request_address=self.boot.endpoints.get(self.name, ""),
                 )
             )

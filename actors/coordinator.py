@@ -9,7 +9,6 @@ from __future__ import annotations
 import time
 
 from actors.flow_actor import FlowActor
-from actors.links import Link
 from psrl.flows.coordinator import ROUTER, CoordinatorFlow
 from psrl.flows.prompts import TaskPrompts
 from psrl.routing.cost_model import load_cost_model
@@ -29,17 +28,6 @@ class CoordinatorActor(FlowActor):
             cfg, task, task, cost=cost, initial_version=int(self.boot.options.get("initial_version", 0)), log=self.log
         )
         peers = [ROUTER, *flow.trainers]
-        self.attach(flow, peers={peer: self._link(peer) for peer in peers})
+        self.attach(flow, peers={peer: self.make_link(peer, serve=False) for peer in peers})
         self.perform(flow.start(time.monotonic()))
         return {}
-
-    def _link(self, peer: str) -> Link:
-        return Link(
-            self.ctx,
-            self.boot.endpoint(peer),
-            sender=f"{self.name}-{peer}",
-            incarnation=self.boot.incarnation,
-            settings=self.bus,
-            serve=False,
-            identity=self.name,
-        )

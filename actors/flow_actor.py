@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from typing import Any, ClassVar
 
 from actors.base import Actor, Inputs
-from actors.links import Link
+from bus.link import Link
 from bus.schema import Event
 from psrl.flows.base import Flow
 from psrl.flows.effects import Effect, Publish, Send, Timer

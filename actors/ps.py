@@ -31,6 +31,7 @@ class ParameterShardActor(Actor):
             self.boot.endpoint(self.name),
             self.boot.endpoint(f"{self.name}.1"),
             engine_dtype,
+            curve=self.bus.options.curve,
         )
         options = dataclasses.replace(options, host=self.boot.host)
         self.events: queue.SimpleQueue[tuple[str, VersionEvent]] = queue.SimpleQueue()

@@ -10,7 +10,6 @@ from __future__ import annotations
 import time
 
 from actors.flow_actor import FlowActor
-from actors.links import Link
 from psrl.engine import Engine
 from psrl.engine.args import EngineArgs
 from psrl.flows.instance import ROUTER, InstanceFlow
@@ -30,17 +29,8 @@ class RolloutActor(FlowActor):
             self.config, [self.boot.endpoint(f"ps-{i}.1") for i in range(self.config.topology.n_ps_shards)]
         )
         self.weights = PsWeightSupply(puller, pull_attempts=ps.pull_attempts, prefetch=ps.prefetch)
-        link = Link(
-            self.ctx,
-            self.boot.endpoint(ROUTER),
-            sender=self.name,
-            incarnation=self.boot.incarnation,
-            settings=self.bus,
-            serve=False,
-            identity=self.name,
-        )
         flow = InstanceFlow(self.name, self.config, engine, self.weights, log=self.log)
-        self.attach(flow, peers={ROUTER: link})
+        self.attach(flow, peers={ROUTER: self.make_link(ROUTER, serve=False)})
         self.perform(flow.start(time.monotonic()))
         return {"kv_blocks": engine.status().num_kv_blocks_total, "max_num_seqs": self.config.engine.max_num_seqs}
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 import time
 
 from actors.flow_actor import FlowActor
-from actors.links import Link
 from psrl.flows.router import RouterFlow
 from psrl.routing.cost_model import load_cost_model
 
@@ -25,15 +24,7 @@ class RouterActor(FlowActor):
         flow = RouterFlow(
             self.config, cost=cost, initial_version=int(self.boot.options.get("initial_version", 0)), log=self.log
         )
-        link = Link(
-            self.ctx,
-            self.boot.endpoint(self.name),
-            sender=self.name,
-            incarnation=self.boot.incarnation,
-            settings=self.bus,
-            serve=True,
-        )
-        self.attach(flow, serving=link)
+        self.attach(flow, serving=self.make_link(self.name, serve=True))
         self.perform(flow.start(time.monotonic()))  # the log's first router event: the ledger replay starts here
         return {}
 

@@ -14,7 +14,6 @@ from pathlib import Path
 
 from actors.base import Inputs
 from actors.flow_actor import FlowActor
-from actors.links import Link
 from bus.messages import Metrics, TrainData, TrainerProgress, WeightsPushed
 from psrl.flows.effects import Effect, PushWeights
 from psrl.flows.trainer import TrainerFlow
@@ -56,20 +55,12 @@ class TrainerActor(FlowActor):
         self.staging = HostStaging()  # a GPU trainer's weights go to the PS from host memory
         if self.rank == 0:
             shards = [self.boot.endpoint(f"ps-{i}") for i in range(cfg.topology.n_ps_shards)]
-            self.pusher = make_pusher(cfg, shards, self.boot.incarnation)
+            self.pusher = make_pusher(cfg, shards, self.boot.incarnation, curve=self.bus.options.curve)
         if self.core.version > 0:  # a resumed run: the fresh parameter server needs the current version
             weights = dict(self.core.named_weights())
             if self.pusher is not None:
                 self.pusher.push(self.core.version, self.staging.stage(weights))
-        link = Link(
-            self.ctx,
-            self.boot.endpoint(self.name),
-            sender=self.name,
-            incarnation=self.boot.incarnation,
-            settings=self.bus,
-            serve=True,
-        )
-        self.attach(TrainerFlow(cfg, self.core, log=self.log), serving=link)
+        self.attach(TrainerFlow(cfg, self.core, log=self.log), serving=self.make_link(self.name, serve=True))
         return {"version": self.core.version}
 
     def perform_other(self, effect: Effect) -> None:

@@ -27,16 +27,3 @@ class DecodeError(BusError):
         super().__init__(f"{reason.value}: {detail}")
         self.reason = reason
         self.detail = detail
-
-
-class RequestTimeoutError(BusError):
-    """A request got no reply within its timeout after every retry."""
-
-    def __init__(self, address: str, kind: str, num_attempts: int, timeout_ms: int) -> None:
-        super().__init__(
-            f"no reply to {kind} from {address} after {num_attempts} attempt(s) of {timeout_ms} ms each; "
-            "is the replying actor running and connected to this address?"
-        )
-        self.address = address
-        self.kind = kind
-        self.num_attempts = num_attempts

@@ -262,9 +262,10 @@ class GenerateRequest(Message, frozen=True):
     dispatch_seq: int = -1
 
 
-@message("gen.chunk")
+@message("gen.chunk", logged=False)
 class TokenChunk(Message, frozen=True):
-    """Tokens streamed by an instance since the previous chunk of the request.
+    """Tokens streamed by an instance since the previous chunk of the request (not logged: the result
+    carries every token).
 
     request_id: trajectory id.
     token_ids: new tokens (int32).
@@ -844,9 +845,10 @@ class Refill(Message, frozen=True):
 # ---------------------------------------------------------------------------- training data
 
 
-@message("train.data")
+@message("train.data", logged=False)
 class TrainData(Message, frozen=True):
-    """Trajectories of one buffer (or one chunk of it), sent to the trainer on its link (added in 1.1).
+    """Trajectories of one buffer (or one chunk of it), sent to the trainer on its link (added in 1.1;
+    not logged: ``train.batch`` and the trajectories' own events carry its facts).
 
     step: trainer step the data belongs to.
     buffer: staleness buffer index.

@@ -344,5 +344,4 @@ class InstanceFlow(Flow):
             num_preempted_waiting=s.num_preempted_waiting,
             report_seq=self.report_seq,
         )
-        self.send(ROUTER, status)
-        self.publish(status, model_version=s.weight_version)
+        self.send(ROUTER, status, model_version=s.weight_version)  # its link publishes it for the coordinator

@@ -1,6 +1,7 @@
 """Flows wired to each other in one process: in-memory queues in place of links and the bus.
 
-``LocalBus`` delivers what flows emit to the named nodes it knows: a ``Send`` to its peer, a
+``LocalBus`` delivers what flows emit to the named nodes it knows: a ``Send`` to its peer (and,
+as a link logs it, a sent message of a logged kind to every node subscribed to the kind too), a
 ``Publish`` to every node subscribed to the kind, in the order they were emitted. A ``Send`` to
 a peer it does not know goes back to its sender's ``undeliverable``; other effects (a weight push)
 go to ``on_other``. The in-process driver and the simulator both run on it; a ``tap`` sees every
@@ -48,17 +49,25 @@ class LocalBus:
             if self.tap is not None:
                 self.tap(sender, effect, now)
             if isinstance(effect, Send):
-                if effect.to in self.nodes:
-                    self._queue.append((effect.to, effect.message))
-                else:
-                    self.post(sender, self.nodes[sender].undeliverable(effect, now), now)
+                self._send(sender, effect, now)
             elif isinstance(effect, Publish):
-                for name in self.subscribers.get(type(effect.message), ()):
-                    self._queue.append((name, effect.message))
+                self._publish(effect.message)
             elif self.on_other is not None:
                 self.on_other(sender, effect, now)
             else:
                 raise TypeError(f"nobody performs {type(effect).__name__} (set LocalBus.on_other)")
+
+    def _send(self, sender: str, send: Send, now: float) -> None:
+        if send.to not in self.nodes:
+            self.post(sender, self.nodes[sender].undeliverable(send, now), now)
+            return
+        self._queue.append((send.to, send.message))
+        if send.message.LOGGED:
+            self._publish(send.message)
+
+    def _publish(self, message: Message) -> None:
+        for name in self.subscribers.get(type(message), ()):
+            self._queue.append((name, message))
 
     def deliver(self, now: float) -> set[str]:
         """Hand every queued message to its node, and what that emits, until nothing is left;

@@ -129,7 +129,8 @@ class RouterFlow(RouterLedgerFlow):
         return [Timer("status", STATUS_INTERVAL_S, self.status)]
 
     def start(self, now: float) -> list[Effect]:
-        """The flow's first effects: its status, which starts the ledger's replay of this incarnation."""
+        """The flow's first effect: its status, published (the coordinator may not be connected yet),
+        which starts the ledger's replay of this incarnation."""
         self.publish(self._status())
         return self.take()
 
@@ -163,9 +164,6 @@ class RouterFlow(RouterLedgerFlow):
         self.tracker.extend(chunk.request_id, chunk.token_ids, chunk.logprobs, chunk.versions)
 
     def _on_result(self, result: GenerateResult, now: float) -> None:
-        # Every result an instance returns (finished or interrupted) is logged: a replay can follow
-        # a trajectory across partial-rollout continuations and lost instances.
-        self.publish(result)
         traj = self.tracker.live.get(result.request_id)
         if traj is None:
             self.counters["late_results"] += 1
@@ -340,7 +338,5 @@ class RouterFlow(RouterLedgerFlow):
         )
 
     def status(self, now: float) -> list[Effect]:
-        status = self._status()
-        self.publish(status)
-        self.send(COORDINATOR, status)
+        self.send(COORDINATOR, self._status())
         return self.take()

@@ -164,13 +164,10 @@ class RouterLedgerFlow(Flow, ABC):
         self.maybe_filter()
 
     def _occupied(self, occupy: Occupy) -> None:
-        self.publish(occupy, prompt_id=occupy.prompt_id)
         self.send(COORDINATOR, occupy, prompt_id=occupy.prompt_id)
 
     def _buffer_ready(self, buffer: int) -> None:
-        ready = BufferReady(buffer=buffer, prompt_ids=self.ledger.occupied_groups(buffer))
-        self.publish(ready)
-        self.send(COORDINATOR, ready)
+        self.send(COORDINATOR, BufferReady(buffer=buffer, prompt_ids=self.ledger.occupied_groups(buffer)))
 
     def _on_group_drop(self, drop: GroupDrop, now: float) -> None:
         reason = _ABORT_REASONS.get(drop.reason, AbortReason.CANCELLED)
@@ -189,7 +186,6 @@ class RouterLedgerFlow(Flow, ABC):
                 self.log.error("consume refused", buffer=consume.buffer, error=str(exc))
             return
         self._log_op("consume", consume.buffer, -1, "", describe_consume(consumed))
-        self.publish(consume)
         values = {f"staleness/count_{k}": float(v) for k, v in consumed.staleness_histogram.items()}
         values["staleness/bound_violations"] = float(consumed.num_bound_violations)
         self.publish(Metrics(step=consume.buffer, values=values))

@@ -4,7 +4,8 @@ Each instance is a node on the simulation's ``LocalBus``: it takes ``GenerateReq
 ``Abort`` from the router and ``SyncCommand`` / ``MigrateCommand`` from the coordinator, hands
 them to its ``ModelledEngine``, and answers as the rollout actor does: a ``GenerateResult`` when
 a request leaves the engine (its tokens are placeholders; their weight versions are exact), a
-``WeightsLoaded`` after a pull, and ``InstanceStatus`` reports to the router and the bus.
+``WeightsLoaded`` after a pull, and ``InstanceStatus`` reports to the router (which the bus
+delivers to the coordinator too, as a real instance's link publishes what it sends).
 
 A real instance reports every ``engine_sync_interval_in_ms``. Here an instance reports at its
 next slot of that period after it changed (each instance has its own phase), and not at all
@@ -178,9 +179,8 @@ class Fleet:
         if engine.is_pulling:  # the instance's actor is busy pulling: no report until it has loaded
             return
         status = self.instances[engine.instance_id].status(engine.snapshot(now))
-        self.bus.post(
-            engine.instance_id, [Send(ROUTER, status), Publish(status, model_version=status.weight_version)], now
-        )
+        # sent to the router; the coordinator gets it too, as a link publishes what it sends
+        self.bus.post(engine.instance_id, [Send(ROUTER, status, model_version=status.weight_version)], now)
 
     # summaries -------------------------------------------------------------------------------
 

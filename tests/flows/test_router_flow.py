@@ -200,7 +200,7 @@ def test_status_reports_the_queue_to_the_coordinator() -> None:
     flow.handle(request(0, N), 0.0)
     out = flow.status(0.0)
     [report] = sent(out, RouterStatus, to="coordinator")
-    assert report.num_queued == 1 and report.versions == [0] and published(out, RouterStatus) == [report]
+    assert report.num_queued == 1 and report.versions == [0] and len(out) == 1  # its link logs it
 
 
 def test_proactive_truncate_completes_the_buffer_the_trainer_waits_for() -> None:

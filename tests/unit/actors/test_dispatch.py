@@ -8,6 +8,7 @@ from typing import TypeVar
 import pytest
 
 from actors.base import Actor, Inputs
+from bus.stamp import Cause
 from bus.messages import Metrics, TrainData
 from psrl.log import get_logger
 
@@ -33,12 +34,21 @@ def _bare_actor(cls: type[ActorT] = _Actor) -> ActorT:  # type: ignore[assignmen
     actor = object.__new__(cls)
     actor.log = get_logger("test")
     actor.num_unhandled = actor.num_handler_errors = 0
+    actor.cause = Cause()
     actor._handlers = actor._handler_table()
     return actor
 
 
 def _event(kind: str) -> SimpleNamespace:
-    return SimpleNamespace(envelope=SimpleNamespace(kind=kind, sender="someone"), message=None)
+    return SimpleNamespace(envelope=SimpleNamespace(kind=kind, sender="someone", event_id="someone#0:7"), message=None)
+
+
+def test_what_a_handler_sends_names_the_event_being_handled_as_its_parent() -> None:
+    actor = _bare_actor()
+    seen: list[str | None] = []
+    actor._handlers[Metrics.KIND] = lambda event: seen.append(actor.cause.event_id)
+    actor.dispatch(_event(Metrics.KIND))
+    assert seen == ["someone#0:7"] and actor.cause.event_id is None  # only while it is handled
 
 
 def test_a_failing_handler_is_counted_and_the_actor_keeps_serving() -> None:
