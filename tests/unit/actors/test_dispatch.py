@@ -8,8 +8,8 @@ from typing import TypeVar
 import pytest
 
 from actors.base import Actor, Inputs
-from bus.stamp import Cause
 from bus.messages import Metrics, TrainData
+from bus.stamp import Cause
 from psrl.log import get_logger
 
 
