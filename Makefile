@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 PYTEST := $(BIN)/python -m pytest
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: install check lint types test test-slow test-multihost test-all demo docs bench clean
+.PHONY: install check lint imports types test test-slow test-multihost test-all demo docs bench clean
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -19,10 +19,13 @@ lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
+imports: install
+	$(BIN)/lint-imports
+
 types: install
 	$(BIN)/mypy
 
-check: lint types
+check: lint imports types
 
 test: check
 	$(PYTEST) -m "not slow and not multihost"

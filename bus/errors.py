@@ -4,10 +4,8 @@ from __future__ import annotations
 
 from enum import Enum
 
-from psrl.errors import PsrlError
 
-
-class BusError(PsrlError):
+class BusError(Exception):
     """A bus operation failed (bad address, bad keys, closed socket, ...)."""
 
 

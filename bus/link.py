@@ -81,6 +81,7 @@ class Link:
         envelope = stamper.stamp(message, parent, model_version, request_id, prompt_id)
         frames = self.encoder.encode(envelope, message)
         if not self._send_frames(frames, to):
+            stamper.take_back()
             return None
         if message.LOGGED and self.log is not None:
             self.log.forward(frames)
@@ -92,6 +93,7 @@ class Link:
         stamper = self.logged if logged else self.unlogged
         frames = self.encoder.encode_batch([(stamper.stamp(m), m) for m in messages])
         if not self._send_frames(frames, to):
+            stamper.take_back(len(messages))
             return False
         if logged and self.log is not None:
             self.log.forward(frames)

@@ -31,10 +31,13 @@ class ActorState(IntEnum):
 
 
 class FinishReason(IntEnum):
-    STOP = 0
-    LENGTH = 1
-    ABORT = 2
-    ERROR = 3
+    """How a response ended: the one vocabulary of the engine, the router, the coordinator and the trainer."""
+
+    STOP = 0  # end-of-sequence or a stop token
+    LENGTH = 1  # max_tokens or the context length
+    ABORT = 2  # stopped by an abort, with its partial output kept
+    ERROR = 3  # the request failed
+    TRUNCATED = 4  # force-completed by the proactive filter truncate: its partial output is its response (1.3)
 
 
 # ---------------------------------------------------------------------------- actor lifecycle

@@ -40,6 +40,11 @@ class Stamper:
         self.cause = cause
         self.seq = 0
 
+    def take_back(self, count: int = 1) -> None:
+        """The last ``count`` envelopes were never sent (their peer was gone): their numbers are reused,
+        so the stream stays gap-free."""
+        self.seq -= count
+
     def stamp(
         self,
         message: Message,

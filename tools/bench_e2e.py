@@ -22,8 +22,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from launch.supervisor import EXIT_OK, Supervisor
 from psrl.config import load_config
-from psrl.launch.supervisor import EXIT_OK, Supervisor
 from psrl.log import configure
 from psrl.report.collect import read_timeline
 from psrl.report.summary import RunSummary, summarize

@@ -88,4 +88,5 @@ def has_learning_signal(group: Group) -> bool:
 
 
 def is_success(result: TrajectoryDone) -> bool:
-    return result.finish_reason in (FinishReason.STOP, FinishReason.LENGTH)
+    """A response to train on: it stopped, hit its length, or was truncated by the proactive filter."""
+    return result.finish_reason in (FinishReason.STOP, FinishReason.LENGTH, FinishReason.TRUNCATED)

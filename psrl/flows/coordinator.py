@@ -48,8 +48,7 @@ from bus.messages import (
 )
 from bus.schema import Message
 from psrl.config import Config
-from psrl.config.rules import chunk_plan
-from psrl.coordination.chunks import Chunk, ChunkEmitter
+from psrl.coordination.chunks import Chunk, ChunkEmitter, chunk_plan
 from psrl.coordination.groups import GroupBook, has_learning_signal, is_success
 from psrl.coordination.instances import InstanceBook
 from psrl.coordination.records import encode_tick, same_situation

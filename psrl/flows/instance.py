@@ -41,7 +41,6 @@ from bus.schema import Message
 from psrl.config import Config
 from psrl.engine import Engine
 from psrl.engine.outputs import RequestResult
-from psrl.engine.sequence import FinishReason as EngineFinish
 from psrl.errors import RequestError
 from psrl.flows.base import Flow
 from psrl.flows.effects import Effect, Handler, Timer
@@ -295,7 +294,7 @@ class InstanceFlow(Flow):
             token_ids=np.asarray(result.output_ids, np.int32),
             logprobs=np.asarray(result.logprobs, np.float32),
             versions=np.asarray(result.versions, np.int32),
-            finish_reason=_FINISH[result.finish_reason],
+            finish_reason=result.finish_reason,
             instance=self.name,
             error=reason,
         )

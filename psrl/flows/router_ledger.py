@@ -103,7 +103,7 @@ class RouterLedgerFlow(Flow, ABC):
     def truncated(self, traj: Trajectory, instance: str) -> None:
         """A child stopped by the proactive filter ``truncate``: its partial output is its response."""
         self.tracker.finish(traj.request_id)
-        self._send_done(traj, FinishReason.LENGTH, instance)
+        self._send_done(traj, FinishReason.TRUNCATED, instance)
         pending = self.truncating.get(traj.prompt_id)
         if pending is None:
             return

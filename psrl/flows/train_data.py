@@ -75,7 +75,7 @@ def trajectories_from(data: TrainData, responses_per_prompt: int) -> list[Trajec
                 version=int(data.v_traj[i]),
                 reward=float(data.rewards[i]),
                 acc=float(data.accs[i]),
-                finish_reason=_FINISH.get(int(data.finish_reasons[i]), FinishReason.STOP),
+                finish_reason=FinishReason(int(data.finish_reasons[i])),
             )
         )
     return out

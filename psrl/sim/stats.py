@@ -77,7 +77,8 @@ class StatsTap:
                 stats.first_dispatch_s = stats.first_dispatch_s if stats.num_routing_decisions else now
                 stats.num_routing_decisions += 1
         elif (
-            isinstance(message, TrajectoryDone) and message.finish_reason in (FinishReason.STOP, FinishReason.LENGTH)
+            isinstance(message, TrajectoryDone)
+            and message.finish_reason in (FinishReason.STOP, FinishReason.LENGTH, FinishReason.TRUNCATED)
         ) or isinstance(message, TrainerProgress):
             stats.last_progress_s = now
         elif isinstance(message, SyncCommand):

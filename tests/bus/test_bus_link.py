@@ -60,6 +60,7 @@ def test_a_send_to_a_peer_that_is_gone_returns_none(pair) -> None:  # type: igno
     server, _ = pair()
     assert server.send(Abort(request_ids=[1]), "nobody") is None
     assert server.num_unroutable == 1
+    assert server.logged.seq == 0  # a failed send takes no number: the logged stream has no hole
 
 
 def test_an_undecodable_message_is_counted_and_dropped(pair) -> None:  # type: ignore[no-untyped-def]

@@ -10,6 +10,7 @@ from bus.messages import (
     ActorExited,
     BufferReady,
     Consume,
+    FinishReason,
     GenerateRequest,
     GroupComplete,
     LedgerOp,
@@ -221,6 +222,7 @@ def test_proactive_truncate_completes_the_buffer_the_trainer_waits_for() -> None
         out += flow.handle(result(req, where[req.request_id], num_tokens=3, error="truncate"), 1.5)
     truncated = [d for d in sent(out, TrajectoryDone) if d.request_id in (2, 3)]
     assert [len(d.token_ids) for d in truncated] == [3, 3]
+    assert all(d.finish_reason == FinishReason.TRUNCATED for d in truncated)
     [complete] = [c for c in sent(out, GroupComplete) if c.prompt_id == 1]
     assert complete.occupied_buffer == 0  # already occupied: the coordinator does not ask again
     assert [sorted(r.prompt_ids) for r in sent(out, BufferReady)] == [[0, 1]]

@@ -23,9 +23,9 @@ from bus.messages import (
     Shutdown,
     TokenChunk,
 )
+from launch.plan import ActorSpec
+from launch.process import start_actor
 from psrl.config import load_config, to_yaml
-from psrl.launch.plan import ActorSpec
-from psrl.launch.process import start_actor
 
 pytestmark = pytest.mark.system
 

@@ -6,14 +6,14 @@ from typing import Any
 
 import click
 
+from launch.hosts import HostsFile
+from launch.metrics_sink import MetricsSink
+from launch.plan import plan_actors
+from launch.progress import ProgressView
+from launch.status_recorder import StatusRecorder
+from launch.supervisor import EXIT_OK, Supervisor
 from psrl.config import Config
 from psrl.errors import MissingExtraError
-from psrl.launch.hosts import HostsFile
-from psrl.launch.metrics_sink import MetricsSink
-from psrl.launch.plan import plan_actors
-from psrl.launch.progress import ProgressView
-from psrl.launch.status_recorder import StatusRecorder
-from psrl.launch.supervisor import EXIT_OK, Supervisor
 from psrl.rundir import RunDir
 
 

@@ -38,13 +38,13 @@ from bus.messages import (
 )
 from bus.schema import Event
 from bus.security import generate_keys, load_keys
+from launch.hosts import HostsFile
+from launch.placement import visible_gpus
+from launch.plan import ActorSpec, plan_actors, plan_endpoints
+from launch.policy import RestartPolicy, Verdict
+from launch.process import ActorProcess, run_on_host, start_actor
 from psrl.config import Config, to_yaml
 from psrl.config.bus_settings import bus_settings
-from psrl.launch.hosts import HostsFile
-from psrl.launch.placement import visible_gpus
-from psrl.launch.plan import ActorSpec, plan_actors, plan_endpoints
-from psrl.launch.policy import RestartPolicy, Verdict
-from psrl.launch.process import ActorProcess, run_on_host, start_actor
 from psrl.log import get_logger
 from psrl.rundir import RunDir
 from psrl.trainer.checkpoint import latest_checkpoint
