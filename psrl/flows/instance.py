@@ -51,11 +51,6 @@ from psrl.routing.preemption import preempted_to_loop_back
 
 ROUTER = "router"
 STREAM_EVERY_TOKENS = 16  # chunk size of token streaming (a dead instance loses at most this much)
-_FINISH = {
-    EngineFinish.STOP: FinishReason.STOP,
-    EngineFinish.LENGTH: FinishReason.LENGTH,
-    EngineFinish.ABORT: FinishReason.ABORT,
-}
 _PULL_ERRORS = (PullFailedError, ValueError, RuntimeError)
 
 

@@ -11,18 +11,11 @@ from typing import Any
 
 import numpy as np
 
-from bus.messages import FinishReason as BusFinish
-from bus.messages import TrainData, TrajectoryDone
+from bus.messages import FinishReason, TrainData, TrajectoryDone
 from psrl.coordination.chunks import Chunk
 from psrl.coordination.groups import Group
-from psrl.rl.trajectory import FinishReason, Trajectory
+from psrl.rl.trajectory import Trajectory
 from psrl.tasks.base import Reward
-
-_FINISH = {
-    int(BusFinish.STOP): FinishReason.STOP,
-    int(BusFinish.LENGTH): FinishReason.LENGTH,
-    int(BusFinish.ABORT): FinishReason.ABORT,
-}
 
 
 def train_data(chunk: Chunk, groups: list[Group], *, with_logprobs: bool = True) -> TrainData:
