@@ -584,43 +584,6 @@ class MigrateCommand(Message, frozen=True):
     num_requests: int = 0
 
 
-class RouteCandidate(Part, frozen=True):
-    """One instance as the router saw it when choosing (nested in RouteDecision, not a kind).
-
-    instance: instance id.
-    weight_version: its weight version.
-    num_running: requests it was decoding.
-    num_waiting: requests queued on it.
-    kv_tokens: KV tokens resident.
-    prefix_match_tokens: prompt tokens of this request already in its prefix cache.
-    score: the policy's score of the instance (lower is better).
-    """
-
-    instance: str
-    weight_version: int
-    num_running: int
-    num_waiting: int
-    kv_tokens: int = 0
-    prefix_match_tokens: int = 0
-    score: float = 0.0
-
-
-@message("coord.route")
-class RouteDecision(Message, frozen=True):
-    """The router placed a request: enough inputs to replay the decision.
-
-    request_id: request placed.
-    policy: routing policy name.
-    candidates: every instance considered, with its inputs.
-    chosen: instance chosen; empty = queued for later.
-    """
-
-    request_id: int
-    policy: str
-    candidates: list[RouteCandidate]
-    chosen: str
-
-
 @message("coord.tick")
 class TickRecord(Message, frozen=True):
     """One sync/migration decision of the coordinator with its inputs, for `psrl replay --check` (added in 1.1).
@@ -633,32 +596,6 @@ class TickRecord(Message, frozen=True):
     synced: list[str]
     migrated: str
     record: bytes
-
-
-@message("coord.session_hang")
-class SessionHang(Message, frozen=True):
-    """A multi-turn session is parked (waiting for its environment) and holds no slot.
-
-    session_id: session id.
-    instance: instance it is pinned to.
-    reason: why it was parked.
-    """
-
-    session_id: str
-    instance: str
-    reason: str = ""
-
-
-@message("coord.session_continue")
-class SessionContinue(Message, frozen=True):
-    """A parked session continues with its next turn.
-
-    session_id: session id.
-    instance: instance it continues on.
-    """
-
-    session_id: str
-    instance: str
 
 
 # ---------------------------------------------------------------------------- training
@@ -682,26 +619,6 @@ class TrainBatch(Message, frozen=True):
     num_trajectories: int
     num_tokens: int
     min_version: int
-
-
-@message("train.chunk")
-class TrainChunk(Message, frozen=True):
-    """Metadata of one fine-grain chunk of a buffer handed to the trainer.
-
-    step: trainer step.
-    buffer: staleness buffer index.
-    chunk: chunk index within the buffer.
-    num_chunks: chunks the buffer is split into.
-    prompt_ids: groups in the chunk.
-    num_tokens: tokens in the chunk.
-    """
-
-    step: int
-    buffer: int
-    chunk: int
-    num_chunks: int
-    prompt_ids: list[int]
-    num_tokens: int
 
 
 @message("train.progress")
