@@ -8,7 +8,7 @@ VLLM_VENV := .venv-vllm
 VLLM_BIN := $(VLLM_VENV)/bin
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: install install-vllm check lint types test test-slow test-multihost test-wheel test-vllm test-all demo docs bench clean
+.PHONY: install install-vllm check lint imports types test test-slow test-multihost test-wheel test-vllm test-all demo docs bench clean
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -33,10 +33,13 @@ lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
+imports: install
+	$(BIN)/lint-imports
+
 types: install
 	$(BIN)/mypy
 
-check: lint types
+check: lint imports types
 
 test: check
 	$(PYTEST) -m "not slow and not multihost and not packaging and not vllm"

@@ -3,7 +3,7 @@
 from setuptools import find_namespace_packages, setup
 
 setup(
-    packages=[*find_namespace_packages(include=["psrl*", "actors*", "bus*"]), "psrl.presets"],
+    packages=[*find_namespace_packages(include=["psrl*", "actors*", "bus*", "launch*"]), "psrl.presets"],
     package_dir={"psrl.presets": "configs"},
     package_data={"psrl.presets": ["*.yaml"]},
 )

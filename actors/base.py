@@ -7,8 +7,8 @@
 
 Inputs are sockets registered with a poller: the events subscriber, the control subscriber and
 any socket the actor adds (`add_input`). Messages are dispatched through a handler table built
-once from the methods decorated with `@handles(Kind, ...)`; an unknown kind is counted and
-logged, a handler exception is logged and counted, and the loop goes on. Pause / Resume /
+once from the actor's input table (`inputs()`: kind -> handler, by link or bus); an unknown kind
+is counted and logged, a handler exception is logged and counted, and the loop goes on. Pause / Resume /
 Drain / Shutdown arrive on the control channel and are handled here for every actor. SIGTERM
 and end-of-file on stdin (the launcher is gone) become a graceful stop, never an exit from
 inside a signal handler. A heartbeat thread publishes liveness even while `step` blocks (a
@@ -26,15 +26,16 @@ import threading
 import time
 import traceback
 import weakref
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any, ClassVar, TypeVar
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
 import yaml
 import zmq
 
 from actors.boot import Boot
 from bus import Publisher, Subscriber
+from bus.link import Link
 from bus.messages import (
     ActorDead,
     ActorState,
@@ -49,36 +50,33 @@ from bus.messages import (
 )
 from bus.schema import PROTOCOL_VERSION, Channel, Event, Message
 from bus.security import start_authenticator
-from bus.settings import BusSettings
+from bus.stamp import Cause
 from psrl.config import Config
+from psrl.config.bus_settings import bus_settings
 from psrl.log import get_logger
 
 IDLE_POLL_MS = 50  # how long an idle loop blocks on its inputs; bounds reaction to signals
 SUBSCRIBE_WAIT_S = 10.0  # wait for the logger to subscribe before the first event
 STDIN_GRACE_S = 5.0  # after the launcher vanished, exit even if the graceful stop hangs
 
-F = TypeVar("F", bound=Callable[..., Any])
 Handler = Callable[[Event[Any]], None]
 
 
-def handles(*kinds: type[Message], link: bool = False, fatal: bool = False) -> Callable[[F], F]:
-    """Mark a method as the handler of the given message kinds.
+@dataclass(frozen=True)
+class Inputs:
+    """An actor's input table: every kind it handles, where it arrives, and its handler.
 
-    ``link=True``: the kinds arrive on a point-to-point link the actor reads itself, so the actor
-    does not subscribe to them on the bus (where other actors' copies of them may be published).
-    ``fatal=True``: an exception in the handler ends the actor (ActorDead, exit 1) instead of being
-    counted and logged, for handlers whose failure leaves the actor unable to make progress (a
-    failed training step or weight push): the supervisor's restart policy then applies, where
-    carrying on would leave the run waiting forever.
+    ``link``: kinds that arrive on the actor's own point-to-point links (it does not subscribe to
+    them on the bus, where copies of other actors' link traffic are published). ``bus``: kinds it
+    subscribes to. ``fatal``: kinds whose handler failing ends the actor (ActorDead, exit 1) instead
+    of being counted and logged, for handlers whose failure leaves the actor unable to make
+    progress (a failed training step or weight push): the supervisor's restart policy then applies,
+    where carrying on would leave the run waiting forever.
     """
 
-    def mark(method: F) -> F:
-        method._psrl_kinds = kinds  # type: ignore[attr-defined]
-        method._psrl_via_link = link  # type: ignore[attr-defined]
-        method._psrl_fatal = fatal  # type: ignore[attr-defined]
-        return method
-
-    return mark
+    link: Mapping[type[Message], Handler] = field(default_factory=dict)
+    bus: Mapping[type[Message], Handler] = field(default_factory=dict)
+    fatal: frozenset[type[Message]] = frozenset()
 
 
 @dataclass
@@ -100,9 +98,10 @@ class Actor:
         self.log = get_logger(f"actors.{self.ROLE}", actor=self.name, incarnation=boot.incarnation)
         self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
         curve = boot.curve_keys()
-        self.bus = BusSettings.from_config(self.config, curve)
+        self.bus = bus_settings(self.config, curve)
         self._authenticator = start_authenticator(self.ctx, curve) if curve is not None else None
         self.addresses = boot.addresses()
+        self.cause = Cause()  # the event being handled: the parent of whatever goes out meanwhile
         self.publisher = Publisher(
             self.ctx,
             self.addresses,
@@ -110,6 +109,7 @@ class Actor:
             boot.incarnation,
             options=self.bus.options,
             array_frame_bytes=self.bus.array_frame_bytes,
+            cause=self.cause,
         )
         self.state = ActorState.STARTING
         self.is_paused = False
@@ -128,6 +128,10 @@ class Actor:
         self._finalizer = weakref.finalize(self, _release, self.ctx, self._heartbeat_stop, self._authenticator)
 
     # ------------------------------------------------------------------ overridable parts
+
+    def inputs(self) -> Inputs:
+        """What the actor handles (control kinds are added by the base)."""
+        return Inputs()
 
     def setup(self) -> dict[str, int]:
         """Build the actor's state; return its capacity for the Ready event."""
@@ -160,6 +164,12 @@ class Actor:
             self._control_inputs.add(sock)
         self._poller.register(sock, zmq.POLLIN)
 
+    def add_link_kinds(self, kinds: Iterable[type[Message]], handler: Handler) -> None:
+        """Handle ``kinds`` arriving on the actor's links (for inputs known only once setup built them)."""
+        for kind in kinds:
+            self._handlers[kind.KIND] = handler
+            self._link_kinds.add(kind.KIND)
+
     def every(self, interval_s: float, callback: Callable[[], None]) -> None:
         """Run ``callback`` from the loop about every ``interval_s`` seconds."""
         self._timers.append(_Timer(interval_s, callback, time.monotonic() + interval_s))
@@ -170,6 +180,7 @@ class Actor:
             self.num_unhandled += 1
             self.log.warning("unhandled message kind", kind=event.envelope.kind, sender=event.envelope.sender)
             return
+        self.cause.event_id = event.envelope.event_id
         try:
             handler(event)
         except Exception as exc:
@@ -177,6 +188,29 @@ class Actor:
                 raise
             self.num_handler_errors += 1
             self.log.error("handler failed", kind=event.envelope.kind, error=repr(exc), tb=traceback.format_exc())
+        finally:
+            self.cause.event_id = None
+
+    def make_link(self, peer: str, *, serve: bool) -> Link:
+        """A link at ``peer``'s endpoint: served here (``serve``, peer = this actor), or to that peer.
+
+        Its sends are logged through this actor's publisher and name the event being handled as
+        their parent.
+        """
+        name = self.name if serve else f"{self.name}-{peer}"
+        return Link(
+            self.ctx,
+            self.boot.endpoint(peer),
+            sender=name,
+            incarnation=self.boot.incarnation,
+            serve=serve,
+            identity=None if serve else self.name,
+            options=self.bus.options,
+            log=self.publisher,
+            cause=self.cause,
+            array_frame_bytes=self.bus.array_frame_bytes,
+            max_message_bytes=self.bus.max_message_bytes,
+        )
 
     def request_stop(self, reason: str) -> None:
         if self.stop_reason is None:
@@ -200,10 +234,11 @@ class Actor:
             self.publisher.wait_subscribed(SUBSCRIBE_WAIT_S, prefix="")
             self.publisher.publish(
                 Hello(
-                    self.ROLE,
-                    pysocket.gethostname(),
-                    os.getpid(),
-                    *PROTOCOL_VERSION,
+                    role=self.ROLE,
+                    host=pysocket.gethostname(),
+                    pid=os.getpid(),
+                    protocol_major=PROTOCOL_VERSION[0],
+                    protocol_minor=PROTOCOL_VERSION[1],
                     request_address=self.boot.endpoints.get(self.name, ""),
                 )
             )
@@ -273,25 +308,21 @@ class Actor:
 
     # ------------------------------------------------------------------ built-in control
 
-    @handles(Pause)
     def _on_pause(self, event: Event[Pause]) -> None:
         if self.is_addressed(event.message.targets) and not self.is_paused:
             self.is_paused = True
             self.on_pause()
 
-    @handles(Resume)
     def _on_resume(self, event: Event[Resume]) -> None:
         if self.is_addressed(event.message.targets) and self.is_paused:
             self.is_paused = False
             self.on_resume()
 
-    @handles(Drain)
     def _on_drain(self, event: Event[Drain]) -> None:
         if self.is_addressed(event.message.targets):
             self.is_draining = True
             self.set_state(ActorState.DRAINING)
 
-    @handles(Shutdown)
     def _on_shutdown(self, event: Event[Shutdown]) -> None:
         if self.is_addressed(event.message.targets):
             self.request_stop(f"shutdown: {event.message.reason}" if event.message.reason else "shutdown")
@@ -299,17 +330,16 @@ class Actor:
     # ------------------------------------------------------------------ internals
 
     def _handler_table(self) -> dict[str, Handler]:
-        table: dict[str, Handler] = {}
-        self._link_kinds: set[str] = set()
-        self._fatal_kinds: set[str] = set()
-        for klass in reversed(type(self).__mro__):
-            for attr, value in vars(klass).items():
-                for kind in getattr(value, "_psrl_kinds", ()):
-                    table[kind.KIND] = getattr(self, attr)
-                    if getattr(value, "_psrl_via_link", False):
-                        self._link_kinds.add(kind.KIND)
-                    if getattr(value, "_psrl_fatal", False):
-                        self._fatal_kinds.add(kind.KIND)
+        inputs = self.inputs()
+        control: dict[type[Message], Handler] = {
+            Pause: self._on_pause,
+            Resume: self._on_resume,
+            Drain: self._on_drain,
+            Shutdown: self._on_shutdown,
+        }
+        table = {kind.KIND: handler for kind, handler in {**control, **inputs.bus, **inputs.link}.items()}
+        self._link_kinds = {kind.KIND for kind in inputs.link}
+        self._fatal_kinds = {kind.KIND for kind in inputs.fatal}
         return table
 
     def _subscribe(self) -> list[Subscriber]:

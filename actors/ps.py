@@ -26,9 +26,13 @@ class ParameterShardActor(Actor):
         args = EngineArgs.from_config(self.config)
         engine_dtype = args.resolve_dtype(args.resolve_device())
         options = shard_options(
-            self.config, self.boot.index, self.boot.endpoint(self.name), self.boot.endpoint(f"{self.name}.1"),
+            self.config,
+            self.boot.index,
+            self.boot.endpoint(self.name),
+            self.boot.endpoint(f"{self.name}.1"),
             engine_dtype,
-        )  # fmt: skip
+            curve=self.bus.options.curve,
+        )
         options = dataclasses.replace(options, host=self.boot.host)
         self.events: queue.SimpleQueue[tuple[str, VersionEvent]] = queue.SimpleQueue()
         self.server = ShardServer(

@@ -11,7 +11,6 @@ ACTOR_CLASSES: dict[str, str] = {
     "rollout": "actors.rollout:RolloutActor",
     "trainer": "actors.trainer:TrainerActor",
     "ps": "actors.ps:ParameterShardActor",
-    "session": "actors.session_scheduler:SessionSchedulerActor",
 }
 
 

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import structlog
+
 from bus.errors import DecodeError, DropReason
-from psrl.log import get_logger
 
 
 class DropCounter:
@@ -16,7 +17,7 @@ class DropCounter:
     def __init__(self, receiver: str) -> None:
         self.receiver = receiver
         self.counts: dict[DropReason, int] = dict.fromkeys(DropReason, 0)
-        self._log = get_logger("bus.drops", receiver=receiver)
+        self._log = structlog.get_logger("bus.drops").bind(receiver=receiver)
 
     @property
     def total(self) -> int:

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 from enum import Enum
 
-from psrl.errors import PsrlError
 
-
-class BusError(PsrlError):
+class BusError(Exception):
     """A bus operation failed (bad address, bad keys, closed socket, ...)."""
 
 
@@ -27,16 +25,3 @@ class DecodeError(BusError):
         super().__init__(f"{reason.value}: {detail}")
         self.reason = reason
         self.detail = detail
-
-
-class RequestTimeoutError(BusError):
-    """A request got no reply within its timeout after every retry."""
-
-    def __init__(self, address: str, kind: str, num_attempts: int, timeout_ms: int) -> None:
-        super().__init__(
-            f"no reply to {kind} from {address} after {num_attempts} attempt(s) of {timeout_ms} ms each; "
-            "is the replying actor running and connected to this address?"
-        )
-        self.address = address
-        self.kind = kind
-        self.num_attempts = num_attempts

@@ -31,10 +31,13 @@ class ActorState(IntEnum):
 
 
 class FinishReason(IntEnum):
-    STOP = 0
-    LENGTH = 1
-    ABORT = 2
-    ERROR = 3
+    """How a response ended: the one vocabulary of the engine, the router, the coordinator and the trainer."""
+
+    STOP = 0  # end-of-sequence or a stop token
+    LENGTH = 1  # max_tokens or the context length
+    ABORT = 2  # stopped by an abort, with its partial output kept
+    ERROR = 3  # the request failed
+    TRUNCATED = 4  # force-completed by the proactive filter truncate: its partial output is its response (1.3)
 
 
 # ---------------------------------------------------------------------------- actor lifecycle
@@ -262,9 +265,10 @@ class GenerateRequest(Message, frozen=True):
     dispatch_seq: int = -1
 
 
-@message("gen.chunk")
+@message("gen.chunk", logged=False)
 class TokenChunk(Message, frozen=True):
-    """Tokens streamed by an instance since the previous chunk of the request.
+    """Tokens streamed by an instance since the previous chunk of the request (not logged: the result
+    carries every token).
 
     request_id: trajectory id.
     token_ids: new tokens (int32).
@@ -580,43 +584,6 @@ class MigrateCommand(Message, frozen=True):
     num_requests: int = 0
 
 
-class RouteCandidate(Part, frozen=True):
-    """One instance as the router saw it when choosing (nested in RouteDecision, not a kind).
-
-    instance: instance id.
-    weight_version: its weight version.
-    num_running: requests it was decoding.
-    num_waiting: requests queued on it.
-    kv_tokens: KV tokens resident.
-    prefix_match_tokens: prompt tokens of this request already in its prefix cache.
-    score: the policy's score of the instance (lower is better).
-    """
-
-    instance: str
-    weight_version: int
-    num_running: int
-    num_waiting: int
-    kv_tokens: int = 0
-    prefix_match_tokens: int = 0
-    score: float = 0.0
-
-
-@message("coord.route")
-class RouteDecision(Message, frozen=True):
-    """The router placed a request: enough inputs to replay the decision.
-
-    request_id: request placed.
-    policy: routing policy name.
-    candidates: every instance considered, with its inputs.
-    chosen: instance chosen; empty = queued for later.
-    """
-
-    request_id: int
-    policy: str
-    candidates: list[RouteCandidate]
-    chosen: str
-
-
 @message("coord.tick")
 class TickRecord(Message, frozen=True):
     """One sync/migration decision of the coordinator with its inputs, for `psrl replay --check` (added in 1.1).
@@ -629,32 +596,6 @@ class TickRecord(Message, frozen=True):
     synced: list[str]
     migrated: str
     record: bytes
-
-
-@message("coord.session_hang")
-class SessionHang(Message, frozen=True):
-    """A multi-turn session is parked (waiting for its environment) and holds no slot.
-
-    session_id: session id.
-    instance: instance it is pinned to.
-    reason: why it was parked.
-    """
-
-    session_id: str
-    instance: str
-    reason: str = ""
-
-
-@message("coord.session_continue")
-class SessionContinue(Message, frozen=True):
-    """A parked session continues with its next turn.
-
-    session_id: session id.
-    instance: instance it continues on.
-    """
-
-    session_id: str
-    instance: str
 
 
 # ---------------------------------------------------------------------------- training
@@ -678,26 +619,6 @@ class TrainBatch(Message, frozen=True):
     num_trajectories: int
     num_tokens: int
     min_version: int
-
-
-@message("train.chunk")
-class TrainChunk(Message, frozen=True):
-    """Metadata of one fine-grain chunk of a buffer handed to the trainer.
-
-    step: trainer step.
-    buffer: staleness buffer index.
-    chunk: chunk index within the buffer.
-    num_chunks: chunks the buffer is split into.
-    prompt_ids: groups in the chunk.
-    num_tokens: tokens in the chunk.
-    """
-
-    step: int
-    buffer: int
-    chunk: int
-    num_chunks: int
-    prompt_ids: list[int]
-    num_tokens: int
 
 
 @message("train.progress")
@@ -789,6 +710,32 @@ class GroupComplete(Message, frozen=True):
     occupied_buffer: int = -1
 
 
+@message("group.trajectory")
+class TrajectoryDone(Message, frozen=True):
+    """A trajectory of a prompt group ended (router -> coordinator) (added in 1.3).
+
+    request_id: trajectory id.
+    prompt_id: prompt group id.
+    v_traj: the version the trajectory is pinned to (its first routing).
+    token_ids: its whole response, every continuation included (int32).
+    logprobs: their logprobs (float32).
+    versions: weight version of each token (int32).
+    finish_reason: stop, length or truncated (a response to train on), abort or error (given up).
+    instance: instance id that generated the last token.
+    error: why it was given up (abort reason or error text); empty otherwise.
+    """
+
+    request_id: int
+    prompt_id: int
+    v_traj: int
+    token_ids: np.ndarray
+    logprobs: np.ndarray
+    versions: np.ndarray
+    finish_reason: FinishReason
+    instance: str
+    error: str = ""
+
+
 @message("group.drop")
 class GroupDrop(Message, frozen=True):
     """Give up a prompt group: abort its requests and free its slot (added in 1.1).
@@ -818,9 +765,10 @@ class Refill(Message, frozen=True):
 # ---------------------------------------------------------------------------- training data
 
 
-@message("train.data")
+@message("train.data", logged=False)
 class TrainData(Message, frozen=True):
-    """Trajectories of one buffer (or one chunk of it), sent to the trainer on its link (added in 1.1).
+    """Trajectories of one buffer (or one chunk of it), sent to the trainer on its link (added in 1.1;
+    not logged: ``train.batch`` and the trajectories' own events carry its facts).
 
     step: trainer step the data belongs to.
     buffer: staleness buffer index.

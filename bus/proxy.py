@@ -20,6 +20,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from types import TracebackType
 
+import structlog
 import zmq
 from zmq.auth.thread import ThreadAuthenticator
 
@@ -27,7 +28,6 @@ from bus.addresses import BusAddresses, plan_addresses
 from bus.errors import BusError
 from bus.security import load_keys, start_authenticator
 from bus.sockets import DEFAULT_SOCKET_OPTIONS, SocketOptions, bound_address, make_socket
-from psrl.log import configure, get_logger
 
 _TERMINATE = b"TERMINATE"
 
@@ -119,7 +119,7 @@ def _forward(frontend: zmq.Socket[bytes], backend: zmq.Socket[bytes], control: z
         zmq.proxy_steerable(frontend, backend, None, control)
     except zmq.ZMQError as exc:
         if exc.errno not in (zmq.ETERM, zmq.ENOTSOCK):  # those mean the context was shut down under us
-            get_logger("bus.proxy").error("proxy stopped forwarding", error=str(exc))
+            structlog.get_logger("bus.proxy").error("proxy stopped forwarding", error=str(exc))
     finally:
         for socket in (frontend, backend, control):
             socket.close(0)
@@ -134,7 +134,6 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--hwm", type=int, default=SocketOptions.hwm)
     parser.add_argument("--curve-dir", default=None)
     args = parser.parse_args(argv)
-    configure("info")
     plan = plan_addresses(args.run_dir, args.transport, args.host, args.curve_dir)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from typing import Any
 
 import zmq
 
@@ -22,7 +23,7 @@ from bus.errors import BusError
 from bus.io import send_frames
 from bus.schema import Channel, Envelope, Message
 from bus.sockets import DEFAULT_SOCKET_OPTIONS, SocketOptions, make_socket
-from bus.stamp import Stamper
+from bus.stamp import Cause, Stamper
 
 DEFAULT_PUBLISHER_LINGER_MS = 2000  # let an exiting actor's last events (ActorDead) leave
 MAX_BATCH = 1024  # events per ZeroMQ message in publish_many
@@ -41,12 +42,13 @@ class Publisher:
         options: SocketOptions = DEFAULT_SOCKET_OPTIONS,
         array_frame_bytes: int = DEFAULT_ARRAY_FRAME_BYTES,
         linger_ms: int = DEFAULT_PUBLISHER_LINGER_MS,
+        cause: Cause | None = None,
     ) -> None:
         # One numbered stream per channel: the two proxies may reorder events between channels,
         # never within one, so per-channel numbering keeps "missing" meaning "lost".
         self.stampers = {
-            Channel.EVENTS: Stamper(sender, incarnation),
-            Channel.CONTROL: Stamper(f"{sender}/ctl", incarnation),
+            Channel.EVENTS: Stamper(sender, incarnation, cause),
+            Channel.CONTROL: Stamper(f"{sender}/ctl", incarnation, cause),
         }
         self.stamper = self.stampers[Channel.EVENTS]
         self._encoder = Encoder(array_frame_bytes)
@@ -75,6 +77,11 @@ class Publisher:
         frames = self._encoder.encode(envelope, message)
         send_frames(self._sockets[message.CHANNEL], frames)
         return envelope
+
+    def forward(self, frames: list[Any]) -> None:
+        """Publish frames another stream stamped and encoded (a link's record of what it sent) on the
+        events channel, as they are: every copy of one stream takes one path, so its order holds."""
+        send_frames(self._sockets[Channel.EVENTS], frames)
 
     def publish_many(
         self,

@@ -18,7 +18,7 @@ from typing import ClassVar, Generic, TypeVar
 import msgspec
 
 # (major, minor). Major changes the envelope or record layout; minor adds kinds or trailing fields.
-PROTOCOL_VERSION: tuple[int, int] = (1, 2)
+PROTOCOL_VERSION: tuple[int, int] = (1, 3)
 
 _KIND_PATTERN = re.compile(r"^[a-z][a-z0-9]*(\.[a-z][a-z0-9_]*)+$")
 
@@ -37,6 +37,7 @@ class Message(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True, 
     KIND_BYTES: ClassVar[bytes] = b""
     SCHEMA_VERSION: ClassVar[int] = 0
     CHANNEL: ClassVar[Channel] = Channel.EVENTS
+    LOGGED: ClassVar[bool] = True  # sent on a link, it is also published (and so logged)
 
 
 class Part(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True, gc=False):
@@ -90,8 +91,14 @@ CATALOGUE: dict[str, type[Message]] = {}
 """Every registered kind name -> its struct class, in declaration order."""
 
 
-def message(kind: str, *, version: int = 1, channel: Channel = Channel.EVENTS) -> Callable[[type[M]], type[M]]:
-    """Register a message kind: ``@message("gen.request")`` above a `Message` subclass."""
+def message(
+    kind: str, *, version: int = 1, channel: Channel = Channel.EVENTS, logged: bool = True
+) -> Callable[[type[M]], type[M]]:
+    """Register a message kind: ``@message("gen.request")`` above a `Message` subclass.
+
+    ``logged=False``: a link does not publish what it sends of this kind (bulk data whose facts
+    other kinds carry), so it never reaches the event log.
+    """
     if not _KIND_PATTERN.match(kind):
         raise ValueError(f"kind {kind!r} must be dotted lower-case words grouped by area, like 'gen.request'")
     if version < 1:
@@ -104,6 +111,7 @@ def message(kind: str, *, version: int = 1, channel: Channel = Channel.EVENTS) -
         cls.KIND_BYTES = kind.encode("ascii")
         cls.SCHEMA_VERSION = version
         cls.CHANNEL = channel
+        cls.LOGGED = logged
         CATALOGUE[kind] = cls
         return cls
 

@@ -1,6 +1,8 @@
 """The one place where bus sockets are created.
 
-`make_socket` sets high-water marks, linger, identity and CURVE, and binds or connects. Which of
+`make_socket` sets high-water marks, linger, identity and CURVE, and binds or connects. Every
+socket of a run is made here: the proxies', the publishers' and subscribers', the links' and the
+parameter server's bulk sockets, so CURVE (across hosts) applies to all of them. Which of
 the two it does follows the socket's role unless told otherwise: the stable ends (proxy XSUB and
 XPUB, request ROUTERs) bind, the actors' ends (publishers, subscribers, DEALERs) connect.
 
@@ -11,7 +13,7 @@ slow subscriber loses events (and detects it from sequence numbers), but never s
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import zmq
@@ -52,8 +54,12 @@ def make_socket(
     identity: bytes | None = None,
     linger_ms: int | None = None,
     subscribe: Sequence[bytes] = (),
+    sockopts: Mapping[int, int] | None = None,
 ) -> zmq.Socket[bytes]:
-    """Create, configure and bind or connect one socket. Raises BusError with the address on failure."""
+    """Create, configure and bind or connect one socket. Raises BusError with the address on failure.
+
+    ``sockopts``: further integer options (e.g. ROUTER_MANDATORY), set before it binds or connects.
+    """
     is_bind = _BINDS_BY_DEFAULT.get(socket_type, False) if bind is None else bind
     socket = ctx.socket(socket_type)
     try:
@@ -66,6 +72,8 @@ def make_socket(
             apply_curve(socket, options.curve, is_server=is_bind)
         for prefix in subscribe:
             socket.setsockopt(zmq.SUBSCRIBE, prefix)
+        for option, value in (sockopts or {}).items():
+            socket.setsockopt(option, value)
         if is_bind:
             socket.bind(address)
         else:

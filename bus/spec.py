@@ -85,10 +85,12 @@ def struct_table(cls: type[msgspec.Struct]) -> list[str]:
 
 def render_catalogue() -> str:
     lines = [BEGIN, "", f"Protocol version {PROTOCOL_VERSION[0]}.{PROTOCOL_VERSION[1]}.", ""]
-    lines += ["| kind | struct | channel | schema | meaning |", "|---|---|---|---|---|"]
+    lines += ["| kind | struct | channel | schema | logged | meaning |", "|---|---|---|---|---|---|"]
     for kind, cls in CATALOGUE.items():
+        logged = "yes" if cls.LOGGED else "no"
         lines.append(
-            f"| `{kind}` | {cls.__name__} | {cls.CHANNEL.name.lower()} | {cls.SCHEMA_VERSION} | {summary(cls)} |"
+            f"| `{kind}` | {cls.__name__} | {cls.CHANNEL.name.lower()} | {cls.SCHEMA_VERSION} | {logged} "
+            f"| {summary(cls)} |"
         )
     for kind, cls in CATALOGUE.items():
         lines += ["", f"### `{kind}`: {cls.__name__}", "", summary(cls), "", *struct_table(cls)]

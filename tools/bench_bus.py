@@ -9,7 +9,7 @@ the median:
            raw through the run's XSUB/XPUB proxy, and psrl's bus (typed events, envelope, proxy,
            typed decoding on receipt) for a small event and for a 24-token chunk.
   reqrep   round-trip time, one request outstanding: raw DEALER/ROUTER with msgpack dicts versus
-           bus Requester.call -> Replier (envelopes, correlation check).
+           a bus link (envelopes; the answer names the request as its parent, which is checked).
   log      publisher throughput with and without the event logger subscribed, paced at
            50k events/s and flat out (the logger writes every event to segment files).
 
@@ -45,12 +45,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bus.addresses import BusAddresses, plan_addresses
 from bus.eventlog import EventLogger
+from bus.link import Link
 from bus.messages import Heartbeat, PullRequest, TokenChunk, TrainBatch, WeightsLoaded
 from bus.proxy import BusProxy
 from bus.publisher import Publisher
-from bus.rpc import Replier, Requester
 from bus.schema import Channel
 from bus.sockets import SocketOptions
+from bus.stamp import Cause
 from bus.subscriber import Subscriber
 
 NS = 1_000_000_000
@@ -235,20 +236,25 @@ def raw_router_proc(address: str, q: Any) -> None:
     ctx.term()
 
 
-def bus_replier_proc(address: str, q: Any) -> None:
+def bus_link_server_proc(address: str, q: Any) -> None:
     ctx = zmq.Context()
-    replier = Replier(ctx, address, "ps.rep", options=UNBOUNDED)
+    cause = Cause()
+    link = Link(ctx, address, sender="ps", serve=True, options=UNBOUNDED, cause=cause)
     q.put("ready")
     while True:
-        request = replier.recv()
-        if request is None:
+        link.socket.poll()
+        received = link.recv()
+        if received is None:
             continue
-        pull = request.event.message
-        replier.reply(request, WeightsLoaded(pull.instance, pull.version * 2))
-        if pull.version < 0:
+        peer, events = received
+        for event in events:
+            pull = event.message
+            cause.event_id = event.envelope.event_id  # the answer names the request as its parent
+            link.send(WeightsLoaded(instance=pull.instance, version=pull.version * 2), peer)
+        if events and events[-1].message.version < 0:
             break
     time.sleep(0.2)
-    replier.close()
+    link.close()
     ctx.term()
 
 
@@ -363,23 +369,36 @@ def run_bus_reqrep(transport: str, n: int) -> list[float]:
     with tempfile.TemporaryDirectory() as tmp:
         address = free_address(transport, tmp, "rr")
         q = SPAWN.Queue()
-        server = SPAWN.Process(target=bus_replier_proc, args=(address, q))
+        server = SPAWN.Process(target=bus_link_server_proc, args=(address, q))
         server.start()
         q.get(timeout=60)
         ctx = zmq.Context()
-        client = Requester(ctx, address, "rollout-0.req", options=UNBOUNDED, timeout_ms=10_000, retries=0)
+        client = Link(ctx, address, sender="rollout-0-ps", serve=False, identity="rollout-0", options=UNBOUNDED)
         rtts = []
         for i in range(200 + n):
             t = time.monotonic_ns()
-            reply = client.call(PullRequest("rollout-0", i))
-            if reply.message.version != 2 * i:
-                raise RuntimeError("bus reply does not match its request")
+            answer = _call(client, PullRequest(instance="rollout-0", version=i))
             rtts.append(time.monotonic_ns() - t)
-        client.call(PullRequest("rollout-0", -1))
+            if answer.message.version != 2 * i:
+                raise RuntimeError("bus answer does not match its request")
+        _call(client, PullRequest(instance="rollout-0", version=-1))
         server.join(60)
         client.close()
         ctx.term()
     return rtts[200:]
+
+
+def _call(client: Link, request: PullRequest) -> Any:
+    """Send ``request`` and wait for the answer that names it as its parent."""
+    envelope = client.send(request)
+    while True:
+        client.socket.poll()
+        received = client.recv()
+        if received is None:
+            continue
+        for event in received[1]:
+            if envelope is not None and event.envelope.parent == envelope.event_id:
+                return event
 
 
 def pct(values: list[float], p: float) -> float:
@@ -428,7 +447,7 @@ def bench_reqrep(args: argparse.Namespace, n: int) -> tuple[float, float]:
     print(f"{'path':<22}{'p50 us':>10}{'p99 us':>10}{'p50 vs raw':>12}")
     raw_p50 = median([pct(r, 50) / 1000 for r in raw])
     bus_p50 = median([pct(r, 50) / 1000 for r in bus])
-    for name, runs, p50 in (("raw dealer/router", raw, raw_p50), ("bus requester/replier", bus, bus_p50)):
+    for name, runs, p50 in (("raw dealer/router", raw, raw_p50), ("bus link", bus, bus_p50)):
         p99 = median([pct(r, 99) / 1000 for r in runs])
         print(f"{name:<22}{p50:>10.1f}{p99:>10.1f}{p50 / raw_p50:>12.2f}")
     return raw_p50, bus_p50

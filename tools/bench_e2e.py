@@ -22,10 +22,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from launch.supervisor import EXIT_OK, Supervisor
 from psrl.config import load_config
-from psrl.launch.preflight import checked
-from psrl.launch.supervisor import EXIT_OK, Supervisor
 from psrl.log import configure
+from psrl.preflight import checked
 from psrl.report.collect import read_timeline
 from psrl.report.summary import RunSummary, summarize
 from psrl.rundir import RunDir

@@ -15,7 +15,6 @@ from bus.eventlog.logger import EventLogger
 from bus.eventlog.writer import DEFAULT_SEGMENT_BYTES
 from bus.security import load_keys
 from bus.sockets import SocketOptions
-from psrl.log import configure
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -25,7 +24,6 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--fsync", choices=["never", "segment", "always"], default="segment")
     parser.add_argument("--segment-mib", type=int, default=DEFAULT_SEGMENT_BYTES >> 20)
     args = parser.parse_args(argv)
-    configure("info")
     addresses = BusAddresses.load(args.run_dir)
     curve = load_keys(addresses.curve_dir) if addresses.curve_dir else None
     stop = threading.Event()

@@ -16,7 +16,7 @@ from typing import Any
 
 import click
 
-from psrl.cli.config_cmd import split_preset
+from psrl.config.loader import split_preset
 from psrl.errors import ConfigError
 
 EPILOG = """\b

@@ -7,17 +7,10 @@ from pathlib import Path
 
 import click
 
-from psrl.config.loader import available_presets, load_config, to_yaml
+from psrl.config.loader import available_presets, load_config, split_preset, to_yaml
 from psrl.errors import ConfigError
 
 DOCS_PATH = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
-
-
-def split_preset(args: tuple[str, ...]) -> tuple[str | None, list[str]]:
-    """The first argument is a preset when it is not a key=value override."""
-    if args and "=" not in args[0]:
-        return args[0], list(args[1:])
-    return None, list(args)
 
 
 @click.group()
@@ -37,7 +30,7 @@ def show(args: tuple[str, ...], no_checks: bool) -> None:
     try:
         cfg = load_config(preset, overrides)
         if not no_checks:
-            from psrl.launch.preflight import checked
+            from psrl.preflight import checked
 
             cfg = checked(cfg)
     except ConfigError as exc:

@@ -13,7 +13,7 @@ from psrl import __version__
 COMMANDS: dict[str, str] = {
     "config": "psrl.cli.config_cmd:config",
     "keys": "psrl.cli.keys_cmd:keys",
-    "launch": "psrl.cli.launch_cmd:launch",
+    "launch": "launch.cli:launch",  # the launcher sits above the actors, outside the library
     "tap": "psrl.cli.tap_cmd:tap",
     "replay": "psrl.cli.replay_cmd:replay",
     "calibrate": "psrl.cli.calibrate_cmd:calibrate",

@@ -73,6 +73,8 @@ NOT_APPLICABLE: dict[str, str] = {
     "psrl.lmcache.enable_async_loading": "known-broken upstream option",
     "psrl.lmcache.controller_": "no separate LMCache controller process",
     "psrl.lmcache.remote_url": "the remote tier is not available",
+    "bus.request_timeout_ms": "actors talk over one-way links ordered per peer; nothing waits for a reply",
+    "bus.request_retries": "actors talk over one-way links ordered per peer; nothing waits for a reply",
     "rollout_gateway.": _NO_GATEWAY,
     "transfer_queue.": "trajectories travel on the bus and are held by the coordinator",
 }

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import difflib
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, get_origin
 
@@ -286,3 +286,10 @@ def to_yaml(config: Config) -> str:
 def from_yaml_file(path: str | Path) -> Config:
     """Load a resolved config (e.g. a run directory's config.yaml) with full validation."""
     return load_config(str(path))
+
+
+def split_preset(args: Sequence[str]) -> tuple[str | None, list[str]]:
+    """Command-line arguments as (preset, overrides): the first is a preset when it is not a key=value override."""
+    if args and "=" not in args[0]:
+        return args[0], list(args[1:])
+    return None, list(args)

@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 
 from psrl.config.root import Config
+from psrl.coordination.chunks import chunk_plan
 from psrl.errors import ConfigProblem
-from psrl.overlap import ChunkPlan, plan_chunks
 from psrl.routing.cost_model import CostModelError, load_cost_model
 
 Rule = Callable[[Config], Iterator[ConfigProblem]]
@@ -357,7 +357,7 @@ def features_available(c: Config) -> Iterator[ConfigProblem]:
 
 
 def engine_backend(c: Config) -> Iterator[ConfigProblem]:
-    """Settings the chosen backend cannot honour (whether vLLM is installed is checked by `psrl.launch.preflight`)."""
+    """Settings the chosen backend cannot honour (whether vLLM is installed is checked by `psrl.preflight`)."""
     engine = c.engine
     if engine.backend != "vllm":
         if engine.vllm_args:
@@ -450,19 +450,6 @@ RULES: tuple[Rule, ...] = (
 def check(config: Config) -> list[ConfigProblem]:
     """Run every rule; return all problems found (empty when the config is valid)."""
     return [p for rule in RULES for p in rule(config)]
-
-
-def chunk_plan(c: Config) -> ChunkPlan:
-    fgo = c.psrl.fine_grain_overlap
-    return plan_chunks(
-        fgo.granularity,
-        fgo.multiplier,
-        buffer_groups=c.psrl.staleness_buffer_entries,
-        rollout_n=c.psrl.rollout_n,
-        ppo_mini_batch_size=c.actor.ppo_mini_batch_size,
-        ppo_micro_batch_size_per_gpu=c.actor.ppo_micro_batch_size_per_gpu,
-        dp_size=c.topology.n_trainer_ranks,
-    )
 
 
 def _largest_divisor(n: int, at_most: int) -> int:

@@ -102,14 +102,12 @@ class Bus(Section):
     host: str = field("127.0.0.1", "Address the run's sockets bind to on this host (loopback by default).")
     curve: Switch = field("auto", "ZeroMQ CURVE encryption: auto = on whenever actors span several hosts.")
     hwm: int = field(100_000, "High-water mark of event sockets (messages).", ge=0)
-    request_timeout_ms: int = field(5000, "Default timeout of a request/reply call.", ge=1)
     heartbeat_interval_ms: int = field(250, "Actor heartbeat period.", ge=10)
     heartbeat_misses: int = field(8, "Missed heartbeats before an actor is declared dead.", ge=1)
     base_port: int = field(
         47100, "First tcp port of the actors' request sockets when a run spans hosts (4 ports per actor).", ge=1024
     )
     handshake_timeout_s: float = field(180.0, "How long the launcher waits for every actor to report ready.", gt=0)
-    request_retries: int = field(2, "Resends of a timed-out request (same event id) before it fails.", ge=0)
     array_frame_bytes: int = field(
         65536, "Arrays at least this large travel as zero-copy trailing frames, smaller ones inline.", ge=0
     )

@@ -1,40 +1,14 @@
-"""Coordination decisions (pure): weight sync, migration, and multi-turn session scheduling.
+"""Coordination decisions (pure): weight sync, migration, multi-turn sessions, and what goes to the trainer.
 
-The coordinator actor builds a ``CoordinationInputs`` each tick and calls ``decide_tick``; the
-session scheduler calls ``schedule_sessions``. Every decision is a function of its inputs only.
+    state       what a decision reads (CoordinationInputs: instances, router facts, the PS version)
+    sync        SyncPolicy: which instances load the published version now (greedy, status_based)
+    migration   decide_migration: move requests from a busy instance to a starved one
+    tick        decide_tick: one coordinator tick, sync first and migration only without a sync
+    records     a tick as logged for replay
+    session     schedule_sessions: hang and continue multi-turn sessions
+    groups      prompt groups, their results and rewards, the group filter
+    chunks      how buffers go to the trainer: the chunk plan and ChunkEmitter
+    instances   the coordinator's view of the fleet
+
+Every decision is a function of its inputs only; ``psrl.flows.coordinator`` drives them.
 """
-
-from psrl.coordination.hypothesis import SyncBenefit, estimate_sync_benefit
-from psrl.coordination.migration import MigrationDecision, decide_migration, starved_instances
-from psrl.coordination.session import (
-    ContinueOrder,
-    InstanceCapacity,
-    SessionDecision,
-    SessionInfo,
-    schedule_sessions,
-)
-from psrl.coordination.state import CoordinationInputs, InstanceState, RouterFacts, load_indicator, safe_ratio
-from psrl.coordination.sync import SyncDecision, SyncPolicy
-from psrl.coordination.tick import TickDecision, decide_tick
-
-__all__ = [
-    "ContinueOrder",
-    "CoordinationInputs",
-    "InstanceCapacity",
-    "InstanceState",
-    "MigrationDecision",
-    "RouterFacts",
-    "SessionDecision",
-    "SessionInfo",
-    "SyncBenefit",
-    "SyncDecision",
-    "SyncPolicy",
-    "TickDecision",
-    "decide_migration",
-    "decide_tick",
-    "estimate_sync_benefit",
-    "load_indicator",
-    "safe_ratio",
-    "schedule_sessions",
-    "starved_instances",
-]

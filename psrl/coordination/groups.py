@@ -14,7 +14,7 @@ from statistics import pstdev
 
 import numpy as np
 
-from bus.messages import FinishReason, GenerateResult
+from bus.messages import FinishReason, TrajectoryDone
 from psrl.tasks.base import Prompt, Reward
 
 
@@ -23,14 +23,13 @@ class Group:
     prompt_id: int
     prompt: Prompt
     prompt_token_ids: np.ndarray
-    results: dict[int, GenerateResult] = field(default_factory=dict)
+    results: dict[int, TrajectoryDone] = field(default_factory=dict)
     rewards: dict[int, Reward] = field(default_factory=dict)
-    v_traj: dict[int, int] = field(default_factory=dict)  # request -> version it was pinned to
     winners: tuple[int, ...] = ()
     buffer: int | None = None
     is_replacement: bool = False
 
-    def kept_results(self) -> list[tuple[GenerateResult, Reward]]:
+    def kept_results(self) -> list[tuple[TrajectoryDone, Reward]]:
         return [(self.results[r], self.rewards[r]) for r in self.winners if r in self.results]
 
     @property
@@ -59,12 +58,11 @@ class GroupBook:
     def request_ids(self, prompt_id: int) -> list[int]:
         return [prompt_id * self.n + child for child in range(self.n)]
 
-    def record(self, result: GenerateResult, reward: Reward | None, v_traj: int) -> Group | None:
+    def record(self, result: TrajectoryDone, reward: Reward | None) -> Group | None:
         group = self.groups.get(result.prompt_id)
         if group is None:
             return None
         group.results[result.request_id] = result
-        group.v_traj[result.request_id] = v_traj
         if reward is not None:
             group.rewards[result.request_id] = reward
         return group
@@ -89,5 +87,6 @@ def has_learning_signal(group: Group) -> bool:
     return len(scores) > 1 and pstdev(scores) > 0
 
 
-def is_success(result: GenerateResult) -> bool:
-    return result.finish_reason in (FinishReason.STOP, FinishReason.LENGTH)
+def is_success(result: TrajectoryDone) -> bool:
+    """A response to train on: it stopped, hit its length, or was truncated by the proactive filter."""
+    return result.finish_reason in (FinishReason.STOP, FinishReason.LENGTH, FinishReason.TRUNCATED)

@@ -1,12 +1,12 @@
 """Rollout engines: the embedded engine (continuous batching, paged KV cache, prefix cache) in torch, and
 the interface both backends implement (`RolloutEngine`, chosen by `build_engine` from `engine.backend`)."""
 
+from bus.messages import FinishReason
 from psrl.engine.args import DEMO_MODEL_DIR, EngineArgs
 from psrl.engine.engine import Engine
 from psrl.engine.outputs import EngineStatus, RequestOutput, RequestResult, StepOutput, WaitingQueue
 from psrl.engine.protocol import RolloutEngine, build_engine
 from psrl.engine.sampling_params import SamplingParams
-from psrl.engine.sequence import FinishReason
 
 __all__ = [
     "DEMO_MODEL_DIR",

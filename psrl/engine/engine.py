@@ -16,6 +16,7 @@ from typing import Any
 import structlog
 import torch
 
+from bus.messages import FinishReason
 from psrl.engine.args import EngineArgs
 from psrl.engine.block_manager import BlockManager
 from psrl.engine.model_runner import ModelRunner, RunnerShape
@@ -24,7 +25,7 @@ from psrl.engine.request_checks import check_prior_outputs, check_room, check_to
 from psrl.engine.sampler import Sampler
 from psrl.engine.sampling_params import SamplingParams
 from psrl.engine.scheduler import ScheduledBatch, Scheduler
-from psrl.engine.sequence import FinishReason, Sequence
+from psrl.engine.sequence import Sequence
 from psrl.errors import RequestError
 from psrl.kernels.cpu_sample import CpuSampleKernel
 from psrl.kernels.gpu.step import resolve_step_kernels

@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from psrl.engine.sequence import FinishReason, Sequence
+from bus.messages import FinishReason
+from psrl.engine.sequence import Sequence
 
 TopLogprobs = list[list[tuple[int, float]]]
 

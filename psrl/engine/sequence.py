@@ -6,6 +6,7 @@ from enum import IntEnum
 
 import torch
 
+from bus.messages import FinishReason  # the engine ends requests with STOP, LENGTH or ABORT
 from psrl.engine.sampling_params import SamplingParams
 
 
@@ -13,12 +14,6 @@ class SequenceStatus(IntEnum):
     WAITING = 0
     RUNNING = 1
     FINISHED = 2
-
-
-class FinishReason(IntEnum):
-    STOP = 0  # end-of-sequence or a stop token
-    LENGTH = 1  # max_tokens or the context length
-    ABORT = 2
 
 
 class Sequence:

@@ -1,7 +1,8 @@
 """Build shards, pushers and pullers from the run configuration (``psrl.ps.*``).
 
 Endpoints come from whoever places the actors (the launcher); the rollout engine's dtype from the
-engine (``EngineArgs.resolve_dtype``), so this module decides nothing about devices.
+engine (``EngineArgs.resolve_dtype``), so this module decides nothing about devices. ``curve``: the
+run's CURVE keys when it spans hosts (the hosting actor's), so weight traffic is authenticated too.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from collections.abc import Sequence
 
 import torch
 
+from bus.security import CurveKeys
 from psrl.config import Config
 from psrl.ps.dtypes import dtype_name
 from psrl.ps.puller import Puller
@@ -20,7 +22,12 @@ MIB = 1 << 20
 
 
 def shard_options(
-    config: Config, shard: int, push_endpoint: str, pull_endpoint: str, engine_dtype: torch.dtype
+    config: Config,
+    shard: int,
+    push_endpoint: str,
+    pull_endpoint: str,
+    engine_dtype: torch.dtype,
+    curve: CurveKeys | None = None,
 ) -> ShardOptions:
     ps = config.psrl.ps
     return ShardOptions(
@@ -31,10 +38,13 @@ def shard_options(
         transport=ps.transport,
         serve_dtype=dtype_name(engine_dtype) if ps.serve_dtype == "engine" else None,
         host=config.bus.host,
+        curve=curve,
     )
 
 
-def make_pusher(config: Config, push_endpoints: Sequence[str], incarnation: int) -> Pusher:
+def make_pusher(
+    config: Config, push_endpoints: Sequence[str], incarnation: int, curve: CurveKeys | None = None
+) -> Pusher:
     ps = config.psrl.ps
     return Pusher(
         push_endpoints,
@@ -45,10 +55,11 @@ def make_pusher(config: Config, push_endpoints: Sequence[str], incarnation: int)
         timeout_s=ps.push_timeout_s,
         probe_interval_s=ps.probe_interval_s,
         host=config.bus.host,
+        curve=curve,
     )
 
 
-def make_puller(config: Config, pull_endpoints: Sequence[str]) -> Puller:
+def make_puller(config: Config, pull_endpoints: Sequence[str], curve: CurveKeys | None = None) -> Puller:
     ps = config.psrl.ps
     return Puller(
         pull_endpoints,
@@ -57,4 +68,5 @@ def make_puller(config: Config, pull_endpoints: Sequence[str]) -> Puller:
         verify=ps.checksum,
         timeout_s=ps.pull_timeout_s,
         host=config.bus.host,
+        curve=curve,
     )

@@ -1,44 +1,49 @@
 """The PS's own bulk sockets: shards bind ROUTERs, pushers and pullers connect DEALERs.
 
-Weight bytes never share a socket with the control bus. High-water marks are off on these sockets:
-payloads are sent without copies, so a queued frame costs a reference to memory that exists anyway,
-and dropping a frame (a ROUTER's reaction to a full queue) would stall a transfer. ROUTERs are
-mandatory-routing so that a reply to a peer that went away fails loudly instead of vanishing.
+Weight bytes never share a socket with the control bus, but the sockets come from the bus's socket
+factory (``bus.sockets.make_socket``): with the run's CURVE keys (across hosts) a shard refuses any
+client whose key is not authorized, as every other socket of the run does. High-water marks are off
+on these sockets: payloads are sent without copies, so a queued frame costs a reference to memory
+that exists anyway, and dropping a frame (a ROUTER's reaction to a full queue) would stall a
+transfer. ROUTERs are mandatory-routing so that a reply to a peer that went away fails loudly
+instead of vanishing.
 """
 
 from __future__ import annotations
 
 import zmq
 
+from bus.security import CurveKeys
+from bus.sockets import SocketOptions, make_socket
 from psrl.ps import protocol
 from psrl.ps.protocol import Message
 
 LINGER_MS = 0
+_RECONNECT: dict[int, int] = {zmq.RECONNECT_IVL: 50, zmq.RECONNECT_IVL_MAX: 500}
 
 
 class LinkError(ConnectionError):
     """A frame could not be routed to its peer (it disconnected)."""
 
 
-def make_router(ctx: zmq.Context[zmq.Socket[bytes]], endpoint: str) -> zmq.Socket[bytes]:
-    sock = ctx.socket(zmq.ROUTER)
-    sock.setsockopt(zmq.LINGER, LINGER_MS)
-    sock.setsockopt(zmq.SNDHWM, 0)
-    sock.setsockopt(zmq.RCVHWM, 0)
-    sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
-    sock.bind(endpoint)
-    return sock
+def _options(curve: CurveKeys | None) -> SocketOptions:
+    return SocketOptions(hwm=0, linger_ms=LINGER_MS, curve=curve)
 
 
-def make_dealer(ctx: zmq.Context[zmq.Socket[bytes]], endpoint: str) -> zmq.Socket[bytes]:
-    sock = ctx.socket(zmq.DEALER)
-    sock.setsockopt(zmq.LINGER, LINGER_MS)
-    sock.setsockopt(zmq.SNDHWM, 0)
-    sock.setsockopt(zmq.RCVHWM, 0)
-    sock.setsockopt(zmq.RECONNECT_IVL, 50)
-    sock.setsockopt(zmq.RECONNECT_IVL_MAX, 500)
-    sock.connect(endpoint)
-    return sock
+def make_router(
+    ctx: zmq.Context[zmq.Socket[bytes]], endpoint: str, curve: CurveKeys | None = None
+) -> zmq.Socket[bytes]:
+    """A shard's socket. With ``curve``, ``ctx`` needs a running authenticator (``start_authenticator``)."""
+    return make_socket(
+        ctx, zmq.ROUTER, endpoint, options=_options(curve), bind=True, sockopts={zmq.ROUTER_MANDATORY: 1}
+    )
+
+
+def make_dealer(
+    ctx: zmq.Context[zmq.Socket[bytes]], endpoint: str, curve: CurveKeys | None = None
+) -> zmq.Socket[bytes]:
+    """A pusher's or puller's socket to one shard."""
+    return make_socket(ctx, zmq.DEALER, endpoint, options=_options(curve), bind=False, sockopts=_RECONNECT)
 
 
 def send(sock: zmq.Socket[bytes], message: Message, payload: memoryview | None = None) -> None:

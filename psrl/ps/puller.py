@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterator, Sequence
 import torch
 import zmq
 
+from bus.security import CurveKeys
 from psrl.log import get_logger
 from psrl.ps import links
 from psrl.ps.checksum import checksum
@@ -58,6 +59,7 @@ class Puller:
         timeout_s: float = 30.0,
         host: str = "127.0.0.1",
         ctx: zmq.Context[zmq.Socket[bytes]] | None = None,
+        curve: CurveKeys | None = None,
     ) -> None:
         self.num_shards = len(pull_endpoints)
         self.delta_sync = delta_sync
@@ -73,7 +75,7 @@ class Puller:
         self._closed = False
         # One I/O thread per shard link (up to 4), so shards' streams are copied in parallel.
         self._ctx = ctx or zmq.Context(io_threads=min(4, max(1, len(pull_endpoints))))
-        self._links = ShardLinks(self._ctx, pull_endpoints, timeout_s, self._log)
+        self._links = ShardLinks(self._ctx, pull_endpoints, timeout_s, self._log, curve)
 
     # public -------------------------------------------------------------------------------------
 

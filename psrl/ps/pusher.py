@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 import torch
 import zmq
 
+from bus.security import CurveKeys
 from psrl.log import get_logger
 from psrl.ps import links
 from psrl.ps.errors import PushFailedError, PushRefusedError
@@ -98,6 +99,7 @@ class Pusher:
         probe_interval_s: float = 1.0,
         host: str = "127.0.0.1",
         ctx: zmq.Context[zmq.Socket[bytes]] | None = None,
+        curve: CurveKeys | None = None,
     ) -> None:
         self.incarnation = incarnation
         self.num_shards = len(push_endpoints)
@@ -112,7 +114,7 @@ class Pusher:
         self._closed = False
         # One I/O thread per shard link (up to 4), so shards' streams are copied in parallel.
         self._ctx = ctx or zmq.Context(io_threads=min(4, max(1, len(push_endpoints))))
-        self._links = [_ShardLink(i, links.make_dealer(self._ctx, ep)) for i, ep in enumerate(push_endpoints)]
+        self._links = [_ShardLink(i, links.make_dealer(self._ctx, ep, curve)) for i, ep in enumerate(push_endpoints)]
         self._by_sock = {link.sock: link for link in self._links}
         self._poller = zmq.Poller()
         for link in self._links:

@@ -23,6 +23,7 @@ from typing import Any
 
 import zmq
 
+from bus.security import CurveKeys, start_authenticator
 from psrl.log import get_logger
 from psrl.ps import links
 from psrl.ps.delta import encode_sparse
@@ -93,6 +94,7 @@ class ShardOptions:
     transport: str = "zmq"
     serve_dtype: str | None = None  # None: serve the training dtype as pushed
     host: str = "127.0.0.1"  # address out-of-band transports listen on
+    curve: CurveKeys | None = None  # the run's CURVE keys: only authorized clients may push or pull
 
 
 class ShardServer:
@@ -117,8 +119,11 @@ class ShardServer:
         self._served: dict[int, ManifestEntry] = {}
         self._own_ctx = ctx is None
         self._ctx = ctx or zmq.Context()
-        self._push_sock = links.make_router(self._ctx, options.push_endpoint)
-        self._pull_sock = links.make_router(self._ctx, options.pull_endpoint)
+        # A hosting actor's context has the authenticator already; a context of our own needs its own.
+        curve = options.curve if self._own_ctx else None
+        self._authenticator = start_authenticator(self._ctx, curve) if curve is not None else None
+        self._push_sock = links.make_router(self._ctx, options.push_endpoint, options.curve)
+        self._pull_sock = links.make_router(self._ctx, options.pull_endpoint, options.curve)
         self._poller = zmq.Poller()
         self._poller.register(self._push_sock, zmq.POLLIN)
         self._poller.register(self._pull_sock, zmq.POLLIN)
@@ -180,6 +185,8 @@ class ShardServer:
         self._plane.close()
         self._push_sock.close(linger=0)
         self._pull_sock.close(linger=0)
+        if self._authenticator is not None:
+            self._authenticator.stop()
         if self._own_ctx:
             self._ctx.term()
 

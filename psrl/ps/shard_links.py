@@ -14,6 +14,7 @@ from typing import Any
 
 import zmq
 
+from bus.security import CurveKeys
 from psrl.ps import links
 from psrl.ps.errors import PullFailedError
 from psrl.ps.manifest import ManifestEntry, ManifestError, validate_served_parts
@@ -41,11 +42,16 @@ class VersionPlan:
 
 class ShardLinks:
     def __init__(
-        self, ctx: zmq.Context[zmq.Socket[bytes]], pull_endpoints: Sequence[str], timeout_s: float, log: Any
+        self,
+        ctx: zmq.Context[zmq.Socket[bytes]],
+        pull_endpoints: Sequence[str],
+        timeout_s: float,
+        log: Any,
+        curve: CurveKeys | None = None,
     ) -> None:
         self.num_shards = len(pull_endpoints)
         self.timeout_s = timeout_s
-        self.socks = [links.make_dealer(ctx, ep) for ep in pull_endpoints]
+        self.socks = [links.make_dealer(ctx, ep, curve) for ep in pull_endpoints]
         self.shard_of = {sock: i for i, sock in enumerate(self.socks)}
         self.poller = zmq.Poller()
         for sock in self.socks:

@@ -1,6 +1,7 @@
 """Checkers for the run's decision code: routing policy, sync/migration ticks, staleness ledger.
 
-Each re-runs the same pure decision code the actors ran, on inputs recorded in the log:
+Each re-runs the decision code of the flows the actors ran (``psrl.flows``), built from the run's
+config as the flows build it, on inputs recorded in the log:
 
 * ``routing``: every routed request's `router.decision` record holds the inputs worker
   selection saw; selection and the policy are re-run on them.
@@ -23,8 +24,9 @@ from bus.messages import LedgerOp, RouterStatus, RoutingRecord, TickRecord
 from bus.schema import Event
 from psrl.config import Config
 from psrl.coordination.records import decode_tick
-from psrl.coordination.sync import SyncPolicy
 from psrl.coordination.tick import decide_tick
+from psrl.flows.coordinator import make_sync_policy
+from psrl.flows.router import effective_routing
 from psrl.replay.checker import Checker, register_checker
 from psrl.routing.cost_model import CostModel, load_cost_model
 from psrl.routing.decision import RoutingDecision
@@ -52,7 +54,7 @@ class RoutingChecker(Checker):
 
     def __init__(self, config: Config) -> None:
         super().__init__(config)
-        routing = config.psrl.rollout_coordination.routing_strategy
+        routing = effective_routing(config)
         self.settings = SelectionSettings.from_config(routing)
         self.policy = make_policy(routing, _cost_model(config))
 
@@ -74,14 +76,8 @@ class SyncChecker(Checker):
 
     def __init__(self, config: Config) -> None:
         super().__init__(config)
-        rc = config.psrl.rollout_coordination
-        self.settings = rc.sync_and_mig_strategy
-        self.policy = SyncPolicy(
-            self.settings,
-            partial_rollout=rc.partial_rollout.enable,
-            cost_model=_cost_model(config),
-            max_concurrent_seqs=rc.routing_strategy.max_concurrent_seqs_per_instance,
-        )
+        self.settings = config.psrl.rollout_coordination.sync_and_mig_strategy
+        self.policy = make_sync_policy(config, _cost_model(config))
 
     def redecide(self, event: Event[Any]) -> tuple[tuple[str, ...], str]:
         log = decode_tick(event.message.record)

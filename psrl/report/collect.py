@@ -8,11 +8,9 @@ from typing import Any
 
 from bus.eventlog.reader import EventLogReader
 from bus.messages import (
-    GenerateRequest,
     InstanceStatus,
     Metrics,
     MigrateCommand,
-    RouteDecision,
     RoutingRecord,
     RunFinished,
     SyncCommand,
@@ -34,8 +32,9 @@ from psrl.report.timeline import (
     SyncMark,
 )
 
-# Any of these marks the moment the first request was placed on an instance (rollout work starts).
-_DISPATCH_KINDS = (RoutingRecord, RouteDecision, GenerateRequest)
+# The router's first routing decision marks the moment rollout work starts (requests logged before it
+# only wait in the router's queue).
+_DISPATCH_KINDS = (RoutingRecord,)
 
 
 class TimelineBuilder:

@@ -1,5 +1,6 @@
 """RL algorithms: trajectory and batch types, advantage estimators, losses, rollout correction, filters."""
 
+from bus.messages import FinishReason
 from psrl.rl.advantages import (
     Moments,
     gae_advantages,
@@ -15,7 +16,7 @@ from psrl.rl.correction import ImportanceWeights, token_is_weights
 from psrl.rl.filters import filter_groups, has_learning_signal
 from psrl.rl.losses import aggregate, entropy_from_logits, kl_penalty, policy_loss, value_loss
 from psrl.rl.objective import Denominators, actor_loss, compute_advantages
-from psrl.rl.trajectory import FinishReason, InvalidTrajectoryError, Trajectory
+from psrl.rl.trajectory import InvalidTrajectoryError, Trajectory
 
 __all__ = [
     "Batch",

@@ -21,16 +21,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from enum import IntEnum
 
+from bus.messages import FinishReason
 from psrl.errors import RequestError
-
-
-class FinishReason(IntEnum):
-    STOP = 0  # end-of-sequence or a stop token
-    LENGTH = 1  # hit max_response_length
-    ABORT = 2  # stopped by an abort with its partial output kept
-    TRUNCATED = 3  # force-completed by the proactive filter `truncate`
 
 
 class InvalidTrajectoryError(RequestError):

@@ -16,7 +16,7 @@ from enum import Enum
 import msgspec
 import numpy as np
 
-from bus.messages import FinishReason, GenerateRequest, GenerateResult, SamplingParams
+from bus.messages import FinishReason, GenerateRequest, GenerateResult, SamplingParams, TrajectoryDone
 
 # Reasons an instance gives for handing a request back that is not the end of the trajectory.
 INTERRUPTIONS = frozenset({"sync", "migrate", "preempted", "shutdown", "instance_lost"})
@@ -31,6 +31,10 @@ class Verdict(str, Enum):
     FAILED = "failed"  # failed for good
 
 
+_NO_IDS = np.zeros(0, np.int32)
+_NO_LOGPROBS = np.zeros(0, np.float32)
+
+
 @dataclass
 class Trajectory:
     request_id: int
@@ -39,9 +43,9 @@ class Trajectory:
     prompt_ids: np.ndarray
     sampling: SamplingParams
     v_traj: int = -1
-    token_ids: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    versions: list[int] = field(default_factory=list)
+    token_ids: np.ndarray = field(default_factory=lambda: _NO_IDS)  # int32, the response so far
+    logprobs: np.ndarray = field(default_factory=lambda: _NO_LOGPROBS)  # float32
+    versions: np.ndarray = field(default_factory=lambda: _NO_IDS)  # int32, weight version per token
     instance: str | None = None
     num_loopbacks: int = 0
     num_failures: int = 0
@@ -69,16 +73,17 @@ class TrajectoryTracker:
         self.num_wasted_tokens = 0  # generated, then thrown away (aborts, restarts)
 
     def add(self, request: GenerateRequest, child: int) -> Trajectory:
-        traj = Trajectory(request.request_id, request.prompt_id, child, np.asarray(request.prompt_token_ids, np.int32),
-                          request.sampling)  # fmt: skip
+        traj = Trajectory(
+            request_id=request.request_id,
+            prompt_id=request.prompt_id,
+            child=child,
+            prompt_ids=np.asarray(request.prompt_token_ids, np.int32),
+            sampling=request.sampling,
+        )
         if request.generated_token_ids is not None:
-            traj.token_ids = [int(t) for t in request.generated_token_ids]
-            traj.logprobs = [
-                float(x) for x in (request.generated_logprobs if request.generated_logprobs is not None else [])
-            ]
-            traj.versions = [
-                int(v) for v in (request.generated_versions if request.generated_versions is not None else [])
-            ]
+            traj.token_ids = _ids(request.generated_token_ids)
+            traj.logprobs = _logprobs(request.generated_logprobs)
+            traj.versions = _ids(request.generated_versions)
         self.live[request.request_id] = traj
         return traj
 
@@ -88,9 +93,9 @@ class TrajectoryTracker:
         Streamed tokens are what a continuation starts from if the instance dies."""
         traj = self.live.get(request_id)
         if traj is not None:
-            traj.token_ids.extend(int(t) for t in token_ids)
-            traj.logprobs.extend(float(x) for x in logprobs)
-            traj.versions.extend(int(v) for v in versions)
+            traj.token_ids = np.concatenate([traj.token_ids, _ids(token_ids)])
+            traj.logprobs = np.concatenate([traj.logprobs, _logprobs(logprobs)])
+            traj.versions = np.concatenate([traj.versions, _ids(versions)])
 
     def judge(self, result: GenerateResult) -> Verdict:
         """Classify a returned result and bring the trajectory's tokens up to date with it."""
@@ -115,16 +120,16 @@ class TrajectoryTracker:
             self.num_loopbacks += 1
             return Verdict.CONTINUE
         self.num_wasted_tokens += traj.num_generated
-        traj.token_ids, traj.logprobs, traj.versions = [], [], []
+        traj.token_ids, traj.logprobs, traj.versions = _NO_IDS, _NO_LOGPROBS, _NO_IDS
         return Verdict.RESTART
 
     def _take_tokens(self, traj: Trajectory, result: GenerateResult) -> None:
         """A result carries every token the instance generated or continued from; output it got
         as prompt (interrupt_as_prompt) is kept from the router's own record."""
         keep = traj.num_sent_as_prompt
-        traj.token_ids = traj.token_ids[:keep] + [int(t) for t in result.token_ids]
-        traj.logprobs = traj.logprobs[:keep] + [float(x) for x in result.logprobs]
-        traj.versions = traj.versions[:keep] + [int(v) for v in result.versions]
+        traj.token_ids = np.concatenate([traj.token_ids[:keep], _ids(result.token_ids)])
+        traj.logprobs = np.concatenate([traj.logprobs[:keep], _logprobs(result.logprobs)])
+        traj.versions = np.concatenate([traj.versions[:keep], _ids(result.versions)])
         traj.num_sent_as_prompt = 0
 
     def engine_request(self, traj: Trajectory, dispatch_seq: int) -> GenerateRequest:
@@ -132,33 +137,55 @@ class TrajectoryTracker:
         has_prior = traj.num_generated > 0
         traj.num_sent_as_prompt = 0
         if has_prior and self.settings.interrupt_as_prompt:
-            prompt = np.concatenate([traj.prompt_ids, np.asarray(traj.token_ids, np.int32)])
             remaining = max(1, traj.sampling.max_tokens - traj.num_generated)
-            sampling = _with_max_tokens(traj.sampling, remaining, traj.num_generated)
             traj.num_sent_as_prompt = traj.num_generated
-            return GenerateRequest(traj.request_id, traj.prompt_id, prompt, sampling, traj.v_traj,
-                                   dispatch_seq=dispatch_seq)  # fmt: skip
+            return GenerateRequest(
+                request_id=traj.request_id,
+                prompt_id=traj.prompt_id,
+                prompt_token_ids=np.concatenate([traj.prompt_ids, traj.token_ids]),
+                sampling=_with_max_tokens(traj.sampling, remaining, traj.num_generated),
+                pinned_version=traj.v_traj,
+                dispatch_seq=dispatch_seq,
+            )
         return GenerateRequest(
-            traj.request_id, traj.prompt_id, traj.prompt_ids, traj.sampling, traj.v_traj,
-            np.asarray(traj.token_ids, np.int32) if has_prior else None,
-            np.asarray(traj.logprobs, np.float32) if has_prior else None,
-            np.asarray(traj.versions, np.int32) if has_prior else None,
+            request_id=traj.request_id,
+            prompt_id=traj.prompt_id,
+            prompt_token_ids=traj.prompt_ids,
+            sampling=traj.sampling,
+            pinned_version=traj.v_traj,
+            generated_token_ids=traj.token_ids if has_prior else None,
+            generated_logprobs=traj.logprobs if has_prior else None,
+            generated_versions=traj.versions if has_prior else None,
             dispatch_seq=dispatch_seq,
-        )  # fmt: skip
+        )
 
-    def result_for(self, traj: Trajectory, reason: FinishReason, instance: str) -> GenerateResult:
-        """The trajectory's whole result, as the coordinator receives it."""
-        return GenerateResult(
-            traj.request_id, traj.prompt_id, np.asarray(traj.token_ids, np.int32),
-            np.asarray(traj.logprobs, np.float32), np.asarray(traj.versions, np.int32), reason, instance,
-            traj.error if reason == FinishReason.ERROR else (traj.abort_reason or ""),
-        )  # fmt: skip
+    def done(self, traj: Trajectory, reason: FinishReason, instance: str) -> TrajectoryDone:
+        """The trajectory's end, as the coordinator receives it: its whole response, or why it was given up."""
+        return TrajectoryDone(
+            request_id=traj.request_id,
+            prompt_id=traj.prompt_id,
+            v_traj=traj.v_traj,
+            token_ids=traj.token_ids,
+            logprobs=traj.logprobs,
+            versions=traj.versions,
+            finish_reason=reason,
+            instance=instance,
+            error=traj.error if reason == FinishReason.ERROR else (traj.abort_reason or ""),
+        )
 
     def finish(self, request_id: int, *, wasted: bool = False) -> Trajectory | None:
         traj = self.live.pop(request_id, None)
         if traj is not None and wasted:
             self.num_wasted_tokens += traj.num_generated
         return traj
+
+
+def _ids(values: np.ndarray | None) -> np.ndarray:
+    return _NO_IDS if values is None else np.asarray(values, np.int32)
+
+
+def _logprobs(values: np.ndarray | None) -> np.ndarray:
+    return _NO_LOGPROBS if values is None else np.asarray(values, np.float32)
 
 
 def _with_max_tokens(sampling: SamplingParams, max_tokens: int, num_done: int) -> SamplingParams:

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import click
 
-from psrl.cli.config_cmd import split_preset
 from psrl.config import Config, load_config
+from psrl.config.loader import split_preset
 from psrl.errors import ConfigError
 from psrl.routing.cost_model import CostModelError, load_cost_model
 from psrl.sim.defaults import DEMO_COST_MODEL, load_run_models

@@ -15,6 +15,17 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
+from bus.messages import (
+    FinishReason,
+    GenerateRequest,
+    Metrics,
+    MigrateCommand,
+    SyncCommand,
+    TrainerProgress,
+    TrajectoryDone,
+)
+from psrl.flows.effects import Effect, Publish, Send
+
 
 @dataclass
 class TrainedStep:
@@ -45,7 +56,44 @@ class SimStats:
     num_groups: int = 0
     trainer_busy_s: float = 0.0
     first_dispatch_s: float = 0.0
+    last_progress_s: float = 0.0  # a trajectory finished or a step was trained
     end_s: float = 0.0
+
+
+class StatsTap:
+    """Counts what the simulated run's flows send and publish (``LocalBus(tap=...)``)."""
+
+    def __init__(self, stats: SimStats, responses_per_prompt: int) -> None:
+        self.stats = stats
+        self.responses_per_prompt = responses_per_prompt
+
+    def __call__(self, sender: str, effect: Effect, now: float) -> None:
+        message, stats = effect.message if isinstance(effect, Send | Publish) else None, self.stats
+        if isinstance(message, GenerateRequest):
+            if sender == "coordinator":
+                stats.num_requests += 1
+                stats.num_groups += int(message.request_id % self.responses_per_prompt == 0)
+            else:  # the router placed it
+                stats.first_dispatch_s = stats.first_dispatch_s if stats.num_routing_decisions else now
+                stats.num_routing_decisions += 1
+        elif (
+            isinstance(message, TrajectoryDone)
+            and message.finish_reason in (FinishReason.STOP, FinishReason.LENGTH, FinishReason.TRUNCATED)
+        ) or isinstance(message, TrainerProgress):
+            stats.last_progress_s = now
+        elif isinstance(message, SyncCommand):
+            stats.num_sync_commands += 1
+        elif isinstance(message, MigrateCommand):
+            stats.num_migrations += 1
+        elif isinstance(message, Metrics) and sender == "router":
+            self._ledger_metrics(message)
+
+    def _ledger_metrics(self, metrics: Metrics) -> None:
+        """The router's figures of a consumed buffer: the ledger's own staleness count."""
+        for name, value in metrics.values.items():
+            if name.startswith("staleness/count_"):
+                self.stats.ledger_staleness[int(name.removeprefix("staleness/count_"))] += int(value)
+        self.stats.num_ledger_violations += int(metrics.values.get("staleness/bound_violations", 0))
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,8 @@
 """The simulated workload: the run's prompt groups and the long-tail response lengths.
 
+It is the simulated coordinator's prompt source and scorer: prompts are placeholder tokens of
+the right length, and there are no rewards (a simulation keeps every group).
+
 Response lengths are ``psrl.coordination.lengths.forced_length`` (the same draw per request id as
 the real coordinator makes), capped by the context limit as the engine would cap them. Prompt
 lengths are the task's prompts through the model's tokenizer, exactly what the coordinator
@@ -12,9 +15,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+
+from bus.messages import SamplingParams
 from psrl.config import Config
 from psrl.coordination.lengths import forced_length
 from psrl.errors import ConfigError, ConfigProblem
+from psrl.tasks.base import Prompt, Reward
+
+_NO_REWARD = Reward(score=0.0, acc=0.0)
 
 
 class Workload:
@@ -39,6 +48,23 @@ class Workload:
         if length is None:  # unreachable: checked in __init__
             raise ValueError("natural lengths cannot be simulated")
         return max(1, min(length, self.context_limit - num_prompt_tokens - 1))
+
+    # the coordinator's ports (psrl.flows.prompts): placeholder tokens of the right lengths, no rewards
+
+    def prompt(self, prompt_id: int) -> Prompt:
+        return Prompt(index=prompt_id, kind="sim", text="", answer="")
+
+    def token_ids(self, prompt: Prompt) -> np.ndarray:
+        return np.zeros(self.prompt_tokens(prompt.index), np.int32)
+
+    def sampling(self, request_id: int, num_prompt_tokens: int) -> SamplingParams:
+        return SamplingParams(max_tokens=self.response_tokens(request_id, num_prompt_tokens), ignore_eos=True)
+
+    def score(self, prompt: Prompt, token_ids: np.ndarray) -> Reward:
+        return _NO_REWARD
+
+    def take_metrics(self) -> dict[str, float]:
+        return {}
 
 
 def _task_prompt_tokens(config: Config) -> Callable[[int], int]:

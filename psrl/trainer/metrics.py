@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from psrl.rl.trajectory import FinishReason, Trajectory
+from bus.messages import FinishReason
+from psrl.rl.trajectory import Trajectory
 from psrl.trainer.parallel import ParallelContext
 
 

@@ -1,7 +1,9 @@
-"""CURVE: authorized clients talk; a client with another key pair, or the wrong server key, is refused."""
+"""CURVE: authorized clients talk; a client with another key pair, or the wrong server key, is refused,
+on the proxies, on links and on the parameter server's bulk sockets alike."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 from pathlib import Path
@@ -13,14 +15,14 @@ from click.testing import CliRunner
 from zmq.utils.monitor import recv_monitor_message
 
 from bus.addresses import plan_addresses
-from bus.errors import BusError, RequestTimeoutError
+from bus.errors import BusError
+from bus.link import Link
 from bus.messages import Metrics, PullRequest, WeightsLoaded
 from bus.proxy import BusProxy
 from bus.publisher import Publisher
-from bus.rpc import Replier, Requester
 from bus.schema import Channel
 from bus.security import CurveKeys, generate_keys, load_keys, start_authenticator
-from bus.sockets import SocketOptions
+from bus.sockets import SocketOptions, bound_address
 from bus.subscriber import Subscriber
 from psrl.cli.keys_cmd import keys as keys_cli
 
@@ -61,24 +63,29 @@ def _handshake_result(socket: zmq.Socket, timeout_s: float = 10.0) -> int:
         monitor.close(0)
 
 
-def test_authorized_client_is_served_and_stranger_is_refused(
+def _link_recv(link: Link, timeout_ms: int) -> tuple[str, list] | None:
+    return link.recv() if link.socket.poll(timeout_ms) else None
+
+
+def test_an_authorized_link_peer_is_served_and_a_stranger_is_refused(
     ctx: zmq.Context, keys: CurveKeys, stranger: CurveKeys
 ) -> None:
     authenticator = start_authenticator(ctx, keys)
-    replier = Replier(ctx, "tcp://127.0.0.1:*", "ps.rep", options=SocketOptions(curve=keys))
-    good = Requester(ctx, replier.address, "a.req", options=SocketOptions(curve=keys), timeout_ms=5000)
-    good.send(PullRequest("i0", 3))
-    request = replier.recv(5000)
-    assert request is not None
-    replier.reply(request, WeightsLoaded("i0", 3))
-    assert good.recv_reply(None, 5000) is not None
+    server = Link(ctx, "tcp://127.0.0.1:*", sender="router", serve=True, options=SocketOptions(curve=keys))
+    address = bound_address(server.socket)
+    good = Link(ctx, address, sender="a", serve=False, identity="a", options=SocketOptions(curve=keys))
+    good.send(PullRequest(instance="i0", version=3))
+    received = _link_recv(server, 5000)
+    assert received is not None and received[0] == "a"
+    server.send(WeightsLoaded(instance="i0", version=3), "a")
+    assert _link_recv(good, 5000) is not None
 
-    bad = Requester(ctx, replier.address, "b.req", options=SocketOptions(curve=stranger), timeout_ms=200, retries=0)
+    bad = Link(ctx, address, sender="b", serve=False, identity="b", options=SocketOptions(curve=stranger))
     assert _handshake_result(bad.socket) == zmq.EVENT_HANDSHAKE_FAILED_AUTH
-    with pytest.raises(RequestTimeoutError):
-        bad.call(PullRequest("i1", 3))
-    assert replier.recv(200) is None  # nothing of the stranger's reached the server
-    for closable in (good, bad, replier):
+    with contextlib.suppress(zmq.Again):
+        bad.socket.send_multipart([b"wt.pull", b"x"], zmq.NOBLOCK)
+    assert _link_recv(server, 300) is None  # nothing of the stranger's reached the server
+    for closable in (good, bad, server):
         closable.close()
     authenticator.stop()
 
@@ -89,11 +96,18 @@ def test_client_with_wrong_server_key_cannot_complete_the_handshake(
     generate_keys(tmp_path / "fake")
     wrong_server = dataclasses.replace(keys, server=load_keys(tmp_path / "fake").server)
     authenticator = start_authenticator(ctx, keys)
-    replier = Replier(ctx, "tcp://127.0.0.1:*", "ps.rep", options=SocketOptions(curve=keys))
-    client = Requester(ctx, replier.address, "c.req", options=SocketOptions(curve=wrong_server), timeout_ms=200)
+    server = Link(ctx, "tcp://127.0.0.1:*", sender="router", serve=True, options=SocketOptions(curve=keys))
+    client = Link(
+        ctx,
+        bound_address(server.socket),
+        sender="c",
+        serve=False,
+        identity="c",
+        options=SocketOptions(curve=wrong_server),
+    )
     assert _handshake_result(client.socket) != zmq.EVENT_HANDSHAKE_SUCCEEDED
     client.close()
-    replier.close()
+    server.close()
     authenticator.stop()
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from psrl.config.coordination import SyncAndMigStrategy
-from psrl.coordination import CoordinationInputs, InstanceState, RouterFacts
+from psrl.coordination.state import CoordinationInputs, InstanceState, RouterFacts
 from psrl.routing import InstanceSnapshot, ServableCounts
 from psrl.routing.cost_model import CostModel
 

@@ -8,15 +8,10 @@ import msgspec
 from coordination_helpers import COST, inputs, inst, strategy
 
 from psrl.config.coordination import MigrationStrategy
-from psrl.coordination import (
-    CoordinationInputs,
-    SyncPolicy,
-    TickDecision,
-    decide_migration,
-    decide_tick,
-    safe_ratio,
-    starved_instances,
-)
+from psrl.coordination.migration import decide_migration, starved_instances
+from psrl.coordination.state import CoordinationInputs, safe_ratio
+from psrl.coordination.sync import SyncPolicy
+from psrl.coordination.tick import TickDecision, decide_tick
 
 
 def mig(**fields: object) -> MigrationStrategy:

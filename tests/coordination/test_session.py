@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from psrl.config.coordination import ThunderAgent
-from psrl.coordination import InstanceCapacity, SessionInfo, schedule_sessions
+from psrl.coordination.session import InstanceCapacity, SessionInfo, schedule_sessions
 
 
 def session(sid: str, instance: str | None, status: str, tokens: int, hang: str = "running", **kw: Any) -> SessionInfo:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from coordination_helpers import COST, inputs, inst, strategy
 
-from psrl.coordination import SyncPolicy
+from psrl.coordination.sync import SyncPolicy
 
 
 def greedy(partial: bool = True) -> SyncPolicy:
@@ -71,7 +71,7 @@ class TestStatusBased:
         assert status().decide(inputs(1, inst("a", 0), servable={0: (0, 5)})).instance_ids == ("a",)
 
     def test_router_mid_selection_postpones(self) -> None:
-        from psrl.coordination import RouterFacts
+        from psrl.coordination.state import RouterFacts
 
         tick = inputs(1, inst("a", 0))
         busy = type(tick)(tick.now, tick.ps_version, tick.instances, RouterFacts(is_selecting=True))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import signal
 import time
 
-from actors.base import Actor, handles
+from actors.base import Actor, Inputs
 from bus.messages import Metrics, RunFinished
 from bus.schema import Event
 
@@ -37,7 +37,9 @@ class FakeActor(Actor):
             self.publisher.publish(RunFinished(True, "fake run done", {"ticks": float(self.ticks)}))
             self.boot.options["finish_after_s"] = None
 
-    @handles(Metrics)
+    def inputs(self) -> Inputs:
+        return Inputs(bus={Metrics: self._on_metrics})
+
     def _on_metrics(self, event: Event[Metrics]) -> None:
         self.num_seen += 1
         drop_every = int(self.boot.options.get("drop_every", 0))

@@ -3,7 +3,7 @@ import math
 from pathlib import Path
 
 from bus.messages import ActorState, Heartbeat, Metrics, TrainerProgress
-from psrl.launch.metrics_sink import MetricsSink, tensorboard_run_name
+from launch.metrics_sink import MetricsSink, tensorboard_run_name
 from psrl.report.metrics_file import MetricsRecord, read_metrics_file
 from psrl.report.tensorboard import read_scalars
 from psrl.rundir import RunDir

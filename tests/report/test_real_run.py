@@ -7,9 +7,9 @@ import pytest
 
 from bus.eventlog.reader import EventLogReader
 from bus.messages import Metrics
+from launch.metrics_sink import MetricsSink
+from launch.supervisor import EXIT_OK, Supervisor
 from psrl.config import load_config
-from psrl.launch.metrics_sink import MetricsSink
-from psrl.launch.supervisor import EXIT_OK, Supervisor
 from psrl.report.build import build_report
 from psrl.report.metrics_file import read_metrics_file
 from psrl.report.tensorboard import read_scalars

@@ -14,7 +14,6 @@ from psrl.sim.cli import main
 from psrl.sim.defaults import DEMO_COST_MODEL, demo_cost_model, load_run_models
 from psrl.sim.events import SimulationError
 from psrl.sim.models import PullModel, SimSettings, TrainerModel
-from psrl.sim.router import SimTrajectory
 from psrl.sim.scenarios import ROUTING, SYNC_MIG
 from psrl.sim.simulation import Simulation, engine_shape
 from psrl.sim.stats import SimSummary
@@ -83,13 +82,14 @@ def test_every_routing_method_runs_within_the_bound(method: str) -> None:
     assert all(load > 0 for load in loads)  # every method spreads work over the instances
 
 
-def test_routing_is_held_while_a_sync_loads() -> None:
-    simulation, _ = run(*LONG)
-    router = simulation.router
-    router.on_sync_command(("rollout-0",), version=10**6)
-    assert router.core.is_paused and router.syncing == {"rollout-0"}
-    router.on_loaded("rollout-0", 10**6, simulation.clock.now)
-    assert not router.core.is_paused and not router.syncing
+def test_the_simulation_drives_the_actors_flows() -> None:
+    from psrl.flows.coordinator import CoordinatorFlow
+    from psrl.flows.router import RouterFlow
+
+    simulation, _ = run()
+    assert type(simulation.router) is RouterFlow and type(simulation.coordinator) is CoordinatorFlow
+    assert set(simulation.router.instances) == {"rollout-0", "rollout-1"}
+    assert [s.step for s in simulation.stats.steps] == list(range(1, 7))
 
 
 def test_routing_method_changes_the_placement() -> None:
@@ -119,13 +119,36 @@ def test_reasoning_profile_migrates_and_continues_the_moved_requests() -> None:
 
 
 def test_the_staleness_check_counts_what_breaks_the_bound() -> None:
+    import numpy as np
+
+    from bus.messages import TrainData
+
     simulation, _ = run()
-    stats, coordinator = simulation.stats, simulation.coordinator
-    before = stats.num_bound_violations, stats.num_token_version_violations
-    traj = SimTrajectory(10**6, 10**5, 0, 10, 20)
-    traj.v_traj, traj.segments = 1, [(1, 5), (9, 3)]
-    coordinator._check_staleness(traj, buffer=4)  # eta = 2: staleness 3, and 3 tokens of a version after the buffer
-    assert (stats.num_bound_violations, stats.num_token_version_violations) == (before[0] + 1, before[1] + 3)
+    stats = simulation.stats
+    before = stats.num_bound_violations, stats.num_token_version_violations, stats.num_mixed_versions
+    ints = np.zeros(1, np.int32)
+    versions = np.asarray([1] * 5 + [9] * 3, np.int32)
+    data = TrainData(
+        step=5,
+        buffer=4,
+        chunk=0,
+        num_chunks=1,
+        prompt_ids=ints,
+        request_ids=ints,
+        v_traj=np.ones(1, np.int32),
+        prompt_lengths=ints,
+        response_lengths=np.asarray([8], np.int32),
+        prompt_token_ids=ints[:0],
+        response_token_ids=np.zeros(8, np.int32),
+        response_logprobs=np.zeros(8, np.float32),
+        response_versions=versions,
+        rewards=np.zeros(1, np.float32),
+        accs=np.zeros(1, np.float32),
+        finish_reasons=ints,
+    )
+    simulation.trainer.check_staleness(data)  # eta = 2: staleness 3, and 3 tokens of a version after the buffer
+    after = stats.num_bound_violations, stats.num_token_version_violations, stats.num_mixed_versions
+    assert after == (before[0] + 1, before[1] + 3, before[2] + 1)
 
 
 def test_run_limits_and_bad_settings() -> None:

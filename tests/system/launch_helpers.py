@@ -8,9 +8,9 @@ from pathlib import Path
 from typing import Any
 
 from bus.eventlog.reader import EventLogReader
+from launch.plan import plan_actors
+from launch.supervisor import Supervisor
 from psrl.config import load_config
-from psrl.launch.plan import plan_actors
-from psrl.launch.supervisor import Supervisor
 from psrl.rundir import RunDir
 
 FAKE = "tests.fakes.actors:FakeActor"

@@ -10,8 +10,8 @@ import time
 import pytest
 
 from bus.messages import WeightsLoaded
+from launch.supervisor import Supervisor
 from psrl.config import load_config
-from psrl.launch.supervisor import Supervisor
 from psrl.replay.runner import replay_run
 from psrl.rundir import RunDir
 from tests.system.run_checks import (

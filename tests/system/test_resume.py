@@ -17,8 +17,8 @@ import pytest
 
 from bus.eventlog.reader import EventLogReader
 from bus.messages import LedgerOp, TrainBatch, TrainerProgress
+from launch.supervisor import EXIT_INTERRUPTED, INCARNATIONS_PER_LAUNCH, Supervisor, resume_point
 from psrl.config import load_config
-from psrl.launch.supervisor import EXIT_INTERRUPTED, INCARNATIONS_PER_LAUNCH, Supervisor, resume_point
 from psrl.replay.runner import replay_run
 from psrl.rundir import RunDir
 from psrl.trainer.checkpoint import latest_checkpoint, read_trainer_state

@@ -9,8 +9,7 @@ import pytest
 import zmq
 
 from actors.boot import Boot
-from actors.links import Link
-from bus import BusProxy, Publisher, Subscriber
+from bus import BusProxy, Link, Publisher, Subscriber
 from bus.addresses import plan_addresses
 from bus.messages import (
     Abort,
@@ -24,10 +23,9 @@ from bus.messages import (
     Shutdown,
     TokenChunk,
 )
-from bus.settings import BusSettings
+from launch.plan import ActorSpec
+from launch.process import start_actor
 from psrl.config import load_config, to_yaml
-from psrl.launch.plan import ActorSpec
-from psrl.launch.process import start_actor
 
 pytestmark = pytest.mark.system
 STARTUP_MS = 240_000  # an instance is up once it reports; vLLM's import alone takes up to a minute on 2 busy cores
@@ -43,8 +41,7 @@ def instance(request, tmp_path):
     proxy = BusProxy(plan_addresses(tmp_path), ctx=ctx)
     addresses = proxy.start()
     router_address = f"ipc://{tmp_path}/router.sock"
-    link = Link(ctx, router_address, sender="router", incarnation=0, settings=BusSettings.from_config(config),
-                serve=True)  # fmt: skip
+    link = Link(ctx, router_address, sender="router", serve=True)
     bus = {k: v for k, v in vars(addresses).items() if k != "curve_dir"}
     boot = Boot("rollout-0", "rollout", 0, 0, to_yaml(config), bus, {"router": router_address, "ps-0.1": "ipc:///x",
                 "ps-1.1": "ipc:///y"}, run_dir=str(tmp_path))  # fmt: skip

@@ -11,7 +11,7 @@ import pytest
 import psrl
 from bus.messages import Metrics
 from bus.schema import Envelope, Event
-from psrl.api import RunResult
+from launch.api import RunResult
 from psrl.config import load_config
 from psrl.errors import ConfigError
 from psrl.rundir import RunDir
@@ -44,7 +44,7 @@ def _metrics_event(step: int, sender: str, values: dict[str, float]) -> Event:
 
 def test_wandb_offline_writes_the_run_under_the_run_directory(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     pytest.importorskip("wandb")
-    from psrl.launch.wandb_sink import WandbSink, wandb_run_id
+    from launch.wandb_sink import WandbSink, wandb_run_id
 
     monkeypatch.setenv("WANDB_SILENT", "true")
     monkeypatch.delenv("WANDB_API_KEY", raising=False)

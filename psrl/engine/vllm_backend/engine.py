@@ -19,11 +19,11 @@ from typing import Any
 import structlog
 import torch
 
+from bus.messages import FinishReason
 from psrl.engine.engine import WeightSource
 from psrl.engine.outputs import EngineStatus, RequestOutput, RequestResult, StepOutput, WaitingQueue
 from psrl.engine.request_checks import check_prior_outputs, check_room, check_token_ids, coerce_sampling_params
 from psrl.engine.sampling_params import SamplingParams
-from psrl.engine.sequence import FinishReason
 from psrl.engine.vllm_backend.args import VllmEngineArgs
 from psrl.engine.vllm_backend.availability import vllm_unavailable
 from psrl.engine.vllm_backend.requests import FINISH_REASONS, TrackedRequest, vllm_sampling_kwargs

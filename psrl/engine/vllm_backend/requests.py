@@ -10,10 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from bus.messages import FinishReason
 from psrl.engine.outputs import RequestResult, TopLogprobs
 from psrl.engine.request_checks import PriorOutputs
 from psrl.engine.sampling_params import SamplingParams
-from psrl.engine.sequence import FinishReason
 
 FINISH_REASONS = {"stop": FinishReason.STOP, "length": FinishReason.LENGTH}  # anything else: ABORT
 

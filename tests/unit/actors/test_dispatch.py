@@ -7,19 +7,21 @@ from typing import TypeVar
 
 import pytest
 
-from actors.base import Actor, handles
+from actors.base import Actor, Inputs
 from bus.messages import Metrics, TrainData
+from bus.stamp import Cause
 from psrl.log import get_logger
 
 
 class _Actor(Actor):
     ROLE = "test"
 
-    @handles(Metrics)
+    def inputs(self) -> Inputs:
+        return Inputs(link={TrainData: self._on_data}, bus={Metrics: self._on_metrics}, fatal=frozenset({TrainData}))
+
     def _on_metrics(self, event: object) -> None:
         raise ValueError("a bad metrics event")
 
-    @handles(TrainData, link=True, fatal=True)
     def _on_data(self, event: object) -> None:
         raise RuntimeError("the step failed")
 
@@ -32,12 +34,21 @@ def _bare_actor(cls: type[ActorT] = _Actor) -> ActorT:  # type: ignore[assignmen
     actor = object.__new__(cls)
     actor.log = get_logger("test")
     actor.num_unhandled = actor.num_handler_errors = 0
+    actor.cause = Cause()
     actor._handlers = actor._handler_table()
     return actor
 
 
 def _event(kind: str) -> SimpleNamespace:
-    return SimpleNamespace(envelope=SimpleNamespace(kind=kind, sender="someone"), message=None)
+    return SimpleNamespace(envelope=SimpleNamespace(kind=kind, sender="someone", event_id="someone#0:7"), message=None)
+
+
+def test_what_a_handler_sends_names_the_event_being_handled_as_its_parent() -> None:
+    actor = _bare_actor()
+    seen: list[str | None] = []
+    actor._handlers[Metrics.KIND] = lambda event: seen.append(actor.cause.event_id)
+    actor.dispatch(_event(Metrics.KIND))
+    assert seen == ["someone#0:7"] and actor.cause.event_id is None  # only while it is handled
 
 
 def test_a_failing_handler_is_counted_and_the_actor_keeps_serving() -> None:
@@ -60,21 +71,4 @@ def test_the_trainer_marks_its_training_handler_fatal() -> None:
     actor = object.__new__(TrainerActor)
     actor._handler_table()
     assert TrainData.KIND in actor._fatal_kinds
-
-
-def test_the_trainer_drops_malformed_train_data_and_serves_on() -> None:
-    import numpy as np
-
-    from actors.trainer import TrainerActor
-    from psrl.config import load_config
-
-    actor = _bare_actor(TrainerActor)
-    actor.config = load_config("demo", [])
-    actor.core = SimpleNamespace(version=0)
-    actor.num_samples = 0
-    ints = np.zeros(2, dtype=np.int32)
-    floats = np.zeros(2, dtype=np.float32)
-    # two trajectories, but lengths for one: the arrays disagree
-    data = TrainData(0, 0, 0, 1, ints, ints, ints, ints[:1], ints[:1], ints, ints, floats, ints, floats, floats, ints)
-    actor.dispatch(SimpleNamespace(envelope=SimpleNamespace(kind=TrainData.KIND, sender="coordinator"), message=data))
-    assert actor.num_handler_errors == 1 and actor.num_samples == 0
+    assert TrainData.KIND in actor._link_kinds

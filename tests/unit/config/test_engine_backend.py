@@ -18,7 +18,7 @@ from psrl.config import load_config
 from psrl.config.loader import build_tree
 from psrl.engine.vllm_backend import availability
 from psrl.errors import ConfigError
-from psrl.launch.preflight import checked
+from psrl.preflight import checked
 
 HAS_VLLM = availability.vllm_unavailable() is None
 

@@ -15,7 +15,7 @@ from click.testing import CliRunner
 from psrl.cli.main import main
 from psrl.config import load_config
 from psrl.engine.args import DEMO_MODEL_DIR
-from psrl.launch.preflight import absolute_paths, check_environment
+from psrl.preflight import absolute_paths, check_environment
 
 
 def show(*args: str):  # type: ignore[no-untyped-def]

@@ -1,6 +1,6 @@
 import pytest
 
-from psrl.launch.hosts import HostsFileError, parse_hosts_file
+from launch.hosts import HostsFileError, parse_hosts_file
 
 GOOD = """\
 # a three-host run

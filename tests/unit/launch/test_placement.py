@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from launch.placement import visible_gpus
 from psrl.config import load_config
 from psrl.errors import ConfigError
-from psrl.launch.placement import visible_gpus
 
 
 def test_without_placement_every_process_sees_every_gpu() -> None:
@@ -42,8 +42,8 @@ def test_impossible_placements_are_refused_with_the_fix(overrides: list[str], na
 
 
 def test_the_supervisor_hands_the_placement_to_the_actor_in_its_boot_options() -> None:
-    from psrl.launch.plan import ActorSpec
-    from psrl.launch.supervisor import _placement
+    from launch.plan import ActorSpec
+    from launch.supervisor import _placement
 
     config = load_config("demo", ["topology.device=cuda", "topology.rollout_gpus=[1]"])
     assert _placement(ActorSpec("rollout-0", "rollout", 0, None), config) == {"cuda_visible_devices": "1"}

@@ -1,4 +1,4 @@
-from psrl.launch.policy import RestartPolicy, Verdict
+from launch.policy import RestartPolicy, Verdict
 
 
 def test_rollout_and_ps_restart_until_the_budget_is_spent() -> None:

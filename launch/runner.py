@@ -8,14 +8,14 @@ from typing import Any
 
 import click
 
+from launch.hosts import HostsFile
+from launch.metrics_sink import MetricsSink
+from launch.plan import plan_actors
+from launch.progress import ProgressView
+from launch.status_recorder import StatusRecorder
+from launch.supervisor import EXIT_OK, Supervisor
 from psrl.config import Config
 from psrl.errors import MissingExtraError
-from psrl.launch.hosts import HostsFile
-from psrl.launch.metrics_sink import MetricsSink
-from psrl.launch.plan import plan_actors
-from psrl.launch.progress import ProgressView
-from psrl.launch.status_recorder import StatusRecorder
-from psrl.launch.supervisor import EXIT_OK, Supervisor
 from psrl.rundir import RunDir
 
 
@@ -52,7 +52,7 @@ def run_launch(
     listeners: list[Any] = [view.on_event, sink.on_event]
     closers: list[Any] = [sink]
     if config.logging.wandb.enable:
-        from psrl.launch.wandb_sink import WandbSink
+        from launch.wandb_sink import WandbSink
 
         wandb_sink = WandbSink(config, run_dir)
         listeners.append(wandb_sink.on_event)

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from launch.hosts import Host, HostsFile
 from psrl.config import Config
-from psrl.launch.hosts import Host, HostsFile
 
 # Start order; shutdown runs in reverse, the logger last.
 ROLE_ORDER = ("logger", "ps", "rollout", "trainer", "router", "session", "coordinator")

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import IO
 
 from actors.boot import Boot
-from psrl.launch.plan import ActorSpec
+from launch.plan import ActorSpec
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from psrl.cli.config_cmd import split_preset
+from psrl.config.loader import split_preset
 from psrl.errors import ConfigError
 
 EPILOG = """\b
@@ -21,7 +21,7 @@ PRESET is a name from configs/ (see `psrl config presets`) or a path to a YAML f
 OVERRIDES are key=value pairs exactly as in docs/configuration.md.
 The hosts file has one host per line: NAME [ADDRESS] ROLE[:COUNT]... [python=..] [ssh=..]
 [workdir=..] [local=true]; roles are coordinator, router, logger, session, trainer, ps and
-rollout; '#' starts a comment (format: psrl/launch/hosts.py).
+rollout; '#' starts a comment (format: launch/hosts.py).
 """
 
 
@@ -52,12 +52,12 @@ def launch(
     quiet: bool,
 ) -> None:
     """Start a run: bus, logger, parameter server, rollout instances, trainer, router, coordinator."""
+    from launch.hosts import HostsFileError, parse_hosts_file
+    from launch.plan import hosts_overrides
+    from launch.runner import run_launch
     from psrl.config import load_config
-    from psrl.launch.hosts import HostsFileError, parse_hosts_file
-    from psrl.launch.plan import hosts_overrides
-    from psrl.launch.preflight import checked
-    from psrl.launch.runner import run_launch
     from psrl.log import configure
+    from psrl.preflight import checked
 
     preset, overrides = split_preset(args)
     preset = preset or "demo"

@@ -39,13 +39,13 @@ from bus.messages import (
 )
 from bus.schema import Event
 from bus.security import generate_keys, load_keys
-from bus.settings import BusSettings
+from launch.hosts import HostsFile
+from launch.placement import visible_gpus
+from launch.plan import ActorSpec, plan_actors, plan_endpoints
+from launch.policy import RestartPolicy, Verdict
+from launch.process import ActorProcess, run_on_host, start_actor
 from psrl.config import Config, to_yaml
-from psrl.launch.hosts import HostsFile
-from psrl.launch.placement import visible_gpus
-from psrl.launch.plan import ActorSpec, plan_actors, plan_endpoints
-from psrl.launch.policy import RestartPolicy, Verdict
-from psrl.launch.process import ActorProcess, run_on_host, start_actor
+from psrl.config.bus_settings import bus_settings
 from psrl.log import get_logger
 from psrl.rundir import RunDir
 from psrl.trainer.checkpoint import latest_checkpoint, read_trainer_state
@@ -136,7 +136,7 @@ class Supervisor:
                 generate_keys(self.run_dir.keys)
             curve = load_keys(self.run_dir.keys)
             self.curve_files = read_curve_files(self.run_dir.keys)
-        self.settings = BusSettings.from_config(self.config, curve)
+        self.settings = bus_settings(self.config, curve)
         transport = "tcp" if multi else self.config.bus.transport
         host = self._launcher_address() if multi else self.config.bus.host
         plan = plan_addresses(self.run_dir.path, transport, host, str(self.run_dir.keys) if curve else None)

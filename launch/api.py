@@ -17,31 +17,11 @@ is resumed.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from psrl.config import Config, load_config
-
-
-@dataclass(frozen=True)
-class RunResult:
-    exit_code: int  # 0 finished, 1 failed, 130 interrupted
-    reason: str | None
-    run_dir: Path
-
-    @property
-    def ok(self) -> bool:
-        return self.exit_code == 0
-
-    def metrics(self) -> list[dict[str, Any]]:
-        """Every metrics record of the run (metrics.jsonl), in the order they were written."""
-        path = self.run_dir / "metrics.jsonl"
-        if not path.exists():
-            return []
-        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+from psrl.run_result import RunResult
 
 
 def run(
@@ -53,8 +33,8 @@ def run(
     quiet: bool = True,
 ) -> RunResult:
     """Check the configuration, run it on this machine and return how it ended."""
-    from psrl.launch.preflight import checked
-    from psrl.launch.runner import run_launch
+    from launch.runner import run_launch
+    from psrl.preflight import checked
 
     if isinstance(config, Config):
         resolved = load_config(None, overrides, base=config)

@@ -1,7 +1,7 @@
 """Run metrics on disk: every `obs.metrics` event the launcher sees goes to ``<run>/metrics.jsonl``
 and to TensorBoard event files under ``<run>/tb/<sender>/`` (one TensorBoard run per actor).
 
-The sink is a launcher listener like `psrl.launch.progress.ProgressView`. A write failure (disk
+The sink is a launcher listener like `launch.progress.ProgressView`. A write failure (disk
 full, directory removed) must not end the run: it is logged and counted in `num_write_errors`,
 and the next event is tried again.
 """

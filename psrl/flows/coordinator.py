@@ -1,0 +1,387 @@
+"""The coordinator's algorithm: prompt groups, rewards, buffers to the trainer, sync and migration.
+
+dispatch   prompt groups (N' requests each) go to the router within the dispatch throttle, at the
+           start and whenever the parameter server publishes a version
+results    finished trajectories are scored; when the router reports a group's first N finished,
+           the group is filtered or kept (the router then occupies its slot)
+buffers    occupied groups are released to the trainer chunk by chunk (fine-grain overlap) in
+           occupancy order; a fully handed-over buffer is consumed in the ledger
+tick       every check interval: the sync strategy, then migration (``psrl.coordination``), from
+           instance reports, the router's facts and the PS version; logged for replay
+end        after ``trainer.total_steps`` versions the run ends (RunFinished)
+
+State: ``book`` (open groups and their results), ``emitter`` (what each buffer has released),
+``instances`` (the coordinator's view of the fleet), ``ps_version`` and the recent measurements
+a tick reads (version times, response lengths).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any
+
+import numpy as np
+
+from bus.messages import (
+    ActorExited,
+    BufferReady,
+    Consume,
+    GenerateRequest,
+    GroupComplete,
+    GroupDrop,
+    InstanceStatus,
+    InstanceSyncFailed,
+    Metrics,
+    MigrateCommand,
+    Occupy,
+    Refill,
+    RouterStatus,
+    RunFinished,
+    SyncCommand,
+    TickRecord,
+    TrainBatch,
+    TrainData,
+    TrainerProgress,
+    TrajectoryDone,
+    WeightsLoaded,
+    WeightsPublished,
+)
+from bus.schema import Message
+from psrl.config import Config
+from psrl.coordination.chunks import Chunk, ChunkEmitter, chunk_plan
+from psrl.coordination.groups import GroupBook, has_learning_signal, is_success
+from psrl.coordination.instances import InstanceBook
+from psrl.coordination.records import encode_tick, same_situation
+from psrl.coordination.state import CoordinationInputs, RouterFacts
+from psrl.coordination.sync import SyncPolicy
+from psrl.coordination.tick import decide_tick
+from psrl.flows.base import Flow
+from psrl.flows.effects import Effect, Handler, Timer
+from psrl.flows.prompts import PromptSource, Scorer
+from psrl.flows.status import snapshot_from_status
+from psrl.flows.train_data import train_data
+from psrl.routing.cost_model import CostModel
+from psrl.routing.servable import ServableCounts
+from psrl.staleness.throttle import dispatch_allowance
+
+ROUTER = "router"
+
+
+def make_sync_policy(config: Config, cost: CostModel | None) -> SyncPolicy:
+    """The sync strategy as the coordinator runs it (and ``psrl replay --check sync`` re-runs it)."""
+    rc = config.psrl.rollout_coordination
+    return SyncPolicy(
+        rc.sync_and_mig_strategy,
+        partial_rollout=rc.partial_rollout.enable,
+        cost_model=cost,
+        max_concurrent_seqs=rc.routing_strategy.max_concurrent_seqs_per_instance,
+    )
+
+
+class CoordinatorFlow(Flow):
+    BUS_KINDS = (InstanceStatus, WeightsPublished, WeightsLoaded, InstanceSyncFailed, ActorExited, TrainerProgress)
+
+    def __init__(
+        self,
+        config: Config,
+        prompts: PromptSource,
+        scorer: Scorer,
+        *,
+        cost: CostModel | None = None,
+        initial_version: int = 0,
+        first_prompt_id: int | None = None,
+        record_decisions: bool = True,
+        log: Any = None,
+    ) -> None:
+        super().__init__()
+        self.config = config
+        self.prompts = prompts
+        self.scorer = scorer
+        self.record_decisions = record_decisions
+        self.log = log
+        self.n = config.responses_per_prompt
+        self.initial_version = initial_version
+        # a resumed run continues the prompt cursor its checkpoint recorded
+        first = initial_version * config.entries_per_buffer if first_prompt_id is None else first_prompt_id
+        self.book = GroupBook(self.n, first_prompt_id=first)
+        self.emitter = ChunkEmitter(
+            chunk_plan(config).chunk_groups, config.psrl.staleness_buffer_entries, initial_version
+        )
+        self.instances = InstanceBook()
+        rc = config.psrl.rollout_coordination
+        self.sync_settings = rc.sync_and_mig_strategy
+        self.sync_policy = SyncPolicy(
+            self.sync_settings,
+            partial_rollout=rc.partial_rollout.enable,
+            cost_model=cost,
+            max_concurrent_seqs=rc.routing_strategy.max_concurrent_seqs_per_instance,
+        )
+        self.trainers = [f"trainer-{rank}" for rank in range(config.topology.n_trainer_ranks)]
+        self.ps_version = initial_version if initial_version == 0 else -1  # a resumed trainer re-pushes
+        self.version_times: deque[float] = deque(maxlen=8)
+        self.router_facts = RouterFacts()
+        self.last_tick_inputs: CoordinationInputs | None = None
+        self.response_lengths: deque[int] = deque(maxlen=256)
+        self.reward_history: list[tuple[int, float]] = []
+        self.started = self.last_handoff = 0.0
+        self.is_finished = False
+        self.handed_over: list[TrainData] = []
+
+    def handlers(self) -> dict[type[Message], Handler]:
+        return {
+            TrajectoryDone: self._on_done,  # from the router: a trajectory ended
+            GroupComplete: self._on_group_complete,  # from the router: a group's first N finished
+            GroupDrop: self._on_group_drop,  # from the router: a group was given up
+            Refill: self._on_refill,  # from the router: launch fresh groups
+            Occupy: self._on_occupy,  # from the router: a kept group holds a slot
+            BufferReady: self._on_ready,  # from the router: a buffer is full
+            RouterStatus: self._on_router_status,
+            InstanceStatus: self._on_instance_status,
+            WeightsPublished: self._on_published,
+            WeightsLoaded: self._on_loaded,
+            InstanceSyncFailed: self._on_sync_failed,
+            ActorExited: self._on_exited,
+            TrainerProgress: self._on_progress,
+        }
+
+    def timers(self) -> list[Timer]:
+        return [Timer("tick", self.sync_settings.check_interval_in_ms / 1000, self.tick)]
+
+    def start(self, now: float) -> list[Effect]:
+        """The first prompt groups (the run's clock starts now)."""
+        self.started = self.last_handoff = now
+        self._dispatch()
+        return self.take()
+
+    # ------------------------------------------------------------------ dispatch
+
+    def _dispatch(self) -> None:
+        if self.is_finished or self.ps_version < self.initial_version:
+            return
+        cfg = self.config
+        allowance = dispatch_allowance(
+            ps_version=self.ps_version,
+            initial_version=self.initial_version,
+            staleness=cfg.psrl.staleness,
+            max_dispatch_ahead=cfg.psrl.max_dispatch_ahead,
+            groups_per_buffer=cfg.entries_per_buffer,
+            num_dispatched=self.book.num_dispatched,
+        )
+        for _ in range(allowance):
+            self._open_group(is_replacement=False)
+
+    def _open_group(self, *, is_replacement: bool) -> None:
+        prompt = self.prompts.prompt(self.book.next_prompt_id)
+        ids = self.prompts.token_ids(prompt)
+        group = self.book.open(prompt, ids, is_replacement=is_replacement)
+        for rid in self.book.request_ids(group.prompt_id):
+            request = GenerateRequest(
+                request_id=rid,
+                prompt_id=group.prompt_id,
+                prompt_token_ids=ids,
+                sampling=self.prompts.sampling(rid, len(ids)),
+            )
+            self.send(ROUTER, request, request_id=rid, prompt_id=group.prompt_id)
+
+    def _on_refill(self, refill: Refill, now: float) -> None:
+        for prompt_id in refill.prompt_ids:
+            self.book.drop(prompt_id)
+        if refill.reason == "failed" and not self.config.psrl.agentic_rl.manager_retry_on_error:
+            reason = f"prompt groups {refill.prompt_ids} failed (psrl.agentic_rl.manager_retry_on_error=False)"
+            self.is_finished = True
+            self.publish(RunFinished(success=False, reason=reason))
+            return
+        for _ in range(refill.num_groups):
+            self._open_group(is_replacement=True)
+
+    # ------------------------------------------------------------------ results and groups
+
+    def _on_done(self, done: TrajectoryDone, now: float) -> None:
+        reward = None
+        if is_success(done):
+            group = self.book.groups.get(done.prompt_id)
+            if group is None:
+                return
+            reward = self.scorer.score(group.prompt, done.token_ids)
+            self.response_lengths.append(len(done.token_ids))
+        self.book.record(done, reward)
+
+    def _on_group_complete(self, complete: GroupComplete, now: float) -> None:
+        group = self.book.complete(complete.prompt_id, list(complete.request_ids))
+        if group is None or not group.has_all_winners:
+            if self.log is not None:
+                self.log.warning("group complete without its results", prompt_id=complete.prompt_id)
+            return
+        if complete.occupied_buffer >= 0:  # already occupied (proactive truncate): nothing to ask for
+            return
+        if self.config.algorithm.filter_groups.enable and not has_learning_signal(group):
+            self.send(ROUTER, GroupDrop(prompt_id=group.prompt_id, reason="filtered"), prompt_id=group.prompt_id)
+            self.book.drop(group.prompt_id)
+            self._open_group(is_replacement=True)
+            return
+        self.send(
+            ROUTER, GroupComplete(prompt_id=group.prompt_id, request_ids=list(group.winners)), prompt_id=group.prompt_id
+        )
+
+    def _on_group_drop(self, drop: GroupDrop, now: float) -> None:
+        self.book.drop(drop.prompt_id)
+
+    def _on_occupy(self, occupy: Occupy, now: float) -> None:
+        group = self.book.groups.get(occupy.prompt_id)
+        if group is None:
+            return
+        previous = group.buffer
+        group.buffer = occupy.buffer
+        if previous is not None and previous != occupy.buffer:  # moved by the proactive filter
+            chunks = self.emitter.on_moved(occupy.prompt_id, previous, occupy.buffer)
+        else:
+            chunks = self.emitter.on_occupied(occupy.buffer, occupy.prompt_id)
+        self._hand_over(chunks, now)
+
+    def _on_ready(self, ready: BufferReady, now: float) -> None:
+        self._hand_over(self.emitter.on_ready(ready.buffer, list(ready.prompt_ids)), now)
+
+    # ------------------------------------------------------------------ buffers to the trainer
+
+    def _hand_over(self, chunks: list[Chunk], now: float) -> None:
+        while chunks:
+            for chunk in chunks:
+                self._send_chunk(chunk, now)
+            chunks = []
+            if self.emitter.is_current_done():
+                buffer = self.emitter.current
+                self.send(ROUTER, Consume(buffer=buffer, trainer_version=buffer))
+                chunks = self.emitter.advance()
+
+    def _send_chunk(self, chunk: Chunk, now: float) -> None:
+        groups = self.book.take(list(chunk.prompt_ids))
+        data = train_data(chunk, groups, with_logprobs=self.config.psrl.log_prob.enable_rollout_engine_log_prob)
+        for trainer in self.trainers:
+            self.send(trainer, data, model_version=chunk.buffer)
+        self.handed_over.append(data)
+        if chunk.is_last:
+            self._buffer_metrics(chunk, self.handed_over, now)
+            self.handed_over = []
+
+    def _buffer_metrics(self, chunk: Chunk, parts: list[TrainData], now: float) -> None:
+        rewards = np.concatenate([d.rewards for d in parts])
+        accs = np.concatenate([d.accs for d in parts])
+        lengths = np.concatenate([d.response_lengths for d in parts])
+        staleness = chunk.buffer - np.concatenate([d.v_traj for d in parts])
+        prompt_ids = [int(p) for d in parts for p in dict.fromkeys(d.prompt_ids.tolist())]
+        batch = TrainBatch(
+            step=chunk.buffer + 1,
+            buffer=chunk.buffer,
+            prompt_ids=prompt_ids,
+            num_trajectories=len(rewards),
+            num_tokens=int(lengths.sum()),
+            min_version=int(chunk.buffer - staleness.max()) if len(staleness) else -1,
+        )
+        self.publish(batch, model_version=chunk.buffer)
+        elapsed = max(now - self.last_handoff, 1e-6)
+        values = {
+            "reward/mean": _mean(rewards),
+            "acc/mean": _mean(accs),
+            "response_length/mean": _mean(lengths),
+            "staleness/mean": _mean(staleness),
+            "staleness/max": float(staleness.max()) if len(staleness) else 0.0,
+            "throughput/trajectories_per_s": len(rewards) / elapsed,
+            "throughput/tokens_per_s": float(lengths.sum()) / elapsed,
+            **self.scorer.take_metrics(),
+        }
+        self.last_handoff = now
+        self.reward_history.append((chunk.buffer + 1, values["reward/mean"]))
+        self.publish(Metrics(step=chunk.buffer + 1, values=values), model_version=chunk.buffer)
+
+    # ------------------------------------------------------------------ instances and versions
+
+    def _on_router_status(self, status: RouterStatus, now: float) -> None:
+        counts = zip(status.versions, status.servable_without_new_entry, status.servable_with_new_entry, strict=True)
+        self.router_facts = RouterFacts({v: ServableCounts(v, a, b) for v, a, b in counts})
+
+    def _on_instance_status(self, status: InstanceStatus, now: float) -> None:
+        self.instances.report(snapshot_from_status(status))
+
+    def _on_published(self, published: WeightsPublished, now: float) -> None:
+        if published.version > self.ps_version:
+            self.ps_version = published.version
+            self.version_times.append(now)
+            self._dispatch()
+
+    def _on_loaded(self, loaded: WeightsLoaded, now: float) -> None:
+        self.instances.loaded(loaded.instance, loaded.version, loaded.load_ms / 1000)
+
+    def _on_sync_failed(self, failed: InstanceSyncFailed, now: float) -> None:
+        self.instances.sync_failed(failed.instance)
+
+    def _on_exited(self, exited: ActorExited, now: float) -> None:
+        self.instances.remove(exited.actor)
+
+    # ------------------------------------------------------------------ ticks
+
+    def tick(self, now: float) -> list[Effect]:
+        """One sync/migration decision from what the coordinator knows now."""
+        if self.is_finished:
+            return []
+        inputs = self._tick_inputs(now)
+        decision = decide_tick(inputs, self.sync_policy, self.sync_settings)
+        synced = list(decision.sync.instance_ids)
+        if synced:
+            partial = self.config.psrl.rollout_coordination.partial_rollout.enable
+            command = SyncCommand(
+                instances=synced, version=inputs.ps_version, abort_running=partial, strategy=self.sync_settings.method
+            )
+            self.publish(command, model_version=inputs.ps_version)
+            for instance in synced:
+                self.instances.sync_started(instance, now)
+        mig = decision.migration
+        if mig is not None:
+            self.publish(
+                MigrateCommand(
+                    source=mig.source_id,
+                    target=mig.starved_id,
+                    request_ids=[],
+                    reason=f"ratio={mig.ratio:.2f}",
+                    num_requests=mig.num_to_move or 0,
+                )
+            )
+        if self.record_decisions:
+            changed = not (self.last_tick_inputs and same_situation(inputs, self.last_tick_inputs))
+            if synced or mig is not None or changed:
+                record = TickRecord(
+                    synced=synced, migrated=mig.source_id if mig else "", record=encode_tick(inputs, decision)
+                )
+                self.publish(record)
+            self.last_tick_inputs = inputs
+        return self.take()
+
+    def _tick_inputs(self, now: float) -> CoordinationInputs:
+        times = list(self.version_times)
+        interval = (times[-1] - times[0]) / (len(times) - 1) if len(times) > 1 else None
+        task = self.config.task
+        lengths = self.response_lengths
+        mean_response = float(np.mean(lengths)) if lengths else float(task.max_response_length) / 2
+        return CoordinationInputs(
+            now=now,
+            ps_version=self.ps_version,
+            instances=self.instances.states(),
+            router=self.router_facts,
+            mean_version_interval_s=interval,
+            mean_prompt_tokens=float(task.max_prompt_length) / 2,
+            mean_response_tokens=mean_response,
+        )
+
+    # ------------------------------------------------------------------ the end
+
+    def _on_progress(self, progress: TrainerProgress, now: float) -> None:
+        if progress.step >= self.config.trainer.total_steps and not self.is_finished:
+            self.is_finished = True
+            summary = {"steps": float(progress.step), "elapsed_s": now - self.started}
+            if self.reward_history:
+                summary["reward_first"] = self.reward_history[0][1]
+                summary["reward_last"] = self.reward_history[-1][1]
+            self.publish(RunFinished(success=True, reason=f"{progress.step} training steps done", summary=summary))
+
+
+def _mean(values: np.ndarray) -> float:
+    return float(values.mean()) if len(values) else 0.0

@@ -1,0 +1,152 @@
+"""The whole algorithm in one process: the real flows, engines and trainer core over in-memory queues.
+
+    generate   instances step their engines; tokens and results go to the router
+    reward     finished trajectories reach the coordinator, which scores them
+    occupy     complete groups occupy staleness slots (the router's ledger)
+    consume    full buffers go to the trainer chunk by chunk, and are consumed
+    train      the trainer core steps on each buffer
+    push       the new version goes to the parameter server (here: a dict of versions)
+    sync       the coordinator's sync strategy tells instances to load it
+
+No sockets, threads or processes: a virtual clock advances ``tick_s`` per round, so a run is
+deterministic and fast tests can train whole steps. The simulator is the same loop with modelled
+engines, a modelled trainer and an event-driven clock (``psrl.sim``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from bus.messages import Metrics, RunFinished, TrainerProgress, WeightsPublished
+from bus.schema import Message
+from psrl.config import Config
+from psrl.engine import Engine, EngineArgs
+from psrl.flows.base import Flow
+from psrl.flows.coordinator import CoordinatorFlow
+from psrl.flows.effects import Effect, Publish, PushWeights, Send
+from psrl.flows.instance import InstanceFlow
+from psrl.flows.local import LocalBus
+from psrl.flows.prompts import TaskPrompts
+from psrl.flows.router import RouterFlow
+from psrl.flows.trainer import TrainerFlow
+from psrl.ps import PullFailedError
+from psrl.ps.supply import Fetched
+from psrl.trainer import TrainerCore
+
+
+class MemoryWeights:
+    """The parameter server in memory: every pushed version, whole."""
+
+    def __init__(self) -> None:
+        self.versions: dict[int, list[tuple[str, torch.Tensor]]] = {}
+
+    def store(self, version: int, weights: list[tuple[str, torch.Tensor]]) -> None:
+        self.versions[version] = [(name, tensor.detach().clone()) for name, tensor in weights]
+
+    def prefetch(self, version: int) -> None:
+        """Nothing to do ahead: a fetch is a dictionary look-up."""
+
+    def is_arriving(self, version: int) -> bool:
+        return False
+
+    def fetch(self, version: int) -> Fetched:
+        if version not in self.versions:
+            raise PullFailedError(version, "not pushed")
+        return Fetched(version, self.versions[version], prefetched=False, pull_ms=0.0)
+
+
+@dataclass
+class RunRecord:
+    """What an in-process run reports: every Metrics and TrainerProgress event, and how it ended."""
+
+    metrics: list[Metrics] = field(default_factory=list)
+    progress: list[TrainerProgress] = field(default_factory=list)
+    finished: RunFinished | None = None
+
+    def handle(self, message: Message, now: float) -> list[Effect]:
+        if isinstance(message, Metrics):
+            self.metrics.append(message)
+        elif isinstance(message, TrainerProgress):
+            self.progress.append(message)
+        elif isinstance(message, RunFinished):
+            self.finished = message
+        return []
+
+    def undeliverable(self, send: Send, now: float) -> list[Effect]:
+        return []
+
+
+class InProcessRun:
+    def __init__(self, config: Config, *, tick_s: float = 0.01) -> None:
+        self.config, self.tick_s, self.now = config, tick_s, 0.0
+        task = TaskPrompts(config)
+        self.coordinator = CoordinatorFlow(config, task, task)
+        self.router = RouterFlow(config)
+        self.weights = MemoryWeights()
+        self.instances = [
+            InstanceFlow(
+                f"rollout-{i}", config, Engine(EngineArgs.from_config(config)), self.weights, clock=lambda: self.now
+            )
+            for i in range(config.topology.n_rollout_instances)
+        ]
+        self.trainer = TrainerFlow(config, TrainerCore(config))
+        self.record = RunRecord()
+        self.bus = LocalBus()
+        self.bus.on_other = self._push
+        self._wire()
+        self._timers = [(name, timer, timer.interval_s) for name, flow in self._flows() for timer in flow.timers()]
+
+    def _flows(self) -> list[tuple[str, Flow]]:
+        instances: list[tuple[str, Flow]] = [(i.name, i) for i in self.instances]
+        return [("coordinator", self.coordinator), ("router", self.router), *instances, ("trainer-0", self.trainer)]
+
+    def _wire(self) -> None:
+        """Each flow gets what is sent to it by name and subscribes to its bus kinds, as its actor does."""
+        for name, flow in self._flows():
+            self.bus.attach(name, flow, flow.BUS_KINDS)
+        self.bus.attach("record", self.record, [Metrics, TrainerProgress, RunFinished])
+
+    def run(self, max_rounds: int = 1_000_000) -> RunRecord:
+        """Run until the coordinator ends the run (``trainer.total_steps`` versions)."""
+        self.bus.post("coordinator", self.coordinator.start(self.now), self.now)
+        self.bus.post("router", self.router.start(self.now), self.now)
+        for instance in self.instances:
+            self.bus.post(instance.name, instance.start(self.now), self.now)
+        for _ in range(max_rounds):
+            if self.record.finished is not None:
+                return self.record
+            self.round()
+        raise RuntimeError(f"the run did not finish in {max_rounds} rounds (at {self.now:.1f} s)")
+
+    def round(self) -> None:
+        """Deliver, route, generate (one engine step per instance), fire due timers; then time moves on."""
+        self.bus.deliver(self.now)
+        self.bus.post("router", self.router.route(self.now), self.now)
+        for instance in self.instances:
+            self.bus.post(instance.name, instance.step(self.now), self.now)
+        self.bus.deliver(self.now)
+        self._fire_timers()
+        self.now += self.tick_s
+
+    def _fire_timers(self) -> None:
+        for index, (name, timer, due) in enumerate(self._timers):
+            if self.now >= due:
+                self.bus.post(name, timer.callback(self.now), self.now)
+                self._timers[index] = (name, timer, self.now + timer.interval_s)
+
+    def _push(self, sender: str, effect: Effect, now: float) -> None:
+        """The trainer's new version goes to the parameter server, which publishes it."""
+        if not isinstance(effect, PushWeights):
+            raise TypeError(f"the in-process run cannot perform {type(effect).__name__}")
+        self.weights.store(effect.version, list(self.trainer.core.named_weights()))
+        published = WeightsPublished(version=effect.version, manifest_digest="", num_shards=1)
+        progress = TrainerProgress(
+            step=effect.step, version=effect.version, num_samples=effect.num_samples, step_s=now - effect.started_s
+        )
+        self.bus.post(
+            sender,
+            [Publish(published, model_version=effect.version), Publish(progress, model_version=effect.version)],
+            now,
+        )

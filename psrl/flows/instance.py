@@ -1,0 +1,341 @@
+"""A rollout instance's algorithm around its engine: serve requests, stream tokens, sync weights.
+
+Requests arrive from the router (``GenerateRequest``); generated tokens stream back in
+``TokenChunk`` batches and each request ends with one ``GenerateResult``. An interrupted
+request's result says why (``error`` = sync / migrate / preempted / shutdown) so the router
+knows whether to continue it elsewhere. Commands come from the coordinator: ``SyncCommand``
+(pull the version, load it; under partial rollout interrupt the running requests once the
+version's bytes have arrived, otherwise let them finish first) and ``MigrateCommand`` (hand the
+newest requests back so the router places them elsewhere). Status snapshots go to the router and
+to everyone on the bus.
+
+The engine and the weight supply are this flow's ports: the rollout actor gives it the embedded
+engine and the parameter server (``psrl.ps.supply``), the in-process driver a trainer's weights.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import msgspec
+import numpy as np
+
+from bus.messages import (
+    Abort,
+    FinishReason,
+    GenerateRequest,
+    GenerateResult,
+    InstanceStatus,
+    InstanceSyncFailed,
+    MigrateCommand,
+    PullRequest,
+    SyncCommand,
+    TokenChunk,
+    WeightsLoaded,
+    WeightsPublished,
+)
+from bus.schema import Message
+from psrl.config import Config
+from psrl.engine.outputs import RequestResult
+from psrl.engine.protocol import RolloutEngine
+from psrl.errors import RequestError
+from psrl.flows.base import Flow
+from psrl.flows.effects import Effect, Handler, Timer
+from psrl.ps import PullFailedError
+from psrl.ps.supply import Fetched
+from psrl.routing.budget import budget_request_tokens
+from psrl.routing.preemption import preempted_to_loop_back
+
+ROUTER = "router"
+STREAM_EVERY_TOKENS = 16  # chunk size of token streaming (a dead instance loses at most this much)
+_PULL_ERRORS = (PullFailedError, ValueError, RuntimeError)
+
+
+class WeightSupply(Protocol):
+    def prefetch(self, version: int) -> None:
+        """A version was published: start getting it in the background (or do nothing)."""
+        ...
+
+    def is_arriving(self, version: int) -> bool:
+        """``version`` is being got in the background right now."""
+        ...
+
+    def fetch(self, version: int) -> Fetched:
+        """Every tensor of ``version`` (or a newer one); raises PullFailedError / ValueError / RuntimeError."""
+        ...
+
+
+@dataclass
+class _Stream:
+    """Tokens of one request not yet sent to the router."""
+
+    prompt_id: int
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class _PendingSync:
+    version: int
+    abort_running: bool
+
+
+class InstanceFlow(Flow):
+    BUS_KINDS = (SyncCommand, MigrateCommand, WeightsPublished)
+
+    def __init__(
+        self,
+        name: str,
+        config: Config,
+        engine: RolloutEngine,
+        weights: WeightSupply,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        log: Any = None,
+    ) -> None:
+        super().__init__()
+        self.name = name
+        self.engine = engine
+        self.weights = weights
+        self.clock = clock  # measures how long a sync stops the instance
+        self.log = log
+        self.routing = config.psrl.rollout_coordination.routing_strategy
+        self.status_collection = config.psrl.status_collection
+        self.streams: dict[str, _Stream] = {}
+        self.pending_sync: _PendingSync | None = None
+        self.last_dispatch_seq = -1
+        self.report_seq = 0
+
+    def handlers(self) -> dict[type[Message], Handler]:
+        return {
+            GenerateRequest: self._on_generate,  # from the router
+            Abort: self._on_abort,  # from the router
+            SyncCommand: self._on_sync,
+            MigrateCommand: self._on_migrate,
+            WeightsPublished: self._on_published,
+        }
+
+    def timers(self) -> list[Timer]:
+        if not self.status_collection.enable:
+            return []
+        return [Timer("status", self.status_collection.engine_sync_interval_in_ms / 1000, self.status)]
+
+    def start(self, now: float) -> list[Effect]:
+        """One status report, always: it is how the router learns the instance exists."""
+        return self.status(now)
+
+    @property
+    def num_inflight(self) -> int:
+        return len(self.streams)
+
+    # ------------------------------------------------------------------ requests
+
+    def _on_generate(self, req: GenerateRequest, now: float) -> None:
+        rid = str(req.request_id)
+        try:
+            self.engine.add_request(
+                rid,
+                req.prompt_token_ids.tolist(),
+                msgspec.structs.asdict(req.sampling),
+                prior_output_ids=None if req.generated_token_ids is None else req.generated_token_ids.tolist(),
+                prior_logprobs=None if req.generated_logprobs is None else req.generated_logprobs.tolist(),
+                prior_versions=None if req.generated_versions is None else req.generated_versions.tolist(),
+            )
+        except RequestError as exc:
+            self._send_error(req, str(exc.reason))
+            return
+        self.streams[rid] = _Stream(req.prompt_id)
+        self.last_dispatch_seq = max(self.last_dispatch_seq, req.dispatch_seq)
+
+    def _on_abort(self, abort: Abort, now: float) -> None:
+        self.abort([str(r) for r in abort.request_ids], abort.reason or "requested")
+
+    def _on_migrate(self, command: MigrateCommand, now: float) -> None:
+        if command.source != self.name:
+            return
+        ids = [str(r) for r in command.request_ids] if command.request_ids else list(self.streams)
+        if not command.request_ids and command.num_requests > 0:
+            ids = ids[-command.num_requests :]  # the newest requests carry the least progress
+        self.abort(ids, "migrate")
+
+    def abort(self, request_ids: list[str], reason: str) -> None:
+        for rid in request_ids:
+            result = self.engine.abort(rid)
+            if result is not None:
+                self._send_result(result, reason)
+
+    def stop(self) -> list[Effect]:
+        """The instance shuts down: every request goes back to the router to continue elsewhere."""
+        self.abort(list(self.streams), "shutdown")
+        return self.take()
+
+    # ------------------------------------------------------------------ weights
+
+    def _on_sync(self, command: SyncCommand, now: float) -> None:
+        if self.name not in command.instances or command.version <= self.engine.weight_version:
+            return
+        self.pending_sync = _PendingSync(command.version, command.abort_running)
+        if command.abort_running and not self.weights.is_arriving(command.version):
+            self.abort(list(self.streams), "sync")
+
+    def _on_published(self, published: WeightsPublished, now: float) -> None:
+        if published.version > self.engine.weight_version:
+            self.weights.prefetch(published.version)
+
+    def _sync_if_due(self, now: float) -> bool:
+        """Pull and load the pending version once no request holds the old weights.
+
+        Under partial rollout the requests are interrupted here, once the version's bytes have
+        arrived (until then they keep generating: the wait becomes generation time).
+        """
+        sync = self.pending_sync
+        if sync is None:
+            return False
+        if sync.abort_running and self.streams:
+            if self.weights.is_arriving(sync.version):
+                return False
+            self.abort(list(self.streams), "sync")
+        if self.engine.has_unfinished_requests():
+            return False
+        self.pending_sync = None
+        self._sync(sync.version)
+        return True
+
+    def _sync(self, version: int) -> None:
+        """Pull every tensor first and load them in one step: a failed pull leaves the old weights intact."""
+        self.engine.pause()
+        self.publish(PullRequest(instance=self.name, version=version), model_version=version)
+        started = self.clock()
+        try:
+            fetched = self.weights.fetch(version)
+            self.engine.load_weights(fetched.tensors, fetched.version)
+        except _PULL_ERRORS as exc:
+            if self.log is not None:
+                self.log.error("sync failed", version=version, error=str(exc))
+            self.publish(InstanceSyncFailed(instance=self.name, version=version, reason=str(exc)))
+            self.engine.resume()
+            return
+        self.engine.resume()
+        loaded = WeightsLoaded(
+            instance=self.name,
+            version=fetched.version,
+            load_ms=(self.clock() - started) * 1000,
+            prefetched=fetched.prefetched,
+            pull_ms=fetched.pull_ms,
+        )
+        self.publish(loaded, model_version=fetched.version)
+        self._report_status()
+
+    # ------------------------------------------------------------------ stepping
+
+    def step(self, now: float) -> list[Effect]:
+        """One unit of work: a due sync, or one engine step with its tokens streamed."""
+        if self._sync_if_due(now):
+            return self.take()
+        if not self.engine.has_unfinished_requests():
+            return []
+        out = self.engine.step()
+        for delta in out.outputs:
+            stream = self.streams.get(delta.request_id)
+            if stream is not None:
+                stream.token_ids += delta.token_ids
+                stream.logprobs += delta.logprobs
+                stream.versions += delta.versions
+        for result in out.finished:
+            self._send_result(result, "")
+        self._flush_streams(STREAM_EVERY_TOKENS)
+        self._loop_back_preempted()
+        return self.take()
+
+    @property
+    def has_work(self) -> bool:
+        """Requests are unfinished or a sync waits: ``step`` has something to do."""
+        return self.pending_sync is not None or self.engine.has_unfinished_requests()
+
+    def _flush_streams(self, min_tokens: int) -> None:
+        for rid, stream in self.streams.items():
+            if len(stream.token_ids) >= min_tokens:
+                chunk = TokenChunk(
+                    request_id=int(rid),
+                    token_ids=np.asarray(stream.token_ids, np.int32),
+                    logprobs=np.asarray(stream.logprobs, np.float32),
+                    versions=np.asarray(stream.versions, np.int32),
+                    instance=self.name,
+                )
+                self.send(ROUTER, chunk)
+                stream.token_ids, stream.logprobs, stream.versions = [], [], []
+
+    def _loop_back_preempted(self) -> None:
+        threshold = self.routing.max_num_waiting_reqs_after_preemption
+        waiting = self.engine.waiting_queue()
+        preempted = [int(rid) for rid in waiting.preempted_request_ids]
+        if preempted:
+            for rid in preempted_to_loop_back(preempted, waiting.num_waiting, threshold):
+                result = self.engine.abort(str(rid))
+                if result is not None:
+                    self._send_result(result, "preempted")
+
+    def _send_result(self, result: RequestResult, reason: str) -> None:
+        stream = self.streams.pop(result.request_id, None)
+        prompt_id = -1 if stream is None else stream.prompt_id
+        rid = int(result.request_id)
+        message = GenerateResult(
+            request_id=rid,
+            prompt_id=prompt_id,
+            token_ids=np.asarray(result.output_ids, np.int32),
+            logprobs=np.asarray(result.logprobs, np.float32),
+            versions=np.asarray(result.versions, np.int32),
+            finish_reason=result.finish_reason,
+            instance=self.name,
+            error=reason,
+        )
+        self.send(ROUTER, message, request_id=rid, prompt_id=prompt_id, model_version=self.engine.weight_version)
+
+    def _send_error(self, req: GenerateRequest, reason: str) -> None:
+        no_ids, no_logprobs = np.zeros(0, np.int32), np.zeros(0, np.float32)
+        message = GenerateResult(
+            request_id=req.request_id,
+            prompt_id=req.prompt_id,
+            token_ids=no_ids,
+            logprobs=no_logprobs,
+            versions=no_ids,
+            finish_reason=FinishReason.ERROR,
+            instance=self.name,
+            error=reason,
+        )
+        self.send(ROUTER, message, request_id=req.request_id, prompt_id=req.prompt_id)
+
+    # ------------------------------------------------------------------ status
+
+    def status(self, now: float) -> list[Effect]:
+        self._report_status()
+        return self.take()
+
+    def _report_status(self) -> None:
+        s = self.engine.status()
+        self.report_seq += 1
+        requests = s.request_tokens.values()
+        budget = self.routing.request_budget
+        status = InstanceStatus(
+            instance=self.name,
+            weight_version=s.weight_version,
+            num_running=s.num_running,
+            num_waiting=s.num_waiting,
+            kv_blocks_used=s.num_kv_blocks_used,
+            kv_blocks_total=s.num_kv_blocks_total,
+            tokens_per_s=s.tokens_per_s,
+            prefix_hit_rate=s.prefix_hit_rate,
+            num_tokens_running=s.num_kv_tokens,
+            is_paused=s.is_paused or self.pending_sync is not None,
+            kv_capacity_tokens=s.kv_capacity_tokens,
+            budget_kv_tokens=sum(budget_request_tokens(p, o, budget) for p, o in requests),
+            num_response_tokens=sum(out for _, out in requests),
+            last_dispatch_seq=self.last_dispatch_seq,
+            num_preempted_waiting=s.num_preempted_waiting,
+            report_seq=self.report_seq,
+        )
+        self.send(ROUTER, status, model_version=s.weight_version)  # its link publishes it for the coordinator

@@ -1,0 +1,92 @@
+"""Where the coordinator's prompts come from and how responses are scored: its two ports.
+
+``CoordinatorFlow`` asks a ``PromptSource`` for the prompt of each new group (the dataset
+cursor is just the next prompt id), its token ids and each request's sampling settings, and a
+``Scorer`` for the reward of each finished response. ``TaskPrompts`` is the real one, over a
+task (``psrl.tasks``) and the model's tokenizer; the simulator plugs in its workload.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import numpy as np
+
+from bus.messages import SamplingParams
+from psrl.config import Config
+from psrl.coordination.lengths import forced_length
+from psrl.tasks.base import Prompt, Reward
+
+
+class PromptSource(Protocol):
+    def prompt(self, prompt_id: int) -> Prompt:
+        """The prompt of group ``prompt_id`` (the same id always gives the same prompt)."""
+        ...
+
+    def token_ids(self, prompt: Prompt) -> np.ndarray:
+        """The prompt as the model's tokens (int32)."""
+        ...
+
+    def sampling(self, request_id: int, num_prompt_tokens: int) -> SamplingParams:
+        """How request ``request_id`` (one response of a group) is sampled."""
+        ...
+
+
+class Scorer(Protocol):
+    def score(self, prompt: Prompt, token_ids: np.ndarray) -> Reward:
+        """The reward of one response (its token ids) to ``prompt``."""
+        ...
+
+    def take_metrics(self) -> dict[str, float]:
+        """Counters about the prompts and the scoring since the last call (errors, timeouts, truncations)."""
+        ...
+
+
+class TaskPrompts:
+    """Prompts of the configured dataset (data.train_files) or task, through the model's tokenizer, scored
+    by reward.function or the task's own reward."""
+
+    def __init__(self, config: Config) -> None:
+        from transformers import AutoTokenizer
+
+        from psrl.data import make_task
+        from psrl.engine.args import DEMO_MODEL_DIR
+        from psrl.rewards.factory import make_scorer
+
+        self.settings = config.task
+        model_dir = config.model.tokenizer_path or config.model.path or str(DEMO_MODEL_DIR)
+        self.tokenizer: Any = AutoTokenizer.from_pretrained(model_dir)
+        self.task = make_task(config, self.tokenizer)
+        self.scorer = make_scorer(config, self.task)
+        eos = self.tokenizer.eos_token_id
+        self.stop_token_ids = [] if eos is None else [int(eos)]
+
+    def prompt(self, prompt_id: int) -> Prompt:
+        return self.task.prompt(prompt_id)
+
+    def token_ids(self, prompt: Prompt) -> np.ndarray:
+        return np.asarray(prompt.token_ids or self.tokenizer.encode(prompt.text), np.int32)
+
+    def sampling(self, request_id: int, num_prompt_tokens: int) -> SamplingParams:
+        task = self.settings
+        length = forced_length(task, request_id)
+        return SamplingParams(
+            max_tokens=task.max_response_length if length is None else length,
+            temperature=task.temperature,
+            top_p=task.top_p,
+            top_k=task.top_k,
+            stop_token_ids=self.stop_token_ids,
+            seed=(task.seed * 1_000_003 + request_id) % (2**31),
+            min_tokens=length or 0,
+            ignore_eos=length is not None,
+        )
+
+    def score(self, prompt: Prompt, token_ids: np.ndarray) -> Reward:
+        text = str(self.tokenizer.decode(token_ids.tolist(), skip_special_tokens=True))
+        return self.scorer.score(prompt, text, token_ids.tolist())
+
+    def take_metrics(self) -> dict[str, float]:
+        return {"data/truncated_prompts": float(getattr(self.task, "num_truncated", 0)), **self.scorer.take_metrics()}
+
+    def close(self) -> None:
+        self.scorer.close()

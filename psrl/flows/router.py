@@ -1,0 +1,342 @@
+"""The router's algorithm: request queue, worker selection, partial-rollout loopback, and the ledger.
+
+Generation requests come from the coordinator; the router places each one (``RouterCore``:
+version eligibility, hints, group affinity, a reservation in the staleness ledger, the routing
+policy), sends it to the chosen instance, accumulates the streamed tokens, and when the instance
+returns it:
+
+* finished: count it in the ledger (the group's first N finished children win, the surplus are
+  aborted) and pass the whole trajectory to the coordinator;
+* interrupted (sync, migration, preemption, instance lost): loop it back into the queue with its
+  tokens, pinned to its V_traj (partial rollout), or from scratch when partial rollout is off;
+* aborted on request, or failed: tell the coordinator so the group can be refilled.
+
+The ledger lives here so a routing decision never waits on the network; the coordinator drives
+Occupy (GroupComplete), drops (GroupDrop) and Consume, and learns every ledger outcome. The
+ledger side of the flow is ``psrl.flows.router_ledger``.
+
+State, all of it rebuilt from the messages handled: ``ledger`` (staleness buffers), ``core``
+(queue, instances, pins), ``tracker`` (live trajectories and their tokens), ``instances`` (the
+version each instance advertises), ``syncing`` and ``truncating``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from bus.messages import (
+    Abort,
+    ActorExited,
+    Consume,
+    FinishReason,
+    GenerateRequest,
+    GenerateResult,
+    GroupComplete,
+    GroupDrop,
+    InstanceStatus,
+    InstanceSyncFailed,
+    Reserve,
+    RouterStatus,
+    RoutingRecord,
+    SyncCommand,
+    TokenChunk,
+    WeightsLoaded,
+    WeightsPublished,
+)
+from bus.schema import Message
+from psrl.config import Config
+from psrl.config.coordination import RoutingStrategy
+from psrl.flows.effects import Effect, Handler, Send, Timer
+from psrl.flows.router_ledger import COORDINATOR, RouterLedgerFlow
+from psrl.flows.status import snapshot_from_status
+from psrl.routing.core import RouterCore
+from psrl.routing.cost_model import CostModel
+from psrl.routing.decision import RoutingDecision
+from psrl.routing.policies import make_policy
+from psrl.routing.request import RoutingRequest
+from psrl.routing.trajectories import TrackerSettings, Trajectory, TrajectoryTracker, Verdict
+from psrl.staleness.ledger import StalenessLedger
+from psrl.staleness.types import LedgerSizes
+
+STATUS_INTERVAL_S = 0.1  # RouterStatus to the coordinator (its sync decisions read the servable counts)
+JOIN_GRACE_S = 10.0  # route after this long even if not every instance has joined
+
+
+def effective_routing(config: Config) -> RoutingStrategy:
+    """``routing_strategy`` as the router runs it: in-flight requests per instance capped at the engine's
+    batch when ``admission_reject_on_waiting`` is on (requests beyond it would wait inside the engine,
+    where they cannot be moved)."""
+    routing = config.psrl.rollout_coordination.routing_strategy
+    if routing.admission_reject_on_waiting:
+        cap, current = config.engine.max_num_seqs, routing.max_concurrent_seqs_per_instance
+        routing = routing.model_copy(update={"max_concurrent_seqs_per_instance": min(cap, current or cap)})
+    return routing
+
+
+class RouterFlow(RouterLedgerFlow):
+    BUS_KINDS = (WeightsPublished, SyncCommand, WeightsLoaded, InstanceSyncFailed, ActorExited)
+
+    def __init__(
+        self,
+        config: Config,
+        *,
+        cost: CostModel | None = None,
+        initial_version: int = 0,
+        record_decisions: bool = True,
+        log: Any = None,
+    ) -> None:
+        routing = effective_routing(config)
+        pr = config.psrl.rollout_coordination.partial_rollout
+        ledger = StalenessLedger(LedgerSizes.from_config(config), next_buffer_id=initial_version)
+        tracker = TrajectoryTracker(
+            TrackerSettings(
+                partial_rollout=pr.enable,
+                interrupt_as_prompt=pr.interrupt_as_prompt,
+                retry_limit=config.psrl.agentic_rl.retry_limit,
+            )
+        )
+        core = RouterCore(routing, ledger, make_policy(routing, cost), record_inputs=record_decisions)
+        super().__init__(config, ledger, core, tracker, record_decisions=record_decisions, log=log)
+        self.method = routing.method
+        self.needs_tokens = routing.method.startswith("cache_aware")
+        self.is_sticky = routing.enable_trajectory_sticky
+        self.ps_version = initial_version
+        self.instances: dict[str, int] = {}  # instance -> the version it advertises
+        self.num_expected_instances = config.topology.n_rollout_instances
+        self.first_join: float | None = None
+        self.syncing: set[str] = set()
+
+    def handlers(self) -> dict[type[Message], Handler]:
+        return {
+            GenerateRequest: self._on_request,  # from the coordinator: a trajectory to generate
+            TokenChunk: self._on_chunk,  # from an instance: streamed tokens
+            InstanceStatus: self._on_status,  # from an instance: its load
+            GenerateResult: self._on_result,  # from an instance: a request handed back
+            Abort: self._on_abort,  # from the coordinator
+            GroupComplete: self._on_group_complete,  # from the coordinator: occupy the group's slot
+            GroupDrop: self._on_group_drop,  # from the coordinator: give the group up
+            Consume: self._on_consume,  # from the coordinator: the trainer took a buffer
+            WeightsPublished: self._on_published,
+            SyncCommand: self._on_sync,
+            WeightsLoaded: self._on_loaded,
+            InstanceSyncFailed: self._on_sync_failed,
+            ActorExited: self._on_exited,
+        }
+
+    def timers(self) -> list[Timer]:
+        return [Timer("status", STATUS_INTERVAL_S, self.status)]
+
+    def start(self, now: float) -> list[Effect]:
+        """The flow's first effect: its status, published (the coordinator may not be connected yet),
+        which starts the ledger's replay of this incarnation."""
+        self.publish(self._status())
+        return self.take()
+
+    @property
+    def num_inflight(self) -> int:
+        return len(self.tracker.live)
+
+    # ------------------------------------------------------------------ trajectories
+
+    def _on_request(self, req: GenerateRequest, now: float) -> None:
+        if req.request_id in self.tracker.live:
+            self.counters["duplicate_requests"] += 1
+            return
+        traj = self.tracker.add(req, req.request_id % self.n_per_prompt)
+        self.core.submit(self._routing_request(traj))
+
+    def _routing_request(self, traj: Trajectory) -> RoutingRequest:
+        tokens = tuple(traj.prompt_ids.tolist()) + tuple(traj.token_ids.tolist()) if self.needs_tokens else ()
+        return RoutingRequest(
+            traj.request_id,
+            traj.prompt_id,
+            traj.child,
+            traj.v_traj,
+            num_prompt_tokens=len(traj.prompt_ids),
+            num_response_tokens=traj.num_generated,
+            token_ids=tokens,
+            is_sticky=self.is_sticky,
+        )
+
+    def _on_chunk(self, chunk: TokenChunk, now: float) -> None:
+        self.tracker.extend(chunk.request_id, chunk.token_ids, chunk.logprobs, chunk.versions)
+
+    def _on_result(self, result: GenerateResult, now: float) -> None:
+        traj = self.tracker.live.get(result.request_id)
+        if traj is None:
+            self.counters["late_results"] += 1
+            return
+        verdict = self.tracker.judge(result)
+        if traj.abort_reason == "truncate" and verdict in (Verdict.ABORTED, Verdict.FINISHED):
+            self.core.release(result.request_id)
+            self.truncated(traj, result.instance)
+            return
+        if verdict in (Verdict.CONTINUE, Verdict.RESTART):
+            self.core.loop_back(result.request_id, traj.num_generated, self._routing_request(traj).token_ids)
+            return
+        self.core.release(result.request_id)
+        if verdict is Verdict.RETRY:
+            self.core.submit(self._routing_request(traj))
+        elif verdict is Verdict.FINISHED:
+            self.finished(traj, result.finish_reason, result.instance)
+        else:
+            self.ended(traj.request_id, FinishReason.ERROR if verdict is Verdict.FAILED else FinishReason.ABORT)
+
+    def _on_abort(self, abort: Abort, now: float) -> None:
+        for request_id in abort.request_ids:
+            if request_id in self.tracker.live:
+                self.abort_one(request_id, abort.reason or "requested")
+
+    def abort_one(self, request_id: int, reason: str) -> None:
+        traj = self.tracker.live.get(request_id)
+        if traj is None:
+            return
+        traj.abort_reason = reason
+        instance = self.core.routed_instance(request_id)
+        if instance is None:  # still queued: it ends here
+            self.core.abort(request_id)
+            self.ended(request_id, FinishReason.ABORT)
+        else:
+            self.send(instance, Abort(request_ids=[request_id], reason=reason))
+
+    def _on_published(self, published: WeightsPublished, now: float) -> None:
+        self.ps_version = max(self.ps_version, published.version)
+        self.maybe_filter()
+
+    def filter_allowed(self) -> bool:
+        """The proactive filter acts on the buffer the trainer waits for, once its version exists."""
+        return self.ledger.next_buffer_id <= self.ps_version
+
+    # ------------------------------------------------------------------ instances
+
+    def _on_status(self, status: InstanceStatus, now: float) -> None:
+        if status.instance not in self.instances:
+            self.instances[status.instance] = status.weight_version
+            self.core.add_instance(status.instance, status.weight_version, status.kv_capacity_tokens)
+            self.first_join = self.first_join if self.first_join is not None else now
+            if self.log is not None:
+                self.log.info("instance joined", instance=status.instance, version=status.weight_version)
+        self.core.apply_snapshot(snapshot_from_status(status))
+
+    def _on_sync(self, command: SyncCommand, now: float) -> None:
+        """Hold routing while the instances of one sync load: placing work then would pile it onto
+        whichever instance finishes first. Routing resumes when every one of them has loaded (or failed)."""
+        for instance in command.instances:
+            # Already at the version: its WeightsLoaded overtook this command on the other channel.
+            if instance in self.instances and self.instances[instance] < command.version:
+                self.syncing.add(instance)
+                self.core.set_paused(instance, True)
+        self._hold_routing_while_syncing()
+
+    def _hold_routing_while_syncing(self) -> None:
+        if self.syncing:
+            self.core.pause()
+        else:
+            self.core.resume()
+
+    def _on_loaded(self, loaded: WeightsLoaded, now: float) -> None:
+        if loaded.instance in self.instances:
+            self.instances[loaded.instance] = loaded.version
+            self.syncing.discard(loaded.instance)
+            self.core.set_version(loaded.instance, loaded.version)
+            self.core.set_paused(loaded.instance, False)
+            self.core.set_healthy(loaded.instance, True)
+            self._hold_routing_while_syncing()
+
+    def _on_sync_failed(self, failed: InstanceSyncFailed, now: float) -> None:
+        if failed.instance in self.instances:  # out of rotation until a sync succeeds
+            self.core.set_healthy(failed.instance, False)
+            self.syncing.discard(failed.instance)
+            self._hold_routing_while_syncing()
+
+    def _on_exited(self, exited: ActorExited, now: float) -> None:
+        name = exited.actor
+        if name not in self.instances:
+            return
+        del self.instances[name]
+        self.syncing.discard(name)
+        self._hold_routing_while_syncing()
+        for orphan in self.core.remove_instance(name):
+            self._route_again(orphan.request_id)
+        if self.log is not None:
+            self.log.warning("instance lost; its requests are re-routed", instance=name)
+
+    def _route_again(self, request_id: int) -> None:
+        """A request left its instance without a result (the instance is gone): route it again."""
+        traj = self.tracker.live.get(request_id)
+        if traj is not None:
+            self.tracker.interrupted(traj)
+            self.core.submit(self._routing_request(traj))
+
+    # ------------------------------------------------------------------ routing
+
+    @property
+    def has_work(self) -> bool:
+        """Requests wait in the queue (a routing pass may place some)."""
+        return self.core.num_queued > 0
+
+    def route(self, now: float) -> list[Effect]:
+        """One routing pass: the requests that can be placed now go to their instances."""
+        if self.core.num_queued == 0 or not self._all_joined(now):
+            return []
+        for decision in self.core.dispatch(now).routed:
+            self._dispatch(decision)
+        return self.take()
+
+    def _all_joined(self, now: float) -> bool:
+        """Route only once every instance has joined (or after a grace period), so the first wave of
+        requests is not piled onto whichever instance reported first."""
+        if len(self.instances) >= self.num_expected_instances:
+            return True
+        return self.first_join is not None and now - self.first_join > JOIN_GRACE_S
+
+    def _dispatch(self, decision: RoutingDecision) -> None:
+        traj = self.tracker.live[decision.request_id]
+        instance = decision.instance_id or ""
+        traj.v_traj = decision.version_tag
+        traj.instance = instance
+        if decision.reserved_buffer is not None:
+            reserve = Reserve(
+                prompt_id=traj.prompt_id, version=decision.version_tag, buffer=decision.reserved_buffer, slot=-1
+            )
+            self.publish(reserve, request_id=traj.request_id, prompt_id=traj.prompt_id)
+        if self.record_decisions:
+            record = RoutingRecord(
+                request_id=traj.request_id,
+                instance=instance,
+                policy=self.method,
+                record=msgspec.msgpack.encode(decision),
+            )
+            self.publish(record, request_id=traj.request_id, prompt_id=traj.prompt_id, model_version=traj.v_traj)
+        request = self.tracker.engine_request(traj, decision.dispatch_seq)
+        self.send(instance, request, request_id=traj.request_id, model_version=traj.v_traj)
+
+    def undeliverable(self, send: Send, now: float) -> list[Effect]:
+        """A request whose instance vanished between its last status and the send is routed again."""
+        message = send.message
+        if isinstance(message, GenerateRequest) and message.request_id in self.tracker.live:
+            self.core.release(message.request_id)
+            self._route_again(message.request_id)
+        return self.take()
+
+    # ------------------------------------------------------------------ status
+
+    def _status(self) -> RouterStatus:
+        versions = sorted(set(self.instances.values()))
+        counts = self.core.servable_counts(versions) if versions else {}
+        return RouterStatus(
+            num_queued=self.core.num_queued,
+            num_inflight=len(self.tracker.live) - self.core.num_queued,
+            versions=versions,
+            servable_without_new_entry=[counts[v].without_new_entry for v in versions],
+            servable_with_new_entry=[counts[v].with_new_entry for v in versions],
+            next_buffer=self.ledger.next_buffer_id,
+            num_loopbacks=self.tracker.num_loopbacks,
+            num_wasted_tokens=self.tracker.num_wasted_tokens,
+        )
+
+    def status(self, now: float) -> list[Effect]:
+        self.send(COORDINATOR, self._status())
+        return self.take()

@@ -1,0 +1,74 @@
+"""``TrainData``, the trainer's input on the wire: built from kept groups, read back as trajectories.
+
+The coordinator flattens a chunk's kept trajectories into one message (``train_data``); the
+trainer splits it into validated ``Trajectory`` records (``trajectories_from``). Both directions
+live here, so the two ends cannot drift apart.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from bus.messages import FinishReason, TrainData, TrajectoryDone
+from psrl.coordination.chunks import Chunk
+from psrl.coordination.groups import Group
+from psrl.rl.trajectory import Trajectory
+from psrl.tasks.base import Reward
+
+
+def train_data(chunk: Chunk, groups: list[Group], *, with_logprobs: bool = True) -> TrainData:
+    """Flatten the kept trajectories of ``groups`` into one TrainData message (engine log-probs only
+    when the run uses them)."""
+    rows: list[tuple[Group, TrajectoryDone, Reward]] = [(g, r, w) for g in groups for r, w in g.kept_results()]
+    i32, f32 = np.int32, np.float32
+
+    def cat(arrays: list[np.ndarray], dtype: Any) -> np.ndarray:
+        return np.concatenate(arrays).astype(dtype) if arrays else np.zeros(0, dtype)
+
+    return TrainData(
+        step=chunk.buffer + 1,
+        buffer=chunk.buffer,
+        chunk=chunk.index,
+        num_chunks=chunk.num_chunks,
+        prompt_ids=np.asarray([g.prompt_id for g, _, _ in rows], i32),
+        request_ids=np.asarray([r.request_id for _, r, _ in rows], i32),
+        v_traj=np.asarray([r.v_traj for _, r, _ in rows], i32),
+        prompt_lengths=np.asarray([len(g.prompt_token_ids) for g, _, _ in rows], i32),
+        response_lengths=np.asarray([len(r.token_ids) for _, r, _ in rows], i32),
+        prompt_token_ids=cat([g.prompt_token_ids for g, _, _ in rows], i32),
+        response_token_ids=cat([r.token_ids for _, r, _ in rows], i32),
+        response_logprobs=cat([r.logprobs for _, r, _ in rows], f32) if with_logprobs else np.zeros(0, f32),
+        response_versions=cat([r.versions for _, r, _ in rows], i32),
+        rewards=np.asarray([w.score for _, _, w in rows], f32),
+        accs=np.asarray([w.acc for _, _, w in rows], f32),
+        finish_reasons=np.asarray([int(r.finish_reason) for _, r, _ in rows], i32),
+    )
+
+
+def trajectories_from(data: TrainData, responses_per_prompt: int) -> list[Trajectory]:
+    """Split a flattened TrainData into the trainer's Trajectory records (each validates itself)."""
+    out = []
+    p_off = r_off = 0
+    has_logprobs = len(data.response_logprobs) == len(data.response_token_ids)
+    for i in range(len(data.prompt_ids)):
+        p_len, r_len = int(data.prompt_lengths[i]), int(data.response_lengths[i])
+        prompt = data.prompt_token_ids[p_off : p_off + p_len]
+        span = slice(r_off, r_off + r_len)
+        p_off, r_off = p_off + p_len, r_off + r_len
+        out.append(
+            Trajectory(
+                prompt_id=int(data.prompt_ids[i]),
+                child=int(data.request_ids[i]) % responses_per_prompt,
+                prompt_token_ids=tuple(int(t) for t in prompt),
+                response_token_ids=tuple(int(t) for t in data.response_token_ids[span]),
+                rollout_log_probs=tuple(float(x) for x in data.response_logprobs[span]) if has_logprobs else (),
+                token_versions=tuple(int(v) for v in data.response_versions[span]),
+                version=int(data.v_traj[i]),
+                reward=float(data.rewards[i]),
+                acc=float(data.accs[i]),
+                finish_reason=FinishReason(int(data.finish_reasons[i])),
+            )
+        )
+    return out

@@ -1,0 +1,26 @@
+"""How a run started by `psrl.run` ended, and its metrics."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+@dataclass(frozen=True)
+class RunResult:
+    exit_code: int  # 0 finished, 1 failed, 130 interrupted
+    reason: str | None
+    run_dir: Path
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0
+
+    def metrics(self) -> list[dict[str, Any]]:
+        """Every metrics record of the run (metrics.jsonl), in the order they were written."""
+        path = self.run_dir / "metrics.jsonl"
+        if not path.exists():
+            return []
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
