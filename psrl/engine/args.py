@@ -44,6 +44,11 @@ class EngineArgs:
     gpu_kernels: Literal["auto", "on", "off", "torch"] = "auto"
     # decode steps per scheduling round with the step kernels (sampled on the device; stop tokens truncated after)
     decode_steps: int = 16
+    # offload tier (psrl.lmcache): bytes of CPU memory for evicted prefix blocks (0 = no tier), its eviction
+    # order, and whether a weight load empties it (else entries are told apart by their version tag)
+    offload_bytes: int = 0
+    offload_policy: Literal["LRU", "FIFO"] = "LRU"
+    offload_clear_on_update: bool = False
 
     @classmethod
     def from_config(cls, config: Config) -> EngineArgs:
@@ -63,6 +68,7 @@ class EngineArgs:
             cpu_kernels=engine.cpu_kernels,
             gpu_kernels=engine.gpu_kernels,
             decode_steps=engine.decode_steps,
+            **_offload_args(config),
         )
 
     def resolve_device(self) -> torch.device:
@@ -74,3 +80,15 @@ class EngineArgs:
         if self.dtype == "auto":
             return torch.bfloat16 if device.type == "cuda" else torch.float32
         return torch.bfloat16 if self.dtype == "bfloat16" else torch.float32
+
+
+def _offload_args(config: Config) -> dict[str, object]:
+    lm = config.psrl.lmcache
+    if not lm.enable:
+        return {}
+    per_instance = lm.offload_size_gb / max(1, config.topology.n_rollout_instances)
+    return {
+        "offload_bytes": int(per_instance * 1024**3),
+        "offload_policy": lm.cache_policy,
+        "offload_clear_on_update": lm.clear_on_weight_update,
+    }
