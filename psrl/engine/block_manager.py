@@ -20,8 +20,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from psrl.engine.sequence import Sequence
-
-NO_HASH = -1
+from psrl.kvcache.keys import NO_HASH, chained_hash, reusable_blocks
 
 
 @dataclass(slots=True)
@@ -172,8 +171,7 @@ class BlockManager:
         return [self.blocks[i] for i in self._lookup_tokens(token_ids, len(token_ids) // self.block_size)]
 
     def _lookup_prefix(self, seq: Sequence) -> list[int]:
-        # the last token is always recomputed, so the step that finishes the prefill has its logits
-        return self._lookup_tokens(seq.token_ids, (seq.num_tokens - 1) // self.block_size)
+        return self._lookup_tokens(seq.token_ids, reusable_blocks(seq.num_tokens, self.block_size))
 
     def _lookup_tokens(self, token_ids: list[int], max_blocks: int) -> list[int]:
         hits: list[int] = []
@@ -193,7 +191,7 @@ class BlockManager:
         assert tier is not None
         loaded: list[int] = []
         parent = self.blocks[device_hits[-1]].hash if device_hits else NO_HASH
-        for index in range(len(device_hits), (seq.num_tokens - 1) // size):
+        for index in range(len(device_hits), reusable_blocks(seq.num_tokens, size)):
             tokens = tuple(seq.token_ids[index * size : (index + 1) * size])
             parent = chained_hash(parent, tokens)
             block_id = self._take_fresh()
@@ -230,8 +228,3 @@ class BlockManager:
         block.token_ids = ()
         block.ref_count = 1
         return block_id
-
-
-def chained_hash(parent: int, token_ids: tuple[int, ...]) -> int:
-    """Hash of a full block that also stands for every block before it."""
-    return hash((parent, token_ids))

@@ -29,6 +29,7 @@ from psrl.engine.scheduler import ScheduledBatch, Scheduler
 from psrl.engine.sequence import Sequence
 from psrl.errors import RequestError
 from psrl.kvcache import KvTier, TierKey
+from psrl.kvcache.keys import prefix_hashes, reusable_blocks
 from psrl.kernels.cpu_sample import CpuSampleKernel
 from psrl.kernels.gpu.step import resolve_step_kernels
 from psrl.kernels.library import resolve_cpu_kernels
@@ -97,7 +98,7 @@ class Engine:
         if not args.enable_prefix_caching:
             raise ValueError("the offload tier (psrl.lmcache.enable) needs engine.enable_prefix_caching=True")
         shape = tuple(self.runner.kv_cache[:, 0].shape)
-        tier = make_tier(args.offload_bytes, shape, self.dtype, args.offload_policy)
+        tier = make_tier(args.offload_bytes, shape, self.dtype, args.offload_policy, args.offload_pin_budget)
         return EngineOffload(tier, self.runner.kv_cache, lambda: self.weight_version)
 
     @property
@@ -111,6 +112,12 @@ class Engine:
         if self.offload is None:
             return []
         return self.offload.offload_blocks(self.block_manager.cached_blocks(list(token_ids)))
+
+    def prefix_keys(self, token_ids: SequenceLike[int]) -> list[TierKey]:
+        """Tier keys, under the current weights, of the whole blocks a request of ``token_ids`` could reuse."""
+        size = self.args.block_size
+        hashes = prefix_hashes(token_ids, size, reusable_blocks(len(token_ids), size))
+        return [(self.weight_version, block_hash) for block_hash in hashes]
 
     # requests
 

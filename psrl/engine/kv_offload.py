@@ -53,9 +53,11 @@ class EngineOffload:
         return keys
 
 
-def make_tier(capacity_bytes: int, block_shape: tuple[int, ...], dtype: torch.dtype, policy: str) -> KvTier:
+def make_tier(
+    capacity_bytes: int, block_shape: tuple[int, ...], dtype: torch.dtype, policy: str, pin_budget: int = 0
+) -> KvTier:
     """A tier whose bytes live in LMCache's CPU backend (raises MissingExtraError without the kv extra)."""
     from psrl.kvcache.lmcache_store import LmcacheStore
 
     store = LmcacheStore(capacity_bytes, block_shape, dtype)
-    return KvTier(store, capacity_bytes, "FIFO" if policy == "FIFO" else "LRU")
+    return KvTier(store, capacity_bytes, "FIFO" if policy == "FIFO" else "LRU", pin_budget)

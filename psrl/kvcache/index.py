@@ -1,7 +1,7 @@
 """Which KV blocks the offload tier holds: version-tagged keys, LRU/FIFO order, pins, a change journal.
 
 A key is ``(weight version, chained block hash)``: the hash stands for the block's whole prefix
-(psrl.engine.block_manager.chained_hash) and the version for the weights that computed it, so a
+(psrl.kvcache.keys) and the version for the weights that computed it, so a
 lookup under version N can never return an entry computed under version M. Entries of old
 versions are not removed on a weight update; new entries push them out in eviction order.
 
@@ -34,11 +34,13 @@ class TierChanges:
 class TierIndex:
     """Bookkeeping of a byte-bounded tier; the payloads live in a store keyed the same way."""
 
-    def __init__(self, capacity_bytes: int, policy: EvictionPolicy = "LRU") -> None:
+    def __init__(self, capacity_bytes: int, policy: EvictionPolicy = "LRU", pin_budget: int = 0) -> None:
+        """``pin_budget``: most keys pinned at once (0 = no limit); pins beyond it are not granted."""
         if capacity_bytes <= 0:
             raise ValueError(f"tier capacity must be positive, not {capacity_bytes} bytes")
         self.capacity_bytes = capacity_bytes
         self.policy = policy
+        self.pin_budget = pin_budget
         self.used_bytes = 0
         self._sizes: OrderedDict[TierKey, int] = OrderedDict()  # oldest (next victim) first
         self._pins: dict[str, set[TierKey]] = {}
@@ -96,9 +98,12 @@ class TierIndex:
         return dropped
 
     def pin(self, owner: str, keys: list[TierKey]) -> int:
-        """Protect ``keys`` (those present) from eviction until ``unpin(owner)``; returns how many."""
+        """Protect ``keys`` (those present, in order, within the pin budget) from eviction until
+        ``unpin(owner)``; returns how many ``owner`` holds."""
         held = self._pins.setdefault(owner, set())
         for key in keys:
+            if self.pin_budget and len(self._pin_counts) >= self.pin_budget and key not in self._pin_counts:
+                break
             if key in self._sizes and key not in held:
                 held.add(key)
                 self._pin_counts[key] = self._pin_counts.get(key, 0) + 1

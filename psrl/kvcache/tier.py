@@ -50,9 +50,11 @@ class TierStats:
 
 
 class KvTier:
-    def __init__(self, store: PayloadStore, capacity_bytes: int, policy: EvictionPolicy = "LRU") -> None:
+    def __init__(
+        self, store: PayloadStore, capacity_bytes: int, policy: EvictionPolicy = "LRU", pin_budget: int = 0
+    ) -> None:
         self.store = store
-        self.index = TierIndex(capacity_bytes, policy)
+        self.index = TierIndex(capacity_bytes, policy, pin_budget)
         self.stats = TierStats()
         self._tokens: dict[TierKey, tuple[int, ...]] = {}
         self._lock = threading.Lock()

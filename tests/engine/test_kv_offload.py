@@ -14,6 +14,7 @@ from psrl.engine import Engine, RequestResult
 from tests.engine.conftest import Checkpoint, greedy, make_engine, run_to_completion
 
 pytest.importorskip("lmcache", reason="needs the kv extra: pip install -c constraints.txt -e '.[kv]'")
+pytestmark = pytest.mark.kv
 
 BLOCK = 4
 PROMPT = [(7 * i + 3) % 90 + 1 for i in range(29)]  # 7 whole blocks before the last token

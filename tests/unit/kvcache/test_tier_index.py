@@ -68,3 +68,11 @@ def test_oversized_entry_and_bad_capacity() -> None:
     assert TierIndex(10).admit((0, 1), 11) is None
     with pytest.raises(ValueError, match="capacity"):
         TierIndex(0)
+
+
+def test_pins_stop_at_the_budget() -> None:
+    index = TierIndex(1000, pin_budget=2)
+    for h in range(4):
+        index.admit((0, h), 10)
+    assert index.pin("a", [(0, 0), (0, 1), (0, 2)]) == 2
+    assert index.pin("b", [(0, 1), (0, 3)]) == 1  # (0, 1) is already pinned: sharing costs no budget
