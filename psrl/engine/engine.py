@@ -28,11 +28,11 @@ from psrl.engine.sampling_params import SamplingParams
 from psrl.engine.scheduler import ScheduledBatch, Scheduler
 from psrl.engine.sequence import Sequence
 from psrl.errors import RequestError
-from psrl.kvcache import KvTier, TierKey
-from psrl.kvcache.keys import prefix_hashes, reusable_blocks
 from psrl.kernels.cpu_sample import CpuSampleKernel
 from psrl.kernels.gpu.step import resolve_step_kernels
 from psrl.kernels.library import resolve_cpu_kernels
+from psrl.kvcache import KvTier, TierKey
+from psrl.kvcache.keys import prefix_hashes, reusable_blocks
 from psrl.models import ModelSpec, build_model, iter_safetensors
 
 log = structlog.get_logger(__name__)

@@ -78,8 +78,9 @@ class LmcacheStore:
         obj = self.backend.get_blocking(self._lm_key(key))
         if obj is None:
             return None
+        tensor: torch.Tensor = obj.tensor
         try:
-            return obj.tensor
+            return tensor
         finally:
             # the caller copies before the next tier operation (the tier's lock covers both)
             obj.ref_count_down()

@@ -38,7 +38,7 @@ SOURCE = textwrap.dedent(
     path, prompt, pin = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3]
     engine = Engine(EngineArgs(model_path=path, dtype="float32", device="cpu", block_size=4, num_kv_blocks=40,
                                offload_bytes=8 << 20))
-    engine.add_request("r", prompt, SamplingParams(max_tokens=%d, temperature=0.0, ignore_eos=True))
+    engine.add_request("r", prompt, SamplingParams(max_tokens=NUM_TOKENS, temperature=0.0, ignore_eos=True))
     for _ in range(6):
         engine.step()
     result = engine.abort("r")
@@ -51,8 +51,7 @@ SOURCE = textwrap.dedent(
     sys.stdin.read()  # serve until the test closes stdin
     print("KV", json.dumps({"served": server.num_served_blocks, "pinned": engine.kv_tier.index.pin_owners}), flush=True)
     """
-    % NUM_TOKENS
-)
+).replace("NUM_TOKENS", str(NUM_TOKENS))
 
 
 def start_source(checkpoint: Checkpoint, pin: str) -> tuple[subprocess.Popen[str], dict]:
@@ -105,7 +104,7 @@ def test_continuing_from_transferred_kv_matches_a_reprefill(
 ) -> None:
     if channel == "nixl":
         pytest.importorskip("nixl")
-    proc, started = source
+    _proc, started = source
     target = make_engine(qwen2, num_kv_blocks=40, offload_bytes=8 << 20)
     assert target.kv_tier is not None
     fetcher = KvFetcher(target.kv_tier, channel)  # type: ignore[arg-type]

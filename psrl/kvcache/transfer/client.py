@@ -12,6 +12,7 @@ import time
 import warnings
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import zmq
@@ -36,7 +37,7 @@ class KvFetcher:
     def __init__(self, tier: KvTier, channel: Channel = "tcp", max_workers: int = 2) -> None:
         self.tier = tier
         self.channel = channel
-        self._context = zmq.Context.instance()
+        self._context: zmq.Context[Any] = zmq.Context.instance()
         self._pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="kv-fetch")
         self._landing: NixlLanding | None = None
         self._landing_lock = threading.Lock()  # one NIXL landing buffer: one NIXL fetch at a time
@@ -91,7 +92,7 @@ class KvFetcher:
         dtype = getattr(store, "dtype", None)
         if shape is None or dtype is None:
             raise ValueError("a NIXL fetch needs a tier store with a fixed block shape")
-        return int(torch.Size(shape).numel()) * dtype.itemsize
+        return int(torch.Size(shape).numel()) * int(dtype.itemsize)
 
     def _round_trip(
         self, address: str, request: FetchRequest, timeout_s: float, landing: torch.Tensor | None

@@ -25,7 +25,7 @@ POLL_MS = 100
 class KvServer:
     def __init__(self, tier: KvTier, host: str = "127.0.0.1") -> None:
         self.tier = tier
-        self._context = zmq.Context.instance()
+        self._context: zmq.Context[Any] = zmq.Context.instance()
         self._socket = self._context.socket(zmq.ROUTER)
         self._socket.setsockopt(zmq.LINGER, 0)
         port = self._socket.bind_to_random_port(f"tcp://{host}")
@@ -73,7 +73,7 @@ class KvServer:
             except (RuntimeError, ValueError) as exc:  # NIXL errors are RuntimeError subclasses
                 keys, tokens, error = [], [], f"nixl write failed: {exc}"
         elif payloads:
-            frames = [memoryview(p.contiguous().numpy()).cast("B") for p in payloads]
+            frames = [p.contiguous().numpy().data.cast("B") for p in payloads]
         reply = FetchReply(request.transfer_id, keys, tokens, shape, dtype, error)
         self._socket.send_multipart([identity, ENCODER.encode(reply), *frames], copy=False)
         self.num_served_blocks += len(keys)
