@@ -99,8 +99,9 @@ class RouterFlow(RouterLedgerFlow):
                 retry_limit=config.psrl.agentic_rl.retry_limit,
             )
         )
+        instances: dict[str, int] = {}  # instance -> the version it advertises
         # the instances' offload tiers, as their reports describe them (scored by cache_aware_v1)
-        self.tiers = TierDirectory(config.engine.block_size, self.instances.get) if config.psrl.lmcache.enable else None
+        self.tiers = TierDirectory(config.engine.block_size, instances.get) if config.psrl.lmcache.enable else None
         self.kv_transfer = routing.kv_transfer.enable and self.tiers is not None
         self.kv_holders: dict[int, str] = {}  # re-routed request -> the instance that holds its KV
         core = RouterCore(
@@ -111,7 +112,7 @@ class RouterFlow(RouterLedgerFlow):
         self.needs_tokens = routing.method.startswith("cache_aware")
         self.is_sticky = routing.enable_trajectory_sticky
         self.ps_version = initial_version
-        self.instances: dict[str, int] = {}  # instance -> the version it advertises
+        self.instances = instances
         self.num_expected_instances = config.topology.n_rollout_instances
         self.first_join: float | None = None
         self.syncing: set[str] = set()
