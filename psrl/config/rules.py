@@ -196,6 +196,10 @@ def p2p_needs_versioned_kv(c: Config) -> Iterator[ConfigProblem]:
         )
     if lm.enable and lm.backend != "cpu":
         yield problem(base + "backend", lm.backend, f"the {lm.backend} tier is not available", "use backend=cpu")
+    if lm.enable and c.engine.backend != "embedded":
+        yield problem((base + "enable", "engine.backend"), c.engine.backend,
+                      "the offload tier is wired to the embedded engine only (not to vLLM's LMCache connector)",
+                      f"set engine.backend=embedded, or {base}enable=False")  # fmt: skip
     if lm.enable and not lm.save_decode_cache:
         yield problem(base + "save_decode_cache", False, "the tier keeps every evicted whole block, decode ones too",
                       f"set {base}save_decode_cache=True")  # fmt: skip
