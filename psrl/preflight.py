@@ -167,6 +167,29 @@ def gpus(c: Config, found: dict[str, Any]) -> Iterator[ConfigProblem]:
                           f"use indices 0..{count - 1}")  # fmt: skip
 
 
+def offload_memory(c: Config, found: dict[str, Any]) -> Iterator[ConfigProblem]:
+    """The offload tiers (psrl.lmcache.offload_size_gb, split over the instances) are allocated up front."""
+    lm = c.psrl.lmcache
+    if not lm.enable or c.engine.backend != "embedded":
+        return
+    available = _available_memory_gb()
+    if available is not None and lm.offload_size_gb > available:
+        yield problem("psrl.lmcache.offload_size_gb", lm.offload_size_gb,
+                      f"the offload tiers need more memory than this machine has available ({available:.1f} GiB)",
+                      f"set psrl.lmcache.offload_size_gb to at most {0.5 * available:.1f}")  # fmt: skip
+
+
+def _available_memory_gb() -> float | None:
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) / 1024**2
+    except OSError:
+        return None
+    return None
+
+
 def getattr_path(config: Config, path: str) -> Any:
     node: Any = config
     for part in path.split("."):
@@ -174,4 +197,6 @@ def getattr_path(config: Config, path: str) -> Any:
     return node
 
 
-CHECKS: tuple[Check, ...] = (model_directory, prompts, reward_function, optional_packages, vllm_backend, gpus)
+CHECKS: tuple[Check, ...] = (
+    model_directory, prompts, reward_function, optional_packages, offload_memory, vllm_backend, gpus,
+)  # fmt: skip

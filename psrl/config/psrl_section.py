@@ -34,7 +34,9 @@ class LMCache(Section):
     disk_path: str | None = field(None, "Directory of the disk tier (required when backend=disk).")
     max_disk_size_gb: float = field(1000.0, "Disk tier cap in GiB.", gt=0)
     save_decode_cache: bool = field(True, "Also offload KV produced while decoding.")
-    gpu_pin_block_budget: int = field(0, "Max blocks pinned for pin_sync transfers (0 = unlimited).", ge=0)
+    gpu_pin_block_budget: int = field(
+        0, "Max offloaded blocks pinned at once for pin_sync transfers (0 = unlimited).", ge=0
+    )
 
 
 class TorchMemorySaver(Section):

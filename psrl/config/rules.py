@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
+from psrl.config.psrl_section import LMCache
 from psrl.config.root import Config
 from psrl.coordination.chunks import chunk_plan
 from psrl.errors import ConfigProblem
@@ -193,12 +194,18 @@ def p2p_needs_versioned_kv(c: Config) -> Iterator[ConfigProblem]:
         yield problem(
             (base + "enable_p2p", base + "enable"), False, "P2P transfer moves offloaded KV", f"set {base}enable=True"
         )
-    if lm.enable and lm.backend == "disk" and not lm.disk_path:
-        yield problem(
-            (base + "backend", base + "disk_path"), None, "the disk tier needs a directory", f"set {base}disk_path"
-        )
-    if lm.enable and lm.backend == "remote":
-        yield problem(base + "backend", "remote", "the remote tier is not available", "use backend=cpu or disk")
+    if lm.enable and lm.backend != "cpu":
+        yield problem(base + "backend", lm.backend, f"the {lm.backend} tier is not available", "use backend=cpu")
+    if lm.enable and c.engine.backend != "embedded":
+        yield problem((base + "enable", "engine.backend"), c.engine.backend,
+                      "the offload tier is wired to the embedded engine only (not to vLLM's LMCache connector)",
+                      f"set engine.backend=embedded, or {base}enable=False")  # fmt: skip
+    if lm.enable and not lm.save_decode_cache:
+        yield problem(base + "save_decode_cache", False, "the tier keeps every evicted whole block, decode ones too",
+                      f"set {base}save_decode_cache=True")  # fmt: skip
+    if lm.enable and lm.chunk_size != LMCache.model_fields["chunk_size"].default:
+        yield problem(base + "chunk_size", lm.chunk_size, "the tier stores whole KV blocks of engine.block_size",
+                      f"leave {base}chunk_size unset and choose engine.block_size")  # fmt: skip
 
 
 def kv_transfer_prerequisites(c: Config) -> Iterator[ConfigProblem]:
@@ -346,7 +353,6 @@ def features_available(c: Config) -> Iterator[ConfigProblem]:
     """Settings of features this version of psrl does not have yet are refused, never ignored."""
     sessions = c.psrl.rollout_coordination.session_strategy
     unavailable = [
-        (P + "lmcache.enable", c.psrl.lmcache.enable, True, f"set {P}lmcache.enable=False"),
         (P + "tms.range", c.psrl.tms.range is not None, c.psrl.tms.range, f"set {P}tms.range=null"),
         (RC + "session_strategy.thunder_agent.enable", sessions.thunder_agent.enable, True,
          f"set {RC}session_strategy.thunder_agent.enable=False"),

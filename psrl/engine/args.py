@@ -44,6 +44,12 @@ class EngineArgs:
     gpu_kernels: Literal["auto", "on", "off", "torch"] = "auto"
     # decode steps per scheduling round with the step kernels (sampled on the device; stop tokens truncated after)
     decode_steps: int = 16
+    # offload tier (psrl.lmcache): bytes of CPU memory for evicted prefix blocks (0 = no tier), its eviction
+    # order, and whether a weight load empties it (else entries are told apart by their version tag)
+    offload_bytes: int = 0
+    offload_policy: Literal["LRU", "FIFO"] = "LRU"
+    offload_clear_on_update: bool = False
+    offload_pin_budget: int = 0  # most tier blocks pinned for pin_sync transfers at once (0 = no limit)
 
     @classmethod
     def from_config(cls, config: Config) -> EngineArgs:
@@ -63,6 +69,10 @@ class EngineArgs:
             cpu_kernels=engine.cpu_kernels,
             gpu_kernels=engine.gpu_kernels,
             decode_steps=engine.decode_steps,
+            offload_bytes=_offload_bytes(config),
+            offload_policy=config.psrl.lmcache.cache_policy,
+            offload_clear_on_update=config.psrl.lmcache.clear_on_weight_update,
+            offload_pin_budget=config.psrl.lmcache.gpu_pin_block_budget,
         )
 
     def resolve_device(self) -> torch.device:
@@ -74,3 +84,11 @@ class EngineArgs:
         if self.dtype == "auto":
             return torch.bfloat16 if device.type == "cuda" else torch.float32
         return torch.bfloat16 if self.dtype == "bfloat16" else torch.float32
+
+
+def _offload_bytes(config: Config) -> int:
+    """Each instance's share of psrl.lmcache.offload_size_gb (0 = no tier)."""
+    lm = config.psrl.lmcache
+    if not lm.enable:
+        return 0
+    return int(lm.offload_size_gb / max(1, config.topology.n_rollout_instances) * 1024**3)

@@ -7,16 +7,20 @@ ids, so a hash collision cannot corrupt a sequence. Freed blocks keep contents a
 are reused, least recently freed first, so a finished or preempted sequence's prefix can still be
 hit. `reset_prefix_cache` starts a new epoch: blocks computed before it (e.g. with older weights)
 are never shared again, not even when their sequence fills them later.
+
+With an offload tier (psrl.engine.kv_offload), a cached block about to be reused is first copied
+to the tier, and a prefix lookup that runs out of device hits continues in the tier: each block
+found there is loaded into a fresh block and registered like a computed one.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass
+from typing import Protocol
 
 from psrl.engine.sequence import Sequence
-
-NO_HASH = -1
+from psrl.kvcache.keys import NO_HASH, chained_hash, reusable_blocks
 
 
 @dataclass(slots=True)
@@ -37,9 +41,28 @@ class PrefixCacheStats:
         return self.num_hit_tokens / self.num_queried_tokens if self.num_queried_tokens else 0.0
 
 
+class OffloadTier(Protocol):
+    """Where cached blocks go when the device needs their room, and come back from."""
+
+    def offload(self, block: Block) -> None:
+        """``block`` (hashed, free) is about to be overwritten: keep a copy of its keys/values."""
+        ...
+
+    def load(self, block_id: int, block_hash: int, token_ids: tuple[int, ...]) -> bool:
+        """Fill ``block_id`` with the tier's copy of that block; False when the tier does not hold it."""
+        ...
+
+
 class BlockManager:
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True) -> None:
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        enable_prefix_caching: bool = True,
+        tier: OffloadTier | None = None,
+    ) -> None:
         self.num_blocks = num_blocks
+        self.tier = tier if enable_prefix_caching else None
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
         self.blocks = [Block(block_id) for block_id in range(num_blocks)]
@@ -49,6 +72,7 @@ class BlockManager:
         self._hash_to_block_id: dict[int, int] = {}
         self.cache_epoch = 0
         self.stats = PrefixCacheStats()
+        self.num_tier_loaded_blocks = 0
 
     @property
     def num_free_blocks(self) -> int:
@@ -74,6 +98,8 @@ class BlockManager:
         hit_block_ids = self._lookup_prefix(seq) if self.enable_prefix_caching else []
         for block_id in hit_block_ids:
             self._take(block_id)
+        if self.tier is not None:
+            hit_block_ids += self._load_from_tier(seq, hit_block_ids)
         num_hits = len(hit_block_ids)
         seq.block_table = hit_block_ids
         for _ in range(self.num_blocks_for(seq.num_tokens) - num_hits):
@@ -140,18 +166,50 @@ class BlockManager:
         self._hash_to_block_id.clear()
         self.cache_epoch += 1
 
+    def cached_blocks(self, token_ids: list[int]) -> list[Block]:
+        """The registered blocks that hold the longest cached prefix of ``token_ids`` (whole blocks)."""
+        return [self.blocks[i] for i in self._lookup_tokens(token_ids, len(token_ids) // self.block_size)]
+
     def _lookup_prefix(self, seq: Sequence) -> list[int]:
+        return self._lookup_tokens(seq.token_ids, reusable_blocks(seq.num_tokens, self.block_size))
+
+    def _lookup_tokens(self, token_ids: list[int], max_blocks: int) -> list[int]:
         hits: list[int] = []
         parent = NO_HASH
-        # the last token is always recomputed, so the step that finishes the prefill has its logits
-        for index in range((seq.num_tokens - 1) // self.block_size):
-            tokens = tuple(seq.token_ids[index * self.block_size : (index + 1) * self.block_size])
+        for index in range(max_blocks):
+            tokens = tuple(token_ids[index * self.block_size : (index + 1) * self.block_size])
             parent = chained_hash(parent, tokens)
             block_id = self._hash_to_block_id.get(parent)
             if block_id is None or self.blocks[block_id].token_ids != tokens:
                 break
             hits.append(block_id)
         return hits
+
+    def _load_from_tier(self, seq: Sequence, device_hits: list[int]) -> list[int]:
+        """Continue the prefix past the device hits with blocks the tier holds (loaded into fresh blocks)."""
+        tier, size = self.tier, self.block_size
+        assert tier is not None
+        loaded: list[int] = []
+        parent = self.blocks[device_hits[-1]].hash if device_hits else NO_HASH
+        for index in range(len(device_hits), reusable_blocks(seq.num_tokens, size)):
+            tokens = tuple(seq.token_ids[index * size : (index + 1) * size])
+            parent = chained_hash(parent, tokens)
+            block_id = self._take_fresh()
+            if not tier.load(block_id, parent, tokens):
+                self._release_unfilled(block_id)
+                break
+            block = self.blocks[block_id]
+            block.hash, block.token_ids = parent, tokens
+            self._hash_to_block_id.setdefault(parent, block_id)
+            loaded.append(block_id)
+        self.num_tier_loaded_blocks += len(loaded)
+        return loaded
+
+    def _release_unfilled(self, block_id: int) -> None:
+        # back at the head of the free order: it holds nothing worth keeping
+        self.blocks[block_id].ref_count = 0
+        self._free[block_id] = None
+        self._free.move_to_end(block_id, last=False)
 
     def _take(self, block_id: int) -> None:
         block = self.blocks[block_id]
@@ -163,13 +221,10 @@ class BlockManager:
         block_id, _ = self._free.popitem(last=False)
         block = self.blocks[block_id]
         if block.hash != NO_HASH and self._hash_to_block_id.get(block.hash) == block_id:
+            if self.tier is not None:
+                self.tier.offload(block)
             del self._hash_to_block_id[block.hash]
         block.hash = NO_HASH
         block.token_ids = ()
         block.ref_count = 1
         return block_id
-
-
-def chained_hash(parent: int, token_ids: tuple[int, ...]) -> int:
-    """Hash of a full block that also stands for every block before it."""
-    return hash((parent, token_ids))

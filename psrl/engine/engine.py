@@ -19,6 +19,7 @@ import torch
 from bus.messages import FinishReason
 from psrl.engine.args import EngineArgs
 from psrl.engine.block_manager import BlockManager
+from psrl.engine.kv_offload import EngineOffload, make_tier
 from psrl.engine.model_runner import ModelRunner, RunnerShape
 from psrl.engine.outputs import EngineStatus, RequestOutput, RequestResult, StepOutput, WaitingQueue
 from psrl.engine.request_checks import check_prior_outputs, check_room, check_token_ids, coerce_sampling_params
@@ -30,6 +31,8 @@ from psrl.errors import RequestError
 from psrl.kernels.cpu_sample import CpuSampleKernel
 from psrl.kernels.gpu.step import resolve_step_kernels
 from psrl.kernels.library import resolve_cpu_kernels
+from psrl.kvcache import KvTier, TierKey
+from psrl.kvcache.keys import prefix_hashes, reusable_blocks
 from psrl.models import ModelSpec, build_model, iter_safetensors
 
 log = structlog.get_logger(__name__)
@@ -70,7 +73,10 @@ class Engine:
             step_kernels=step_kernels,
             decode_steps=args.decode_steps,
         )
-        self.block_manager = BlockManager(args.num_kv_blocks, args.block_size, args.enable_prefix_caching)
+        self.offload = self._make_offload(args)
+        self.block_manager = BlockManager(
+            args.num_kv_blocks, args.block_size, args.enable_prefix_caching, tier=self.offload
+        )
         self.scheduler = Scheduler(
             self.block_manager, args.max_num_seqs, args.max_num_batched_tokens, self.max_model_len
         )
@@ -85,6 +91,33 @@ class Engine:
         log.info("engine_ready", model=str(args.model_path), device=str(self.device), dtype=str(self.dtype),
                  max_model_len=self.max_model_len, kv_blocks=args.num_kv_blocks, decode=self.runner.decode_path,
                  decode_steps=args.decode_steps if self.runner.rounds is not None else 1)  # fmt: skip
+
+    def _make_offload(self, args: EngineArgs) -> EngineOffload | None:
+        if args.offload_bytes <= 0:
+            return None
+        if not args.enable_prefix_caching:
+            raise ValueError("the offload tier (psrl.lmcache.enable) needs engine.enable_prefix_caching=True")
+        shape = tuple(self.runner.kv_cache[:, 0].shape)
+        tier = make_tier(args.offload_bytes, shape, self.dtype, args.offload_policy, args.offload_pin_budget)
+        return EngineOffload(tier, self.runner.kv_cache, lambda: self.weight_version)
+
+    @property
+    def kv_tier(self) -> KvTier | None:
+        """The offload tier (None without psrl.lmcache)."""
+        return None if self.offload is None else self.offload.tier
+
+    def export_prefix_kv(self, token_ids: SequenceLike[int]) -> list[TierKey]:
+        """Copy the device-cached whole blocks of ``token_ids``'s prefix to the tier (a peer will ask for
+        them); returns their keys, in prefix order. Nothing without a tier."""
+        if self.offload is None:
+            return []
+        return self.offload.offload_blocks(self.block_manager.cached_blocks(list(token_ids)))
+
+    def prefix_keys(self, token_ids: SequenceLike[int]) -> list[TierKey]:
+        """Tier keys, under the current weights, of the whole blocks a request of ``token_ids`` could reuse."""
+        size = self.args.block_size
+        hashes = prefix_hashes(token_ids, size, reusable_blocks(len(token_ids), size))
+        return [(self.weight_version, block_hash) for block_hash in hashes]
 
     # requests
 
@@ -252,12 +285,16 @@ class Engine:
         Every name and shape is checked before anything is copied, so a bad update changes nothing.
         Cached prefixes are dropped by default: their keys/values came from the old weights.
         """
+        if self.offload is not None and not reset_prefix_cache:
+            raise ValueError("with an offload tier every weight load resets the prefix cache (version tags)")
         named = _named_tensors(weights)
         self._check_weights(named)
         self.runner.model.load_weights(named)
         self.weight_version = version
         if reset_prefix_cache:
             self.reset_prefix_cache()
+        if self.offload is not None and self.args.offload_clear_on_update:
+            self.offload.tier.clear()
         log.info("weights_loaded", version=version, num_tensors=len(named))
         return len(named)
 
@@ -290,6 +327,8 @@ class Engine:
             num_generated_tokens_total=self._num_generated_total,
             max_model_len=self.max_model_len,
             request_tokens={rid: (seq.num_prompt_tokens, seq.num_outputs) for rid, seq in self._seqs.items()},
+            num_tier_loaded_tokens=blocks.num_tier_loaded_blocks * blocks.block_size,
+            num_tier_offloaded_blocks=0 if self.offload is None else self.offload.num_offloaded_blocks,
         )
 
     def _record_throughput(self, num_generated: int) -> None:

@@ -88,6 +88,9 @@ class EngineStatus:
     num_generated_tokens_total: int
     max_model_len: int
     request_tokens: dict[str, tuple[int, int]] = field(default_factory=dict)
+    # offload tier (psrl.lmcache): prefix tokens loaded from it instead of recomputed, blocks copied to it
+    num_tier_loaded_tokens: int = 0
+    num_tier_offloaded_blocks: int = 0
 
     @property
     def kv_usage(self) -> float:

@@ -44,6 +44,7 @@ from psrl.engine.protocol import RolloutEngine
 from psrl.errors import RequestError
 from psrl.flows.base import Flow
 from psrl.flows.effects import Effect, Handler, Timer
+from psrl.flows.instance_kv import InstanceKv, KvPort
 from psrl.ps import PullFailedError
 from psrl.ps.supply import Fetched
 from psrl.routing.budget import budget_request_tokens
@@ -96,7 +97,9 @@ class InstanceFlow(Flow):
         *,
         clock: Callable[[], float] = time.monotonic,
         log: Any = None,
+        kv: KvPort | None = None,
     ) -> None:
+        """``kv``: the offload tier and KV transfer (psrl.lmcache); None without them."""
         super().__init__()
         self.name = name
         self.engine = engine
@@ -109,6 +112,7 @@ class InstanceFlow(Flow):
         self.pending_sync: _PendingSync | None = None
         self.last_dispatch_seq = -1
         self.report_seq = 0
+        self.kv = None if kv is None else InstanceKv(name, kv, self.routing.kv_transfer, engine)
 
     def handlers(self) -> dict[type[Message], Handler]:
         return {
@@ -135,6 +139,16 @@ class InstanceFlow(Flow):
     # ------------------------------------------------------------------ requests
 
     def _on_generate(self, req: GenerateRequest, now: float) -> None:
+        if self.kv is not None and self.kv.wants_fetch(req):
+            tokens = req.prompt_token_ids.tolist()
+            if req.generated_token_ids is not None:
+                tokens += req.generated_token_ids.tolist()
+            if self.kv.start_fetch(req, tokens, now):  # sync / pin_sync: added when the fetch ends
+                self.last_dispatch_seq = max(self.last_dispatch_seq, req.dispatch_seq)
+                return
+        self._admit(req)
+
+    def _admit(self, req: GenerateRequest) -> None:
         rid = str(req.request_id)
         try:
             self.engine.add_request(
@@ -164,13 +178,22 @@ class InstanceFlow(Flow):
 
     def abort(self, request_ids: list[str], reason: str) -> None:
         for rid in request_ids:
-            result = self.engine.abort(rid)
-            if result is not None:
-                self._send_result(result, reason)
+            if self.kv is not None and (waiting := self.kv.awaiting.pop(rid, None)) is not None and waiting.waits:
+                self._admit(waiting.request)  # it never started here: hand back exactly what it came with
+            self._hand_back(rid, reason)
+
+    def _hand_back(self, rid: str, reason: str) -> None:
+        result = self.engine.abort(rid)
+        if result is None:
+            return
+        if self.kv is not None:
+            self.kv.exported(rid, result.prompt_ids + result.output_ids, reason, self.clock())
+        self._send_result(result, reason)
 
     def stop(self) -> list[Effect]:
         """The instance shuts down: every request goes back to the router to continue elsewhere."""
-        self.abort(list(self.streams), "shutdown")
+        waiting_kv = [] if self.kv is None else list(self.kv.awaiting)
+        self.abort(list(self.streams) + waiting_kv, "shutdown")
         return self.take()
 
     # ------------------------------------------------------------------ weights
@@ -236,6 +259,8 @@ class InstanceFlow(Flow):
         """One unit of work: a due sync, or one engine step with its tokens streamed."""
         if self._sync_if_due(now):
             return self.take()
+        if self.kv is not None:
+            self._admit_fetched(now)
         if not self.engine.has_unfinished_requests():
             return []
         out = self.engine.step()
@@ -253,8 +278,21 @@ class InstanceFlow(Flow):
 
     @property
     def has_work(self) -> bool:
-        """Requests are unfinished or a sync waits: ``step`` has something to do."""
-        return self.pending_sync is not None or self.engine.has_unfinished_requests()
+        """Requests are unfinished, wait for their KV, or a sync waits: ``step`` has something to do."""
+        waiting_kv = self.kv is not None and bool(self.kv.awaiting)
+        return self.pending_sync is not None or waiting_kv or self.engine.has_unfinished_requests()
+
+    def _admit_fetched(self, now: float) -> None:
+        assert self.kv is not None
+        ready, records = self.kv.finished_fetches(now)
+        for request in ready:
+            self._admit(request)
+        for record in records:
+            self.publish(record, request_id=record.request_id)
+            if record.error and self.log is not None:
+                self.log.warning("kv transfer fell back to re-prefill", request_id=record.request_id,
+                                 source=record.source, error=record.error)  # fmt: skip
+        self.kv.expire_pins(now)
 
     def _flush_streams(self, min_tokens: int) -> None:
         for rid, stream in self.streams.items():
@@ -275,9 +313,7 @@ class InstanceFlow(Flow):
         preempted = [int(rid) for rid in waiting.preempted_request_ids]
         if preempted:
             for rid in preempted_to_loop_back(preempted, waiting.num_waiting, threshold):
-                result = self.engine.abort(str(rid))
-                if result is not None:
-                    self._send_result(result, "preempted")
+                self._hand_back(str(rid), "preempted")
 
     def _send_result(self, result: RequestResult, reason: str) -> None:
         stream = self.streams.pop(result.request_id, None)
@@ -339,3 +375,6 @@ class InstanceFlow(Flow):
             report_seq=self.report_seq,
         )
         self.send(ROUTER, status, model_version=s.weight_version)  # its link publishes it for the coordinator
+        report = None if self.kv is None else self.kv.report()
+        if report is not None:
+            self.send(ROUTER, report, model_version=s.weight_version)

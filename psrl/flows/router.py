@@ -37,6 +37,7 @@ from bus.messages import (
     GroupDrop,
     InstanceStatus,
     InstanceSyncFailed,
+    KvTierReport,
     Reserve,
     RouterStatus,
     RoutingRecord,
@@ -56,6 +57,7 @@ from psrl.routing.cost_model import CostModel
 from psrl.routing.decision import RoutingDecision
 from psrl.routing.policies import make_policy
 from psrl.routing.request import RoutingRequest
+from psrl.routing.tier_directory import TierDirectory
 from psrl.routing.trajectories import TrackerSettings, Trajectory, TrajectoryTracker, Verdict
 from psrl.staleness.ledger import StalenessLedger
 from psrl.staleness.types import LedgerSizes
@@ -97,13 +99,20 @@ class RouterFlow(RouterLedgerFlow):
                 retry_limit=config.psrl.agentic_rl.retry_limit,
             )
         )
-        core = RouterCore(routing, ledger, make_policy(routing, cost), record_inputs=record_decisions)
+        instances: dict[str, int] = {}  # instance -> the version it advertises
+        # the instances' offload tiers, as their reports describe them (scored by cache_aware_v1)
+        self.tiers = TierDirectory(config.engine.block_size, instances.get) if config.psrl.lmcache.enable else None
+        self.kv_transfer = routing.kv_transfer.enable and self.tiers is not None
+        self.kv_holders: dict[int, str] = {}  # re-routed request -> the instance that holds its KV
+        core = RouterCore(
+            routing, ledger, make_policy(routing, cost), offload_tier=self.tiers, record_inputs=record_decisions
+        )
         super().__init__(config, ledger, core, tracker, record_decisions=record_decisions, log=log)
         self.method = routing.method
         self.needs_tokens = routing.method.startswith("cache_aware")
         self.is_sticky = routing.enable_trajectory_sticky
         self.ps_version = initial_version
-        self.instances: dict[str, int] = {}  # instance -> the version it advertises
+        self.instances = instances
         self.num_expected_instances = config.topology.n_rollout_instances
         self.first_join: float | None = None
         self.syncing: set[str] = set()
@@ -123,6 +132,7 @@ class RouterFlow(RouterLedgerFlow):
             WeightsLoaded: self._on_loaded,
             InstanceSyncFailed: self._on_sync_failed,
             ActorExited: self._on_exited,
+            KvTierReport: self._on_tier_report,  # from an instance: its offload tier's changes
         }
 
     def timers(self) -> list[Timer]:
@@ -174,6 +184,8 @@ class RouterFlow(RouterLedgerFlow):
             self.truncated(traj, result.instance)
             return
         if verdict in (Verdict.CONTINUE, Verdict.RESTART):
+            if self.kv_transfer and result.instance:
+                self.kv_holders[result.request_id] = result.instance
             self.core.loop_back(result.request_id, traj.num_generated, self._routing_request(traj).token_ids)
             return
         self.core.release(result.request_id)
@@ -256,6 +268,8 @@ class RouterFlow(RouterLedgerFlow):
         if name not in self.instances:
             return
         del self.instances[name]
+        if self.tiers is not None:
+            self.tiers.remove(name)
         self.syncing.discard(name)
         self._hold_routing_while_syncing()
         for orphan in self.core.remove_instance(name):
@@ -310,8 +324,21 @@ class RouterFlow(RouterLedgerFlow):
                 record=msgspec.msgpack.encode(decision),
             )
             self.publish(record, request_id=traj.request_id, prompt_id=traj.prompt_id, model_version=traj.v_traj)
-        request = self.tracker.engine_request(traj, decision.dispatch_seq)
+        request = self._with_kv_source(self.tracker.engine_request(traj, decision.dispatch_seq), instance)
         self.send(instance, request, request_id=traj.request_id, model_version=traj.v_traj)
+
+    def _with_kv_source(self, request: GenerateRequest, instance: str) -> GenerateRequest:
+        """A re-routed request names the instance that holds its KV, if another one (KV transfer)."""
+        holder = self.kv_holders.pop(request.request_id, "")
+        address = "" if self.tiers is None else self.tiers.addresses.get(holder, "")
+        if not holder or holder == instance or not address:
+            return request
+        return msgspec.structs.replace(request, kv_source=holder, kv_source_address=address)
+
+    def _on_tier_report(self, report: KvTierReport, now: float) -> None:
+        if self.tiers is not None and report.instance in self.instances:
+            self.tiers.apply(report.instance, report.address, report.added.tolist(), report.removed.tolist(),
+                             report.cleared, report.report_seq)  # fmt: skip
 
     def undeliverable(self, send: Send, now: float) -> list[Effect]:
         """A request whose instance vanished between its last status and the send is routed again."""

@@ -145,3 +145,17 @@ def test_cpu_kernels_on_refuses_what_they_do_not_run() -> None:
 def test_on_and_off_overrides_are_the_words_not_yaml_booleans() -> None:
     config = load_config(None, ["bus.curve=on", "engine.cpu_kernels=off"])
     assert (config.bus.curve, config.engine.cpu_kernels) == ("on", "off")
+
+
+def test_the_offload_tier_is_accepted_and_its_unread_settings_are_refused() -> None:
+    accepted = load_config(None, ["psrl.lmcache.enable=True", "psrl.lmcache.offload_size_gb=1"])
+    assert accepted.psrl.lmcache.enable
+    assert "psrl.lmcache.backend" in refused("psrl.lmcache.enable=True", "psrl.lmcache.backend=disk",
+                                             "psrl.lmcache.disk_path=/tmp")  # fmt: skip
+    assert "psrl.lmcache.chunk_size" in refused("psrl.lmcache.enable=True", "psrl.lmcache.chunk_size=64")
+    assert "save_decode_cache" in refused("psrl.lmcache.enable=True", "psrl.lmcache.save_decode_cache=False")
+
+
+def test_kv_transfer_needs_the_p2p_tier() -> None:
+    msg = refused(RC + "routing_strategy.kv_transfer.enable=True", RC + "partial_rollout.enable=True")
+    assert "psrl.lmcache.enable_p2p" in msg

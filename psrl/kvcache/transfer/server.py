@@ -1,0 +1,101 @@
+"""The source side of KV transfer: a thread that serves tier blocks to peer instances.
+
+It owns one ZeroMQ ROUTER socket (and, for the ``nixl`` channel, one NIXL agent) and reads only
+the tier, which is thread-safe, so the rollout loop never waits for a peer. Blocks go straight
+to the target: the router and the coordinator only ever see the server's address.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import structlog
+import torch
+import zmq
+
+from psrl.kvcache.tier import KvTier
+from psrl.kvcache.transfer.nixl_channel import NixlWriter
+from psrl.kvcache.transfer.wire import ENCODER, REQUEST_DECODER, FetchReply, FetchRequest
+
+log = structlog.get_logger(__name__)
+POLL_MS = 100
+
+
+class KvServer:
+    def __init__(self, tier: KvTier, host: str = "127.0.0.1") -> None:
+        self.tier = tier
+        self._context: zmq.Context[Any] = zmq.Context.instance()
+        self._socket = self._context.socket(zmq.ROUTER)
+        self._socket.setsockopt(zmq.LINGER, 0)
+        port = self._socket.bind_to_random_port(f"tcp://{host}")
+        self.address = f"tcp://{host}:{port}"
+        self._nixl: NixlWriter | None = None
+        self._stop = threading.Event()
+        self.num_served_blocks = 0
+        self.num_bad_requests = 0
+        self._thread = threading.Thread(target=self._serve, name="kv-server", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=2.0)
+        self._socket.close(0)
+        if self._nixl is not None:
+            self._nixl.close()
+
+    def _serve(self) -> None:
+        poller = zmq.Poller()
+        poller.register(self._socket, zmq.POLLIN)
+        while not self._stop.is_set():
+            if not poller.poll(POLL_MS):
+                continue
+            identity, *frames = self._socket.recv_multipart(copy=False)
+            try:
+                request = REQUEST_DECODER.decode(frames[0].buffer)
+            except (msgspec_errors(), IndexError) as exc:
+                self.num_bad_requests += 1
+                log.warning("kv_fetch_malformed", error=str(exc))
+                continue
+            self._answer(identity, request)
+
+    def _answer(self, identity: Any, request: FetchRequest) -> None:
+        keys, tokens, payloads = self._gather(request)
+        if request.release_pin:
+            self.tier.unpin(request.release_pin)
+        shape = list(payloads[0].shape) if payloads else []
+        dtype = str(payloads[0].dtype).removeprefix("torch.") if payloads else ""
+        error = ""
+        frames: list[Any] = []
+        if request.channel == "nixl" and payloads:
+            try:
+                self._nixl_writer().write(payloads, request)
+            except (RuntimeError, ValueError) as exc:  # NIXL errors are RuntimeError subclasses
+                keys, tokens, error = [], [], f"nixl write failed: {exc}"
+        elif payloads:
+            frames = [p.contiguous().numpy().data.cast("B") for p in payloads]
+        reply = FetchReply(request.transfer_id, keys, tokens, shape, dtype, error)
+        self._socket.send_multipart([identity, ENCODER.encode(reply), *frames], copy=False)
+        self.num_served_blocks += len(keys)
+
+    def _gather(self, request: FetchRequest) -> tuple[list[tuple[int, int]], list[list[int]], list[torch.Tensor]]:
+        keys, tokens, payloads = [], [], []
+        for version, block_hash in request.keys:
+            entry = self.tier.read((version, block_hash))
+            if entry is None:
+                break  # only a gapless prefix is of use to the target
+            keys.append((version, block_hash))
+            tokens.append(list(entry[0]))
+            payloads.append(entry[1])
+        return keys, tokens, payloads
+
+    def _nixl_writer(self) -> NixlWriter:
+        if self._nixl is None:
+            self._nixl = NixlWriter("kv-server")
+        return self._nixl
+
+
+def msgspec_errors() -> type[Exception]:
+    import msgspec
+
+    return msgspec.DecodeError
