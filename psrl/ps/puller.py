@@ -32,7 +32,7 @@ from psrl.log import get_logger
 from psrl.ps import links
 from psrl.ps.checksum import checksum
 from psrl.ps.delta import SPARSE, DeltaError, apply_sparse, sparse_bytes
-from psrl.ps.dtypes import tensor_from_buffer
+from psrl.ps.dtypes import copy_bytes, tensor_from_buffer
 from psrl.ps.errors import PullFailedError
 from psrl.ps.manifest import NO_CHECKSUM, ManifestEntry
 from psrl.ps.mirror import Mirror
@@ -186,17 +186,22 @@ class Puller:
                 request_ids[shard], plan.version, tuple(e.index for e in part), self._plane.peer, base_version
             )
             # In-band transports receive each payload where it belongs when it arrives.
-            destinations = [] if self._plane.is_in_band else [self.mirror.destination(e) for e in part]
+            destinations = [] if self._plane.is_in_band else [self._destination(e) for e in part]
             self._plane.request(sock, request, plan.parts[shard].offer, part, destinations)
         return request_ids
 
+    def _destination(self, entry: ManifestEntry) -> memoryview:
+        return memoryview(b"") if self._is_zero_copy(entry) else self.mirror.destination(entry)
+
     def _is_zero_copy(self, entry: ManifestEntry) -> bool:
-        """Whole tensors of a full pull over ZeroMQ are handed out as views of the received frame.
+        """Whole tensors of a full pull are handed out as views of the received frame (ZeroMQ) or of
+        the shard's mapped memory (shared memory).
 
         Everything else lands in the mirror: blocks of split tensors (assembled in place), and every
         entry under delta sync (the mirror is its record of what the engine holds).
         """
-        return self._plane.is_in_band and not self.delta_sync and entry.is_whole_tensor
+        in_place = self._plane.is_in_band or self._plane.lands_in_place
+        return in_place and not self.delta_sync and entry.is_whole_tensor
 
     def _receive_entries(
         self,
@@ -259,7 +264,13 @@ class Puller:
         for landed in landed_now:
             if landed.key in owners and landed.entry_index in pending:
                 entry = pending[landed.entry_index]
-                yield entry, entry.num_bytes, None
+                if not self._plane.lands_in_place:
+                    yield entry, entry.num_bytes, None
+                elif self._is_zero_copy(entry):
+                    yield entry, entry.num_bytes, landed.view
+                else:
+                    copy_bytes(self.mirror.entry_view(entry), landed.view)
+                    yield entry, entry.num_bytes, None
         timeout_ms = 1 if self._plane.is_busy else 100
         for sock, _ in self._links.poller.poll(timeout_ms):
             shard = self._links.shard_of[sock]
