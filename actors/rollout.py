@@ -11,6 +11,7 @@ import time
 
 from actors.flow_actor import FlowActor
 from psrl.engine import build_engine
+from psrl.engine.args import EngineArgs
 from psrl.flows.instance import ROUTER, InstanceFlow
 from psrl.ps.from_config import make_puller
 from psrl.ps.supply import PsWeightSupply
@@ -27,7 +28,9 @@ class RolloutActor(FlowActor):
         self.exit_without_interpreter_teardown = self.config.engine.backend == "vllm"
         ps = self.config.psrl.ps
         puller = make_puller(
-            self.config, [self.boot.endpoint(f"ps-{i}.1") for i in range(self.config.topology.n_ps_shards)]
+            self.config,
+            [self.boot.endpoint(f"ps-{i}.1") for i in range(self.config.topology.n_ps_shards)],
+            pin_memory=EngineArgs.from_config(self.config).resolve_device().type == "cuda",
         )
         self.weights = PsWeightSupply(puller, pull_attempts=ps.pull_attempts, prefetch=ps.prefetch)
         flow = InstanceFlow(self.name, self.config, engine, self.weights, log=self.log)

@@ -21,6 +21,7 @@ reconstruction is checked exactly.
 from __future__ import annotations
 
 import functools
+import os
 import time
 from collections.abc import Callable, Iterator, Sequence
 
@@ -60,6 +61,7 @@ class Puller:
         host: str = "127.0.0.1",
         ctx: zmq.Context[zmq.Socket[bytes]] | None = None,
         curve: CurveKeys | None = None,
+        pin_memory: bool = False,
     ) -> None:
         self.num_shards = len(pull_endpoints)
         self.delta_sync = delta_sync
@@ -68,9 +70,10 @@ class Puller:
         self.timeout_s = timeout_s
         self.held_version = NONE
         self.mirror = Mirror()
-        self._verifier: Verifier[bool] = Verifier()
+        # Mapped (shared-memory) pulls land every entry at once: checking them is the pull's main cost.
+        self._verifier: Verifier[bool] = Verifier(num_threads=min(4, os.cpu_count() or 1))
         self._log = get_logger("psrl.ps.puller")
-        self._plane: PullDataPlane = pull_plane(transport, host=host)
+        self._plane: PullDataPlane = pull_plane(transport, host=host, pin_memory=pin_memory)
         self._own_ctx = ctx is None
         self._closed = False
         # One I/O thread per shard link (up to 4), so shards' streams are copied in parallel.
@@ -264,13 +267,7 @@ class Puller:
         for landed in landed_now:
             if landed.key in owners and landed.entry_index in pending:
                 entry = pending[landed.entry_index]
-                if not self._plane.lands_in_place:
-                    yield entry, entry.num_bytes, None
-                elif self._is_zero_copy(entry):
-                    yield entry, entry.num_bytes, landed.view
-                else:
-                    copy_bytes(self.mirror.entry_view(entry), landed.view)
-                    yield entry, entry.num_bytes, None
+                yield entry, entry.num_bytes, self._read_landed(entry, landed.view)
         timeout_ms = 1 if self._plane.is_busy else 100
         for sock, _ in self._links.poller.poll(timeout_ms):
             shard = self._links.shard_of[sock]
@@ -285,6 +282,15 @@ class Puller:
                         yield arrived
                 elif not isinstance(message, PullDone):
                     self._links.discard(sock)
+
+    def _read_landed(self, entry: ManifestEntry, view: memoryview) -> memoryview | None:
+        """A landed entry's frame to hand out in place, or None once its bytes are in the mirror."""
+        if not self._plane.lands_in_place:
+            return None  # written into the mirror by the transport
+        if self._is_zero_copy(entry):
+            return view
+        copy_bytes(self.mirror.entry_view(entry), view)
+        return None
 
     def _take_payload(
         self, sock: zmq.Socket[bytes], plan: VersionPlan, chunk: PullChunk, pending: dict[int, ManifestEntry]

@@ -50,7 +50,8 @@ def push_plane(name: str, host: str = "127.0.0.1") -> PushDataPlane:
     raise ValueError(f"unknown PS transport {name!r}; choose one of {TRANSPORTS}")
 
 
-def pull_plane(name: str, host: str = "127.0.0.1") -> PullDataPlane:
+def pull_plane(name: str, host: str = "127.0.0.1", pin_memory: bool = False) -> PullDataPlane:
+    """``pin_memory``: the puller feeds a CUDA engine (transports that map memory pin it)."""
     if name == "zmq":
         from psrl.ps.transports.zmq_frames import ZmqPullDataPlane
 
@@ -58,7 +59,7 @@ def pull_plane(name: str, host: str = "127.0.0.1") -> PullDataPlane:
     if name == "shm":
         from psrl.ps.transports.shm import ShmPullDataPlane
 
-        return ShmPullDataPlane()
+        return ShmPullDataPlane(pin_memory=pin_memory)
     if name == "nixl":
         from psrl.ps.transports.nixl import NixlPullDataPlane
 

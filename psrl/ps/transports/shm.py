@@ -17,6 +17,7 @@ died without cleaning up are removed by the next shard that starts on the host.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import mmap
 import os
@@ -31,6 +32,7 @@ import msgspec
 import numpy as np
 import zmq
 
+from psrl.log import get_logger
 from psrl.ps import links
 from psrl.ps.dtypes import copy_bytes
 from psrl.ps.manifest import ManifestEntry
@@ -85,10 +87,8 @@ class Segment:
 
     def unlink(self) -> None:
         """Remove the file; the memory goes once every mapping of it (here and in pullers) is gone."""
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(self.path)
-        except FileNotFoundError:
-            pass
 
 
 def remove_stale_segments(directory: Path) -> int:
@@ -116,12 +116,25 @@ def _is_alive(pid: int) -> bool:
     return True
 
 
-class _Mappings:
-    """Files of other processes, mapped on first use and kept (up to ``MAX_MAPPINGS``, oldest dropped)."""
+# cudaHostRegister flags: portable to every context, and read-only, so pinning a copy-on-write
+# mapping neither copies its pages nor asks for write access to the shard's file.
+_HOST_REGISTER_PORTABLE, _HOST_REGISTER_READ_ONLY = 0x01, 0x08
 
-    def __init__(self, writable: bool) -> None:
+
+class _Mappings:
+    """Files of other processes, mapped on first use and kept (up to ``MAX_MAPPINGS``, oldest dropped).
+
+    ``pin``: register each read-only mapping with CUDA, so an engine's host-to-device copies of the
+    views run at pinned-memory speed (registration costs once per file: shards reuse their files).
+    """
+
+    def __init__(self, writable: bool, pin: bool = False) -> None:
         self.writable = writable
+        self.pin = pin and not writable
+        self.num_pin_failures = 0
         self._maps: OrderedDict[str, memoryview] = OrderedDict()
+        self._pinned: dict[str, int] = {}
+        self._log = get_logger("psrl.ps.shm")
 
     def view(self, path: str, size: int) -> memoryview:
         view = self._maps.get(path)
@@ -130,9 +143,31 @@ class _Mappings:
             return view
         view = self._open(path, size)
         self._maps[path] = view
+        if self.pin:
+            self._register(path, view)
         while len(self._maps) > MAX_MAPPINGS:
-            self._maps.popitem(last=False)  # unmapped once no view of it is alive
+            old, _ = self._maps.popitem(last=False)  # unmapped once no view of it is alive
+            self._unregister(old)
         return view
+
+    def _register(self, path: str, view: memoryview) -> None:
+        import torch
+
+        address = int(np.frombuffer(view, dtype=np.uint8).ctypes.data)
+        flags = _HOST_REGISTER_PORTABLE | _HOST_REGISTER_READ_ONLY
+        error = torch.cuda.cudart().cudaHostRegister(address, len(view), flags)  # type: ignore[no-untyped-call]
+        if int(error) != 0:
+            self.num_pin_failures += 1
+            self._log.warning("ps.shm_pin_failed", path=path, bytes=len(view), cuda_error=int(error))
+            return
+        self._pinned[path] = address
+
+    def _unregister(self, path: str) -> None:
+        address = self._pinned.pop(path, None)
+        if address is not None:
+            import torch
+
+            torch.cuda.cudart().cudaHostUnregister(address)  # type: ignore[no-untyped-call]
 
     def _open(self, path: str, size: int) -> memoryview:
         name = Path(path).name
@@ -147,7 +182,9 @@ class _Mappings:
             ) from None
         try:
             if os.fstat(fd).st_size != size:
-                raise TransportError(f"shared-memory segment {path} has {os.fstat(fd).st_size} bytes, offer says {size}")
+                raise TransportError(
+                    f"shared-memory segment {path} has {os.fstat(fd).st_size} bytes, offer says {size}"
+                )
             # Pullers map copy-on-write: writable views for torch, and no write can reach the shard.
             access = mmap.ACCESS_WRITE if self.writable else mmap.ACCESS_COPY
             return memoryview(mmap.mmap(fd, size, access=access))
@@ -155,6 +192,8 @@ class _Mappings:
             os.close(fd)
 
     def clear(self) -> None:
+        for path in list(self._pinned):
+            self._unregister(path)
         self._maps.clear()
 
 
@@ -263,8 +302,8 @@ class ShmPullDataPlane(PullDataPlane):
     is_in_band: ClassVar[bool] = False
     lands_in_place: ClassVar[bool] = True
 
-    def __init__(self) -> None:
-        self._maps = _Mappings(writable=False)
+    def __init__(self, pin_memory: bool = False) -> None:
+        self._maps = _Mappings(writable=False, pin=pin_memory)
         self._landed: list[Landed] = []
 
     @property
