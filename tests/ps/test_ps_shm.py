@@ -18,7 +18,14 @@ from psrl.ps.errors import PullFailedError
 from psrl.ps.puller import Puller
 from psrl.ps.pusher import Pusher
 from psrl.ps.transports import TransportError
-from psrl.ps.transports.shm import PREFIX, ShmPullDataPlane, ShmShardDataPlane, remove_stale_segments, shm_directory
+from psrl.ps.transports.shm import (
+    PREFIX,
+    Segment,
+    ShmPullDataPlane,
+    ShmShardDataPlane,
+    remove_stale_segments,
+    shm_directory,
+)
 
 MakeShards = Callable[..., ThreadShards]
 
@@ -143,3 +150,11 @@ def test_bad_offers_fail_with_a_clear_transport_error(offer: bytes, message: str
     plane = ShmPullDataPlane()
     with pytest.raises(TransportError, match=message):
         plane.request(None, None, offer, [], [])  # type: ignore[arg-type]
+
+
+def test_a_segment_larger_than_the_free_shared_memory_is_refused_clearly(tmp_path: Path) -> None:
+    free = os.statvfs(tmp_path)
+    too_big = free.f_bavail * free.f_frsize + (1 << 40)
+    with pytest.raises(TransportError, match="cannot reserve"):
+        Segment(tmp_path, too_big)
+    assert list(tmp_path.iterdir()) == []

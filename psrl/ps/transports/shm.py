@@ -58,7 +58,10 @@ MAX_MAPPINGS = 8
 
 
 def shm_directory() -> Path:
-    """``/dev/shm`` where it exists (Linux), else the temporary directory (files there may hit disk)."""
+    """``$PSRL_SHM_DIR``, else ``/dev/shm`` where it exists (Linux), else the temporary directory."""
+    chosen = os.environ.get("PSRL_SHM_DIR")
+    if chosen:
+        return Path(chosen)
     shm = Path("/dev/shm")
     return shm if shm.is_dir() and os.access(shm, os.W_OK) else Path(os.environ.get("TMPDIR", "/tmp"))
 
@@ -78,7 +81,7 @@ class Segment:
         self.path = str(directory / f"{PREFIX}{os.getpid()}-{next(self._numbers)}-{uuid.uuid4().hex[:8]}")
         fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
         try:
-            os.ftruncate(fd, size)
+            _reserve(fd, self.path, size)
             self.map = mmap.mmap(fd, size, access=mmap.ACCESS_WRITE)
         finally:
             os.close(fd)
@@ -89,6 +92,21 @@ class Segment:
         """Remove the file; the memory goes once every mapping of it (here and in pullers) is gone."""
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.path)
+
+
+def _reserve(fd: int, path: str, size: int) -> None:
+    """Give the file its pages now: a shared-memory file short of space would kill a writer (SIGBUS) later."""
+    try:
+        os.posix_fallocate(fd, 0, size)
+    except OSError as exc:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        free = os.statvfs(Path(path).parent)
+        raise TransportError(
+            f"cannot reserve {size / 1e9:.2f} GB of shared memory in {Path(path).parent} "
+            f"({free.f_bavail * free.f_frsize / 1e9:.2f} GB free): {exc.strerror}. A shard holds up to four "
+            "versions of its part; enlarge /dev/shm (docker: --shm-size) or set PSRL_SHM_DIR to a larger tmpfs"
+        ) from None
 
 
 def remove_stale_segments(directory: Path) -> int:
@@ -219,7 +237,8 @@ class ShmShardDataPlane(ShardDataPlane):
         self.directory = directory or shm_directory()
         self.num_stale_removed = remove_stale_segments(self.directory)
         self._segments: dict[str, Segment] = {}
-        self.pool = BufferPool(allocate=self._allocate)
+        # One spare, not two: a shared-memory version is a whole model part held in RAM.
+        self.pool = BufferPool(max_spare=1, allocate=self._allocate)
 
     def _allocate(self, size: int) -> tuple[np.ndarray, Segment]:
         segment = Segment(self.directory, size)
