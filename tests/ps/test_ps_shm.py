@@ -6,7 +6,8 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+import time
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import msgspec
@@ -15,9 +16,11 @@ import torch
 from ps_helpers import Collector, ThreadShards, assert_same, small_model
 
 from psrl.ps.errors import PullFailedError
+from psrl.ps.manifest import ManifestEntry
 from psrl.ps.puller import Puller
 from psrl.ps.pusher import Pusher
 from psrl.ps.transports import TransportError
+from psrl.ps.transports.base import EntryBuffers
 from psrl.ps.transports.shm import (
     PREFIX,
     Segment,
@@ -158,3 +161,32 @@ def test_a_segment_larger_than_the_free_shared_memory_is_refused_clearly(tmp_pat
     with pytest.raises(TransportError, match="cannot reserve"):
         Segment(tmp_path, too_big)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_begin_sent_again_to_a_slow_shard_keeps_the_buffers_it_offered(
+    make_shards: MakeShards, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A pusher re-sends its begin after every quiet probe interval; the shard must not swap the
+    # buffers it already offered, or the out-of-band bytes land where the shard no longer looks.
+    allocate = ShmShardDataPlane.allocate
+
+    def slow_allocate(self: ShmShardDataPlane, entries: Sequence[ManifestEntry]) -> EntryBuffers:
+        time.sleep(0.2)  # like reserving gigabytes of shared memory
+        return allocate(self, entries)
+
+    monkeypatch.setattr(ShmShardDataPlane, "allocate", slow_allocate)
+    shards = make_shards(2, "shm")
+    pusher = Pusher(
+        shards.push_endpoints, incarnation=1, transport="shm", max_block_bytes=16 << 10, probe_interval_s=0.05
+    )
+    puller = Puller(shards.pull_endpoints, transport="shm")
+    try:
+        for version in (1, 2):
+            assert pusher.push(version, small_model(version)).num_restarts == 0
+        got = Collector()
+        puller.pull(2, got)
+        assert_same(got.tensors, small_model(2))
+        assert sum(server.counters["checksum_failures"] for server in shards.servers) == 0
+    finally:
+        pusher.close()
+        puller.close()
