@@ -149,6 +149,8 @@ def run_shape(args: argparse.Namespace, shape: str, device: torch.device, direct
                 "pull_wall": done - pull_start,
                 "bytes": pushed.num_bytes,
             })  # fmt: skip
+            print(f"  {shape} v{version}: " + " ".join(f"{k}={v:.3f}" for k, v in rows[-1].items() if k != "bytes"),
+                  flush=True)  # fmt: skip
         exact = all(torch.equal(engine[n], t.to(torch.bfloat16)) for n, t in trainer.items())
     finally:
         pusher.close()
