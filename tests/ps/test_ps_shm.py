@@ -119,13 +119,19 @@ def test_shard_files_are_removed_when_retired_and_at_close(make_shards: MakeShar
     before = own_segments()
     shards = make_shards(1, "shm")
     pusher = Pusher(shards.push_endpoints, incarnation=1, transport="shm")
+    puller = Puller(shards.pull_endpoints, transport="shm")
     try:
         for version in range(1, 8):
             pusher.push(version, small_model(version))
+            puller.pull(version, Collector())
         # Latest, previous and at most two pooled spares stay; older versions' files are gone.
         assert len(own_segments() - before) <= 4
+        # The puller keeps no mapping of a removed file (it would keep that memory alive).
+        mapped = set(puller._plane._maps._maps)  # type: ignore[attr-defined]
+        assert mapped and all(Path(path).exists() for path in mapped)
     finally:
         pusher.close()
+        puller.close()
     shards.stop()
     assert own_segments() - before == set()
 

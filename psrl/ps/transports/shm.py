@@ -53,8 +53,9 @@ PREFIX = "psrl-ps-"
 _OWNED = re.compile(rf"^{PREFIX}(\d+)-")
 # A push tells the shard after every this many bytes, so copying and verifying overlap.
 BUCKET_BYTES = 64 << 20
-# Mappings a pusher or puller keeps open (a shard holds a few version files at a time).
-MAX_MAPPINGS = 8
+# Mappings a pusher or puller keeps open: every shard cycles through three or four files (incoming,
+# latest, previous, a spare), and re-mapping (re-pinning) a file on every pull costs seconds at 7B.
+MAX_MAPPINGS = 64
 
 
 def shm_directory() -> Path:
@@ -159,6 +160,7 @@ class _Mappings:
         if view is not None:
             self._maps.move_to_end(path)
             return view
+        self._forget_removed()
         view = self._open(path, size)
         self._maps[path] = view
         if self.pin:
@@ -167,6 +169,12 @@ class _Mappings:
             old, _ = self._maps.popitem(last=False)  # unmapped once no view of it is alive
             self._unregister(old)
         return view
+
+    def _forget_removed(self) -> None:
+        """Drop mappings of files their shard removed: a mapping would keep their memory alive."""
+        for path in [p for p in self._maps if not os.path.exists(p)]:
+            self._unregister(path)
+            del self._maps[path]
 
     def _register(self, path: str, view: memoryview) -> None:
         import torch
