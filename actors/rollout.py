@@ -12,6 +12,7 @@ import time
 from actors.flow_actor import FlowActor
 from psrl.config import Config
 from psrl.engine import build_engine
+from psrl.engine.args import EngineArgs
 from psrl.engine.protocol import RolloutEngine
 from psrl.flows.instance import ROUTER, InstanceFlow
 from psrl.flows.instance_kv import KvPort
@@ -30,7 +31,9 @@ class RolloutActor(FlowActor):
         self.exit_without_interpreter_teardown = self.config.engine.backend == "vllm"
         ps = self.config.psrl.ps
         puller = make_puller(
-            self.config, [self.boot.endpoint(f"ps-{i}.1") for i in range(self.config.topology.n_ps_shards)]
+            self.config,
+            [self.boot.endpoint(f"ps-{i}.1") for i in range(self.config.topology.n_ps_shards)],
+            pin_memory=EngineArgs.from_config(self.config).resolve_device().type == "cuda",
         )
         self.weights = PsWeightSupply(puller, pull_attempts=ps.pull_attempts, prefetch=ps.prefetch)
         self.kv = kv_port(self.config, engine)

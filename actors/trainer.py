@@ -16,9 +16,10 @@ from actors.base import Inputs
 from actors.boot import CHECKPOINT_ON_STOP
 from actors.flow_actor import FlowActor
 from bus.messages import ActorState, Metrics, TrainData, TrainerProgress, WeightsPushed
+from psrl.engine.args import EngineArgs
 from psrl.flows.effects import Effect, PushWeights
 from psrl.flows.trainer import TrainerFlow
-from psrl.ps.from_config import make_pusher
+from psrl.ps.from_config import make_pusher, staging_dtype
 from psrl.ps.staging import HostStaging
 from psrl.trainer import ParallelContext, TrainerCore, latest_checkpoint
 
@@ -54,7 +55,9 @@ class TrainerActor(FlowActor):
             self.log.info("resumed", checkpoint=str(path), version=self.core.version)
         self.saved_version = self.core.version
         self.pusher = None
-        self.staging = HostStaging()  # a GPU trainer's weights go to the PS from host memory
+        # a GPU trainer's weights go to the PS from host memory, already in the dtype shards serve
+        engine_args = EngineArgs.from_config(cfg)
+        self.staging = HostStaging(staging_dtype(cfg, engine_args.resolve_dtype(engine_args.resolve_device())))
         if self.rank == 0:
             shards = [self.boot.endpoint(f"ps-{i}") for i in range(cfg.topology.n_ps_shards)]
             self.pusher = make_pusher(cfg, shards, self.boot.incarnation, curve=self.bus.options.curve)

@@ -858,6 +858,30 @@ class KvTransferRecord(Message, frozen=True):
     error: str = ""
 
 
+# ---------------------------------------------------------------------------- batched token streams (1.4)
+
+
+@message("gen.tokens", logged=False)
+class TokenBatch(Message, frozen=True):
+    """Tokens an instance streams for many requests at once, one message per engine step instead of
+    one ``gen.chunk`` per request (added in 1.4; not logged: each request's result carries every token).
+
+    request_ids: trajectory id of each run of tokens (int64).
+    counts: number of tokens of each request, in the order of request_ids (int32).
+    token_ids: the runs of new tokens, concatenated in that order (int32).
+    logprobs: their logprobs (float32).
+    versions: weight version that produced each token (int32).
+    instance: instance id that generated them.
+    """
+
+    request_ids: np.ndarray
+    counts: np.ndarray
+    token_ids: np.ndarray
+    logprobs: np.ndarray
+    versions: np.ndarray
+    instance: str
+
+
 # ---------------------------------------------------------------------------- run
 
 

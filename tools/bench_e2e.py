@@ -13,6 +13,13 @@ times, and a last line ``RESULT speedup_vs_sync=... rollout_busy=... trainer_idl
 
     python tools/bench_e2e.py --quick            # about 3 minutes on 2 CPU cores
     python tools/bench_e2e.py --steps 30 topology.device=cuda
+    python tools/bench_e2e.py --scale gpu model.path=/tmp/qwen05-body   # one H200
+
+``--scale gpu`` is the real-scale workload: 64 prompts x 8 responses per step, log-normal
+response lengths (median 512, capped at 4096), 256 concurrent sequences per engine, trainer and
+rollout on one GPU, weights through shared memory. It also measures the engine alone (the same
+model, concurrency and length distribution, no actors) and prints the system's consumed tokens/s
+next to it, then ``RESULT speedup_vs_sync=... system_vs_engine_tok_s=...``.
 """
 
 from __future__ import annotations
@@ -41,6 +48,21 @@ WORKLOAD = [
     "task.max_response_length=480",
     "engine.max_num_seqs=32",
 ]
+GPU_WORKLOAD = [
+    "topology.device=cuda",
+    "topology.n_rollout_instances=1",
+    "psrl.staleness_buffer_entries=64",
+    "psrl.rollout_n=8",
+    "actor.ppo_mini_batch_size=64",
+    "task.response_lengths=long_tail",
+    "task.long_tail_median=512",
+    "task.long_tail_sigma=0.8",
+    "task.max_response_length=4096",
+    "engine.max_num_seqs=256",
+    "engine.num_kv_blocks=16384",
+    "psrl.ps.transport=shm",
+    "psrl.ps.serve_dtype=engine",
+]
 PHASES = {
     "sync": ["psrl.staleness=0", f"{RC}partial_rollout.enable=False", f"{RC}redundant_rollout.enable=False"],
     "async": [
@@ -53,6 +75,28 @@ PHASES = {
         f"{RC}sync_and_mig_strategy.mig.stop_threshold=10",
     ],
 }
+
+
+def engine_solo_tok_s(overrides: list[str], num_requests: int) -> float:
+    """Tokens/s of the engine alone on the run's model, concurrency and response lengths."""
+    from psrl.coordination.lengths import forced_length
+    from psrl.engine import SamplingParams
+    from psrl.engine.protocol import build_engine
+
+    config = checked(load_config("demo", overrides))
+    engine = build_engine(config)
+    prompt = list(range(10, 10 + 64))
+    for request in range(num_requests):
+        length = forced_length(config.task, request) or config.task.max_response_length
+        params = SamplingParams(max_tokens=length, min_tokens=length, ignore_eos=True, temperature=1.0)
+        engine.add_request(str(request), prompt, params)
+    started = time.monotonic()
+    num_tokens = 0
+    while engine.has_unfinished_requests():
+        num_tokens += sum(len(result.output_ids) for result in engine.step().finished)
+    elapsed = time.monotonic() - started
+    del engine
+    return num_tokens / elapsed
 
 
 def run_phase(name: str, overrides: list[str], root: Path) -> RunSummary:
@@ -71,6 +115,7 @@ def run_phase(name: str, overrides: list[str], root: Path) -> RunSummary:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="few steps (CI-class machines)")
+    parser.add_argument("--scale", choices=["cpu", "gpu"], default="cpu", help="gpu: the real-scale workload")
     parser.add_argument("--steps", type=int, default=None, help="training steps per phase")
     parser.add_argument("--root", type=Path, default=None, help="where the two run directories go")
     parser.add_argument("overrides", nargs="*", help="config overrides applied to both phases")
@@ -78,14 +123,21 @@ def main() -> None:
     configure("warning")
     steps = args.steps or (8 if args.quick else 24)
     root = args.root or Path(tempfile.mkdtemp(prefix="psrl-bench-e2e-"))
-    common = [*WORKLOAD, f"trainer.total_steps={steps}", *args.overrides]
+    workload = GPU_WORKLOAD if args.scale == "gpu" else WORKLOAD
+    common = [*workload, f"trainer.total_steps={steps}", *args.overrides]
     results = {name: run_phase(name, [*common, *extra], root) for name, extra in PHASES.items()}
     print_table(results)
     sync, fast = results["sync"], results["async"]
     speedup = _ratio(fast.trajectories_per_s, sync.trajectories_per_s)
+    extra = ""
+    if args.scale == "gpu":
+        solo = engine_solo_tok_s(common, num_requests=256)
+        system = _value(fast.tokens_per_s)
+        print(f"engine alone: {solo:.0f} tok/s at 256 sequences; the async system consumed {system:.0f} tok/s")
+        extra = f" system_vs_engine_tok_s={system / solo:.3f} engine_solo_tok_s={solo:.0f}"
     print(f"RESULT speedup_vs_sync={speedup:.3f} rollout_busy={_value(fast.busy_fraction):.3f} "
           f"trainer_idle={_value(fast.trainer_idle_fraction):.3f} sync_rollout_busy={_value(sync.busy_fraction):.3f} "
-          f"sync_trainer_idle={_value(sync.trainer_idle_fraction):.3f}")  # fmt: skip
+          f"sync_trainer_idle={_value(sync.trainer_idle_fraction):.3f}{extra}")  # fmt: skip
 
 
 def _value(value: float | None) -> float:

@@ -226,7 +226,7 @@ def main() -> None:
     ap.add_argument("--shards", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=5, help="measured versions (after 3 warm-up versions)")
     ap.add_argument("--chunk-mb", type=int, default=16)
-    ap.add_argument("--transport", default="zmq", choices=["zmq", "nixl", "torch_dist"])
+    ap.add_argument("--transport", default="zmq", choices=["zmq", "shm", "nixl", "torch_dist"])
     ap.add_argument("--serve-dtype", default=None, choices=[None, "bfloat16", "float16", "float32"])
     ap.add_argument("--no-delta", dest="delta", action="store_false", help="skip the delta-sync phase")
     ap.add_argument("--engine-dtype", default="float32", choices=["float32", "bfloat16"])

@@ -26,13 +26,13 @@ from psrl.models.shapes import BODIES
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "generation_config.json")
 
 
-def write_model(shape: str, out: Path, seed: int = 0) -> int:
+def write_model(shape: str, out: Path, seed: int = 0, max_positions: int | None = None) -> int:
     """Write the checkpoint; returns its number of parameters."""
     demo = json.loads((DEMO_MODEL_DIR / "config.json").read_text())
     config = Qwen2Config(
         **BODIES[shape],
         vocab_size=demo["vocab_size"],
-        max_position_embeddings=demo["max_position_embeddings"],
+        max_position_embeddings=max_positions or demo["max_position_embeddings"],
         eos_token_id=demo["eos_token_id"],
         pad_token_id=demo["pad_token_id"],
         bos_token_id=None,
@@ -54,8 +54,9 @@ def main() -> None:
     parser.add_argument("--shape", choices=sorted(BODIES), default="qwen2.5-0.5b")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--max-positions", type=int, default=None, help="context length (default: the demo's)")
     args = parser.parse_args()
-    num_params = write_model(args.shape, args.out, args.seed)
+    num_params = write_model(args.shape, args.out, args.seed, args.max_positions)
     print(f"wrote {args.out}: {args.shape} body, {num_params / 1e6:.0f} M parameters, demo tokenizer")
 
 

@@ -67,8 +67,10 @@ class LogProb(Section):
 
 
 class ParameterServer(Section):
-    transport: Literal["zmq", "nixl", "torch_dist"] = field(
-        "zmq", "Bulk weight transport: ZeroMQ zero-copy frames, NIXL (kv extra) or torch.distributed broadcast."
+    transport: Literal["zmq", "shm", "nixl", "torch_dist"] = field(
+        "zmq",
+        "Bulk weight transport: ZeroMQ zero-copy frames, shared memory (shards, trainer and instances on one "
+        "host; a pull is a mapped read), NIXL (kv extra) or torch.distributed broadcast.",
     )
     delta_sync: bool = field(
         False, "Pull only entries whose checksum changed since the instance's version (keeps a host mirror)."

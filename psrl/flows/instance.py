@@ -1,13 +1,13 @@
 """A rollout instance's algorithm around its engine: serve requests, stream tokens, sync weights.
 
 Requests arrive from the router (``GenerateRequest``); generated tokens stream back in
-``TokenChunk`` batches and each request ends with one ``GenerateResult``. An interrupted
-request's result says why (``error`` = sync / migrate / preempted / shutdown) so the router
-knows whether to continue it elsewhere. Commands come from the coordinator: ``SyncCommand``
-(pull the version, load it; under partial rollout interrupt the running requests once the
-version's bytes have arrived, otherwise let them finish first) and ``MigrateCommand`` (hand the
-newest requests back so the router places them elsewhere). Status snapshots go to the router and
-to everyone on the bus.
+``TokenBatch`` messages (one per engine step, for all its requests) and each request ends with one
+``GenerateResult``. An interrupted request's result says why (``error`` = sync / migrate /
+preempted / shutdown) so the router knows whether to continue it elsewhere. Commands come from the
+coordinator: ``SyncCommand`` (pull the version, load it; under partial rollout interrupt the
+running requests once the version's bytes have arrived, otherwise let them finish first) and
+``MigrateCommand`` (hand the newest requests back so the router places them elsewhere). Status
+snapshots go to the router and to everyone on the bus.
 
 The engine and the weight supply are this flow's ports: the rollout actor gives it the embedded
 engine and the parameter server (``psrl.ps.supply``), the in-process driver a trainer's weights.
@@ -33,7 +33,7 @@ from bus.messages import (
     MigrateCommand,
     PullRequest,
     SyncCommand,
-    TokenChunk,
+    TokenBatch,
     WeightsLoaded,
     WeightsPublished,
 )
@@ -295,17 +295,28 @@ class InstanceFlow(Flow):
         self.kv.expire_pins(now)
 
     def _flush_streams(self, min_tokens: int) -> None:
-        for rid, stream in self.streams.items():
-            if len(stream.token_ids) >= min_tokens:
-                chunk = TokenChunk(
-                    request_id=int(rid),
-                    token_ids=np.asarray(stream.token_ids, np.int32),
-                    logprobs=np.asarray(stream.logprobs, np.float32),
-                    versions=np.asarray(stream.versions, np.int32),
-                    instance=self.name,
-                )
-                self.send(ROUTER, chunk)
-                stream.token_ids, stream.logprobs, stream.versions = [], [], []
+        """One ``TokenBatch`` for every request holding at least ``min_tokens`` unsent tokens."""
+        ready = [(rid, stream) for rid, stream in self.streams.items() if len(stream.token_ids) >= min_tokens]
+        if not ready:
+            return
+        counts = np.fromiter((len(stream.token_ids) for _, stream in ready), np.int32, len(ready))
+        token_ids: list[int] = []
+        logprobs: list[float] = []
+        versions: list[int] = []
+        for _, stream in ready:
+            token_ids += stream.token_ids
+            logprobs += stream.logprobs
+            versions += stream.versions
+            stream.token_ids, stream.logprobs, stream.versions = [], [], []
+        batch = TokenBatch(
+            request_ids=np.fromiter((int(rid) for rid, _ in ready), np.int64, len(ready)),
+            counts=counts,
+            token_ids=np.asarray(token_ids, np.int32),
+            logprobs=np.asarray(logprobs, np.float32),
+            versions=np.asarray(versions, np.int32),
+            instance=self.name,
+        )
+        self.send(ROUTER, batch)
 
     def _loop_back_preempted(self) -> None:
         threshold = self.routing.max_num_waiting_reqs_after_preemption

@@ -25,6 +25,7 @@ from __future__ import annotations
 from typing import Any
 
 import msgspec
+import numpy as np
 
 from bus.messages import (
     Abort,
@@ -42,6 +43,7 @@ from bus.messages import (
     RouterStatus,
     RoutingRecord,
     SyncCommand,
+    TokenBatch,
     TokenChunk,
     WeightsLoaded,
     WeightsPublished,
@@ -120,7 +122,8 @@ class RouterFlow(RouterLedgerFlow):
     def handlers(self) -> dict[type[Message], Handler]:
         return {
             GenerateRequest: self._on_request,  # from the coordinator: a trajectory to generate
-            TokenChunk: self._on_chunk,  # from an instance: streamed tokens
+            TokenChunk: self._on_chunk,  # from an instance: streamed tokens of one request
+            TokenBatch: self._on_token_batch,  # from an instance: one step's tokens of all its requests
             InstanceStatus: self._on_status,  # from an instance: its load
             GenerateResult: self._on_result,  # from an instance: a request handed back
             Abort: self._on_abort,  # from the coordinator
@@ -172,6 +175,20 @@ class RouterFlow(RouterLedgerFlow):
 
     def _on_chunk(self, chunk: TokenChunk, now: float) -> None:
         self.tracker.extend(chunk.request_id, chunk.token_ids, chunk.logprobs, chunk.versions)
+
+    def _on_token_batch(self, batch: TokenBatch, now: float) -> None:
+        ends = np.cumsum(batch.counts, dtype=np.int64)
+        if len(batch.request_ids) != len(batch.counts) or not (
+            len(batch.token_ids) == len(batch.logprobs) == len(batch.versions) == (int(ends[-1]) if len(ends) else 0)
+        ):
+            self.counters["malformed_token_batches"] += 1
+            return
+        start = 0
+        for request_id, end in zip(batch.request_ids.tolist(), ends.tolist(), strict=True):
+            self.tracker.extend(
+                request_id, batch.token_ids[start:end], batch.logprobs[start:end], batch.versions[start:end]
+            )
+            start = end
 
     def _on_result(self, result: GenerateResult, now: float) -> None:
         traj = self.tracker.live.get(result.request_id)

@@ -58,3 +58,11 @@ def tensor_from_buffer(buffer: memoryview, dtype: str, shape: tuple[int, ...] | 
     torch_dtype = dtype_from_name(dtype)
     out = torch.empty(0, dtype=torch_dtype) if len(buffer) == 0 else torch.frombuffer(buffer, dtype=torch_dtype)
     return out if shape is None else out.reshape(shape)
+
+
+def copy_bytes(destination: memoryview, source: memoryview) -> None:
+    """``destination[:] = source`` through torch, whose copy of large buffers runs on all its threads."""
+    if len(destination) != len(source):
+        raise ValueError(f"copy of {len(source)} bytes into {len(destination)}")
+    if len(source):
+        torch.frombuffer(destination, dtype=torch.uint8).copy_(torch.frombuffer(source, dtype=torch.uint8))

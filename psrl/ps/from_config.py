@@ -42,6 +42,12 @@ def shard_options(
     )
 
 
+def staging_dtype(config: Config, engine_dtype: torch.dtype) -> torch.dtype | None:
+    """The dtype a trainer casts floating weights to before they leave its device: the one shards
+    would serve anyway (``psrl.ps.serve_dtype=engine``), so half the bytes move for a bf16 engine."""
+    return engine_dtype if config.psrl.ps.serve_dtype == "engine" else None
+
+
 def make_pusher(
     config: Config, push_endpoints: Sequence[str], incarnation: int, curve: CurveKeys | None = None
 ) -> Pusher:
@@ -59,7 +65,10 @@ def make_pusher(
     )
 
 
-def make_puller(config: Config, pull_endpoints: Sequence[str], curve: CurveKeys | None = None) -> Puller:
+def make_puller(
+    config: Config, pull_endpoints: Sequence[str], curve: CurveKeys | None = None, pin_memory: bool = False
+) -> Puller:
+    """``pin_memory``: the instance's engine is on a GPU (mapped weights are pinned for its copies)."""
     ps = config.psrl.ps
     return Puller(
         pull_endpoints,
@@ -69,4 +78,5 @@ def make_puller(config: Config, pull_endpoints: Sequence[str], curve: CurveKeys 
         timeout_s=ps.pull_timeout_s,
         host=config.bus.host,
         curve=curve,
+        pin_memory=pin_memory,
     )

@@ -21,6 +21,7 @@ reconstruction is checked exactly.
 from __future__ import annotations
 
 import functools
+import os
 import time
 from collections.abc import Callable, Iterator, Sequence
 
@@ -32,7 +33,7 @@ from psrl.log import get_logger
 from psrl.ps import links
 from psrl.ps.checksum import checksum
 from psrl.ps.delta import SPARSE, DeltaError, apply_sparse, sparse_bytes
-from psrl.ps.dtypes import tensor_from_buffer
+from psrl.ps.dtypes import copy_bytes, tensor_from_buffer
 from psrl.ps.errors import PullFailedError
 from psrl.ps.manifest import NO_CHECKSUM, ManifestEntry
 from psrl.ps.mirror import Mirror
@@ -60,6 +61,7 @@ class Puller:
         host: str = "127.0.0.1",
         ctx: zmq.Context[zmq.Socket[bytes]] | None = None,
         curve: CurveKeys | None = None,
+        pin_memory: bool = False,
     ) -> None:
         self.num_shards = len(pull_endpoints)
         self.delta_sync = delta_sync
@@ -68,9 +70,10 @@ class Puller:
         self.timeout_s = timeout_s
         self.held_version = NONE
         self.mirror = Mirror()
-        self._verifier: Verifier[bool] = Verifier()
+        # Mapped (shared-memory) pulls land every entry at once: checking them is the pull's main cost.
+        self._verifier: Verifier[bool] = Verifier(num_threads=min(4, os.cpu_count() or 1))
         self._log = get_logger("psrl.ps.puller")
-        self._plane: PullDataPlane = pull_plane(transport, host=host)
+        self._plane: PullDataPlane = pull_plane(transport, host=host, pin_memory=pin_memory)
         self._own_ctx = ctx is None
         self._closed = False
         # One I/O thread per shard link (up to 4), so shards' streams are copied in parallel.
@@ -186,17 +189,22 @@ class Puller:
                 request_ids[shard], plan.version, tuple(e.index for e in part), self._plane.peer, base_version
             )
             # In-band transports receive each payload where it belongs when it arrives.
-            destinations = [] if self._plane.is_in_band else [self.mirror.destination(e) for e in part]
+            destinations = [] if self._plane.is_in_band else [self._destination(e) for e in part]
             self._plane.request(sock, request, plan.parts[shard].offer, part, destinations)
         return request_ids
 
+    def _destination(self, entry: ManifestEntry) -> memoryview:
+        return memoryview(b"") if self._is_zero_copy(entry) else self.mirror.destination(entry)
+
     def _is_zero_copy(self, entry: ManifestEntry) -> bool:
-        """Whole tensors of a full pull over ZeroMQ are handed out as views of the received frame.
+        """Whole tensors of a full pull are handed out as views of the received frame (ZeroMQ) or of
+        the shard's mapped memory (shared memory).
 
         Everything else lands in the mirror: blocks of split tensors (assembled in place), and every
         entry under delta sync (the mirror is its record of what the engine holds).
         """
-        return self._plane.is_in_band and not self.delta_sync and entry.is_whole_tensor
+        in_place = self._plane.is_in_band or self._plane.lands_in_place
+        return in_place and not self.delta_sync and entry.is_whole_tensor
 
     def _receive_entries(
         self,
@@ -259,7 +267,7 @@ class Puller:
         for landed in landed_now:
             if landed.key in owners and landed.entry_index in pending:
                 entry = pending[landed.entry_index]
-                yield entry, entry.num_bytes, None
+                yield entry, entry.num_bytes, self._read_landed(entry, landed.view)
         timeout_ms = 1 if self._plane.is_busy else 100
         for sock, _ in self._links.poller.poll(timeout_ms):
             shard = self._links.shard_of[sock]
@@ -274,6 +282,15 @@ class Puller:
                         yield arrived
                 elif not isinstance(message, PullDone):
                     self._links.discard(sock)
+
+    def _read_landed(self, entry: ManifestEntry, view: memoryview) -> memoryview | None:
+        """A landed entry's frame to hand out in place, or None once its bytes are in the mirror."""
+        if not self._plane.lands_in_place:
+            return None  # written into the mirror by the transport
+        if self._is_zero_copy(entry):
+            return view
+        copy_bytes(self.mirror.entry_view(entry), view)
+        return None
 
     def _take_payload(
         self, sock: zmq.Socket[bytes], plan: VersionPlan, chunk: PullChunk, pending: dict[int, ManifestEntry]

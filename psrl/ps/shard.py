@@ -55,7 +55,7 @@ from psrl.ps.serving import land_entry, needs_cast, served_layout
 from psrl.ps.transports import ShardDataPlane, shard_plane
 from psrl.ps.transports.base import EntryBuffers, Landed, SparseSource
 from psrl.ps.verify import Verifier
-from psrl.ps.versions import NONE, HeldVersion, ShardVersions
+from psrl.ps.versions import NONE, HeldVersion, IncomingPush, ShardVersions
 
 IDLE_POLL_MS = 100
 BUSY_POLL_MS = 2
@@ -222,6 +222,13 @@ class ShardServer:
     # push ---------------------------------------------------------------------------------------
 
     def _on_begin(self, ident: bytes, begin: PushBegin) -> None:
+        incoming = self.versions.incoming
+        if incoming is not None and _same_attempt(incoming, begin) and not incoming.landed:
+            # A begin sent again while this shard was slow to answer (allocating a large part): the
+            # pusher writes out-of-band into the buffers it was first offered, so keep them.
+            offer = self._plane.push_offer(incoming.buffers, begin, self._incoming_key)
+            self._push_reply(ident, PushReady(begin.version, begin.attempt, self.boot_id, offer))
+            return
         reason = self.versions.check_begin(begin)
         if reason is not None:
             self.counters["pushes_refused"] += 1
@@ -482,3 +489,12 @@ def _requested(held: HeldVersion[EntryBuffers], indices: tuple[int, ...]) -> lis
     if any(e is None for e in entries):
         return None
     return [e for e in entries if e is not None]
+
+
+def _same_attempt(incoming: IncomingPush[EntryBuffers], begin: PushBegin) -> bool:
+    return (incoming.version, incoming.incarnation, incoming.attempt, incoming.digest) == (
+        begin.version,
+        begin.incarnation,
+        begin.attempt,
+        begin.digest,
+    )

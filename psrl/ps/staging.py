@@ -5,6 +5,11 @@ Each device (or non-contiguous) tensor is copied into a host buffer kept from on
 (pinned when CUDA is present, so the copies are asynchronous DMA), with one synchronisation after
 the last copy. CPU tensors that are already contiguous pass through without a copy, which keeps a
 CPU trainer's push zero-copy.
+
+With ``cast_to`` (the rollout engine's dtype, when shards serve it), floating tensors are cast on
+their own device before the copy: a bf16 engine fed by an fp32 GPU trainer then moves half the
+bytes device-to-host and through the PS, and the shards have nothing left to cast. Rounding is the
+same round-to-nearest-even the shards would apply, so the served bytes do not change.
 """
 
 from __future__ import annotations
@@ -15,14 +20,16 @@ import torch
 
 
 class HostStaging:
-    def __init__(self) -> None:
+    def __init__(self, cast_to: torch.dtype | None = None) -> None:
+        self.cast_to = cast_to
         self._buffers: dict[str, torch.Tensor] = {}
 
     def stage(self, weights: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Host copies of ``weights`` (same names, shapes and dtypes), valid until the next call."""
         staged: dict[str, torch.Tensor] = {}
         devices: set[torch.device] = set()
-        for name, tensor in weights.items():
+        for name, weight in weights.items():
+            tensor = weight.detach().to(self.cast_to) if self._casts(weight) else weight
             if tensor.device.type == "cpu" and tensor.is_contiguous():
                 staged[name] = tensor
                 continue
@@ -34,6 +41,9 @@ class HostStaging:
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
         return staged
+
+    def _casts(self, tensor: torch.Tensor) -> bool:
+        return self.cast_to is not None and tensor.is_floating_point() and tensor.dtype != self.cast_to
 
     @property
     def num_staged_bytes(self) -> int:

@@ -21,7 +21,7 @@ from bus.messages import (
     MigrateCommand,
     SamplingParams,
     SyncCommand,
-    TokenChunk,
+    TokenBatch,
     WeightsLoaded,
     WeightsPublished,
 )
@@ -100,11 +100,26 @@ def test_a_request_streams_its_tokens_and_ends_with_its_whole_response(instance)
     effects = flow.handle(_request(5, max_tokens=40), 0.0)
     while flow.has_work:
         effects += flow.step(0.0)
-    chunks = _messages(effects, TokenChunk)
+    chunks = _messages(effects, TokenBatch)
     [result] = _messages(effects, GenerateResult)
     assert len(result.token_ids) == 40 and result.prompt_id == 1 and result.error == ""
-    assert np.concatenate([c.token_ids for c in chunks]).tolist() == result.token_ids[: 16 * len(chunks)].tolist()
-    assert all(isinstance(e, Send) and e.to == "router" for e in effects if isinstance(e.message, TokenChunk))
+    assert all(c.request_ids.tolist() == [5] and c.counts.tolist() == [len(c.token_ids)] for c in chunks)
+    streamed = np.concatenate([c.token_ids for c in chunks]).tolist()
+    assert streamed == result.token_ids[: len(streamed)].tolist() and len(streamed) >= 32
+    assert all(isinstance(e, Send) and e.to == "router" for e in effects if isinstance(e.message, TokenBatch))
+
+
+def test_one_step_streams_the_tokens_of_all_its_requests_in_one_message(instance) -> None:  # type: ignore[no-untyped-def]
+    flow, _, _ = instance
+    effects: list[Effect] = []
+    for index in range(4):
+        effects += flow.handle(_request(index, max_tokens=200), 0.0)
+    while not _messages(effects, TokenBatch):
+        effects += flow.step(0.0)
+    [batch] = _messages(effects, TokenBatch)
+    assert sorted(batch.request_ids.tolist()) == [0, 1, 2, 3]
+    assert batch.counts.sum() == len(batch.token_ids) == len(batch.logprobs) == len(batch.versions)
+    assert all(count >= 16 for count in batch.counts.tolist())
 
 
 def test_the_first_status_tells_the_router_the_instance_exists(instance) -> None:  # type: ignore[no-untyped-def]

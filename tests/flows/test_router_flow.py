@@ -20,6 +20,7 @@ from bus.messages import (
     RouterStatus,
     RoutingRecord,
     SyncCommand,
+    TokenBatch,
     TokenChunk,
     TrajectoryDone,
     WeightsLoaded,
@@ -122,6 +123,35 @@ def test_an_interrupted_trajectory_continues_from_its_tokens_at_its_version() ->
     assert again.request_id == 0 and again.pinned_version == 0  # V_traj stays
     assert again.generated_token_ids.tolist() == list(range(10, 15)) and again.generated_versions.tolist() == [0] * 5
     assert flow.tracker.num_loopbacks == 1
+
+
+def test_a_token_batch_extends_each_of_its_requests_and_a_malformed_one_is_counted() -> None:
+    flow = _router()
+    for index in range(2):
+        _submit(flow, index)
+    live = sorted(flow.tracker.live)[:2]
+    batch = TokenBatch(
+        request_ids=np.array(live, np.int64),
+        counts=np.array([3, 2], np.int32),
+        token_ids=np.array([1, 2, 3, 7, 8], np.int32),
+        logprobs=np.zeros(5, np.float32),
+        versions=np.zeros(5, np.int32),
+        instance="rollout-0",
+    )
+    flow.handle(batch, 0.5)
+    assert flow.tracker.live[live[0]].token_ids.tolist() == [1, 2, 3]
+    assert flow.tracker.live[live[1]].token_ids.tolist() == [7, 8]
+    broken = TokenBatch(
+        request_ids=batch.request_ids,
+        counts=np.array([3, 9], np.int32),
+        token_ids=batch.token_ids,
+        logprobs=batch.logprobs,
+        versions=batch.versions,
+        instance="rollout-0",
+    )
+    flow.handle(broken, 0.6)
+    assert flow.counters["malformed_token_batches"] == 1
+    assert flow.tracker.live[live[1]].token_ids.tolist() == [7, 8]
 
 
 def test_without_partial_rollout_an_interrupted_trajectory_starts_over() -> None:

@@ -40,3 +40,10 @@ def test_gpu_weights_are_staged_in_pinned_host_memory() -> None:
     staged = HostStaging().stage(weights)
     assert staged["w"].device.type == "cpu" and staged["w"].is_pinned()
     assert torch.equal(staged["w"], weights["w"].cpu())
+
+
+def test_cast_to_the_serving_dtype_matches_the_shards_cast_and_keeps_integers() -> None:
+    weights = {"w": torch.randn(16, 8), "steps": torch.arange(5)}
+    staged = HostStaging(cast_to=torch.bfloat16).stage(weights)
+    assert staged["w"].dtype == torch.bfloat16 and torch.equal(staged["w"], weights["w"].to(torch.bfloat16))
+    assert staged["steps"] is weights["steps"]

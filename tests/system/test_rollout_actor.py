@@ -21,7 +21,7 @@ from bus.messages import (
     Resume,
     SamplingParams,
     Shutdown,
-    TokenChunk,
+    TokenBatch,
 )
 from launch.plan import ActorSpec
 from launch.process import start_actor
@@ -114,8 +114,8 @@ def test_streams_tokens_then_a_complete_result(instance) -> None:
     link, _, status, _ = instance
     assert status.recv(STARTUP_MS) is not None  # the instance is up and reporting
     send(link, request(1, 40))
-    messages = receive(link, (TokenChunk, GenerateResult))
-    chunks = [m for m in messages if isinstance(m, TokenChunk)]
+    messages = receive(link, (TokenBatch, GenerateResult))
+    chunks = [m for m in messages if isinstance(m, TokenBatch)]
     result = next(m for m in messages if isinstance(m, GenerateResult))
     assert result.finish_reason == FinishReason.LENGTH and len(result.token_ids) == 40
     streamed = np.concatenate([c.token_ids for c in chunks]).tolist()
@@ -129,9 +129,9 @@ def test_abort_returns_the_tokens_so_far_and_pause_stops_progress(instance) -> N
     publisher.publish(Pause(targets=["rollout-0"]))
     time.sleep(0.5)
     send(link, request(2, 500))
-    assert not drain(link, 1.0, (TokenChunk, GenerateResult)), "a paused instance generated tokens"
+    assert not drain(link, 1.0, (TokenBatch, GenerateResult)), "a paused instance generated tokens"
     publisher.publish(Resume(targets=["rollout-0"]))
-    first = receive_first(link, TokenChunk)
+    first = receive_first(link, TokenBatch)
     # pause at once: 500 tokens at batch 1 take well under a second, so an abort sent while the
     # instance still generates could find the request already finished
     publisher.publish(Pause(targets=["rollout-0"]))

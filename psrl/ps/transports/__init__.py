@@ -6,8 +6,8 @@ from typing import Literal
 
 from psrl.ps.transports.base import PullDataPlane, PushDataPlane, ShardDataPlane, TransportError
 
-TransportName = Literal["zmq", "nixl", "torch_dist"]
-TRANSPORTS: tuple[TransportName, ...] = ("zmq", "nixl", "torch_dist")
+TransportName = Literal["zmq", "shm", "nixl", "torch_dist"]
+TRANSPORTS: tuple[TransportName, ...] = ("zmq", "shm", "nixl", "torch_dist")
 
 
 def shard_plane(name: str, host: str = "127.0.0.1") -> ShardDataPlane:
@@ -15,6 +15,10 @@ def shard_plane(name: str, host: str = "127.0.0.1") -> ShardDataPlane:
         from psrl.ps.transports.zmq_frames import ZmqShardDataPlane
 
         return ZmqShardDataPlane()
+    if name == "shm":
+        from psrl.ps.transports.shm import ShmShardDataPlane
+
+        return ShmShardDataPlane()
     if name == "nixl":
         from psrl.ps.transports.nixl import NixlShardDataPlane
 
@@ -31,6 +35,10 @@ def push_plane(name: str, host: str = "127.0.0.1") -> PushDataPlane:
         from psrl.ps.transports.zmq_frames import ZmqPushDataPlane
 
         return ZmqPushDataPlane()
+    if name == "shm":
+        from psrl.ps.transports.shm import ShmPushDataPlane
+
+        return ShmPushDataPlane()
     if name == "nixl":
         from psrl.ps.transports.nixl import NixlPushDataPlane
 
@@ -42,11 +50,16 @@ def push_plane(name: str, host: str = "127.0.0.1") -> PushDataPlane:
     raise ValueError(f"unknown PS transport {name!r}; choose one of {TRANSPORTS}")
 
 
-def pull_plane(name: str, host: str = "127.0.0.1") -> PullDataPlane:
+def pull_plane(name: str, host: str = "127.0.0.1", pin_memory: bool = False) -> PullDataPlane:
+    """``pin_memory``: the puller feeds a CUDA engine (transports that map memory pin it)."""
     if name == "zmq":
         from psrl.ps.transports.zmq_frames import ZmqPullDataPlane
 
         return ZmqPullDataPlane()
+    if name == "shm":
+        from psrl.ps.transports.shm import ShmPullDataPlane
+
+        return ShmPullDataPlane(pin_memory=pin_memory)
     if name == "nixl":
         from psrl.ps.transports.nixl import NixlPullDataPlane
 

@@ -32,6 +32,15 @@ class TransportError(RuntimeError):
     """A transfer failed on the data plane (the push or pull it belongs to fails and is retried)."""
 
 
+def heap_bytes(size: int) -> tuple[np.ndarray, Any]:
+    """Plain process memory (the default backing of a shard's version buffer)."""
+    return np.empty(size, dtype=np.uint8), None
+
+
+# size -> (backing bytes, transport handle): where a shard's version buffers live.
+Allocator = Callable[[int], "tuple[np.ndarray, Any]"]
+
+
 @dataclass
 class EntryBuffers:
     """The bytes of one version on one shard, entry by entry, in one contiguous buffer.
@@ -49,12 +58,16 @@ class EntryBuffers:
 
     @classmethod
     def contiguous(
-        cls, entries: Sequence[ManifestEntry], backing: np.ndarray | None = None, handle: Any = None
+        cls,
+        entries: Sequence[ManifestEntry],
+        backing: np.ndarray | None = None,
+        handle: Any = None,
+        allocate: Allocator | None = None,
     ) -> EntryBuffers:
         """Entries laid out by aligned offsets (the shard layout), in ``backing`` or a new buffer."""
         offsets, size = shard_offsets(e.num_bytes for e in entries)
         if backing is None or backing.nbytes != max(size, 1):
-            backing, handle = np.empty(max(size, 1), dtype=np.uint8), None
+            backing, handle = (allocate or heap_bytes)(max(size, 1))
         whole = backing.data
         views = {e.index: whole[o : o + e.num_bytes] for e, o in zip(entries, offsets, strict=True)}
         offset_of = {e.index: o for e, o in zip(entries, offsets, strict=True)}
@@ -89,8 +102,9 @@ class BufferPool:
     buffer is reused only once no zero-copy send still reads it (a slow reader keeps its buffer).
     """
 
-    def __init__(self, max_spare: int = 2) -> None:
+    def __init__(self, max_spare: int = 2, allocate: Allocator | None = None) -> None:
         self.max_spare = max_spare
+        self._allocate = allocate
         self._spare: list[EntryBuffers] = []
         self.num_reused = 0
 
@@ -101,7 +115,7 @@ class BufferPool:
                 del self._spare[i]
                 self.num_reused += 1
                 return EntryBuffers.contiguous(entries, backing=spare.backing, handle=spare.handle)
-        return EntryBuffers.contiguous(entries)
+        return EntryBuffers.contiguous(entries, allocate=self._allocate)
 
     def give(self, buffers: EntryBuffers) -> list[EntryBuffers]:
         """Keep ``buffers`` for reuse; returns the buffers evicted to make room (their owner frees them)."""
@@ -213,6 +227,9 @@ class PushDataPlane(ABC):
 class PullDataPlane(ABC):
     name: ClassVar[str]
     is_in_band: ClassVar[bool]
+    # Landed views are the shard's own memory, mapped (not the destinations): the puller reads them
+    # in place, copying only what it must keep (its mirror).
+    lands_in_place: ClassVar[bool] = False
 
     @abstractmethod
     def request(

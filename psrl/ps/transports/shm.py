@@ -1,0 +1,363 @@
+"""POSIX shared memory on one host: a pull is a mapped read, a push one copy into the shard.
+
+Each shard keeps every version buffer in its own file under ``/dev/shm`` (``psrl-ps-<pid>-...``)
+and advertises, in its ``PushReady`` and ``ManifestReply`` offers, the file and each entry's byte
+range. Push: the pusher maps the shard's incoming file and copies its tensors' bytes into it in
+buckets, telling the shard after each bucket (``PushWritten``), so the shard verifies one bucket
+while the next is copied. Pull: the puller maps the file and hands the engine views of the shard's
+own pages (whole tensors, no copy on the host); what it must keep (its delta-sync mirror, blocks of
+split tensors) it copies out. As with NIXL's one-sided reads the shard cannot see a pull, so the
+puller confirms with a ``LiveCheck`` afterwards that the version was not retired meanwhile (and
+every entry is checked against its checksum before it is handed out).
+
+ZeroMQ still carries every control message; across hosts use ``zmq`` or ``nixl`` (a puller that
+cannot open the file fails its pull with a ``TransportError`` that says so). Files of shards that
+died without cleaning up are removed by the next shard that starts on the host.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import mmap
+import os
+import re
+import uuid
+from collections import OrderedDict
+from collections.abc import Sequence
+from pathlib import Path
+from typing import ClassVar
+
+import msgspec
+import numpy as np
+import zmq
+
+from psrl.log import get_logger
+from psrl.ps import links
+from psrl.ps.dtypes import copy_bytes
+from psrl.ps.manifest import ManifestEntry
+from psrl.ps.protocol import PullError, PullRequest, PushBegin, PushWritten
+from psrl.ps.transports.base import (
+    BufferPool,
+    EntryBuffers,
+    Landed,
+    PullDataPlane,
+    PushDataPlane,
+    Replier,
+    ShardDataPlane,
+    SparseSource,
+    TransportError,
+)
+
+PREFIX = "psrl-ps-"
+_OWNED = re.compile(rf"^{PREFIX}(\d+)-")
+# A push tells the shard after every this many bytes, so copying and verifying overlap.
+BUCKET_BYTES = 64 << 20
+# Mappings a pusher or puller keeps open: every shard cycles through three or four files (incoming,
+# latest, previous, a spare), and re-mapping (re-pinning) a file on every pull costs seconds at 7B.
+MAX_MAPPINGS = 64
+
+
+def shm_directory() -> Path:
+    """``$PSRL_SHM_DIR``, else ``/dev/shm`` where it exists (Linux), else the temporary directory."""
+    chosen = os.environ.get("PSRL_SHM_DIR")
+    if chosen:
+        return Path(chosen)
+    shm = Path("/dev/shm")
+    return shm if shm.is_dir() and os.access(shm, os.W_OK) else Path(os.environ.get("TMPDIR", "/tmp"))
+
+
+class _Offer(msgspec.Struct, array_like=True, frozen=True):
+    path: str
+    size: int
+    ranges: dict[int, tuple[int, int]]  # entry index -> (byte offset, bytes)
+
+
+class Segment:
+    """One version buffer: a shared-memory file this process created, mapped read-write."""
+
+    _numbers = itertools.count()
+
+    def __init__(self, directory: Path, size: int) -> None:
+        self.path = str(directory / f"{PREFIX}{os.getpid()}-{next(self._numbers)}-{uuid.uuid4().hex[:8]}")
+        fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+        try:
+            _reserve(fd, self.path, size)
+            self.map = mmap.mmap(fd, size, access=mmap.ACCESS_WRITE)
+        finally:
+            os.close(fd)
+        self.size = size
+        self.array = np.frombuffer(self.map, dtype=np.uint8)
+
+    def unlink(self) -> None:
+        """Remove the file; the memory goes once every mapping of it (here and in pullers) is gone."""
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path)
+
+
+def _reserve(fd: int, path: str, size: int) -> None:
+    """Give the file its pages now: a shared-memory file short of space would kill a writer (SIGBUS) later."""
+    try:
+        os.posix_fallocate(fd, 0, size)
+    except OSError as exc:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        free = os.statvfs(Path(path).parent)
+        raise TransportError(
+            f"cannot reserve {size / 1e9:.2f} GB of shared memory in {Path(path).parent} "
+            f"({free.f_bavail * free.f_frsize / 1e9:.2f} GB free): {exc.strerror}. A shard holds up to four "
+            "versions of its part; enlarge /dev/shm (docker: --shm-size) or set PSRL_SHM_DIR to a larger tmpfs"
+        ) from None
+
+
+def remove_stale_segments(directory: Path) -> int:
+    """Delete segment files of processes that no longer exist on this host; returns how many."""
+    removed = 0
+    for path in directory.glob(f"{PREFIX}*"):
+        match = _OWNED.match(path.name)
+        if match is None or _is_alive(int(match.group(1))):
+            continue
+        try:
+            path.unlink()
+            removed += 1
+        except OSError:
+            pass
+    return removed
+
+
+def _is_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+# cudaHostRegister flags: portable to every context, and read-only, so pinning a copy-on-write
+# mapping neither copies its pages nor asks for write access to the shard's file.
+_HOST_REGISTER_PORTABLE, _HOST_REGISTER_READ_ONLY = 0x01, 0x08
+
+
+class _Mappings:
+    """Files of other processes, mapped on first use and kept (up to ``MAX_MAPPINGS``, oldest dropped).
+
+    ``pin``: register each read-only mapping with CUDA, so an engine's host-to-device copies of the
+    views run at pinned-memory speed (registration costs once per file: shards reuse their files).
+    """
+
+    def __init__(self, writable: bool, pin: bool = False) -> None:
+        self.writable = writable
+        self.pin = pin and not writable
+        self.num_pin_failures = 0
+        self._maps: OrderedDict[str, memoryview] = OrderedDict()
+        self._pinned: dict[str, int] = {}
+        self._log = get_logger("psrl.ps.shm")
+
+    def view(self, path: str, size: int) -> memoryview:
+        view = self._maps.get(path)
+        if view is not None:
+            self._maps.move_to_end(path)
+            return view
+        self._forget_removed()
+        view = self._open(path, size)
+        self._maps[path] = view
+        if self.pin:
+            self._register(path, view)
+        while len(self._maps) > MAX_MAPPINGS:
+            old, _ = self._maps.popitem(last=False)  # unmapped once no view of it is alive
+            self._unregister(old)
+        return view
+
+    def _forget_removed(self) -> None:
+        """Drop mappings of files their shard removed: a mapping would keep their memory alive."""
+        for path in [p for p in self._maps if not os.path.exists(p)]:
+            self._unregister(path)
+            del self._maps[path]
+
+    def _register(self, path: str, view: memoryview) -> None:
+        import torch
+
+        address = int(np.frombuffer(view, dtype=np.uint8).ctypes.data)
+        flags = _HOST_REGISTER_PORTABLE | _HOST_REGISTER_READ_ONLY
+        error = torch.cuda.cudart().cudaHostRegister(address, len(view), flags)  # type: ignore[no-untyped-call]
+        if int(error) != 0:
+            self.num_pin_failures += 1
+            self._log.warning("ps.shm_pin_failed", path=path, bytes=len(view), cuda_error=int(error))
+            return
+        self._pinned[path] = address
+
+    def _unregister(self, path: str) -> None:
+        address = self._pinned.pop(path, None)
+        if address is not None:
+            import torch
+
+            torch.cuda.cudart().cudaHostUnregister(address)  # type: ignore[no-untyped-call]
+
+    def _open(self, path: str, size: int) -> memoryview:
+        name = Path(path).name
+        if not name.startswith(PREFIX) or "/" in name:
+            raise TransportError(f"shared-memory offer names {path!r}, not a psrl segment")
+        try:
+            fd = os.open(path, os.O_RDWR if self.writable else os.O_RDONLY)
+        except FileNotFoundError:
+            raise TransportError(
+                f"shared-memory segment {path} is gone: the shard retired that version, or it runs on another "
+                "host (psrl.ps.transport=shm works within one host; use zmq or nixl across hosts)"
+            ) from None
+        try:
+            if os.fstat(fd).st_size != size:
+                raise TransportError(
+                    f"shared-memory segment {path} has {os.fstat(fd).st_size} bytes, offer says {size}"
+                )
+            # Pullers map copy-on-write: writable views for torch, and no write can reach the shard.
+            access = mmap.ACCESS_WRITE if self.writable else mmap.ACCESS_COPY
+            return memoryview(mmap.mmap(fd, size, access=access))
+        finally:
+            os.close(fd)
+
+    def clear(self) -> None:
+        for path in list(self._pinned):
+            self._unregister(path)
+        self._maps.clear()
+
+
+def _decode(offer: bytes) -> _Offer:
+    try:
+        return msgspec.msgpack.decode(offer, type=_Offer)
+    except msgspec.DecodeError as exc:
+        raise TransportError(f"malformed shared-memory offer: {exc}") from None
+
+
+def _range(offer: _Offer, entry: ManifestEntry) -> tuple[int, int]:
+    found = offer.ranges.get(entry.index)
+    if found is None or found[1] != entry.num_bytes or found[0] + found[1] > offer.size:
+        raise TransportError(f"shared-memory offer has no valid range for entry {entry.index} ({entry.name})")
+    return found
+
+
+class ShmShardDataPlane(ShardDataPlane):
+    name: ClassVar[str] = "shm"
+    is_in_band: ClassVar[bool] = False
+
+    def __init__(self, directory: Path | None = None) -> None:
+        self.directory = directory or shm_directory()
+        self.num_stale_removed = remove_stale_segments(self.directory)
+        self._segments: dict[str, Segment] = {}
+        # One spare, not two: a shared-memory version is a whole model part held in RAM.
+        self.pool = BufferPool(max_spare=1, allocate=self._allocate)
+
+    def _allocate(self, size: int) -> tuple[np.ndarray, Segment]:
+        segment = Segment(self.directory, size)
+        self._segments[segment.path] = segment
+        return segment.array, segment
+
+    def allocate(self, entries: Sequence[ManifestEntry]) -> EntryBuffers:
+        return self.pool.take(entries)
+
+    def _offer(self, buffers: EntryBuffers) -> bytes:
+        segment: Segment = buffers.handle
+        ranges = {i: (buffers.offsets[i], len(v)) for i, v in buffers.views.items()}
+        return msgspec.msgpack.encode(_Offer(segment.path, segment.size, ranges))
+
+    def push_offer(self, buffers: EntryBuffers, begin: PushBegin, key: int) -> bytes:
+        return self._offer(buffers)
+
+    def pull_offer(self, buffers: EntryBuffers) -> bytes:
+        return self._offer(buffers)
+
+    def serve(
+        self,
+        reply: Replier,
+        request: PullRequest,
+        entries: Sequence[ManifestEntry],
+        buffers: EntryBuffers,
+        sparse: SparseSource | None = None,
+    ) -> None:
+        reply(PullError(request.request_id, request.version, "shm pulls read shard memory directly"), None)
+
+    def release(self, buffers: EntryBuffers) -> None:
+        for evicted in self.pool.give(buffers):
+            segment = self._segments.pop(evicted.handle.path, None)
+            if segment is not None:
+                segment.unlink()
+
+    def close(self) -> None:
+        for segment in self._segments.values():
+            segment.unlink()
+        self._segments.clear()
+
+
+class ShmPushDataPlane(PushDataPlane):
+    name: ClassVar[str] = "shm"
+
+    def __init__(self, bucket_bytes: int = BUCKET_BYTES) -> None:
+        self.bucket_bytes = bucket_bytes
+        self._maps = _Mappings(writable=True)
+
+    def send(
+        self,
+        sock: zmq.Socket[bytes],
+        begin: PushBegin,
+        offer: bytes,
+        payloads: Sequence[tuple[ManifestEntry, memoryview]],
+    ) -> None:
+        if not payloads:
+            return
+        remote = _decode(offer)
+        target = self._maps.view(remote.path, remote.size)
+        bucket: list[int] = []
+        filled = 0
+        for entry, view in payloads:
+            offset, size = _range(remote, entry)
+            copy_bytes(target[offset : offset + size], view)
+            bucket.append(entry.index)
+            filled += size
+            if filled >= self.bucket_bytes:
+                links.send(sock, PushWritten(begin.version, begin.incarnation, begin.attempt, tuple(bucket)))
+                bucket, filled = [], 0
+        if bucket:
+            links.send(sock, PushWritten(begin.version, begin.incarnation, begin.attempt, tuple(bucket)))
+
+    def close(self) -> None:
+        self._maps.clear()
+
+
+class ShmPullDataPlane(PullDataPlane):
+    name: ClassVar[str] = "shm"
+    is_in_band: ClassVar[bool] = False
+    lands_in_place: ClassVar[bool] = True
+
+    def __init__(self, pin_memory: bool = False) -> None:
+        self._maps = _Mappings(writable=False, pin=pin_memory)
+        self._landed: list[Landed] = []
+
+    @property
+    def needs_live_check(self) -> bool:
+        return True
+
+    def request(
+        self,
+        sock: zmq.Socket[bytes],
+        request: PullRequest,
+        offer: bytes,
+        entries: Sequence[ManifestEntry],
+        destinations: Sequence[memoryview],
+    ) -> None:
+        remote = _decode(offer)
+        mapped = self._maps.view(remote.path, remote.size)
+        for entry in entries:
+            offset, size = _range(remote, entry)
+            self._landed.append(Landed(request.request_id, entry.index, mapped[offset : offset + size]))
+
+    def poll_landed(self) -> list[Landed]:
+        landed, self._landed = self._landed, []
+        return landed
+
+    def finish(self, request_id: int) -> None:
+        self._landed = [landed for landed in self._landed if landed.key != request_id]
+
+    def close(self) -> None:
+        self._landed.clear()
+        self._maps.clear()
