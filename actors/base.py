@@ -90,6 +90,8 @@ class Actor:
     """Base class of every actor. Subclasses set ROLE and override setup / step / teardown."""
 
     ROLE: ClassVar[str] = ""
+    # whether setup binds a request socket at the actor's own endpoint (announced in Hello)
+    SERVES_REQUESTS: ClassVar[bool] = False
 
     def __init__(self, boot: Boot) -> None:
         self.boot = boot
@@ -239,7 +241,7 @@ class Actor:
                     pid=os.getpid(),
                     protocol_major=PROTOCOL_VERSION[0],
                     protocol_minor=PROTOCOL_VERSION[1],
-                    request_address=self.boot.endpoints.get(self.name, ""),
+                    request_address=self.boot.endpoints.get(self.name, "") if self.SERVES_REQUESTS else "",
                 )
             )
             self._start_heartbeat()

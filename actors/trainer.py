@@ -25,6 +25,7 @@ from psrl.trainer import ParallelContext, TrainerCore, latest_checkpoint
 
 class TrainerActor(FlowActor):
     ROLE = "trainer"
+    SERVES_REQUESTS = True
     FLOW = TrainerFlow
     flow: TrainerFlow
 
