@@ -56,19 +56,22 @@ class BusFuzzer:
         return thread
 
     def targets(self) -> list[Target]:
+        """Every socket the run binds: the point-to-point ones first (their owners count each frame),
+        then the proxies (which fan out to every subscriber)."""
         sup = self.supervisor
-        found = [
-            Target("proxy", "events_in", sup.addresses.events_in, zmq.PUB),
-            Target("proxy", "control_in", sup.addresses.control_in, zmq.PUB),
-            Target("proxy", "events_out", sup.addresses.events_out, zmq.XSUB),
-        ]
+        found = []
         for spec in sup.specs:
             if spec.role in ("router", "trainer"):
                 found.append(Target(spec.name, "link", sup.endpoints[spec.name], zmq.DEALER))
             elif spec.role == "ps":
                 found.append(Target(spec.name, "push", sup.endpoints[spec.name], zmq.DEALER))
                 found.append(Target(spec.name, "pull", sup.endpoints[f"{spec.name}.1"], zmq.DEALER))
-        return found
+        return [
+            *found,
+            Target("proxy", "events_in", sup.addresses.events_in, zmq.PUB),
+            Target("proxy", "control_in", sup.addresses.control_in, zmq.PUB),
+            Target("proxy", "events_out", sup.addresses.events_out, zmq.XSUB),
+        ]
 
     def _run(self) -> None:
         try:

@@ -50,6 +50,7 @@ class FuzzOutcome:
     replay: dict[str, tuple[int, int]]  # checker -> (agree, decisions)
     error: str | None
     run_dir: Path
+    num_targets: int
 
 
 def run_fuzz(config: Config, frames: int, seed: int, root: Path) -> FuzzOutcome:
@@ -75,6 +76,7 @@ def run_fuzz(config: Config, frames: int, seed: int, root: Path) -> FuzzOutcome:
         {c.name: (c.agreement.num_agree, c.agreement.num_decisions - c.agreement.num_skipped) for c in report.checkers},
         fuzzer.error,
         supervisor.run_dir.path,
+        len(fuzzer.targets()),
     )
 
 
@@ -82,7 +84,8 @@ def counted_by(outcome: FuzzOutcome, result: TargetResult) -> int:
     """Drops the socket's owner reported for that socket (the proxies: every subscriber, summed)."""
     owner, label = result.target.owner, result.target.label
     if owner == "proxy":
-        return sum(n for counts in outcome.drops.values() for key, n in counts.items() if ":events:" in key)
+        marks = (":control:",) if label == "control_in" else (":events:", "event-logger:")
+        return sum(n for counts in outcome.drops.values() for key, n in counts.items() if any(m in key for m in marks))
     prefix = f"{owner}:ps:" if label in ("push", "pull") else f"{owner}:link:"
     return sum(n for key, n in outcome.drops.get(owner, {}).items() if key.startswith(prefix))
 
@@ -126,6 +129,7 @@ def result_line(outcome: FuzzOutcome) -> str:
     total = sum(t for _, t in outcome.replay.values())
     return (
         f"RESULT frames={sum(r.sent for r in outcome.results)} sockets={len(outcome.results)} "
+        f"sockets_bound={outcome.num_targets} "
         f"crashes={outcome.deaths} restarts={outcome.restarts} uncounted={uncounted(outcome)} "
         f"max_rss_growth_mib={max(outcome.rss_growth.values(), default=0) / MIB:.1f} "
         f"run_ok={int(outcome.exit_code == EXIT_OK)} replay_agreement={agree / total if total else float('nan'):.4f}"
@@ -134,7 +138,7 @@ def result_line(outcome: FuzzOutcome) -> str:
 
 def main(argv: Any = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="2k frames per socket, 3 training steps")
+    parser.add_argument("--quick", action="store_true", help="2k frames per socket, 8 training steps")
     parser.add_argument("--frames", type=int, default=None, help="frames per socket")
     parser.add_argument("--steps", type=int, default=None, help="training steps of the run")
     parser.add_argument("--seed", type=int, default=1)
@@ -143,7 +147,7 @@ def main(argv: Any = None) -> None:
     args = parser.parse_args(argv)
     configure("warning")
     frames = args.frames or (2000 if args.quick else 100_000)
-    steps = args.steps or (3 if args.quick else 6)
+    steps = args.steps or (8 if args.quick else 30)  # the run must outlast the fuzzing
     config = checked(load_config("demo", [*WORKLOAD, f"trainer.total_steps={steps}", *args.overrides]))
     outcome = run_fuzz(config, frames, args.seed, args.root or Path(tempfile.mkdtemp(prefix="psrl-fuzz-")))
     print_outcome(outcome)

@@ -54,7 +54,10 @@ def healthy() -> Log:
         log.add("router", Reserve(prompt_id, 0, 1, -1))
     log.add("router", GroupDrop(2, "no_room"))
     for request_id, prompt_id in ((0, 0), (1, 1)):
-        log.add("router", TrajectoryDone(request_id, prompt_id, 0, **tokens([0, 0, 1]), finish_reason=FinishReason.STOP, instance="rollout-0"))  # fmt: skip
+        done = TrajectoryDone(
+            request_id, prompt_id, 0, **tokens([0, 0, 1]), finish_reason=FinishReason.STOP, instance="rollout-0"
+        )
+        log.add("router", done)
     log.add("coordinator", TrainBatch(1, 0, [0, 1], 2, 6, 0))
     log.add("trainer-0", TrainerProgress(1, 1, 2))
     log.add("ps-1", ShardStored(1, 1, 3, 10, "d1"))
