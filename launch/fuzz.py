@@ -9,6 +9,10 @@ event log says whether anyone died or restarted, and each actor's `actor.drops` 
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -21,6 +25,9 @@ from psrl.reliability.hostile import HostileFrames
 
 SEND_TIMEOUT_MS = 2000  # a peer that stops reading blocks a DEALER: give up on that frame instead
 START_WAIT_S = 900.0
+CLOSE_LINGER_MS = 30_000
+SENDER_TIMEOUT_S = 1800.0
+DRAIN_S = 1.0  # for the receiver to work through the last frames before its memory is sampled
 
 
 @dataclass(frozen=True)
@@ -37,6 +44,7 @@ class TargetResult:
     sent: int = 0
     unsent: int = 0  # frames the socket would not take within SEND_TIMEOUT_MS (backpressure)
     seconds: float = 0.0
+    rss_growth: int = 0  # the owner's resident memory after the frames (drained) minus before
 
 
 @dataclass
@@ -45,8 +53,6 @@ class BusFuzzer:
     frames_per_target: int
     seed: int = 0
     results: list[TargetResult] = field(default_factory=list)
-    rss_before: dict[str, int] = field(default_factory=dict)
-    rss_after: dict[str, int] = field(default_factory=dict)
     done: threading.Event = field(default_factory=threading.Event)
     error: str | None = None
 
@@ -78,18 +84,10 @@ class BusFuzzer:
             if not self._wait_serving():
                 self.error = "the run never had every actor serving"
                 return
-            self.rss_before = self._rss()
-            frames = HostileFrames(self.seed, max_message_bytes=self.supervisor.settings.max_message_bytes)
-            ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
-            try:
-                for target in self.targets():
-                    if self.supervisor.is_stopping:
-                        break
-                    self.results.append(self._fuzz(ctx, target, frames))
-            finally:
-                ctx.destroy(linger=0)
-            time.sleep(2.0)  # let the receivers drain before sampling memory
-            self.rss_after = self._rss()
+            for target in self.targets():
+                if self.supervisor.is_stopping:
+                    break
+                self.results.append(self._fuzz(target))
         except Exception as exc:  # reported by the tool; the run itself goes on
             self.error = repr(exc)
         finally:
@@ -105,28 +103,29 @@ class BusFuzzer:
             time.sleep(0.1)
         return False
 
-    def _fuzz(self, ctx: zmq.Context[zmq.Socket[bytes]], target: Target, frames: HostileFrames) -> TargetResult:
+    def _fuzz(self, target: Target) -> TargetResult:
+        """Send the frames from a process of their own, as an outside attacker would (a sender
+        thread here would compete with the supervisor's watch loop for this process)."""
         result = TargetResult(target)
-        sock = ctx.socket(target.socket_type)
-        sock.sndtimeo = SEND_TIMEOUT_MS
-        sock.linger = 0
-        sock.connect(target.address)
-        time.sleep(0.2)  # the connection (and, for a PUB, the proxy's subscriptions) comes up
-        started = time.monotonic()
-        for message in frames.frames(self.frames_per_target):
-            try:
-                sock.send_multipart(message)
-                result.sent += 1
-            except zmq.Again:
-                result.unsent += 1
-            if self.supervisor.is_stopping:
-                break
-        result.seconds = time.monotonic() - started
-        sock.close(linger=0)
+        rss_before = self._rss(target.owner)
+        limit = self.supervisor.settings.max_message_bytes
+        args = [target.address, target.socket_type, self.frames_per_target, self.seed, limit]
+        command = [sys.executable, "-m", "launch.fuzz", *map(str, args)]
+        done = subprocess.run(command, capture_output=True, text=True, check=False, timeout=SENDER_TIMEOUT_S)
+        if done.returncode != 0:
+            raise RuntimeError(f"fuzz sender for {target.owner}:{target.label} failed: {done.stderr[-500:]}")
+        counts = json.loads(done.stdout.strip().splitlines()[-1])
+        result.sent, result.unsent, result.seconds = counts["sent"], counts["unsent"], counts["seconds"]
+        time.sleep(DRAIN_S)
+        result.rss_growth = self._rss(target.owner) - rss_before
         return result
 
-    def _rss(self) -> dict[str, int]:
-        return {name: _rss_bytes(p.pid) for name, p in self.supervisor.processes.items() if p.poll() is None}
+    def _rss(self, owner: str) -> int:
+        """Resident bytes of the socket's owner (the proxies run in this process)."""
+        if owner == "proxy":
+            return _rss_bytes(os.getpid())
+        process = self.supervisor.processes.get(owner)
+        return _rss_bytes(process.pid) if process is not None else 0
 
 
 def _rss_bytes(pid: int) -> int:
@@ -137,3 +136,28 @@ def _rss_bytes(pid: int) -> int:
     except OSError:
         pass
     return 0
+
+
+def send_hostile(address: str, socket_type: int, count: int, seed: int, max_message_bytes: int) -> dict[str, float]:
+    """Connect to ``address`` as a peer would and send ``count`` hostile frames (the sender process)."""
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    sock = ctx.socket(socket_type)
+    sock.sndtimeo = SEND_TIMEOUT_MS
+    sock.connect(address)
+    time.sleep(0.2)  # the connection (and, for a PUB, the proxy's subscriptions) comes up
+    sent = unsent = 0
+    started = time.monotonic()
+    for message in HostileFrames(seed, max_message_bytes=max_message_bytes).frames(count):
+        try:
+            sock.send_multipart(message)
+            sent += 1
+        except zmq.Again:  # the receiver is not keeping up: backpressure, not a loss of the receiver's
+            unsent += 1
+    sock.close(linger=CLOSE_LINGER_MS)  # deliver what is queued: a frame never sent is not the receiver's to count
+    ctx.term()
+    return {"sent": sent, "unsent": unsent, "seconds": time.monotonic() - started}
+
+
+if __name__ == "__main__":
+    address, kind, num, seed_arg, limit = sys.argv[1:6]
+    print(json.dumps(send_hostile(address, int(kind), int(num), int(seed_arg), int(limit))))

@@ -209,6 +209,8 @@ class Supervisor:
                 # the router's ledger and the coordinator's buffers and prompt cursor continue from here
                 "initial_version": self.resume.version,
                 "first_prompt_id": self.resume.next_prompt_id,
+                # a replacement within this launch: the rest of the run is ahead of its checkpoint
+                "restarted": incarnation % INCARNATIONS_PER_LAUNCH > 0,
                 **_placement(spec, self.config),
                 **self.actor_options.get(spec.name, {}),
             },

@@ -46,7 +46,6 @@ class FuzzOutcome:
     drops: dict[str, dict[str, int]]  # actor -> its last reported counts
     deaths: int
     restarts: int
-    rss_growth: dict[str, int]
     replay: dict[str, tuple[int, int]]  # checker -> (agree, decisions)
     error: str | None
     run_dir: Path
@@ -72,7 +71,6 @@ def run_fuzz(config: Config, frames: int, seed: int, root: Path) -> FuzzOutcome:
         drops,
         sum(isinstance(e.message, ActorExited) for e in events),
         sum(isinstance(e.message, ActorRestarted) for e in events),
-        {n: fuzzer.rss_after.get(n, 0) - b for n, b in fuzzer.rss_before.items()},
         {c.name: (c.agreement.num_agree, c.agreement.num_decisions - c.agreement.num_skipped) for c in report.checkers},
         fuzzer.error,
         supervisor.run_dir.path,
@@ -109,13 +107,12 @@ def uncounted(outcome: FuzzOutcome) -> int:
 
 
 def print_outcome(outcome: FuzzOutcome) -> None:
-    print(f"{'socket':<22}{'sent':>9}{'unsent':>8}{'frames/s':>10}{'counted':>10}")
+    print(f"{'socket':<22}{'sent':>9}{'unsent':>8}{'frames/s':>10}{'counted':>10}{'rss MiB':>10}")
     for r in outcome.results:
         name = f"{r.target.owner}:{r.target.label}"
         rate = r.sent / r.seconds if r.seconds else 0.0
-        print(f"{name:<22}{r.sent:>9}{r.unsent:>8}{rate:>10.0f}{counted_by(outcome, r):>10}")
-    growth = ", ".join(f"{n} {v / MIB:+.1f}" for n, v in sorted(outcome.rss_growth.items()))
-    print(f"resident memory change (MiB): {growth}")
+        growth = r.rss_growth / MIB
+        print(f"{name:<22}{r.sent:>9}{r.unsent:>8}{rate:>10.0f}{counted_by(outcome, r):>10}{growth:>+10.1f}")
     print(f"replay agreement: {outcome.replay}")
     verdict = "finished" if outcome.exit_code == EXIT_OK else f"exit {outcome.exit_code}"
     print(
@@ -131,7 +128,7 @@ def result_line(outcome: FuzzOutcome) -> str:
         f"RESULT frames={sum(r.sent for r in outcome.results)} sockets={len(outcome.results)} "
         f"sockets_bound={outcome.num_targets} "
         f"crashes={outcome.deaths} restarts={outcome.restarts} uncounted={uncounted(outcome)} "
-        f"max_rss_growth_mib={max(outcome.rss_growth.values(), default=0) / MIB:.1f} "
+        f"max_rss_growth_mib={max((r.rss_growth for r in outcome.results), default=0) / MIB:.1f} "
         f"run_ok={int(outcome.exit_code == EXIT_OK)} replay_agreement={agree / total if total else float('nan'):.4f}"
     )
 
