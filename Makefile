@@ -8,7 +8,7 @@ VLLM_VENV := .venv-vllm
 VLLM_BIN := $(VLLM_VENV)/bin
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: install install-vllm check lint imports types test test-slow test-multihost test-wheel test-vllm test-all demo docs bench clean
+.PHONY: install install-vllm check lint imports types test test-slow chaos chaos-full fuzz test-multihost test-wheel test-vllm test-all demo docs bench clean
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -42,10 +42,22 @@ types: install
 check: lint imports types
 
 test: check
-	$(PYTEST) -m "not slow and not multihost and not packaging and not vllm"
+	$(PYTEST) -m "not slow and not chaos and not multihost and not packaging and not vllm"
 
 test-slow: install
 	$(PYTEST) -m "slow and not vllm"
+
+# fault injection (SIGKILL / SIGSTOP of actors at seeded random times) and socket fuzzing on real runs
+chaos: install
+	$(PYTEST) -m chaos
+	$(BIN)/python tools/chaos.py --quick
+
+# >= 200 faults: 25 runs of 8 (an hour or more on 2 cores); figures in docs/reliability.md
+chaos-full: install
+	$(BIN)/python tools/chaos.py --cases 25 --faults 8
+
+fuzz: install
+	$(BIN)/python tools/fuzz_bus.py
 
 # the vLLM half of the engine suite (and every other vllm-marked test), from the vllm venv
 test-vllm: install-vllm
