@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from launch.supervisor import Supervisor
 from psrl.reliability.faults import KILL, Fault, InjectedFault
 
-READY_WAIT_S = 60.0  # how long a fault waits for its target to serve before it is skipped
+READY_WAIT_S = 240.0  # how long a fault waits for its target to serve before it is skipped (a loaded machine)
 POLL_S = 0.05
 
 
