@@ -21,11 +21,8 @@ from pathlib import Path
 import zmq
 
 from launch.supervisor import Supervisor
-from psrl.reliability.hostile import HostileFrames
 
-SEND_TIMEOUT_MS = 2000  # a peer that stops reading blocks a DEALER: give up on that frame instead
 START_WAIT_S = 900.0
-CLOSE_LINGER_MS = 30_000
 SENDER_TIMEOUT_S = 1800.0
 DRAIN_S = 1.0  # for the receiver to work through the last frames before its memory is sampled
 
@@ -104,13 +101,13 @@ class BusFuzzer:
         return False
 
     def _fuzz(self, target: Target) -> TargetResult:
-        """Send the frames from a process of their own, as an outside attacker would (a sender
-        thread here would compete with the supervisor's watch loop for this process)."""
+        """Send the frames from a process of their own (``psrl.reliability.sender``), as an outside
+        attacker would: a sender thread here would compete with the supervisor's watch loop."""
         result = TargetResult(target)
         rss_before = self._rss(target.owner)
         limit = self.supervisor.settings.max_message_bytes
         args = [target.address, target.socket_type, self.frames_per_target, self.seed, limit]
-        command = [sys.executable, "-m", "launch.fuzz", *map(str, args)]
+        command = [sys.executable, "-m", "psrl.reliability.sender", *map(str, args)]
         done = subprocess.run(command, capture_output=True, text=True, check=False, timeout=SENDER_TIMEOUT_S)
         if done.returncode != 0:
             raise RuntimeError(f"fuzz sender for {target.owner}:{target.label} failed: {done.stderr[-500:]}")
@@ -136,28 +133,3 @@ def _rss_bytes(pid: int) -> int:
     except OSError:
         pass
     return 0
-
-
-def send_hostile(address: str, socket_type: int, count: int, seed: int, max_message_bytes: int) -> dict[str, float]:
-    """Connect to ``address`` as a peer would and send ``count`` hostile frames (the sender process)."""
-    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
-    sock = ctx.socket(socket_type)
-    sock.sndtimeo = SEND_TIMEOUT_MS
-    sock.connect(address)
-    time.sleep(0.2)  # the connection (and, for a PUB, the proxy's subscriptions) comes up
-    sent = unsent = 0
-    started = time.monotonic()
-    for message in HostileFrames(seed, max_message_bytes=max_message_bytes).frames(count):
-        try:
-            sock.send_multipart(message)
-            sent += 1
-        except zmq.Again:  # the receiver is not keeping up: backpressure, not a loss of the receiver's
-            unsent += 1
-    sock.close(linger=CLOSE_LINGER_MS)  # deliver what is queued: a frame never sent is not the receiver's to count
-    ctx.term()
-    return {"sent": sent, "unsent": unsent, "seconds": time.monotonic() - started}
-
-
-if __name__ == "__main__":
-    address, kind, num, seed_arg, limit = sys.argv[1:6]
-    print(json.dumps(send_hostile(address, int(kind), int(num), int(seed_arg), int(limit))))

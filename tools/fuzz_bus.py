@@ -57,7 +57,7 @@ def run_fuzz(config: Config, frames: int, seed: int, root: Path) -> FuzzOutcome:
     fuzzer = BusFuzzer(supervisor, frames, seed)
     fuzzer.start()
     code = supervisor.run()
-    fuzzer.done.wait(30)
+    fuzzer.done.wait(120)  # a sender may still be finishing its socket
     events = [e.event for e in EventLogReader(supervisor.run_dir.events).events()]
     drops: dict[str, dict[str, int]] = {}
     for event in events:
