@@ -1,7 +1,7 @@
 """Hostile input on every socket a live run binds: the proxies, the links served, the PS sockets.
 
 The fuzzer runs beside `Supervisor.run`: once every actor serves, it sends bounded loops of bad
-frames (`psrl.reliability.hostile`) to each bound socket in turn, connecting the way a peer would
+frames (`psrl.reliability.hostile`) to every bound socket at once, connecting the way a peer would
 (a PUB to the proxies' inputs, an XSUB to their outputs, a DEALER to ROUTER sockets), and
 samples each actor's resident memory before and after. The run then goes on to finish: the
 event log says whether anyone died or restarted, and each actor's `actor.drops` what it counted.
@@ -81,10 +81,7 @@ class BusFuzzer:
             if not self._wait_serving():
                 self.error = "the run never had every actor serving"
                 return
-            for target in self.targets():
-                if self.supervisor.is_stopping:
-                    break
-                self.results.append(self._fuzz(target))
+            self.results = self._fuzz_all(self.targets())
         except Exception as exc:  # reported by the tool; the run itself goes on
             self.error = repr(exc)
         finally:
@@ -100,22 +97,28 @@ class BusFuzzer:
             time.sleep(0.1)
         return False
 
-    def _fuzz(self, target: Target) -> TargetResult:
-        """Send the frames from a process of their own (``psrl.reliability.sender``), as an outside
-        attacker would: a sender thread here would compete with the supervisor's watch loop."""
-        result = TargetResult(target)
-        rss_before = self._rss(target.owner)
+    def _fuzz_all(self, targets: list[Target]) -> list[TargetResult]:
+        """Every socket at once, each from a sender process of its own (``psrl.reliability.sender``),
+        as outside attackers would: senders in this process would compete with the supervisor's
+        watch loop, and one after another they could outlast a short run."""
+        before = {t.owner: self._rss(t.owner) for t in targets}
         limit = self.supervisor.settings.max_message_bytes
-        args = [target.address, target.socket_type, self.frames_per_target, self.seed, limit]
-        command = [sys.executable, "-m", "psrl.reliability.sender", *map(str, args)]
-        done = subprocess.run(command, capture_output=True, text=True, check=False, timeout=SENDER_TIMEOUT_S)
-        if done.returncode != 0:
-            raise RuntimeError(f"fuzz sender for {target.owner}:{target.label} failed: {done.stderr[-500:]}")
-        counts = json.loads(done.stdout.strip().splitlines()[-1])
-        result.sent, result.unsent, result.seconds = counts["sent"], counts["unsent"], counts["seconds"]
+        senders = []
+        for target in targets:
+            args = [target.address, target.socket_type, self.frames_per_target, self.seed, limit]
+            command = [sys.executable, "-m", "psrl.reliability.sender", *map(str, args)]
+            senders.append(subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        results = []
+        for target, sender in zip(targets, senders, strict=True):
+            out, err = sender.communicate(timeout=SENDER_TIMEOUT_S)
+            if sender.returncode != 0:
+                raise RuntimeError(f"fuzz sender for {target.owner}:{target.label} failed: {err[-500:]}")
+            counts = json.loads(out.strip().splitlines()[-1])
+            results.append(TargetResult(target, counts["sent"], counts["unsent"], counts["seconds"]))
         time.sleep(DRAIN_S)
-        result.rss_growth = self._rss(target.owner) - rss_before
-        return result
+        for result in results:  # the owner's growth while all of its sockets were fuzzed
+            result.rss_growth = self._rss(result.target.owner) - before[result.target.owner]
+        return results
 
     def _rss(self, owner: str) -> int:
         """Resident bytes of the socket's owner (the proxies run in this process)."""
