@@ -84,8 +84,11 @@ def counted_by(outcome: FuzzOutcome, result: TargetResult) -> int:
     if owner == "proxy":
         marks = (":control:",) if label == "control_in" else (":events:", "event-logger:")
         return sum(n for counts in outcome.drops.values() for key, n in counts.items() if any(m in key for m in marks))
-    prefix = f"{owner}:ps:" if label in ("push", "pull") else f"{owner}:link:"
-    return sum(n for key, n in outcome.drops.get(owner, {}).items() if key.startswith(prefix))
+    if label in ("push", "pull"):
+        prefixes: tuple[str, ...] = (f"{owner}:ps:",)
+    else:  # a well-formed message of a kind the link does not carry is counted as unhandled
+        prefixes = (f"{owner}:link:", f"{owner}:unhandled")
+    return sum(n for key, n in outcome.drops.get(owner, {}).items() if key.startswith(prefixes))
 
 
 def uncounted(outcome: FuzzOutcome) -> int:
