@@ -10,7 +10,7 @@ KV_VENV := .venv-kv
 KV_BIN := $(KV_VENV)/bin
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: install install-kv install-vllm test-kv bench-kv check lint imports types test test-slow test-multihost test-wheel test-vllm test-all demo docs bench clean
+.PHONY: install install-kv install-vllm check lint imports types test test-slow test-kv bench-kv chaos chaos-full fuzz test-multihost test-wheel test-vllm test-all demo docs bench clean
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -54,7 +54,7 @@ types: install
 check: lint imports types
 
 test: check
-	$(PYTEST) -m "not slow and not multihost and not packaging and not vllm and not kv"
+	$(PYTEST) -m "not slow and not multihost and not packaging and not vllm and not kv and not chaos"
 
 # the offload tier and KV transfer against the real LMCache and NIXL (two instance processes)
 test-kv: install-kv
@@ -65,6 +65,18 @@ bench-kv: install-kv
 
 test-slow: install
 	$(PYTEST) -m "slow and not vllm"
+
+# fault injection (SIGKILL / SIGSTOP of actors at seeded random times) and socket fuzzing on real runs
+chaos: install
+	$(PYTEST) -m chaos
+	$(BIN)/python tools/chaos.py --quick
+
+# >= 200 faults: 25 runs of 8 (an hour or more on 2 cores); figures in docs/reliability.md
+chaos-full: install
+	$(BIN)/python tools/chaos.py --cases 25 --faults 8
+
+fuzz: install
+	$(BIN)/python tools/fuzz_bus.py
 
 # the vLLM half of the engine suite (and every other vllm-marked test), from the vllm venv
 test-vllm: install-vllm

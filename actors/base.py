@@ -35,9 +35,11 @@ import zmq
 
 from actors.boot import Boot
 from bus import Publisher, Subscriber
+from bus.drops import is_sparse_log_point
 from bus.link import Link
 from bus.messages import (
     ActorDead,
+    ActorDrops,
     ActorState,
     ActorStatus,
     Drain,
@@ -55,6 +57,7 @@ from psrl.config import Config
 from psrl.config.bus_settings import bus_settings
 from psrl.log import get_logger
 
+DROPS_REPORT_S = 1.0  # how often dropped-message counts are published (when they changed)
 IDLE_POLL_MS = 50  # how long an idle loop blocks on its inputs; bounds reaction to signals
 SUBSCRIBE_WAIT_S = 10.0  # wait for the logger to subscribe before the first event
 STDIN_GRACE_S = 5.0  # after the launcher vanished, exit even if the graceful stop hangs
@@ -90,6 +93,8 @@ class Actor:
     """Base class of every actor. Subclasses set ROLE and override setup / step / teardown."""
 
     ROLE: ClassVar[str] = ""
+    # whether setup binds a request socket at the actor's own endpoint (announced in Hello)
+    SERVES_REQUESTS: ClassVar[bool] = False
 
     def __init__(self, boot: Boot) -> None:
         self.boot = boot
@@ -117,6 +122,7 @@ class Actor:
         self.stop_reason: str | None = None
         self.num_unhandled = 0
         self.num_handler_errors = 0
+        self._reported_drops: dict[str, int] = {}
         self._handlers = self._handler_table()
         self._inputs: dict[Any, Callable[[], None]] = {}
         self._control_inputs: set[Any] = set()
@@ -155,6 +161,17 @@ class Actor:
     def on_resume(self) -> None:
         """Called when resumed."""
 
+    def drop_counts(self) -> dict[str, int]:
+        """Messages dropped so far by ``<input>:<reason>`` (subclasses add the inputs they own)."""
+        counts = {
+            f"{sub.drops.receiver}:{reason}": n
+            for sub in self._subscribers
+            for reason, n in sub.drops.as_dict().items()
+        }
+        counts[f"{self.name}:unhandled"] = self.num_unhandled
+        counts[f"{self.name}:handler_error"] = self.num_handler_errors
+        return {key: n for key, n in counts.items() if n}
+
     # ------------------------------------------------------------------ wiring helpers
 
     def add_input(self, sock: Any, on_readable: Callable[[], None], *, is_control: bool = False) -> None:
@@ -178,7 +195,11 @@ class Actor:
         handler = self._handlers.get(event.envelope.kind)
         if handler is None:
             self.num_unhandled += 1
-            self.log.warning("unhandled message kind", kind=event.envelope.kind, sender=event.envelope.sender)
+            if is_sparse_log_point(self.num_unhandled):
+                self.log.warning(
+                    "unhandled message kind", kind=event.envelope.kind, sender=event.envelope.sender,
+                    count=self.num_unhandled,
+                )  # fmt: skip
             return
         self.cause.event_id = event.envelope.event_id
         try:
@@ -187,7 +208,11 @@ class Actor:
             if event.envelope.kind in self._fatal_kinds:
                 raise
             self.num_handler_errors += 1
-            self.log.error("handler failed", kind=event.envelope.kind, error=repr(exc), tb=traceback.format_exc())
+            if is_sparse_log_point(self.num_handler_errors):  # a flood of bad requests must not flood the log
+                self.log.error(
+                    "handler failed", kind=event.envelope.kind, error=repr(exc), count=self.num_handler_errors,
+                    tb=traceback.format_exc(),
+                )  # fmt: skip
         finally:
             self.cause.event_id = None
 
@@ -239,10 +264,11 @@ class Actor:
                     pid=os.getpid(),
                     protocol_major=PROTOCOL_VERSION[0],
                     protocol_minor=PROTOCOL_VERSION[1],
-                    request_address=self.boot.endpoints.get(self.name, ""),
+                    request_address=self.boot.endpoints.get(self.name, "") if self.SERVES_REQUESTS else "",
                 )
             )
             self._start_heartbeat()
+            self.every(DROPS_REPORT_S, self._report_drops)
             capacity = self.setup()
             self.publisher.publish(Ready(capacity))
             self.set_state(ActorState.READY)
@@ -283,6 +309,12 @@ class Actor:
                 timer.next_at = now + timer.interval_s
                 timer.callback()
 
+    def _report_drops(self) -> None:
+        counts = self.drop_counts()
+        if counts != self._reported_drops:
+            self._reported_drops = counts
+            self.publisher.publish(ActorDrops(counts))
+
     def _report_fatal(self, exc: BaseException) -> None:
         self.log.error("fatal error", error=repr(exc), tb=traceback.format_exc())
         try:
@@ -300,6 +332,7 @@ class Actor:
         finally:
             if self.state != ActorState.DEAD:
                 self.state = ActorState.DEAD
+                self._report_drops()  # the final counts
                 self.publisher.publish(ActorStatus(ActorState.DEAD, self.stop_reason or ""))
             for subscriber in self._subscribers:
                 subscriber.close()

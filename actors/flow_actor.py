@@ -111,6 +111,13 @@ class FlowActor(Actor):
         """A serving link addresses its peer by name; a peer's own link needs no address."""
         return None if peer in self.peers else peer
 
+    def drop_counts(self) -> dict[str, int]:
+        counts = super().drop_counts()
+        for link in [getattr(self, "serving", None), *getattr(self, "peers", {}).values()]:
+            if link is not None:
+                counts.update({f"{link.drops.receiver}:{r}": n for r, n in link.drops.as_dict().items() if n})
+        return counts
+
     def teardown(self) -> None:
         for link in [getattr(self, "serving", None), *getattr(self, "peers", {}).values()]:
             if link is not None:

@@ -27,6 +27,12 @@ class LoggerActor(Actor):
         )
         self.event_logger.start()
 
+    def drop_counts(self) -> dict[str, int]:
+        counts = super().drop_counts()
+        drops = self.event_logger.drops  # counted in the log's thread: a snapshot is close enough for a report
+        counts.update({f"{drops.receiver}:{reason}": n for reason, n in drops.as_dict().items() if n})
+        return counts
+
     def teardown(self) -> None:
         self.event_logger.stop()
         if self.event_logger.drops.total:

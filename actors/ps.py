@@ -21,6 +21,7 @@ from psrl.ps.from_config import shard_options
 
 class ParameterShardActor(Actor):
     ROLE = "ps"
+    SERVES_REQUESTS = True
 
     def setup(self) -> dict[str, int]:
         args = EngineArgs.from_config(self.config)
@@ -43,6 +44,14 @@ class ParameterShardActor(Actor):
         self.thread, self.stop_server = self.server.start_thread()
         self.every(0.02, self._announce)
         return {"shard": self.boot.index}
+
+    def drop_counts(self) -> dict[str, int]:
+        counts = super().drop_counts()
+        server = getattr(self, "server", None)
+        if server is not None:  # counted in the server's thread: a snapshot is close enough for a report
+            dropped = {k: n for k, n in dict(server.counters).items() if k.startswith("dropped_") and n}
+            counts.update({f"{self.name}:ps:{k.removeprefix('dropped_')}": n for k, n in dropped.items()})
+        return counts
 
     def _announce(self) -> None:
         while not self.events.empty():

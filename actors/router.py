@@ -15,6 +15,7 @@ from psrl.routing.cost_model import load_cost_model
 
 class RouterActor(FlowActor):
     ROLE = "router"
+    SERVES_REQUESTS = True
     FLOW = RouterFlow
     flow: RouterFlow
 

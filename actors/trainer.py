@@ -3,7 +3,9 @@
 Every rank gets the same ``train.data`` chunks on its link; rank 0 pushes the new weights to the
 parameter-server shards once a buffer is fully trained, then reports the step (``TrainerProgress``).
 Checkpoints go to the run directory; a restarted trainer resumes from the latest one and keeps
-the version numbering. A failed step or push ends the actor (its restart policy applies).
+the version numbering: when the parameter server already committed a newer version, the
+replacement continues from that version's weights (and the coordinator re-sends the buffers not
+yet trained), so it never pushes a version twice. A failed step or push ends the actor (its restart policy applies).
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ import os
 import time
 from pathlib import Path
 
+import torch
+
 from actors.base import Inputs
 from actors.boot import CHECKPOINT_ON_STOP
 from actors.flow_actor import FlowActor
@@ -19,13 +23,14 @@ from bus.messages import ActorState, Metrics, TrainData, TrainerProgress, Weight
 from psrl.engine.args import EngineArgs
 from psrl.flows.effects import Effect, PushWeights
 from psrl.flows.trainer import TrainerFlow
-from psrl.ps.from_config import make_pusher, staging_dtype
+from psrl.ps.from_config import make_puller, make_pusher, staging_dtype
 from psrl.ps.staging import HostStaging
 from psrl.trainer import ParallelContext, TrainerCore, latest_checkpoint
 
 
 class TrainerActor(FlowActor):
     ROLE = "trainer"
+    SERVES_REQUESTS = True
     FLOW = TrainerFlow
     flow: TrainerFlow
 
@@ -53,6 +58,9 @@ class TrainerActor(FlowActor):
         if cfg.trainer.resume and self.checkpoints is not None and (path := latest_checkpoint(self.checkpoints)):
             self.core.load_checkpoint(path)
             self.log.info("resumed", checkpoint=str(path), version=self.core.version)
+        committed = -1  # the parameter server's version; a fresh (or resumed) run's PS holds none
+        if self.boot.options.get("restarted") and self.world_size == 1:
+            committed = self._catch_up_with_ps()
         self.saved_version = self.core.version
         self.pusher = None
         # a GPU trainer's weights go to the PS from host memory, already in the dtype shards serve
@@ -61,12 +69,33 @@ class TrainerActor(FlowActor):
         if self.rank == 0:
             shards = [self.boot.endpoint(f"ps-{i}") for i in range(cfg.topology.n_ps_shards)]
             self.pusher = make_pusher(cfg, shards, self.boot.incarnation, curve=self.bus.options.curve)
-        if self.core.version > 0:  # a resumed run: the fresh parameter server needs the current version
+        if self.core.version > max(committed, 0):  # a resumed run: the fresh parameter server needs it
             weights = dict(self.core.named_weights())
             if self.pusher is not None:
                 self.pusher.push(self.core.version, self.staging.stage(weights))
         self.attach(TrainerFlow(cfg, self.core, log=self.log), serving=self.make_link(self.name, serve=True))
         return {"version": self.core.version}
+
+    def _catch_up_with_ps(self) -> int:
+        """A replacement rank whose checkpoint is older than the version the parameter server committed
+        continues from that version's weights (pulled and verified), so it never pushes a version
+        again; the coordinator re-sends the buffers its predecessor had not trained."""
+        cfg = self.config
+        puller = make_puller(cfg, [self.boot.endpoint(f"ps-{i}.1") for i in range(cfg.topology.n_ps_shards)])
+        try:
+            committed = puller.latest_version()
+            if committed <= self.core.version:
+                return committed
+            tensors: dict[str, torch.Tensor] = {}
+            puller.pull(committed, lambda name, tensor: tensors.__setitem__(name, tensor.clone()))
+        finally:
+            puller.close()
+        self.log.warning("continuing from the committed version", checkpoint_version=self.core.version,
+                         committed=committed)  # fmt: skip
+        self.core.adopt_weights(committed, tensors)
+        # the step that produced it may have died before reporting: report it (a repeat is harmless)
+        self.publisher.publish(TrainerProgress(step=committed, version=committed, num_samples=0))
+        return committed
 
     def perform_other(self, effect: Effect) -> None:
         if not isinstance(effect, PushWeights):

@@ -26,14 +26,15 @@ class DropCounter:
     def record(self, error: DecodeError) -> None:
         count = self.counts[error.reason] + 1
         self.counts[error.reason] = count
-        if _is_power_of_ten(count):
+        if is_sparse_log_point(count):
             self._log.warning("dropped message", reason=error.reason.value, count=count, detail=error.detail[:200])
 
     def as_dict(self) -> dict[str, int]:
         return {reason.value: count for reason, count in self.counts.items()}
 
 
-def _is_power_of_ten(count: int) -> bool:
+def is_sparse_log_point(count: int) -> bool:
+    """True for the 1st, 10th, 100th, ... occurrence: where a counter worth a log line logs one."""
     while count % 10 == 0:
         count //= 10
     return count == 1

@@ -160,6 +160,20 @@ class ActorRestarted(Message, frozen=True):
     reason: str = ""
 
 
+# ---------------------------------------------------------------------------- reliability (added in 1.4)
+
+
+@message("actor.drops")
+class ActorDrops(Message, frozen=True):
+    """What an actor incarnation received and dropped so far, published when it changes (added in 1.4).
+
+    counts: dropped messages by ``<input>:<reason>`` (malformed, unknown_kind, oversized,
+        unsupported_version, unhandled, ...), totals since the incarnation started.
+    """
+
+    counts: dict[str, int]
+
+
 # ---------------------------------------------------------------------------- control
 
 

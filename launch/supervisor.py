@@ -99,7 +99,7 @@ class Supervisor:
 
     def run(self) -> int:
         previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-        self.run_dir.config.write_text(to_yaml(self.config))
+        self.run_dir.write_config(to_yaml(self.config))
         # A resumed run's actors continue the incarnation numbering, so every event id stays unique.
         launches = int(self.run_dir.read_state().get("launches", 0))
         self.incarnation_base = launches * INCARNATIONS_PER_LAUNCH
@@ -209,6 +209,8 @@ class Supervisor:
                 # the router's ledger and the coordinator's buffers and prompt cursor continue from here
                 "initial_version": self.resume.version,
                 "first_prompt_id": self.resume.next_prompt_id,
+                # a replacement within this launch: the rest of the run is ahead of its checkpoint
+                "restarted": incarnation % INCARNATIONS_PER_LAUNCH > 0,
                 **_placement(spec, self.config),
                 **self.actor_options.get(spec.name, {}),
             },

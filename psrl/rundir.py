@@ -16,6 +16,7 @@ runs/<name>/
 from __future__ import annotations
 
 import json
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,7 +36,15 @@ class RunDir:
         run = cls(Path(root).resolve() / name)
         for sub in SUBDIRS:
             (run.path / sub).mkdir(parents=True, exist_ok=True)
+        run.keys.chmod(0o700)  # the bus's secret keys: the owner's alone
         return run
+
+    def write_config(self, text: str) -> None:
+        """Write the resolved config, readable by the owner only (it may name endpoints and credentials)."""
+        fd = os.open(self.config, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as out:
+            out.write(text)
+        self.config.chmod(0o600)  # an older file keeps its mode through O_TRUNC
 
     @property
     def name(self) -> str:

@@ -126,6 +126,10 @@ class CoordinatorFlow(Flow):
         self.started = self.last_handoff = 0.0
         self.is_finished = False
         self.handed_over: list[TrainData] = []
+        # chunks handed to the trainer ranks whose version was not reported yet: a restarted rank gets
+        # them again (it skips what it already trained); at most the buffers between the trainer's
+        # version and the newest handed over
+        self.unacknowledged: dict[int, list[TrainData]] = {}
 
     def handlers(self) -> dict[type[Message], Handler]:
         return {
@@ -258,6 +262,7 @@ class CoordinatorFlow(Flow):
         data = train_data(chunk, groups, with_logprobs=self.config.psrl.log_prob.enable_rollout_engine_log_prob)
         for trainer in self.trainers:
             self.send(trainer, data, model_version=chunk.buffer)
+        self.unacknowledged.setdefault(chunk.buffer, []).append(data)
         self.handed_over.append(data)
         if chunk.is_last:
             self._buffer_metrics(chunk, self.handed_over, now)
@@ -316,6 +321,18 @@ class CoordinatorFlow(Flow):
 
     def _on_exited(self, exited: ActorExited, now: float) -> None:
         self.instances.remove(exited.actor)
+        if exited.actor in self.trainers:
+            self._resend(exited.actor)
+
+    def _resend(self, trainer: str) -> None:
+        """Hand a lost rank's replacement every chunk not yet trained (the link delivers them once it
+        binds); chunks the dead rank never received are among them, so no buffer is lost."""
+        buffers = sorted(self.unacknowledged)
+        if self.log is not None:
+            self.log.warning("re-sending buffers to a restarted trainer", trainer=trainer, buffers=buffers)
+        for buffer in buffers:
+            for data in self.unacknowledged[buffer]:
+                self.send(trainer, data, model_version=buffer)
 
     # ------------------------------------------------------------------ ticks
 
@@ -374,6 +391,8 @@ class CoordinatorFlow(Flow):
     # ------------------------------------------------------------------ the end
 
     def _on_progress(self, progress: TrainerProgress, now: float) -> None:
+        for buffer in [b for b in self.unacknowledged if b < progress.version]:
+            del self.unacknowledged[buffer]
         if progress.step >= self.config.trainer.total_steps and not self.is_finished:
             self.is_finished = True
             summary = {"steps": float(progress.step), "elapsed_s": now - self.started}

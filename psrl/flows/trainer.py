@@ -3,7 +3,8 @@
 Every rank gets the same ``TrainData`` chunks (the core splits them by rank). When a buffer is
 fully trained (under ``pre_step``, after its last chunk) the flow asks for the new version to be
 pushed (``PushWeights``); the driver pushes it and reports the step (``TrainerProgress``).
-Buffers already trained (resent after a restart) and buffers beyond the last step are skipped;
+Buffers already trained and chunks already here (resent after a restart) and buffers beyond the
+last step are skipped;
 malformed data is counted and dropped.
 """
 
@@ -31,6 +32,7 @@ class TrainerFlow(Flow):
         self.num_samples = 0  # trajectories of the step in progress
         self.step_started = 0.0
         self.num_malformed = 0
+        self.chunks_seen: set[tuple[int, int]] = set()  # (buffer, chunk) of the buffer in progress
 
     def handlers(self) -> dict[type[Message], Handler]:
         return {TrainData: self._on_data}  # from the coordinator: a chunk of a buffer
@@ -42,6 +44,8 @@ class TrainerFlow(Flow):
             return
         if data.buffer >= self.total_steps:  # handed over ahead; the run ends first
             return
+        if (data.buffer, data.chunk) in self.chunks_seen:  # re-sent after a restart, and already here
+            return
         if data.chunk == 0:
             self.step_started = now
         try:
@@ -52,6 +56,7 @@ class TrainerFlow(Flow):
                 self.log.error("malformed train data dropped", buffer=data.buffer, chunk=data.chunk, error=repr(exc))
             return
         self.num_samples += len(trajectories)
+        self.chunks_seen = {seen for seen in self.chunks_seen if seen[0] == data.buffer} | {(data.buffer, data.chunk)}
         result = self.core.add_chunk(data.buffer, trajectories, is_last=data.chunk == data.num_chunks - 1)
         if result is not None:
             self._after_step(data, result)

@@ -23,6 +23,7 @@ from typing import Any
 
 import zmq
 
+from bus.drops import is_sparse_log_point
 from bus.security import CurveKeys, start_authenticator
 from psrl.log import get_logger
 from psrl.ps import links
@@ -213,8 +214,10 @@ class ShardServer:
                 links.discard_rest(sock)  # a payload the handler did not take
 
     def _drop(self, what: str, detail: str) -> None:
-        self.counters[f"dropped_{what}"] += 1
-        self._log.warning("ps.shard.dropped", what=what, detail=detail)
+        key = f"dropped_{what}"
+        self.counters[key] += 1
+        if is_sparse_log_point(self.counters[key]):  # a flood of bad frames must not flood the log
+            self._log.warning("ps.shard.dropped", what=what, count=self.counters[key], detail=detail[:200])
 
     def _push_reply(self, ident: bytes, message: Message) -> None:
         links.reply(self._push_sock, ident, message)

@@ -14,6 +14,7 @@ from typing import Any
 
 import zmq
 
+from bus.drops import is_sparse_log_point
 from bus.security import CurveKeys
 from psrl.ps import links
 from psrl.ps.errors import PullFailedError
@@ -76,7 +77,8 @@ class ShardLinks:
                 received = links.recv_message(sock, has_ident=False)
             except ProtocolError as exc:
                 self.num_dropped += 1
-                self._log.warning("ps.puller.malformed", detail=str(exc))
+                if is_sparse_log_point(self.num_dropped):
+                    self._log.warning("ps.puller.malformed", count=self.num_dropped, detail=str(exc)[:200])
                 continue
             return None if received is None else received[1]
 

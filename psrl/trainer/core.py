@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -189,6 +189,26 @@ class TrainerCore:
         self.next_prompt_id = int(checkpoint.read_trainer_state(path).get("next_prompt_id", 0))
         self._buffer = None
         return self.version
+
+    def adopt_weights(self, version: int, tensors: Mapping[str, Tensor]) -> None:
+        """Continue from ``version``'s published policy weights (a restarted rank whose checkpoint is
+        older than what the parameter server already committed): the weights and the version become
+        those; the optimizer state (and a critic) stay as loaded, the closest this rank still has."""
+        if self._buffer is not None:
+            raise TrainerError("cannot adopt weights with a half-trained buffer")
+        if self.parallel.world_size > 1:
+            raise TrainerError("adopting published weights is supported with one trainer rank only")
+        raw = self.policy.raw
+        persistent = set(raw.state_dict().keys())
+        # the names `named_weights` pushes: persistent parameters and buffers, tied weights once
+        named = {n: t for n, t in [*raw.named_parameters(), *raw.named_buffers()] if n in persistent}
+        missing = sorted(set(named) - set(tensors))
+        if missing:
+            raise TrainerError(f"version {version} lacks {len(missing)} policy tensors, e.g. {missing[:3]}")
+        with torch.no_grad():
+            for name, tensor in named.items():
+                tensor.copy_(tensors[name])
+        self.version = version
 
     # ---------------------------------------------------------------- buffer bookkeeping
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from bus.messages import (
+    ActorExited,
     BufferReady,
     Consume,
     GenerateRequest,
@@ -128,3 +129,19 @@ def test_it_sends_to_the_router_and_every_trainer_rank() -> None:
     flow.handle(Occupy(prompt_id=0, version=0, from_buffer=1, buffer=0, slot=0), 2.0)
     out = flow.handle(BufferReady(buffer=0, prompt_ids=[0, 1]), 2.0)
     assert destinations(out, TrainData) == ["trainer-0", "trainer-1"]
+
+
+def test_a_restarted_trainer_gets_every_chunk_not_yet_trained_again() -> None:
+    flow = _coordinator("topology.n_trainer_ranks=1")
+    flow.start(0.0)
+    for prompt_id in range(4):
+        _complete(flow, prompt_id)
+    flow.handle(Occupy(prompt_id=0, version=0, from_buffer=1, buffer=0, slot=0), 2.0)
+    flow.handle(BufferReady(buffer=0, prompt_ids=[0, 1]), 2.0)
+    flow.handle(Occupy(prompt_id=2, version=0, from_buffer=1, buffer=1, slot=0), 2.0)
+    flow.handle(BufferReady(buffer=1, prompt_ids=[2, 3]), 2.0)
+    flow.handle(TrainerProgress(step=1, version=1, num_samples=4), 3.0)  # buffer 0 trained
+    again = flow.handle(ActorExited(actor="trainer-0", incarnation=0, returncode=-9), 4.0)
+    resent = sent(again, TrainData, to="trainer-0")
+    assert [d.buffer for d in resent] == [1] and resent[0].prompt_ids.tolist() == [2, 2, 3, 3]
+    assert sent(flow.handle(ActorExited(actor="rollout-0", incarnation=0, returncode=-9), 4.0), TrainData) == []

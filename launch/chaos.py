@@ -1,0 +1,72 @@
+"""Fault injection into a live run: signals actors of a supervised run by a seeded plan.
+
+The injector runs beside `Supervisor.run` (which needs the main thread for its signal
+handlers). Each fault waits for its gap, then for the target to be serving (a fault on an actor
+that is still restarting would test the restart budget, not recovery), then sends SIGKILL (a
+crash) or SIGSTOP (a hang, which only missed heartbeats reveal). The supervisor does the rest;
+the event log says afterwards whether every promise held (`psrl.reliability`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from launch.supervisor import Supervisor
+from psrl.reliability.faults import KILL, Fault, InjectedFault
+
+READY_WAIT_S = 240.0  # how long a fault waits for its target to serve before it is skipped (a loaded machine)
+POLL_S = 0.05
+
+
+@dataclass
+class FaultInjector:
+    supervisor: Supervisor
+    plan: list[Fault]
+    injected: list[InjectedFault] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+
+    def start(self) -> threading.Thread:
+        thread = threading.Thread(target=self._run, name="chaos", daemon=True)
+        thread.start()
+        return thread
+
+    def _run(self) -> None:
+        if not self._until(lambda: self.supervisor.run_dir.read_state().get("status") == "running", 600.0):
+            return
+        for fault in self.plan:
+            self._until(lambda: False, fault.after_s)  # the gap
+            if self.supervisor.is_stopping:
+                return
+            if not self._until(functools.partial(self._serving, fault.target), READY_WAIT_S):
+                if self.supervisor.is_stopping:
+                    return
+                self.skipped.append(f"{fault.target}: not serving after {READY_WAIT_S:.0f} s")
+                continue
+            self._inject(fault)
+
+    def _serving(self, name: str) -> bool:
+        process = self.supervisor.processes.get(name)
+        return process is not None and process.is_ready and process.poll() is None
+
+    def _inject(self, fault: Fault) -> None:
+        process = self.supervisor.processes[fault.target]
+        signum = signal.SIGKILL if fault.kind == KILL else signal.SIGSTOP
+        self.injected.append(InjectedFault(fault.target, fault.kind, time.time(), process.incarnation))
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(process.pid, signum)
+
+    def _until(self, condition: Callable[[], bool], timeout_s: float) -> bool:
+        """Whether ``condition()`` came true within ``timeout_s`` (False at once when the run stops)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and not self.supervisor.is_stopping:
+            if condition():
+                return True
+            time.sleep(POLL_S)
+        return False

@@ -1,0 +1,138 @@
+"""Hostile input on every socket a live run binds: the proxies, the links served, the PS sockets.
+
+The fuzzer runs beside `Supervisor.run`: once every actor serves, it sends bounded loops of bad
+frames (`psrl.reliability.hostile`) to every bound socket at once, connecting the way a peer would
+(a PUB to the proxies' inputs, an XSUB to their outputs, a DEALER to ROUTER sockets), and
+samples each actor's resident memory before and after. The run then goes on to finish: the
+event log says whether anyone died or restarted, and each actor's `actor.drops` what it counted.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import zmq
+
+from launch.supervisor import Supervisor
+
+START_WAIT_S = 900.0
+SENDER_TIMEOUT_S = 1800.0
+DRAIN_S = 1.0  # for the receiver to work through the last frames before its memory is sampled
+
+
+@dataclass(frozen=True)
+class Target:
+    owner: str  # the actor (or "proxy") that binds the socket
+    label: str
+    address: str
+    socket_type: int
+
+
+@dataclass
+class TargetResult:
+    target: Target
+    sent: int = 0
+    unsent: int = 0  # frames the socket would not take within SEND_TIMEOUT_MS (backpressure)
+    seconds: float = 0.0
+    rss_growth: int = 0  # the owner's resident memory after the frames (drained) minus before
+
+
+@dataclass
+class BusFuzzer:
+    supervisor: Supervisor
+    frames_per_target: int
+    seed: int = 0
+    results: list[TargetResult] = field(default_factory=list)
+    done: threading.Event = field(default_factory=threading.Event)
+    error: str | None = None
+
+    def start(self) -> threading.Thread:
+        thread = threading.Thread(target=self._run, name="fuzz", daemon=True)
+        thread.start()
+        return thread
+
+    def targets(self) -> list[Target]:
+        """Every socket the run binds: the point-to-point ones first (their owners count each frame),
+        then the proxies (which fan out to every subscriber)."""
+        sup = self.supervisor
+        found = []
+        for spec in sup.specs:
+            if spec.role in ("router", "trainer"):
+                found.append(Target(spec.name, "link", sup.endpoints[spec.name], zmq.DEALER))
+            elif spec.role == "ps":
+                found.append(Target(spec.name, "push", sup.endpoints[spec.name], zmq.DEALER))
+                found.append(Target(spec.name, "pull", sup.endpoints[f"{spec.name}.1"], zmq.DEALER))
+        return [
+            *found,
+            Target("proxy", "events_in", sup.addresses.events_in, zmq.PUB),
+            Target("proxy", "control_in", sup.addresses.control_in, zmq.PUB),
+            Target("proxy", "events_out", sup.addresses.events_out, zmq.XSUB),
+        ]
+
+    def _run(self) -> None:
+        try:
+            if not self._wait_serving():
+                self.error = "the run never had every actor serving"
+                return
+            self.results = self._fuzz_all(self.targets())
+        except Exception as exc:  # reported by the tool; the run itself goes on
+            self.error = repr(exc)
+        finally:
+            self.done.set()
+
+    def _wait_serving(self) -> bool:
+        deadline = time.monotonic() + START_WAIT_S
+        sup = self.supervisor
+        while time.monotonic() < deadline and not sup.is_stopping:
+            procs = sup.processes
+            if len(procs) == len(sup.specs) and all(p.is_ready for p in procs.values()):
+                return sup.run_dir.read_state().get("status") == "running"
+            time.sleep(0.1)
+        return False
+
+    def _fuzz_all(self, targets: list[Target]) -> list[TargetResult]:
+        """Every socket at once, each from a sender process of its own (``psrl.reliability.sender``),
+        as outside attackers would: senders in this process would compete with the supervisor's
+        watch loop, and one after another they could outlast a short run."""
+        before = {t.owner: self._rss(t.owner) for t in targets}
+        limit = self.supervisor.settings.max_message_bytes
+        senders = []
+        for target in targets:
+            args = [target.address, target.socket_type, self.frames_per_target, self.seed, limit]
+            command = [sys.executable, "-m", "psrl.reliability.sender", *map(str, args)]
+            senders.append(subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        results = []
+        for target, sender in zip(targets, senders, strict=True):
+            out, err = sender.communicate(timeout=SENDER_TIMEOUT_S)
+            if sender.returncode != 0:
+                raise RuntimeError(f"fuzz sender for {target.owner}:{target.label} failed: {err[-500:]}")
+            counts = json.loads(out.strip().splitlines()[-1])
+            results.append(TargetResult(target, counts["sent"], counts["unsent"], counts["seconds"]))
+        time.sleep(DRAIN_S)
+        for result in results:  # the owner's growth while all of its sockets were fuzzed
+            result.rss_growth = self._rss(result.target.owner) - before[result.target.owner]
+        return results
+
+    def _rss(self, owner: str) -> int:
+        """Resident bytes of the socket's owner (the proxies run in this process)."""
+        if owner == "proxy":
+            return _rss_bytes(os.getpid())
+        process = self.supervisor.processes.get(owner)
+        return _rss_bytes(process.pid) if process is not None else 0
+
+
+def _rss_bytes(pid: int) -> int:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0

@@ -1,0 +1,1 @@
+"""Reliability: fault plans and the run invariants checked from the event log."""

@@ -1,0 +1,110 @@
+"""Fault plans for the chaos harness, and how long each fault took to heal (pure, seeded).
+
+A plan is drawn from a seed, so a failing case is re-run exactly: the same targets, the same
+kinds and the same gaps between faults. Recovery is read back from the event log: a fault is
+healed when its actor's next incarnation reports Ready (it serves again).
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from bus.messages import ActorExited, ActorStarted, Ready
+from bus.schema import Event
+
+KILL, STOP = "kill", "stop"  # SIGKILL (a crash), SIGSTOP (a hung process: only heartbeats reveal it)
+
+
+@dataclass(frozen=True)
+class Fault:
+    after_s: float  # wait this long after the previous fault healed (or after the run started)
+    target: str  # actor name
+    kind: str
+
+
+@dataclass(frozen=True)
+class InjectedFault:
+    target: str
+    kind: str
+    wall_s: float  # when the signal was sent
+    incarnation: int  # the incarnation it hit
+
+
+def plan_faults(
+    seed: int, targets: Sequence[str], num_faults: int, *, mean_gap_s: float, stop_share: float = 0.25
+) -> list[Fault]:
+    """``num_faults`` faults on random ``targets``, exponential gaps of mean ``mean_gap_s``."""
+    if not targets:
+        raise ValueError("a fault plan needs at least one target actor")
+    rng = random.Random(seed)
+    plan = []
+    for _ in range(num_faults):
+        kind = STOP if rng.random() < stop_share else KILL
+        plan.append(Fault(round(rng.expovariate(1.0 / mean_gap_s), 3), rng.choice(list(targets)), kind))
+    return plan
+
+
+@dataclass(frozen=True)
+class Recovery:
+    fault: InjectedFault
+    seconds: float | None  # signal -> the replacement's Ready; None: never served again
+    detect_s: float | None  # signal -> the supervisor saw the death (heartbeats, for a hang)
+
+
+def recoveries(faults: Iterable[InjectedFault], events: Iterable[Event[Any]]) -> list[Recovery]:
+    """For each fault, the time from the signal to its actor's next incarnation reporting Ready."""
+    readies: dict[str, list[tuple[float, int]]] = {}
+    exits: dict[str, list[tuple[float, int]]] = {}
+    for event in events:
+        msg, env = event.message, event.envelope
+        if isinstance(msg, Ready):
+            readies.setdefault(env.sender, []).append((env.wall_ns / 1e9, env.incarnation))
+        elif isinstance(msg, ActorExited):
+            exits.setdefault(msg.actor, []).append((env.wall_ns / 1e9, msg.incarnation))
+    return [
+        Recovery(
+            fault,
+            _first_after(readies.get(fault.target, []), fault, later_incarnation=True),
+            _first_after(exits.get(fault.target, []), fault, later_incarnation=False),
+        )
+        for fault in faults
+    ]
+
+
+def _first_after(stamps: list[tuple[float, int]], fault: InjectedFault, *, later_incarnation: bool) -> float | None:
+    """Seconds from the fault to the first stamp of the incarnation it hit (or of a later one)."""
+    later = [
+        t
+        for t, incarnation in stamps
+        if t >= fault.wall_s
+        and (incarnation > fault.incarnation if later_incarnation else incarnation == fault.incarnation)
+    ]
+    return round(min(later) - fault.wall_s, 3) if later else None
+
+
+def cold_starts(events: Iterable[Event[Any]]) -> dict[str, float]:
+    """Seconds from the supervisor starting each actor at launch to its Ready: the same run's baseline
+    for a restart (which pays the same process start, imports and setup)."""
+    started: dict[str, float] = {}
+    ready: dict[str, float] = {}
+    for event in events:
+        msg, env = event.message, event.envelope
+        if isinstance(msg, ActorStarted) and msg.actor not in started:
+            started[msg.actor] = env.wall_ns / 1e9
+        elif isinstance(msg, Ready) and env.sender not in ready:
+            ready[env.sender] = env.wall_ns / 1e9
+    return {name: round(ready[name] - t, 3) for name, t in started.items() if name in ready}
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The ``q`` quantile (0..1) by linear interpolation; 0 for no values."""
+    if not values:
+        return 0.0
+    if len(values) == 1:
+        return float(values[0])
+    cuts = statistics.quantiles(sorted(values), n=100, method="inclusive")
+    return float(cuts[min(98, max(0, round(q * 100) - 1))])

@@ -1,0 +1,63 @@
+"""Seeded fault plans, recovery read back from the log, and the hostile frames' promise."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from bus.codec import Decoder
+from bus.errors import DecodeError
+from bus.messages import ActorExited, Heartbeat, Ready
+from bus.schema import Envelope, Event, Message
+from psrl.reliability.faults import KILL, STOP, InjectedFault, percentile, plan_faults, recoveries
+from psrl.reliability.hostile import FUZZ_SENDER, HostileFrames
+
+
+def test_a_plan_is_a_function_of_its_seed() -> None:
+    targets = ["rollout-0", "rollout-1", "ps-0"]
+    plan = plan_faults(7, targets, 50, mean_gap_s=2.0)
+    assert plan == plan_faults(7, targets, 50, mean_gap_s=2.0)
+    assert plan != plan_faults(8, targets, 50, mean_gap_s=2.0)
+    assert {f.target for f in plan} == set(targets)
+    assert {f.kind for f in plan} == {KILL, STOP}
+    assert all(f.after_s >= 0 for f in plan)
+    with pytest.raises(ValueError, match="target"):
+        plan_faults(1, [], 3, mean_gap_s=1.0)
+
+
+def _event(sender: str, incarnation: int, wall_s: float, message: Message) -> Event[Any]:
+    return Event(Envelope(type(message).KIND, 1, sender, incarnation, 1, 0, int(wall_s * 1e9)), message)
+
+
+def test_recovery_is_signal_to_the_next_incarnations_ready() -> None:
+    events = [
+        _event("rollout-0", 0, 1.0, Ready({})),
+        _event("supervisor", 0, 12.5, ActorExited("rollout-0", 0, -9)),
+        _event("rollout-0", 1, 19.0, Ready({})),
+        _event("ps-0", 0, 30.0, Ready({})),  # an old incarnation's Ready never counts
+    ]
+    faults = [InjectedFault("rollout-0", KILL, 12.0, 0), InjectedFault("ps-0", STOP, 25.0, 0)]
+    healed, never = recoveries(faults, events)
+    assert healed.seconds == pytest.approx(7.0) and healed.detect_s == pytest.approx(0.5)
+    assert never.seconds is None and never.detect_s is None
+
+
+def test_percentiles() -> None:
+    assert percentile([], 0.5) == 0.0
+    assert percentile([3.0], 0.9) == 3.0
+    assert percentile([float(x) for x in range(1, 101)], 0.5) == pytest.approx(50.0, abs=1)
+
+
+def test_no_hostile_frame_decodes_as_anything_but_a_stray_heartbeat() -> None:
+    decoder = Decoder(max_message_bytes=4096)
+    frames = HostileFrames(3, max_message_bytes=4096, oversized_every=50)
+    num_dropped = 0
+    for message in frames.frames(2000):
+        try:
+            events = decoder.decode(message)
+        except DecodeError:
+            num_dropped += 1
+            continue
+        assert all(isinstance(e.message, Heartbeat) and e.envelope.sender == FUZZ_SENDER for e in events)
+    assert num_dropped > 1500

@@ -1,0 +1,32 @@
+"""Hostile input on every bound socket of a live run, and actors killed mid-run, checked from the log."""
+
+from __future__ import annotations
+
+import pytest
+
+from launch.supervisor import EXIT_OK
+from psrl.config import load_config
+from tools import chaos, fuzz_bus
+
+pytestmark = pytest.mark.system
+
+
+def test_every_bound_socket_survives_hostile_frames_and_the_run_completes(tmp_path) -> None:
+    config = load_config("demo", [*fuzz_bus.WORKLOAD, "trainer.total_steps=4"])
+    outcome = fuzz_bus.run_fuzz(config, frames=500, seed=5, root=tmp_path / "runs")
+    assert outcome.exit_code == EXIT_OK, outcome.reason
+    assert outcome.error is None
+    assert len(outcome.results) == outcome.num_targets == 9  # 2 links, 2 shards x 2, 3 proxy sockets
+    assert all(r.sent + r.unsent == 500 for r in outcome.results)
+    assert outcome.deaths == 0 and outcome.restarts == 0
+    assert fuzz_bus.uncounted(outcome) == 0, outcome.drops
+    assert all(agree == total > 0 for agree, total in outcome.replay.values()), outcome.replay
+
+
+@pytest.mark.chaos
+def test_killed_and_hung_instances_shards_and_trainer_keep_every_promise(tmp_path) -> None:
+    config = load_config("demo", [*chaos.WORKLOAD, "trainer.total_steps=5"])
+    case = chaos.run_case(3, config, ("rollout", "ps", "trainer"), 3, 4.0, tmp_path / "runs")
+    assert case.exit_code == EXIT_OK, case.reason
+    assert case.report.ok, case.report.violations
+    assert len(case.recoveries) == 3 and all(r.seconds is not None for r in case.recoveries)
