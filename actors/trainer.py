@@ -12,14 +12,20 @@ import os
 import time
 from pathlib import Path
 
+from typing import Any
+
 from actors.base import Inputs
 from actors.boot import CHECKPOINT_ON_STOP
 from actors.flow_actor import FlowActor
+from actors.memory_control import MemoryControl
 from bus.messages import ActorState, Metrics, TrainData, TrainerProgress, WeightsPushed
+from bus.schema import Event
 from psrl.flows.effects import Effect, PushWeights
 from psrl.flows.trainer import TrainerFlow
 from psrl.ps.from_config import make_pusher
 from psrl.ps.staging import HostStaging
+from psrl.tms import TRAINER
+from psrl.tms.backend import side_memory
 from psrl.trainer import ParallelContext, TrainerCore, latest_checkpoint
 
 
@@ -30,7 +36,29 @@ class TrainerActor(FlowActor):
 
     def inputs(self) -> Inputs:
         # a failed step or push must not leave the run waiting: the actor ends and is restarted
-        return Inputs(link={TrainData: self.to_flow}, fatal=frozenset({TrainData}))
+        self.held: list[Event[Any]] = []  # training data that arrived while the memory was released
+        self.memory_control = MemoryControl(
+            self.name, self._release, self._restore, self.publisher.publish, on_resumed=self._replay_held, log=self.log
+        )
+        control = self.memory_control.handlers() if self.config.topology.colocate else {}
+        return Inputs(bus=control, link={TrainData: self.to_flow}, fatal=frozenset({TrainData}))
+
+    def to_flow(self, event: Event[Any]) -> None:
+        if self.memory_control.is_paused:  # trained once the coordinator hands the GPUs back
+            self.held.append(event)
+            return
+        super().to_flow(event)
+
+    def _release(self) -> Any:
+        return self.core.memory.pause()
+
+    def _restore(self) -> Any:
+        return self.core.memory.resume()
+
+    def _replay_held(self) -> None:
+        held, self.held = self.held, []
+        for event in held:
+            self.to_flow(event)
 
     def setup(self) -> dict[str, int]:
         cfg = self.config
@@ -47,7 +75,7 @@ class TrainerActor(FlowActor):
                 LOCAL_RANK=str(local_rank),
             )
         self.parallel = ParallelContext.from_env(cfg.topology.device)
-        self.core = TrainerCore(cfg, parallel=self.parallel)
+        self.core = TrainerCore(cfg, parallel=self.parallel, memory=side_memory(cfg, TRAINER))
         self.checkpoints = Path(self.boot.run_dir) / "checkpoints" if self.boot.run_dir else None
         if cfg.trainer.resume and self.checkpoints is not None and (path := latest_checkpoint(self.checkpoints)):
             self.core.load_checkpoint(path)

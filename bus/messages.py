@@ -838,6 +838,7 @@ class MemoryResume(Message, frozen=True):
 class MemorySwitched(Message, frozen=True):
     """An actor paused or resumed its managed GPU memory (added in 1.4).
 
+    actor: the actor that switched.
     side: trainer or rollout.
     action: pause or resume.
     regions: the regions switched (psrl.tms.regions names).
@@ -847,6 +848,7 @@ class MemorySwitched(Message, frozen=True):
     region_ms: per region, how long its own pause or resume took.
     """
 
+    actor: str
     side: str
     action: str
     regions: list[str]

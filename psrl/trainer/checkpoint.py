@@ -20,6 +20,8 @@ from __future__ import annotations
 import json
 import random
 import shutil
+import contextlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -55,6 +57,8 @@ class Trainable:
     model: nn.Module
     raw: nn.Module
     optimizer: torch.optim.Optimizer
+    # where optimizer steps allocate (Adam moments): a torch-memory-saver region under psrl.tms
+    step_region: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext
 
 
 def step_dir(root: Path, version: int) -> Path:

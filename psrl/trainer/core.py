@@ -43,6 +43,7 @@ from psrl.trainer.models import load_critic, load_policy, load_reference, pad_to
 from psrl.trainer.parallel import ParallelContext
 from psrl.trainer.stages import ForwardModels, TrainerError, advantage_stage, per_sample_stage
 from psrl.trainer.update import UpdateSettings, actor_step, critic_step, denominators
+from psrl.tms import TRAINER, SideMemory
 
 
 @dataclass(frozen=True)
@@ -68,10 +69,17 @@ class TrainerCore:
     """Policy (and critic) training on consumed buffers; one instance per data-parallel rank."""
 
     def __init__(
-        self, config: Config, *, model_dir: str | Path | None = None, parallel: ParallelContext | None = None
+        self,
+        config: Config,
+        *,
+        model_dir: str | Path | None = None,
+        parallel: ParallelContext | None = None,
+        memory: SideMemory | None = None,
     ) -> None:
+        """`memory` (``psrl.tms``): weights, optimizer state and gradients go to its regions; default resident."""
         _refuse_invalid_overlap(config)
         self.config = config
+        self.memory = memory or SideMemory.unmanaged(TRAINER)
         self.parallel = parallel or ParallelContext()
         self.version = 0
         self.next_prompt_id = 0  # one past the highest prompt id trained on: a resumed run's dataset cursor
@@ -82,11 +90,12 @@ class TrainerCore:
         self.assets_dir = Path(config.model.tokenizer_path) if config.model.tokenizer_path else directory
         dtype = torch_dtype(config.actor.dtype)
         device = self.parallel.device
-        self.policy = self._trainable("policy", load_policy(directory, dtype, device), config.actor.lr)
-        self.reference = load_reference(directory, dtype, device) if config.algorithm.kl_loss_coef > 0 else None
-        self.critic = None
-        if config.algorithm.adv_estimator == "gae":
-            self.critic = self._trainable("critic", load_critic(directory, dtype, device), config.critic.lr)
+        with self.memory.region("weights"):
+            self.policy = self._trainable("policy", load_policy(directory, dtype, device), config.actor.lr)
+            self.reference = load_reference(directory, dtype, device) if config.algorithm.kl_loss_coef > 0 else None
+            self.critic = None
+            if config.algorithm.adv_estimator == "gae":
+                self.critic = self._trainable("critic", load_critic(directory, dtype, device), config.critic.lr)
         self.group_size = config.psrl.rollout_n
         self.plan = plan_chunks(
             config.psrl.fine_grain_overlap.granularity,
@@ -131,6 +140,10 @@ class TrainerCore:
     def add_chunk(self, buffer_id: int, trajectories: Sequence[Trajectory], *, is_last: bool) -> StepResult | None:
         """Feed the next chunk of buffer `buffer_id` (every rank, same data). Returns a result when
         an optimizer step happened (every pre_step chunk, and the last chunk), else None."""
+        with self.memory.region("grads"):  # gradients and activations: released without a copy while paused
+            return self._add_chunk(buffer_id, trajectories, is_last=is_last)
+
+    def _add_chunk(self, buffer_id: int, trajectories: Sequence[Trajectory], *, is_last: bool) -> StepResult | None:
         started = time.perf_counter()
         state = self._state_for(buffer_id)
         new_groups = group_trajectories(trajectories, self.group_size)
@@ -185,7 +198,8 @@ class TrainerCore:
 
     def load_checkpoint(self, path: str | Path) -> int:
         """Resume from `path`: weights, optimizer state, RNG, the version numbering and the dataset cursor."""
-        self.version = checkpoint.load_checkpoint(path, self._trainables())
+        with self.memory.region("optimizer"):  # the loaded optimizer state
+            self.version = checkpoint.load_checkpoint(path, self._trainables())
         self.next_prompt_id = int(checkpoint.read_trainer_state(path).get("next_prompt_id", 0))
         self._buffer = None
         return self.version
@@ -300,7 +314,7 @@ class TrainerCore:
             betas=self.config.actor.betas,
             weight_decay=self.config.actor.weight_decay,
         )
-        return Trainable(name, model, raw, optimizer)
+        return Trainable(name, model, raw, optimizer, step_region=lambda: self.memory.region("optimizer"))
 
     def _trainables(self) -> list[Trainable]:
         return [self.policy] + ([self.critic] if self.critic is not None else [])
