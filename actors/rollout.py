@@ -9,12 +9,8 @@ from __future__ import annotations
 
 import time
 
-from typing import Any
-
-from actors.base import Inputs
 from actors.flow_actor import FlowActor
-from actors.memory_control import MemoryControl
-from psrl.engine import Engine, build_engine
+from psrl.engine import build_engine
 from psrl.flows.instance import ROUTER, InstanceFlow
 from psrl.ps.from_config import make_puller
 from psrl.ps.supply import PsWeightSupply
@@ -25,17 +21,8 @@ class RolloutActor(FlowActor):
     FLOW = InstanceFlow
     flow: InstanceFlow
 
-    def inputs(self) -> Inputs:
-        inputs = super().inputs()
-        self.memory_control = MemoryControl(self.name, self._release, self._restore, self.publisher.publish, log=self.log)
-        if not self.config.topology.colocate:
-            return inputs
-        return Inputs(bus={**inputs.bus, **self.memory_control.handlers()}, link=inputs.link, fatal=inputs.fatal)
-
     def setup(self) -> dict[str, int]:
         engine = build_engine(self.config)
-        if self.config.topology.colocate and not isinstance(engine, Engine):  # the config rules refuse it first
-            raise TypeError("colocated rollout needs the embedded engine (engine.backend=embedded)")
         # vLLM's exit-time finalizers take 10-30 s on 2 busy cores; teardown below releases what matters
         self.exit_without_interpreter_teardown = self.config.engine.backend == "vllm"
         ps = self.config.psrl.ps
@@ -53,23 +40,10 @@ class RolloutActor(FlowActor):
         return self.flow.num_inflight if hasattr(self, "flow") else 0
 
     def step(self) -> bool:
-        if self.memory_control.is_paused:  # nothing runs on the GPU until the coordinator resumes the instance
-            return False
         effects = self.flow.step(time.monotonic())
         self.perform(effects)
-        return bool(effects) or self.flow.engine.has_unfinished_requests()
-
-    def _release(self) -> Any:
-        return self._engine().release_memory()
-
-    def _restore(self) -> Any:
-        return self._engine().restore_memory()
-
-    def _engine(self) -> Engine:
-        engine = self.flow.engine
-        if not isinstance(engine, Engine):
-            raise TypeError("memory release needs the embedded engine")
-        return engine
+        is_released = self.flow.memory.is_paused  # colocation: nothing to step until resumed
+        return bool(effects) or (not is_released and self.flow.engine.has_unfinished_requests())
 
     def on_pause(self) -> None:
         self.flow.engine.pause()

@@ -12,14 +12,10 @@ import os
 import time
 from pathlib import Path
 
-from typing import Any
-
 from actors.base import Inputs
 from actors.boot import CHECKPOINT_ON_STOP
 from actors.flow_actor import FlowActor
-from actors.memory_control import MemoryControl
 from bus.messages import ActorState, Metrics, TrainData, TrainerProgress, WeightsPushed
-from bus.schema import Event
 from psrl.flows.effects import Effect, PushWeights
 from psrl.flows.trainer import TrainerFlow
 from psrl.ps.from_config import make_pusher
@@ -36,29 +32,7 @@ class TrainerActor(FlowActor):
 
     def inputs(self) -> Inputs:
         # a failed step or push must not leave the run waiting: the actor ends and is restarted
-        self.held: list[Event[Any]] = []  # training data that arrived while the memory was released
-        self.memory_control = MemoryControl(
-            self.name, self._release, self._restore, self.publisher.publish, on_resumed=self._replay_held, log=self.log
-        )
-        control = self.memory_control.handlers() if self.config.topology.colocate else {}
-        return Inputs(bus=control, link={TrainData: self.to_flow}, fatal=frozenset({TrainData}))
-
-    def to_flow(self, event: Event[Any]) -> None:
-        if self.memory_control.is_paused:  # trained once the coordinator hands the GPUs back
-            self.held.append(event)
-            return
-        super().to_flow(event)
-
-    def _release(self) -> Any:
-        return self.core.memory.pause()
-
-    def _restore(self) -> Any:
-        return self.core.memory.resume()
-
-    def _replay_held(self) -> None:
-        held, self.held = self.held, []
-        for event in held:
-            self.to_flow(event)
+        return Inputs(link={TrainData: self.to_flow}, fatal=frozenset({TrainData}))
 
     def setup(self) -> dict[str, int]:
         cfg = self.config
@@ -90,7 +64,7 @@ class TrainerActor(FlowActor):
             weights = dict(self.core.named_weights())
             if self.pusher is not None:
                 self.pusher.push(self.core.version, self.staging.stage(weights))
-        self.attach(TrainerFlow(cfg, self.core, log=self.log), serving=self.make_link(self.name, serve=True))
+        self.attach(TrainerFlow(cfg, self.core, name=self.name, log=self.log), serving=self.make_link(self.name, serve=True))
         return {"version": self.core.version}
 
     def perform_other(self, effect: Effect) -> None:

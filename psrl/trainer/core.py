@@ -140,6 +140,8 @@ class TrainerCore:
     def add_chunk(self, buffer_id: int, trajectories: Sequence[Trajectory], *, is_last: bool) -> StepResult | None:
         """Feed the next chunk of buffer `buffer_id` (every rank, same data). Returns a result when
         an optimizer step happened (every pre_step chunk, and the last chunk), else None."""
+        if self.memory.is_paused:
+            raise TrainerError("a training step while the trainer's GPU memory is released (psrl.tms)")
         with self.memory.region("grads"):  # gradients and activations: released without a copy while paused
             return self._add_chunk(buffer_id, trajectories, is_last=is_last)
 
