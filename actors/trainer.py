@@ -64,7 +64,9 @@ class TrainerActor(FlowActor):
             weights = dict(self.core.named_weights())
             if self.pusher is not None:
                 self.pusher.push(self.core.version, self.staging.stage(weights))
-        self.attach(TrainerFlow(cfg, self.core, name=self.name, log=self.log), serving=self.make_link(self.name, serve=True))
+        self.attach(
+            TrainerFlow(cfg, self.core, name=self.name, log=self.log), serving=self.make_link(self.name, serve=True)
+        )
         return {"version": self.core.version}
 
     def perform_other(self, effect: Effect) -> None:

@@ -44,8 +44,11 @@ class TorchMemorySaver(Section):
         "(instances) or all (null = off); needs CUDA and the gpu extra (torch-memory-saver).",
     )
     enable_cuda_graph: bool = field(False, "Also release CUDA graphs (needs range=all).")
-    enable_nixl: bool = field(False, "Keep NIXL buffers at stable addresses across pause/resume (refused: this version's NIXL buffers are "
-        "in host memory).",)
+    enable_nixl: bool = field(
+        False,
+        "Keep NIXL buffers at stable addresses across pause/resume (refused: this version's NIXL buffers are "
+        "in host memory).",
+    )
 
 
 class StatsRecorder(Section):

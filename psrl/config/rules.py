@@ -373,8 +373,9 @@ def _colocation_rules(c: Config) -> Iterator[ConfigProblem]:
         yield problem(("topology.colocate", "topology.device"), "cpu", "colocation shares GPUs",
                       "set topology.device=cuda (or auto on a CUDA machine)")  # fmt: skip
     if c.engine.backend != "embedded":
-        yield problem(("topology.colocate", "engine.backend"), c.engine.backend, "colocated rollout releases the "
-                      "embedded engine's memory regions; the vLLM backend has none", "set engine.backend=embedded")  # fmt: skip
+        yield problem(("topology.colocate", "engine.backend"), c.engine.backend,
+                      "colocated rollout releases the embedded engine's memory regions; the vLLM backend has none",
+                      "set engine.backend=embedded")  # fmt: skip
     if c.psrl.fine_grain_overlap.granularity != "none":
         yield problem((FGO + "granularity", "topology.colocate"), c.psrl.fine_grain_overlap.granularity,
                       "the trainer would step on chunks while rollout still holds the GPUs",

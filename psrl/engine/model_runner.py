@@ -70,7 +70,9 @@ class ModelRunner:
             self.kernel_forward = KernelForward(model, step_kernels)
             round_shape = RoundShape(shape.block_size, shape.num_blocks, shape.max_num_seqs, max_blocks_per_seq,
                                      shape.max_model_len, decode_steps)  # fmt: skip
-            self.rounds = DecodeRounds(self.kernel_forward, self.kv_cache, round_shape, use_graphs, memory.graph_capture)
+            self.rounds = DecodeRounds(
+                self.kernel_forward, self.kv_cache, round_shape, use_graphs, memory.graph_capture
+            )
         self.decode_graphs = None
         if use_graphs or bucketed_decode:
             self.decode_graphs = DecodeGraphRunner(

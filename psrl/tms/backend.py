@@ -27,7 +27,8 @@ class MemorySaverUnavailableError(RuntimeError):
 
 
 def hook_mode(enable_cuda_graph: bool) -> str:
-    return "preload" if enable_cuda_graph else "torch"
+    """preload when graphs are released or the process was started with the library preloaded, else torch."""
+    return "preload" if enable_cuda_graph or is_preloaded() else "torch"
 
 
 def preload_library() -> str:
@@ -62,10 +63,12 @@ class TorchMemorySaverBackend:
             self._saver.hook_mode = mode
 
     def region(self, tag: str, keeps_contents: bool) -> contextlib.AbstractContextManager[Any]:
-        return self._saver.region(tag=tag, enable_cpu_backup=keeps_contents)
+        region: contextlib.AbstractContextManager[Any] = self._saver.region(tag=tag, enable_cpu_backup=keeps_contents)
+        return region
 
     def graph_capture(self, graph: Any, pool: Any, tag: str) -> contextlib.AbstractContextManager[Any]:
-        return self._saver.cuda_graph(graph, pool=pool, tag=tag)
+        capture: contextlib.AbstractContextManager[Any] = self._saver.cuda_graph(graph, pool=pool, tag=tag)
+        return capture
 
     def pause(self, tag: str) -> None:
         self._saver.pause(tag)

@@ -17,10 +17,10 @@ every rank reads the files (one host, or a shared filesystem across hosts).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 import shutil
-import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path

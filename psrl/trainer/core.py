@@ -36,6 +36,7 @@ from psrl.coordination.chunks import plan_chunks
 from psrl.errors import ConfigError
 from psrl.rl.batch import Sample
 from psrl.rl.trajectory import Trajectory
+from psrl.tms import TRAINER, SideMemory
 from psrl.trainer import checkpoint
 from psrl.trainer.checkpoint import Trainable
 from psrl.trainer.metrics import MetricSums, buffer_metrics
@@ -43,7 +44,6 @@ from psrl.trainer.models import load_critic, load_policy, load_reference, pad_to
 from psrl.trainer.parallel import ParallelContext
 from psrl.trainer.stages import ForwardModels, TrainerError, advantage_stage, per_sample_stage
 from psrl.trainer.update import UpdateSettings, actor_step, critic_step, denominators
-from psrl.tms import TRAINER, SideMemory
 
 
 @dataclass(frozen=True)

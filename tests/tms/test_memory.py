@@ -61,7 +61,11 @@ def test_pause_releases_in_reverse_order_and_resume_restores() -> None:
         pass
     assert backend.calls == [("region", "trainer.weights:True")]
     paused = memory.pause()
-    assert [tag for op, tag in backend.calls if op == "pause"] == ["trainer.grads", "trainer.optimizer", "trainer.weights"]
+    assert [tag for op, tag in backend.calls if op == "pause"] == [
+        "trainer.grads",
+        "trainer.optimizer",
+        "trainer.weights",
+    ]
     assert paused.changed_bytes == 300 and paused.free_bytes == 1300 and memory.is_paused
     assert set(paused.region_ms) == {"weights", "optimizer", "grads"} and paused.duration_ms > 0
     again = memory.pause()  # repeated: reported again, nothing released twice
