@@ -111,7 +111,7 @@ def colocated_layout(common: list[str], root: Path) -> None:
     report = replay_run(root / "colocated", ("all",), ())
     decisions = sum(c.agreement.num_decisions - c.agreement.num_skipped for c in report.checkers)
     agreeing = sum(c.agreement.num_agree for c in report.checkers)
-    switches = [e for e in read_timeline(root / "colocated").events if e.kind == "tms.switched"]
+    switches = read_timeline(root / "colocated").switches
     ratio = _ratio(results["colocated"].trajectories_per_s, results["shared"].trajectories_per_s)
     print(f"RESULT colocated_vs_shared={ratio:.3f} replay_agreement={agreeing / max(decisions, 1):.4f} "
           f"replay_decisions={decisions} switches={len(switches)}")  # fmt: skip
