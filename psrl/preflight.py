@@ -187,5 +187,11 @@ def getattr_path(config: Config, path: str) -> Any:
 
 
 CHECKS: tuple[Check, ...] = (
-    model_directory, prompts, reward_function, optional_packages, vllm_backend, gpus, memory_saver_device
+    model_directory,
+    prompts,
+    reward_function,
+    optional_packages,
+    vllm_backend,
+    gpus,
+    memory_saver_device,
 )
