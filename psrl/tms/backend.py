@@ -61,9 +61,14 @@ class TorchMemorySaverBackend:
         self._saver = torch_memory_saver
         if self._saver._impl is None:  # the mode can be set once per process, before first use
             self._saver.hook_mode = mode
+        # host copies are kept after a resume and reused by the next pause (no page-locking per switch)
+        self._saver.retain_cpu_backup = True
 
     def region(self, tag: str, keeps_contents: bool) -> contextlib.AbstractContextManager[Any]:
-        region: contextlib.AbstractContextManager[Any] = self._saver.region(tag=tag, enable_cpu_backup=keeps_contents)
+        backup = "pinned" if keeps_contents else None  # pinned host copies: DMA at full speed both ways
+        region: contextlib.AbstractContextManager[Any] = self._saver.region(
+            tag=tag, enable_cpu_backup=keeps_contents, cpu_backup_backend=backup
+        )
         return region
 
     def graph_capture(self, graph: Any, pool: Any, tag: str) -> contextlib.AbstractContextManager[Any]:

@@ -17,11 +17,9 @@ every rank reads the files (one host, or a shared filesystem across hosts).
 
 from __future__ import annotations
 
-import contextlib
 import json
 import random
 import shutil
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -57,8 +55,6 @@ class Trainable:
     model: nn.Module
     raw: nn.Module
     optimizer: torch.optim.Optimizer
-    # where optimizer steps allocate (Adam moments): a torch-memory-saver region under psrl.tms
-    step_region: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext
 
 
 def step_dir(root: Path, version: int) -> Path:

@@ -41,6 +41,7 @@ from psrl.trainer import checkpoint
 from psrl.trainer.checkpoint import Trainable
 from psrl.trainer.metrics import MetricSums, buffer_metrics
 from psrl.trainer.models import load_critic, load_policy, load_reference, pad_token_id, torch_dtype
+from psrl.trainer.optimizer_state import allocate_adam_state
 from psrl.trainer.parallel import ParallelContext
 from psrl.trainer.stages import ForwardModels, TrainerError, advantage_stage, per_sample_stage
 from psrl.trainer.update import UpdateSettings, actor_step, critic_step, denominators
@@ -316,7 +317,10 @@ class TrainerCore:
             betas=self.config.actor.betas,
             weight_decay=self.config.actor.weight_decay,
         )
-        return Trainable(name, model, raw, optimizer, step_region=lambda: self.memory.region("optimizer"))
+        if self.memory.is_managed:  # the state in its region now; steps (and their temporaries) outside it
+            with self.memory.region("optimizer"):
+                allocate_adam_state(optimizer)
+        return Trainable(name, model, raw, optimizer)
 
     def _trainables(self) -> list[Trainable]:
         return [self.policy] + ([self.critic] if self.critic is not None else [])

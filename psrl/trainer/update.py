@@ -174,8 +174,7 @@ def _finish_step(trainable: Trainable, grad_clip: float, sums: MetricSums, prefi
     norm = _to_float(grad_norm)
     sums.add(f"{prefix}/grad_norm", norm)
     sums.add(f"{prefix}/lr", float(trainable.optimizer.param_groups[0]["lr"]))
-    with trainable.step_region():
-        trainable.optimizer.step()
+    trainable.optimizer.step()
 
 
 def _scale(scale: Denominators) -> dict[str, float]:

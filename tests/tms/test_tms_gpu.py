@@ -99,12 +99,13 @@ def test_engine_pause_frees_memory_and_resume_gives_the_same_greedy_tokens(model
 
 def test_engine_released_mid_generation_continues_exactly(model_dir: Path, clean_gpu) -> None:
     engine = _engine(model_dir, graphs=False)
-    expected = _generate(engine, PROMPTS, max_tokens=40)
-    params = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
+    expected = _generate(engine, PROMPTS, max_tokens=120)
+    params = SamplingParams(max_tokens=120, temperature=0.0, ignore_eos=True)
     for index, prompt in enumerate(PROMPTS):
         engine.add_request(f"again-{index}", prompt, params)
-    for _ in range(5):
-        engine.step()
+    for _ in range(3):  # the prefill and a few decode rounds
+        assert not engine.step().finished
+    assert engine.scheduler.running, "the release must find running sequences"
     engine.release_memory()  # preempts the running sequences; their tokens stay
     engine.restore_memory()
     outputs: dict[str, list[int]] = {}
