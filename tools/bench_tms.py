@@ -209,12 +209,12 @@ def main() -> None:
             write_model(args.e2e_shape, e2e_dir)
             print(f"RESULT colocated_vs_shared={e2e_bench(e2e_dir, args.e2e_steps):.3f}")
             return
+        # first, in its own process: this one's switch part then fills the device
+        e2e = {} if args.skip_e2e else {"colocated_vs_shared": run_e2e_process(args)}
         model_dir = Path(tmp) / args.shape
         print(f"{args.shape}: {write_model(args.shape, model_dir) / 1e9:.2f} B parameters (demo vocabulary), "
               f"trainer {args.trainer_dtype}, hook mode {hook_mode(enable_cuda_graph=is_preloaded())}")  # fmt: skip
-        result = switch_bench(model_dir, args.trainer_dtype, args.cycles, args.margin_gib)
-    if not args.skip_e2e:  # its own process: this one's regions are still mapped (one memory saver per process)
-        result["colocated_vs_shared"] = run_e2e_process(args)
+        result = {**switch_bench(model_dir, args.trainer_dtype, args.cycles, args.margin_gib), **e2e}
     print("RESULT " + " ".join(f"{k}={v:.3f}" for k, v in result.items()))
 
 

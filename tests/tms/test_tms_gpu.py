@@ -59,9 +59,9 @@ def clean_gpu():  # type: ignore[no-untyped-def]
     torch.cuda.synchronize()
 
 
-def _engine(model_dir: Path, *, graphs: bool, num_kv_blocks: int = 4096) -> Engine:
+def _engine(model_dir: Path, *, graphs: bool, num_kv_blocks: int = 4096, dtype: str = "bfloat16") -> Engine:
     regions = managed_regions("all", ROLLOUT, enable_cuda_graph=graphs)
-    args = EngineArgs(model_path=model_dir, dtype="bfloat16", device="cuda", num_kv_blocks=num_kv_blocks,  # type: ignore[arg-type]
+    args = EngineArgs(model_path=model_dir, dtype=dtype, device="cuda", num_kv_blocks=num_kv_blocks,  # type: ignore[arg-type]
                       block_size=16, max_num_seqs=16, cuda_graphs=True)  # fmt: skip
     return Engine(args, memory=SideMemory(ROLLOUT, regions, _backend()))
 
@@ -98,7 +98,9 @@ def test_engine_pause_frees_memory_and_resume_gives_the_same_greedy_tokens(model
 
 
 def test_engine_released_mid_generation_continues_exactly(model_dir: Path, clean_gpu) -> None:
-    engine = _engine(model_dir, graphs=False)
+    # float32: preempted sequences are prefilled again, and in bf16 a re-prefilled KV can differ in the last bit
+    # from the one decode steps wrote, which may flip a greedy choice (as after any preemption)
+    engine = _engine(model_dir, graphs=False, dtype="float32")
     expected = _generate(engine, PROMPTS, max_tokens=120)
     params = SamplingParams(max_tokens=120, temperature=0.0, ignore_eos=True)
     for index, prompt in enumerate(PROMPTS):
