@@ -8,7 +8,7 @@ VLLM_VENV := .venv-vllm
 VLLM_BIN := $(VLLM_VENV)/bin
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: install install-vllm check lint imports types test test-slow test-multihost test-wheel test-vllm test-all demo docs bench clean
+.PHONY: install install-vllm check lint imports types test test-gpu test-slow test-multihost test-wheel test-vllm test-all demo docs bench clean
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -43,6 +43,11 @@ check: lint imports types
 
 test: check
 	$(PYTEST) -m "not slow and not multihost and not packaging and not vllm"
+
+test-gpu: install  # a CUDA device and the gpu extra: plainly, then with torch-memory-saver preloaded (graph release)
+	$(PYTEST) -m gpu
+	LD_PRELOAD=$$($(BIN)/python -c 'from psrl.tms.backend import preload_library; print(preload_library())') \
+		$(PYTEST) -m gpu tests/tms/test_tms_gpu.py
 
 test-slow: install
 	$(PYTEST) -m "slow and not vllm"

@@ -95,19 +95,19 @@ class SideMemory:
         return self._switch("resume", iter(self.regions.values()))
 
     def _switch(self, action: str, regions: Iterator[Region]) -> SwitchReport:
-        names = tuple(self.regions)
-        is_noop = self.backend is None or self.is_paused == (action == "pause")
-        if is_noop or self.backend is None:  # a repeated command: nothing to do, reported again
-            free = self.backend.free_bytes() if self.backend is not None else 0
-            return SwitchReport(self.side, action, names, 0.0, 0, free)
-        backend = self.backend
+        names, backend = tuple(self.regions), self.backend
+        if backend is None:  # nothing managed
+            return SwitchReport(self.side, action, names, 0.0, 0, 0)
+        if self.is_paused == (action == "pause"):  # a repeated command: nothing to do, reported again
+            return SwitchReport(self.side, action, names, 0.0, 0, backend.free_bytes())
         backend.synchronize()
         free_before = backend.free_bytes()
         started = self.clock()
         region_ms = {}
+        switch = backend.pause if action == "pause" else backend.resume
         for region in regions:
             region_started = self.clock()
-            (backend.pause if action == "pause" else backend.resume)(region.tag)
+            switch(region.tag)
             backend.synchronize()
             region_ms[region.name] = (self.clock() - region_started) * 1000
         duration_ms = (self.clock() - started) * 1000
