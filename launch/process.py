@@ -22,7 +22,7 @@ from typing import IO
 from actors.boot import Boot
 from launch.plan import ActorSpec
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[1]  # the checkout (or site-packages) holding launch/, actors/, psrl/
 
 
 @dataclass

@@ -167,7 +167,7 @@ def decode_point(engine: Engine, batch: int, context: int, rounds: tuple[int, in
     start_requests(engine, batch, context, 2 + (warm + timed + 1) * steps_per_round, random.Random(batch + context))
     for _ in range(warm):
         engine.step()
-    _synchronize()
+    _release()
     num_tokens = num_steps = kv_positions = 0
     started = time.perf_counter()
     for _ in range(timed):
@@ -195,7 +195,7 @@ def profile_round(engine: Engine, batch: int, context: int) -> dict[str, float]:
     start_requests(engine, batch, context, 2 + 4 * steps, random.Random(7))
     for _ in range(2):
         engine.step()
-    _synchronize()
+    _release()
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         started = time.perf_counter()
         engine.step()
@@ -222,7 +222,7 @@ def e2e_tok_s(engine: Engine, batch: int, prompt_len: int, gen_len: int) -> floa
         vocab = engine.spec.vocab_size
         for index in range(batch):
             engine.add_request(f"e{attempt}-{index}", [rng.randrange(vocab) for _ in range(prompt_len)], params)
-        _synchronize()
+        _release()
         started, num_tokens = time.perf_counter(), 0
         while engine.has_unfinished_requests():
             num_tokens += sum(len(result.output_ids) for result in engine.step().finished)
@@ -274,7 +274,7 @@ def run_shape(shape: str, args: object, device: torch.device, bandwidth: float, 
     print("one step, ms: " + " ".join(f"{name}={value:.3f}" for name, value in split.items()), flush=True)
     fields += [f"profile_{name}_ms={value:.3f}" for name, value in split.items()]
     del engine
-    _synchronize()
+    _release()
     if shape in args.e2e_shapes:  # type: ignore[attr-defined]
         fields += e2e_comparison(shape, args, device, directory)
     return fields
@@ -300,7 +300,7 @@ def e2e_comparison(shape: str, args: object, device: torch.device, directory: Pa
                       + " ".join(f"{name}={value:.3f}" for name, value in split.items()), flush=True)  # fmt: skip
                 fields += [f"e2e_profile_{kernels}_{name}_ms={value:.3f}" for name, value in split.items()]
             del engine
-            _synchronize()
+            _release()
         ratio = rates["auto"] / rates["off"]
         print(f"  batch {batch}: kernels {rates['auto']:.0f}, torch path {rates['off']:.0f} ({ratio:.2f}x)", flush=True)
         fields += [f"e2e_tok_s_b{batch}={rates['auto']:.0f}", f"e2e_baseline_tok_s_b{batch}={rates['off']:.0f}",
@@ -309,6 +309,13 @@ def e2e_comparison(shape: str, args: object, device: torch.device, directory: Pa
 
 
 def _synchronize() -> None:
+    """Wait for the device; nothing else, since the callers time what follows or precedes it."""
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def _release() -> None:
+    """Free a dropped engine's memory (outside every timed region: a full collection takes 100+ ms)."""
     gc.collect()  # an engine patched by skip_prefill is a reference cycle: free its KV cache now
     if torch.cuda.is_available():
         torch.cuda.synchronize()
