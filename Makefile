@@ -10,7 +10,7 @@ KV_VENV := .venv-kv
 KV_BIN := $(KV_VENV)/bin
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: install install-kv install-vllm check lint imports types test test-slow test-kv bench-kv chaos chaos-full fuzz test-multihost test-wheel test-vllm test-all demo docs bench clean
+.PHONY: install install-kv install-vllm check lint imports types test test-gpu test-slow test-kv bench-kv chaos chaos-full fuzz test-multihost test-wheel test-vllm test-all demo docs bench clean
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -62,6 +62,11 @@ test-kv: install-kv
 
 bench-kv: install-kv
 	$(KV_BIN)/python tools/bench_kv.py
+
+test-gpu: install  # a CUDA device and the gpu extra: plainly, then with torch-memory-saver preloaded (graph release)
+	$(PYTEST) -m gpu
+	LD_PRELOAD=$$($(BIN)/python -c 'from psrl.tms.backend import preload_library; print(preload_library())') \
+		$(PYTEST) -m gpu tests/tms/test_tms_gpu.py
 
 test-slow: install
 	$(PYTEST) -m "slow and not vllm"

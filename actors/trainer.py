@@ -25,6 +25,8 @@ from psrl.flows.effects import Effect, PushWeights
 from psrl.flows.trainer import TrainerFlow
 from psrl.ps.from_config import make_puller, make_pusher, staging_dtype
 from psrl.ps.staging import HostStaging
+from psrl.tms import TRAINER
+from psrl.tms.backend import side_memory
 from psrl.trainer import ParallelContext, TrainerCore, latest_checkpoint
 
 
@@ -53,7 +55,7 @@ class TrainerActor(FlowActor):
                 LOCAL_RANK=str(local_rank),
             )
         self.parallel = ParallelContext.from_env(cfg.topology.device)
-        self.core = TrainerCore(cfg, parallel=self.parallel)
+        self.core = TrainerCore(cfg, parallel=self.parallel, memory=side_memory(cfg, TRAINER))
         self.checkpoints = Path(self.boot.run_dir) / "checkpoints" if self.boot.run_dir else None
         if cfg.trainer.resume and self.checkpoints is not None and (path := latest_checkpoint(self.checkpoints)):
             self.core.load_checkpoint(path)
@@ -73,7 +75,9 @@ class TrainerActor(FlowActor):
             weights = dict(self.core.named_weights())
             if self.pusher is not None:
                 self.pusher.push(self.core.version, self.staging.stage(weights))
-        self.attach(TrainerFlow(cfg, self.core, log=self.log), serving=self.make_link(self.name, serve=True))
+        self.attach(
+            TrainerFlow(cfg, self.core, name=self.name, log=self.log), serving=self.make_link(self.name, serve=True)
+        )
         return {"version": self.core.version}
 
     def _catch_up_with_ps(self) -> int:

@@ -896,6 +896,58 @@ class TokenBatch(Message, frozen=True):
     instance: str
 
 
+# ---------------------------------------------------------------------------- GPU memory (torch-memory-saver)
+
+
+@message("tms.pause", channel=Channel.CONTROL)
+class MemoryPause(Message, frozen=True):
+    """Release the GPU memory of the addressed actors' managed regions (colocated training and rollout)
+    (added in 1.4). Paused memory keeps its virtual addresses; nothing runs on the GPU until MemoryResume.
+
+    targets: actor names addressed.
+    reason: why (which phase of the consume/generate cycle begins).
+    """
+
+    targets: list[str]
+    reason: str = ""
+
+
+@message("tms.resume", channel=Channel.CONTROL)
+class MemoryResume(Message, frozen=True):
+    """Re-acquire the memory a MemoryPause released, at the same addresses (added in 1.4).
+
+    targets: actor names addressed.
+    reason: why.
+    """
+
+    targets: list[str]
+    reason: str = ""
+
+
+@message("tms.switched")
+class MemorySwitched(Message, frozen=True):
+    """An actor paused or resumed its managed GPU memory (added in 1.4).
+
+    actor: the actor that switched.
+    side: trainer or rollout.
+    action: pause or resume.
+    regions: the regions switched (psrl.tms.regions names).
+    duration_ms: how long the switch took in the actor, device synchronised.
+    changed_bytes: device memory released (pause) or re-acquired (resume), from cudaMemGetInfo.
+    free_bytes: device memory free after the switch.
+    region_ms: per region, how long its own pause or resume took.
+    """
+
+    actor: str
+    side: str
+    action: str
+    regions: list[str]
+    duration_ms: float
+    changed_bytes: int
+    free_bytes: int
+    region_ms: dict[str, float] = field(default_factory=dict)
+
+
 # ---------------------------------------------------------------------------- run
 
 

@@ -6,6 +6,7 @@ actor keeps addressing its device as cuda:0 and the same boot line works on a re
 
 from __future__ import annotations
 
+from psrl.config import Config
 from psrl.config.system import Topology
 
 
@@ -16,3 +17,13 @@ def visible_gpus(role: str, index: int, topology: Topology) -> str | None:
     if role == "rollout" and topology.rollout_gpus:
         return str(topology.rollout_gpus[index % len(topology.rollout_gpus)])
     return None
+
+
+def memory_saver_preload(role: str, config: Config) -> str | None:
+    """The library trainer and rollout processes start with preloaded (``LD_PRELOAD``) when torch-memory-saver
+    must release captured CUDA graphs (``psrl.tms.enable_cuda_graph``); None: no preload."""
+    if not config.psrl.tms.enable_cuda_graph or role not in ("trainer", "rollout"):
+        return None
+    from psrl.tms.backend import preload_library
+
+    return preload_library()

@@ -92,6 +92,9 @@ def start_actor(spec: ActorSpec, boot: Boot, log_path: Path) -> ActorProcess:
     log_path.parent.mkdir(parents=True, exist_ok=True)
     log = log_path.open("ab")
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    preload = boot.options.get("ld_preload")
+    if preload:  # torch-memory-saver's hooks must be loaded before CUDA (psrl.tms.enable_cuda_graph)
+        env["LD_PRELOAD"] = ":".join(p for p in (str(preload), env.get("LD_PRELOAD", "")) if p)
     popen = subprocess.Popen(
         actor_command(spec),
         stdin=subprocess.PIPE,

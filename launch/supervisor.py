@@ -40,7 +40,7 @@ from bus.messages import (
 from bus.schema import Event
 from bus.security import generate_keys, load_keys
 from launch.hosts import HostsFile
-from launch.placement import visible_gpus
+from launch.placement import memory_saver_preload, visible_gpus
 from launch.plan import ActorSpec, plan_actors, plan_endpoints
 from launch.policy import RestartPolicy, Verdict
 from launch.process import ActorProcess, run_on_host, start_actor
@@ -425,4 +425,6 @@ def _dist_master(endpoints: dict[str, str]) -> str:
 
 def _placement(spec: ActorSpec, config: Config) -> dict[str, str]:
     gpus = visible_gpus(spec.role, spec.index, config.topology)
-    return {} if gpus is None else {"cuda_visible_devices": gpus}
+    options = {} if gpus is None else {"cuda_visible_devices": gpus}
+    preload = memory_saver_preload(spec.role, config)
+    return options if preload is None else {**options, "ld_preload": preload}

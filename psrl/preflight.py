@@ -34,7 +34,7 @@ def absolute_paths(config: Config) -> Config:
 def check_environment(config: Config, *, spans_hosts: bool = False) -> list[ConfigProblem]:
     """Every problem found (empty when the run can start). Across hosts the GPUs are not this machine's."""
     found: dict[str, Any] = {}  # what one check learns (tokenizer, dataset columns) and a later one needs
-    checks = [c for c in CHECKS if not (spans_hosts and c is gpus)]
+    checks = [c for c in CHECKS if not (spans_hosts and c in (gpus, memory_saver_device))]
     return [p for check in checks for p in check(config, found)]
 
 
@@ -190,6 +190,18 @@ def _available_memory_gb() -> float | None:
     return None
 
 
+def memory_saver_device(c: Config, found: dict[str, Any]) -> Iterator[ConfigProblem]:
+    """torch-memory-saver drives libcuda directly: any psrl.tms.range needs a CUDA device on this machine."""
+    if c.psrl.tms.range is None:
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        yield problem("psrl.tms.range", c.psrl.tms.range, "torch-memory-saver releases GPU memory through libcuda, "
+                      "and no CUDA device is visible on this machine",
+                      "set psrl.tms.range=null and topology.colocate=False, or run on a CUDA machine")  # fmt: skip
+
+
 def getattr_path(config: Config, path: str) -> Any:
     node: Any = config
     for part in path.split("."):
@@ -199,4 +211,5 @@ def getattr_path(config: Config, path: str) -> Any:
 
 CHECKS: tuple[Check, ...] = (
     model_directory, prompts, reward_function, optional_packages, offload_memory, vllm_backend, gpus,
+    memory_saver_device,
 )  # fmt: skip

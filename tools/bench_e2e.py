@@ -20,6 +20,11 @@ response lengths (median 512, capped at 4096), 256 concurrent sequences per engi
 rollout on one GPU, weights through shared memory. It also measures the engine alone (the same
 model, concurrency and length distribution, no actors) and prints the system's consumed tokens/s
 next to it, then ``RESULT speedup_vs_sync=... system_vs_engine_tok_s=...``.
+
+``--layout colocated`` (one CUDA device) runs the async settings twice instead: ``shared`` (trainer and
+rollout resident on the same GPU at once) and ``colocated`` (they take turns, ``psrl.tms.range=all``),
+checks the colocated run's recorded decisions with ``psrl replay --check all``, and ends with
+``RESULT colocated_vs_shared=... replay_agreement=... switches=...``.
 """
 
 from __future__ import annotations
@@ -99,6 +104,12 @@ def engine_solo_tok_s(overrides: list[str], num_requests: int) -> float:
     return num_tokens / elapsed
 
 
+LAYOUTS = {
+    "shared": ["topology.device=cuda", *PHASES["async"]],
+    "colocated": ["topology.device=cuda", "topology.colocate=True", "psrl.tms.range=all", *PHASES["async"]],
+}
+
+
 def run_phase(name: str, overrides: list[str], root: Path) -> RunSummary:
     config = load_config("demo", overrides)
     config = checked(config)
@@ -118,6 +129,7 @@ def main() -> None:
     parser.add_argument("--scale", choices=["cpu", "gpu"], default="cpu", help="gpu: the real-scale workload")
     parser.add_argument("--steps", type=int, default=None, help="training steps per phase")
     parser.add_argument("--root", type=Path, default=None, help="where the two run directories go")
+    parser.add_argument("--layout", choices=["sync-vs-async", "colocated"], default="sync-vs-async")
     parser.add_argument("overrides", nargs="*", help="config overrides applied to both phases")
     args = parser.parse_args()
     configure("warning")
@@ -125,6 +137,9 @@ def main() -> None:
     root = args.root or Path(tempfile.mkdtemp(prefix="psrl-bench-e2e-"))
     workload = GPU_WORKLOAD if args.scale == "gpu" else WORKLOAD
     common = [*workload, f"trainer.total_steps={steps}", *args.overrides]
+    if args.layout == "colocated":
+        colocated_layout(common, root)
+        return
     results = {name: run_phase(name, [*common, *extra], root) for name, extra in PHASES.items()}
     print_table(results)
     sync, fast = results["sync"], results["async"]
@@ -138,6 +153,20 @@ def main() -> None:
     print(f"RESULT speedup_vs_sync={speedup:.3f} rollout_busy={_value(fast.busy_fraction):.3f} "
           f"trainer_idle={_value(fast.trainer_idle_fraction):.3f} sync_rollout_busy={_value(sync.busy_fraction):.3f} "
           f"sync_trainer_idle={_value(sync.trainer_idle_fraction):.3f}{extra}")  # fmt: skip
+
+
+def colocated_layout(common: list[str], root: Path) -> None:
+    from psrl.replay import replay_run
+
+    results = {name: run_phase(name, [*common, *extra], root) for name, extra in LAYOUTS.items()}
+    print_table(results)
+    report = replay_run(root / "colocated", ("all",), ())
+    decisions = sum(c.agreement.num_decisions - c.agreement.num_skipped for c in report.checkers)
+    agreeing = sum(c.agreement.num_agree for c in report.checkers)
+    switches = read_timeline(root / "colocated").switches
+    ratio = _ratio(results["colocated"].trajectories_per_s, results["shared"].trajectories_per_s)
+    print(f"RESULT colocated_vs_shared={ratio:.3f} replay_agreement={agreeing / max(decisions, 1):.4f} "
+          f"replay_decisions={decisions} switches={len(switches)}")  # fmt: skip
 
 
 def _value(value: float | None) -> float:

@@ -41,10 +41,16 @@ class LMCache(Section):
 
 class TorchMemorySaver(Section):
     range: Literal["train", "rollout", "all"] | None = field(
-        None, "Which GPU memory is released while idle (null = off); needs the gpu extra."
+        None,
+        "Which side releases its GPU memory while idle under topology.colocate: train (trainer ranks), rollout "
+        "(instances) or all (null = off); needs CUDA and the gpu extra (torch-memory-saver).",
     )
     enable_cuda_graph: bool = field(False, "Also release CUDA graphs (needs range=all).")
-    enable_nixl: bool = field(False, "Keep NIXL buffers at stable addresses across pause/resume.")
+    enable_nixl: bool = field(
+        False,
+        "Keep NIXL buffers at stable addresses across pause/resume (refused: this version's NIXL buffers are "
+        "in host memory).",
+    )
 
 
 class StatsRecorder(Section):

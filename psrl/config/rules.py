@@ -340,20 +340,63 @@ def proactive_filter_threshold(c: Config) -> Iterator[ConfigProblem]:
 
 
 def tms_rules(c: Config) -> Iterator[ConfigProblem]:
-    if c.psrl.tms.enable_cuda_graph and c.psrl.tms.range != "all":
+    tms, topo = c.psrl.tms, c.topology
+    if tms.enable_cuda_graph and tms.range != "all":
         yield problem(
             (P + "tms.enable_cuda_graph", P + "tms.range"),
-            c.psrl.tms.range,
+            tms.range,
             "releasing CUDA graphs needs every region managed",
             f"set {P}tms.range=all",
         )
+    if tms.enable_nixl:
+        yield problem(P + "tms.enable_nixl", True, "NIXL buffers of this version live in host memory, not in "
+                      "GPU regions: nothing would read this switch", f"set {P}tms.enable_nixl=False")  # fmt: skip
+    if tms.range is not None and not topo.colocate:
+        yield problem(
+            (P + "tms.range", "topology.colocate"),
+            tms.range,
+            "memory is released only when training and rollout take turns on shared GPUs",
+            f"set topology.colocate=True, or {P}tms.range=null",
+        )
+    yield from _colocation_rules(c)
+
+
+def _colocation_rules(c: Config) -> Iterator[ConfigProblem]:
+    tms, topo = c.psrl.tms, c.topology
+    if not topo.colocate:
+        return
+    if tms.range is None:
+        yield problem(("topology.colocate", P + "tms.range"), None, "colocated training and rollout take turns "
+                      "by releasing GPU memory", f"set {P}tms.range=all (or train)")  # fmt: skip
+    elif tms.range == "rollout":
+        yield problem(
+            (P + "tms.range", "topology.colocate"),
+            tms.range,
+            "range=rollout leaves the trainer's weights, gradients and optimizer state resident on the shared "
+            "GPUs, and this version has no optimizer offload",
+            f"set {P}tms.range=all (or train)",
+        )
+    if topo.device == "cpu":
+        yield problem(("topology.colocate", "topology.device"), "cpu", "colocation shares GPUs",
+                      "set topology.device=cuda (or auto on a CUDA machine)")  # fmt: skip
+    if c.engine.backend != "embedded":
+        yield problem(("topology.colocate", "engine.backend"), c.engine.backend,
+                      "colocated rollout releases the embedded engine's memory regions; the vLLM backend has none",
+                      "set engine.backend=embedded")  # fmt: skip
+    if c.psrl.fine_grain_overlap.granularity != "none":
+        yield problem((FGO + "granularity", "topology.colocate"), c.psrl.fine_grain_overlap.granularity,
+                      "the trainer would step on chunks while rollout still holds the GPUs",
+                      f"set {FGO}granularity=none")  # fmt: skip
+    if topo.trainer_gpus != topo.rollout_gpus:
+        yield problem(("topology.trainer_gpus", "topology.rollout_gpus"), (topo.trainer_gpus, topo.rollout_gpus),
+                      "colocated trainer ranks and rollout instances share the same GPUs",
+                      "list the same GPUs in both (or leave both empty)")  # fmt: skip
 
 
 def features_available(c: Config) -> Iterator[ConfigProblem]:
     """Settings of features this version of psrl does not have yet are refused, never ignored."""
     sessions = c.psrl.rollout_coordination.session_strategy
     unavailable = [
-        (P + "tms.range", c.psrl.tms.range is not None, c.psrl.tms.range, f"set {P}tms.range=null"),
         (RC + "session_strategy.thunder_agent.enable", sessions.thunder_agent.enable, True,
          f"set {RC}session_strategy.thunder_agent.enable=False"),
     ]  # fmt: skip

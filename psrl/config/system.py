@@ -47,6 +47,11 @@ class Topology(Section):
         "GPU indices of the rollout instances (instance i sees only rollout_gpus[i % n], so instances may "
         "share a GPU); empty = every process sees all GPUs and uses the first.",
     )
+    colocate: bool = field(
+        False,
+        "Trainer ranks and rollout instances share the same GPUs and take turns: rollout releases its memory "
+        "while the trainer steps on a full buffer, the trainer while rollout fills the next one (psrl.tms.range).",
+    )
 
 
 class Engine(Section):

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import structlog
 import torch
 
+from psrl.engine.graph_capture import GraphCapture, plain_capture
 from psrl.engine.sequence import Sequence
 from psrl.models.attention import AttentionBatch
 from psrl.models.llama import DecoderModel
@@ -51,8 +52,10 @@ class DecodeGraphRunner:
         max_num_seqs: int,
         max_blocks_per_seq: int,
         use_graphs: bool,
+        capture: GraphCapture = plain_capture,
     ) -> None:
         self.model = model
+        self.capture = capture
         self.kv_cache = kv_cache
         self.block_size = block_size
         self.scratch_block = scratch_block
@@ -137,7 +140,7 @@ class DecodeGraphRunner:
                 self._forward(entry)
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool):
+        with self.capture(graph, self._pool):
             entry.logits = self._forward(entry)
         entry.graph = graph
         log.debug("decode_graph_captured", batch=entry.batch_size, blocks_per_seq=entry.num_blocks_per_seq)

@@ -24,6 +24,7 @@ import numpy as np
 import structlog
 import torch
 
+from psrl.engine.graph_capture import GraphCapture, plain_capture
 from psrl.engine.sequence import Sequence
 from psrl.models.kernel_forward import KernelForward
 
@@ -60,8 +61,16 @@ class RoundResult:
 
 
 class DecodeRounds:
-    def __init__(self, forward: KernelForward, kv_cache: torch.Tensor, shape: RoundShape, use_graphs: bool) -> None:
+    def __init__(
+        self,
+        forward: KernelForward,
+        kv_cache: torch.Tensor,
+        shape: RoundShape,
+        use_graphs: bool,
+        capture: GraphCapture = plain_capture,
+    ) -> None:
         self.forward = forward
+        self.capture = capture
         self.kv_cache = kv_cache
         self.shape = shape
         self.use_graphs = use_graphs
@@ -154,7 +163,7 @@ class DecodeRounds:
                     self._steps(bucket, num_steps)
             torch.cuda.current_stream().wait_stream(stream)
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self._pool):
+            with self.capture(graph, self._pool):
                 self._steps(bucket, num_steps)
         except RuntimeError as error:  # keep serving eagerly rather than die on a capture problem
             log.warning("decode_round_capture_failed", batch=bucket, steps=num_steps, error=str(error))

@@ -34,6 +34,7 @@ from psrl.kernels.library import resolve_cpu_kernels
 from psrl.kvcache import KvTier, TierKey
 from psrl.kvcache.keys import prefix_hashes, reusable_blocks
 from psrl.models import ModelSpec, build_model, iter_safetensors
+from psrl.tms import ROLLOUT, SideMemory, SwitchReport
 
 log = structlog.get_logger(__name__)
 
@@ -43,16 +44,24 @@ SEED_MASK = (1 << 64) - 1
 
 
 class Engine:
-    def __init__(self, args: EngineArgs, weights: WeightSource | None = None) -> None:
-        """Load the checkpoint at `args.model_path` (or `weights` with that directory's config.json)."""
+    def __init__(
+        self, args: EngineArgs, weights: WeightSource | None = None, *, memory: SideMemory | None = None
+    ) -> None:
+        """Load the checkpoint at `args.model_path` (or `weights` with that directory's config.json).
+
+        `memory` (``psrl.tms``): weights, KV cache and captured graphs go to its regions, which
+        ``release_memory`` and ``restore_memory`` switch; by default everything stays resident.
+        """
         self.args = args
+        self.memory = memory or SideMemory.unmanaged(ROLLOUT)
         self.spec = ModelSpec.from_dir(args.model_path)
         self.device = args.resolve_device()
         self.dtype = args.resolve_dtype(self.device)
         self.max_model_len = _max_model_len(args, self.spec)
         # an iterable is consumed as it goes: a checkpoint never sits in memory twice
         source = iter_safetensors(args.model_path) if weights is None else _weight_items(weights)
-        model = build_model(self.spec, self.max_model_len, self.dtype, self.device, source)
+        with self.memory.region("weights"):
+            model = build_model(self.spec, self.max_model_len, self.dtype, self.device, source)
         shape = RunnerShape(args.num_kv_blocks, args.block_size, args.max_num_seqs, self.max_model_len)
         if args.cpu_kernels == "on" and self.dtype != torch.float32:
             raise ValueError(f"engine.cpu_kernels=on needs dtype float32, not {self.dtype}")
@@ -72,6 +81,7 @@ class Engine:
             cpu_library=cpu_library,
             step_kernels=step_kernels,
             decode_steps=args.decode_steps,
+            memory=self.memory,
         )
         self.offload = self._make_offload(args)
         self.block_manager = BlockManager(
@@ -180,8 +190,8 @@ class Engine:
     # stepping
 
     def step(self) -> StepOutput:
-        """Run one scheduling step and return the tokens it produced (nothing while paused)."""
-        if self.is_paused:
+        """Run one scheduling step and return the tokens it produced (nothing while paused or released)."""
+        if self.is_paused or self.memory.is_paused:
             return StepOutput()
         round_steps = self._round_steps()
         batch = self.scheduler.schedule(max(round_steps, 1))
@@ -278,6 +288,18 @@ class Engine:
 
     def resume(self) -> None:
         self.is_paused = False
+
+    def release_memory(self) -> SwitchReport:
+        """Release the managed GPU memory: running sequences are preempted first (their tokens stay; they are
+        prefilled again after ``restore_memory``) and the prefix cache is forgotten, since the KV cache's
+        contents are not kept. Nothing runs on the GPU until ``restore_memory``."""
+        self.scheduler.preempt_all()
+        self.reset_prefix_cache()
+        return self.memory.pause()
+
+    def restore_memory(self) -> SwitchReport:
+        """Re-acquire the memory ``release_memory`` released, at the same addresses (weights with their values)."""
+        return self.memory.resume()
 
     def load_weights(self, weights: WeightSource, version: int, *, reset_prefix_cache: bool = True) -> int:
         """Replace weights in place (all or some tensors, any dtype); the next step uses them.

@@ -19,6 +19,7 @@ from psrl.models.attention import AttentionBatch, PackedPrefill, prefill_attenti
 from psrl.models.fused_decode import FusedCpuDecoder
 from psrl.models.kernel_forward import KernelForward
 from psrl.models.llama import DecoderModel
+from psrl.tms import ROLLOUT, SideMemory
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,21 +43,25 @@ class ModelRunner:
         cpu_library: ctypes.CDLL | None = None,
         step_kernels: StepKernels | None = None,
         decode_steps: int = 1,
+        memory: SideMemory | None = None,
     ) -> None:
         """`cpu_library`: the CPU kernels (psrl.kernels.library); fp32 CPU decode steps run fused with them.
 
         `step_kernels` (psrl.kernels.gpu): prefill and decode rounds of `decode_steps` steps run through them
         (raises StepKernelsUnavailableError for a model they do not cover).
+        `memory`: the KV cache and captured graphs go to its regions (``psrl.tms``); default resident.
         """
+        memory = memory or SideMemory.unmanaged(ROLLOUT)
         spec, device = model.spec, model.embed_tokens.weight.device
         self.model = model
         self.block_size = shape.block_size
         self.device = device
         # one block more than the block manager knows of: the scratch block of padded decode rows
-        self.kv_cache = torch.zeros(
-            spec.num_layers, shape.num_blocks + 1, shape.block_size, 2, spec.num_kv_heads, spec.head_dim,
-            dtype=dtype, device=device,
-        )  # fmt: skip
+        with memory.region("kv_cache"):
+            self.kv_cache = torch.zeros(
+                spec.num_layers, shape.num_blocks + 1, shape.block_size, 2, spec.num_kv_heads, spec.head_dim,
+                dtype=dtype, device=device,
+            )  # fmt: skip
         use_graphs = cuda_graphs and device.type == "cuda"
         max_blocks_per_seq = (shape.max_model_len + shape.block_size - 1) // shape.block_size
         self.kernel_forward: KernelForward | None = None
@@ -65,12 +70,14 @@ class ModelRunner:
             self.kernel_forward = KernelForward(model, step_kernels)
             round_shape = RoundShape(shape.block_size, shape.num_blocks, shape.max_num_seqs, max_blocks_per_seq,
                                      shape.max_model_len, decode_steps)  # fmt: skip
-            self.rounds = DecodeRounds(self.kernel_forward, self.kv_cache, round_shape, use_graphs)
+            self.rounds = DecodeRounds(
+                self.kernel_forward, self.kv_cache, round_shape, use_graphs, memory.graph_capture
+            )
         self.decode_graphs = None
         if use_graphs or bucketed_decode:
             self.decode_graphs = DecodeGraphRunner(
                 model, self.kv_cache, shape.block_size, shape.num_blocks, shape.max_num_seqs, max_blocks_per_seq,
-                use_graphs,
+                use_graphs, memory.graph_capture,
             )  # fmt: skip
         self.workspace: DecodeWorkspace | None = None
         self.fused: FusedCpuDecoder | None = None

@@ -70,5 +70,7 @@ def build_engine(config: Config) -> RolloutEngine:
         return VllmEngine(VllmEngineArgs.from_config(config))
     from psrl.engine.args import EngineArgs
     from psrl.engine.engine import Engine
+    from psrl.tms import ROLLOUT
+    from psrl.tms.backend import side_memory
 
-    return Engine(EngineArgs.from_config(config))
+    return Engine(EngineArgs.from_config(config), memory=side_memory(config, ROLLOUT))

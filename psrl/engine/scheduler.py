@@ -130,6 +130,13 @@ class Scheduler:
                 blocks.may_append(seq, missing)
         return ScheduledBatch(list(running), [1] * len(running), is_prefill=False, num_steps=num_steps)
 
+    def preempt_all(self) -> int:
+        """Free every running sequence's blocks; they wait (first admitted first) and are prefilled again."""
+        running = list(self.running)
+        for seq in reversed(running):
+            self._preempt(seq)
+        return len(running)
+
     def _preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)
         self.block_manager.deallocate(seq)

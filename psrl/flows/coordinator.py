@@ -8,6 +8,9 @@ buffers    occupied groups are released to the trainer chunk by chunk (fine-grai
            occupancy order; a fully handed-over buffer is consumed in the ledger
 tick       every check interval: the sync strategy, then migration (``psrl.coordination``), from
            instance reports, the router's facts and the PS version; logged for replay
+colocation with ``topology.colocate``, the consume/generate cycle switches the shared GPUs
+           (``psrl.tms.ColocationSwitch``): rollout pauses while the trainer steps on a handed-over
+           buffer, the trainer pauses while rollout fills the next one
 end        after ``trainer.total_steps`` versions the run ends (RunFinished)
 
 State: ``book`` (open groups and their results), ``emitter`` (what each buffer has released),
@@ -31,6 +34,9 @@ from bus.messages import (
     GroupDrop,
     InstanceStatus,
     InstanceSyncFailed,
+    MemoryPause,
+    MemoryResume,
+    MemorySwitched,
     Metrics,
     MigrateCommand,
     Occupy,
@@ -63,6 +69,7 @@ from psrl.flows.train_data import train_data
 from psrl.routing.cost_model import CostModel
 from psrl.routing.servable import ServableCounts
 from psrl.staleness.throttle import dispatch_allowance
+from psrl.tms import ROLLOUT, ColocationSwitch, SwitchCommand, managed_sides
 
 ROUTER = "router"
 
@@ -79,7 +86,15 @@ def make_sync_policy(config: Config, cost: CostModel | None) -> SyncPolicy:
 
 
 class CoordinatorFlow(Flow):
-    BUS_KINDS = (InstanceStatus, WeightsPublished, WeightsLoaded, InstanceSyncFailed, ActorExited, TrainerProgress)
+    BUS_KINDS = (
+        InstanceStatus,
+        WeightsPublished,
+        WeightsLoaded,
+        InstanceSyncFailed,
+        ActorExited,
+        TrainerProgress,
+        MemorySwitched,
+    )
 
     def __init__(
         self,
@@ -130,6 +145,11 @@ class CoordinatorFlow(Flow):
         # them again (it skips what it already trained); at most the buffers between the trainer's
         # version and the newest handed over
         self.unacknowledged: dict[int, list[TrainData]] = {}
+        self.switch: ColocationSwitch | None = None
+        if config.topology.colocate:
+            instances = [f"rollout-{i}" for i in range(config.topology.n_rollout_instances)]
+            managed = managed_sides(config.psrl.tms.range)
+            self.switch = ColocationSwitch(self.trainers, instances, managed, trained_version=initial_version)
 
     def handlers(self) -> dict[type[Message], Handler]:
         return {
@@ -146,6 +166,7 @@ class CoordinatorFlow(Flow):
             InstanceSyncFailed: self._on_sync_failed,
             ActorExited: self._on_exited,
             TrainerProgress: self._on_progress,
+            MemorySwitched: self._on_switched,
         }
 
     def timers(self) -> list[Timer]:
@@ -155,6 +176,8 @@ class CoordinatorFlow(Flow):
         """The first prompt groups (the run's clock starts now)."""
         self.started = self.last_handoff = now
         self._dispatch()
+        if self.switch is not None:
+            self._switch(self.switch.start(now))
         return self.take()
 
     # ------------------------------------------------------------------ dispatch
@@ -264,6 +287,8 @@ class CoordinatorFlow(Flow):
             self.send(trainer, data, model_version=chunk.buffer)
         self.unacknowledged.setdefault(chunk.buffer, []).append(data)
         self.handed_over.append(data)
+        if self.switch is not None:
+            self._switch(self.switch.handed_over(chunk.buffer, now))
         if chunk.is_last:
             self._buffer_metrics(chunk, self.handed_over, now)
             self.handed_over = []
@@ -306,6 +331,8 @@ class CoordinatorFlow(Flow):
 
     def _on_instance_status(self, status: InstanceStatus, now: float) -> None:
         self.instances.report(snapshot_from_status(status))
+        if self.switch is not None and status.instance not in self.switch.members[ROLLOUT]:
+            self._switch(self.switch.rejoined(status.instance, ROLLOUT, now))  # a restarted instance
 
     def _on_published(self, published: WeightsPublished, now: float) -> None:
         if published.version > self.ps_version:
@@ -323,6 +350,8 @@ class CoordinatorFlow(Flow):
         self.instances.remove(exited.actor)
         if exited.actor in self.trainers:
             self._resend(exited.actor)
+        if self.switch is not None:
+            self._switch(self.switch.exited(exited.actor, now))
 
     def _resend(self, trainer: str) -> None:
         """Hand a lost rank's replacement every chunk not yet trained (the link delivers them once it
@@ -334,12 +363,32 @@ class CoordinatorFlow(Flow):
             for data in self.unacknowledged[buffer]:
                 self.send(trainer, data, model_version=buffer)
 
+    # ------------------------------------------------------------------ colocation
+
+    def _on_switched(self, switched: MemorySwitched, now: float) -> None:
+        if self.switch is not None:
+            self._switch(self.switch.switched(switched.actor, switched.action, now))
+
+    def _switch(self, commands: list[SwitchCommand]) -> None:
+        """The switch's commands on the control channel, and the time each completed switch waited for its pause."""
+        switch = self.switch
+        if switch is None:
+            return
+        for command in commands:
+            kind = MemoryPause if command.action == "pause" else MemoryResume
+            self.publish(kind(targets=list(command.targets), reason=command.reason))
+        while switch.completed:
+            done = switch.completed.pop(0)
+            self.publish(Metrics(step=switch.trained, values={f"tms/switch_to_{done.to_side}_ms": done.pause_wait_ms}))
+
     # ------------------------------------------------------------------ ticks
 
     def tick(self, now: float) -> list[Effect]:
         """One sync/migration decision from what the coordinator knows now."""
         if self.is_finished:
             return []
+        if self.switch is not None:
+            self._switch(self.switch.retry(now))
         inputs = self._tick_inputs(now)
         decision = decide_tick(inputs, self.sync_policy, self.sync_settings)
         synced = list(decision.sync.instance_ids)
@@ -393,6 +442,8 @@ class CoordinatorFlow(Flow):
     def _on_progress(self, progress: TrainerProgress, now: float) -> None:
         for buffer in [b for b in self.unacknowledged if b < progress.version]:
             del self.unacknowledged[buffer]
+        if self.switch is not None and progress.step < self.config.trainer.total_steps:
+            self._switch(self.switch.trained_version(progress.version, now))
         if progress.step >= self.config.trainer.total_steps and not self.is_finished:
             self.is_finished = True
             summary = {"steps": float(progress.step), "elapsed_s": now - self.started}

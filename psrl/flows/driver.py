@@ -8,6 +8,11 @@
     push       the new version goes to the parameter server (here: a dict of versions)
     sync       the coordinator's sync strategy tells instances to load it
 
+With ``topology.colocate`` the coordinator's ``tms.pause`` / ``tms.resume`` reach the instances and the
+trainer as they would over the control channel; each side's memory is ``psrl.tms`` as configured, or
+the regions of the backend ``memory_backend(actor name)`` gives (one torch-memory-saver serves a whole
+process: on a GPU, run one instance).
+
 No sockets, threads or processes: a virtual clock advances ``tick_s`` per round, so a run is
 deterministic and fast tests can train whole steps. The simulator is the same loop with modelled
 engines, a modelled trainer and an event-driven clock (``psrl.sim``).
@@ -15,6 +20,7 @@ engines, a modelled trainer and an event-driven clock (``psrl.sim``).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -33,6 +39,8 @@ from psrl.flows.router import RouterFlow
 from psrl.flows.trainer import TrainerFlow
 from psrl.ps import PullFailedError
 from psrl.ps.supply import Fetched
+from psrl.tms import ROLLOUT, TRAINER, MemoryBackend, SideMemory, managed_regions
+from psrl.tms.backend import side_memory
 from psrl.trainer import TrainerCore
 
 
@@ -79,24 +87,42 @@ class RunRecord:
 
 
 class InProcessRun:
-    def __init__(self, config: Config, *, tick_s: float = 0.01) -> None:
+    def __init__(
+        self,
+        config: Config,
+        *,
+        tick_s: float = 0.01,
+        memory_backend: Callable[[str], MemoryBackend] | None = None,
+    ) -> None:
         self.config, self.tick_s, self.now = config, tick_s, 0.0
+        self.memory_backend = memory_backend
         task = TaskPrompts(config)
         self.coordinator = CoordinatorFlow(config, task, task)
         self.router = RouterFlow(config)
         self.weights = MemoryWeights()
         self.instances = [
             InstanceFlow(
-                f"rollout-{i}", config, Engine(EngineArgs.from_config(config)), self.weights, clock=lambda: self.now
+                f"rollout-{i}",
+                config,
+                Engine(EngineArgs.from_config(config), memory=self._memory(f"rollout-{i}", ROLLOUT)),
+                self.weights,
+                clock=lambda: self.now,
             )
             for i in range(config.topology.n_rollout_instances)
         ]
-        self.trainer = TrainerFlow(config, TrainerCore(config))
+        self.trainer = TrainerFlow(config, TrainerCore(config, memory=self._memory("trainer-0", TRAINER)))
         self.record = RunRecord()
         self.bus = LocalBus()
         self.bus.on_other = self._push
         self._wire()
         self._timers = [(name, timer, timer.interval_s) for name, flow in self._flows() for timer in flow.timers()]
+
+    def _memory(self, actor: str, side: str) -> SideMemory:
+        if self.memory_backend is None:
+            return side_memory(self.config, side)
+        tms = self.config.psrl.tms
+        regions = managed_regions(tms.range, side, enable_cuda_graph=tms.enable_cuda_graph)
+        return SideMemory(side, regions, self.memory_backend(actor))
 
     def _flows(self) -> list[tuple[str, Flow]]:
         instances: list[tuple[str, Flow]] = [(i.name, i) for i in self.instances]

@@ -18,7 +18,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import msgspec
 import numpy as np
@@ -30,6 +30,8 @@ from bus.messages import (
     GenerateResult,
     InstanceStatus,
     InstanceSyncFailed,
+    MemoryPause,
+    MemoryResume,
     MigrateCommand,
     PullRequest,
     SyncCommand,
@@ -45,14 +47,25 @@ from psrl.errors import RequestError
 from psrl.flows.base import Flow
 from psrl.flows.effects import Effect, Handler, Timer
 from psrl.flows.instance_kv import InstanceKv, KvPort
+from psrl.flows.memory import MemorySwitcher
 from psrl.ps import PullFailedError
 from psrl.ps.supply import Fetched
 from psrl.routing.budget import budget_request_tokens
 from psrl.routing.preemption import preempted_to_loop_back
+from psrl.tms import SwitchReport
 
 ROUTER = "router"
 STREAM_EVERY_TOKENS = 16  # chunk size of token streaming (a dead instance loses at most this much)
 _PULL_ERRORS = (PullFailedError, ValueError, RuntimeError)
+
+
+@runtime_checkable
+class ReleasableEngine(Protocol):
+    """An engine whose GPU memory can be released and re-acquired (the embedded engine; ``psrl.tms``)."""
+
+    def release_memory(self) -> SwitchReport: ...
+
+    def restore_memory(self) -> SwitchReport: ...
 
 
 class WeightSupply(Protocol):
@@ -86,7 +99,7 @@ class _PendingSync:
 
 
 class InstanceFlow(Flow):
-    BUS_KINDS = (SyncCommand, MigrateCommand, WeightsPublished)
+    BUS_KINDS = (SyncCommand, MigrateCommand, WeightsPublished, MemoryPause, MemoryResume)
 
     def __init__(
         self,
@@ -113,6 +126,7 @@ class InstanceFlow(Flow):
         self.last_dispatch_seq = -1
         self.report_seq = 0
         self.kv = None if kv is None else InstanceKv(name, kv, self.routing.kv_transfer, engine)
+        self.memory = MemorySwitcher(name, self._release_memory, self._restore_memory)
 
     def handlers(self) -> dict[type[Message], Handler]:
         return {
@@ -121,6 +135,8 @@ class InstanceFlow(Flow):
             SyncCommand: self._on_sync,
             MigrateCommand: self._on_migrate,
             WeightsPublished: self._on_published,
+            MemoryPause: self._on_memory_pause,  # colocation: the trainer takes the GPUs
+            MemoryResume: self._on_memory_resume,  # colocation: rollout's turn
         }
 
     def timers(self) -> list[Timer]:
@@ -253,10 +269,37 @@ class InstanceFlow(Flow):
         self.publish(loaded, model_version=fetched.version)
         self._report_status()
 
+    # ------------------------------------------------------------------ colocation
+
+    def _on_memory_pause(self, command: MemoryPause, now: float) -> None:
+        report = self.memory.pause(command)
+        if report is not None:
+            self.publish(report)
+            self._report_status()
+
+    def _on_memory_resume(self, command: MemoryResume, now: float) -> None:
+        report = self.memory.resume(command)
+        if report is not None:
+            self.publish(report)
+
+    def _release_memory(self) -> SwitchReport:
+        return self._memory_engine().release_memory()
+
+    def _restore_memory(self) -> SwitchReport:
+        return self._memory_engine().restore_memory()
+
+    def _memory_engine(self) -> ReleasableEngine:
+        engine = self.engine
+        if not isinstance(engine, ReleasableEngine):  # the config rules refuse colocation with such a backend
+            raise TypeError(f"{type(engine).__name__} cannot release its GPU memory (psrl.tms)")
+        return engine
+
     # ------------------------------------------------------------------ stepping
 
     def step(self, now: float) -> list[Effect]:
-        """One unit of work: a due sync, or one engine step with its tokens streamed."""
+        """One unit of work: a due sync, or one engine step with its tokens streamed (none while released)."""
+        if self.memory.is_paused:
+            return []
         if self._sync_if_due(now):
             return self.take()
         if self.kv is not None:
@@ -278,7 +321,10 @@ class InstanceFlow(Flow):
 
     @property
     def has_work(self) -> bool:
-        """Requests are unfinished, wait for their KV, or a sync waits: ``step`` has something to do."""
+        """Requests are unfinished, wait for their KV, or a sync waits: ``step`` has something to do
+        (nothing while the instance's memory is released)."""
+        if self.memory.is_paused:
+            return False
         waiting_kv = self.kv is not None and bool(self.kv.awaiting)
         return self.pending_sync is not None or waiting_kv or self.engine.has_unfinished_requests()
 

@@ -12,20 +12,25 @@ from __future__ import annotations
 
 from typing import Any
 
-from bus.messages import Metrics, TrainData
+from bus.messages import MemoryPause, MemoryResume, Metrics, TrainData
 from bus.schema import Message
 from psrl.config import Config
 from psrl.flows.base import Flow
 from psrl.flows.effects import Handler, PushWeights
+from psrl.flows.memory import MemorySwitcher
 from psrl.flows.train_data import trajectories_from
 from psrl.rl.trajectory import InvalidTrajectoryError
 from psrl.trainer import StepResult, TrainerCore
 
 
 class TrainerFlow(Flow):
-    def __init__(self, config: Config, core: TrainerCore, *, log: Any = None) -> None:
+    BUS_KINDS = (MemoryPause, MemoryResume)
+
+    def __init__(self, config: Config, core: TrainerCore, *, name: str = "trainer-0", log: Any = None) -> None:
         super().__init__()
         self.core = core
+        self.memory = MemorySwitcher(name, core.memory.pause, core.memory.resume)
+        self.held: list[TrainData] = []  # data that arrived while the GPU memory was released
         self.total_steps = config.trainer.total_steps
         self.responses_per_prompt = config.responses_per_prompt
         self.log = log
@@ -35,9 +40,30 @@ class TrainerFlow(Flow):
         self.chunks_seen: set[tuple[int, int]] = set()  # (buffer, chunk) of the buffer in progress
 
     def handlers(self) -> dict[type[Message], Handler]:
-        return {TrainData: self._on_data}  # from the coordinator: a chunk of a buffer
+        return {
+            TrainData: self._on_data,  # from the coordinator: a chunk of a buffer
+            MemoryPause: self._on_memory_pause,  # colocation: rollout takes the GPUs
+            MemoryResume: self._on_memory_resume,  # colocation: the trainer's turn
+        }
+
+    def _on_memory_pause(self, command: MemoryPause, now: float) -> None:
+        report = self.memory.pause(command)
+        if report is not None:
+            self.publish(report)
+
+    def _on_memory_resume(self, command: MemoryResume, now: float) -> None:
+        report = self.memory.resume(command)
+        if report is None:
+            return
+        self.publish(report)
+        held, self.held = self.held, []
+        for data in held:
+            self._on_data(data, now)
 
     def _on_data(self, data: TrainData, now: float) -> None:
+        if self.memory.is_paused:  # trained once the coordinator hands the GPUs back
+            self.held.append(data)
+            return
         if data.buffer < self.core.version:  # already trained (a resent buffer after a restart)
             if self.log is not None:
                 self.log.info("skipping trained buffer", buffer=data.buffer, version=self.core.version)

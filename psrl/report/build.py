@@ -38,6 +38,7 @@ def plot_specs() -> list[PlotSpec]:
     """Every plot of a report, in page order; needs matplotlib (the `report` extra)."""
     try:
         from psrl.report.plots_health import plot_eval, plot_health
+        from psrl.report.plots_memory import plot_memory_switches
         from psrl.report.plots_rollout import plot_utilisation, plot_version_lag
         from psrl.report.plots_training import plot_reward, plot_staleness, plot_sync_time
     except ImportError as error:
@@ -64,6 +65,10 @@ def plot_specs() -> list[PlotSpec]:
         PlotSpec("sync_time.png", "Weight-sync time per phase",
                  "Trainer push phases (sync/* metrics, slowest rank) stacked with the slowest instance's pull+load "
                  "(wt.loaded load_ms); dots are the mean pull+load over instances.", plot_sync_time),
+        PlotSpec("memory_switches.png", "GPU memory switches (colocated runs)",
+                 "When each trainer rank and rollout instance held its GPU memory (tms.switched: bars end when a "
+                 "pause began and start when a resume was done), and how long each pause and resume took.",
+                 plot_memory_switches),
     ]  # fmt: skip
 
 

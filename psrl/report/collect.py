@@ -9,6 +9,7 @@ from typing import Any
 from bus.eventlog.reader import EventLogReader
 from bus.messages import (
     InstanceStatus,
+    MemorySwitched,
     Metrics,
     MigrateCommand,
     RoutingRecord,
@@ -29,6 +30,7 @@ from psrl.report.timeline import (
     RunEnd,
     RunTimeline,
     StatusSample,
+    SwitchMark,
     SyncMark,
 )
 
@@ -51,6 +53,7 @@ class TimelineBuilder:
             SyncCommand: self._on_sync,
             MigrateCommand: self._on_migrate,
             RunFinished: self._on_finished,
+            MemorySwitched: self._on_switched,
         }
 
     def observe(self, event: Event[Any]) -> None:
@@ -94,6 +97,10 @@ class TimelineBuilder:
     def _on_migrate(self, msg: MigrateCommand, time: float) -> None:
         num_requests = len(msg.request_ids) or msg.num_requests
         self.timeline.migrations.append(MigrateMark(time, msg.source, msg.target, num_requests))
+
+    def _on_switched(self, msg: MemorySwitched, time: float) -> None:
+        mark = SwitchMark(time, msg.actor, msg.side, msg.action, msg.duration_ms, msg.changed_bytes)
+        self.timeline.switches.append(mark)
 
     def _on_finished(self, msg: RunFinished, time: float) -> None:
         self.timeline.run_end = RunEnd(time, msg.success, msg.reason)

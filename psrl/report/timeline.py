@@ -67,6 +67,18 @@ class MigrateMark:
 
 
 @dataclass(frozen=True)
+class SwitchMark:
+    """An actor paused or resumed its GPU memory (``tms.switched``); ``time`` is when it reported, done."""
+
+    time: float
+    actor: str
+    side: str
+    action: str
+    duration_ms: float
+    changed_bytes: int
+
+
+@dataclass(frozen=True)
 class RunEnd:
     time: float
     success: bool
@@ -89,6 +101,7 @@ class RunTimeline:
     loaded: list[LoadedPoint] = field(default_factory=list)
     syncs: list[SyncMark] = field(default_factory=list)
     migrations: list[MigrateMark] = field(default_factory=list)
+    switches: list[SwitchMark] = field(default_factory=list)
     run_end: RunEnd | None = None
     problems: list[str] = field(default_factory=list)
 
@@ -105,7 +118,15 @@ class RunTimeline:
         return sorted(self.status)
 
     def finish(self) -> RunTimeline:
-        for series in (self.metrics, self.progress, self.batches, self.loaded, self.syncs, self.migrations):
+        for series in (
+            self.metrics,
+            self.progress,
+            self.batches,
+            self.loaded,
+            self.syncs,
+            self.migrations,
+            self.switches,
+        ):
             series.sort(key=_by_time)
         self.published.sort()
         for samples in self.status.values():

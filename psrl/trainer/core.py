@@ -36,10 +36,12 @@ from psrl.coordination.chunks import plan_chunks
 from psrl.errors import ConfigError
 from psrl.rl.batch import Sample
 from psrl.rl.trajectory import Trajectory
+from psrl.tms import TRAINER, SideMemory
 from psrl.trainer import checkpoint
 from psrl.trainer.checkpoint import Trainable
 from psrl.trainer.metrics import MetricSums, buffer_metrics
 from psrl.trainer.models import load_critic, load_policy, load_reference, pad_token_id, torch_dtype
+from psrl.trainer.optimizer_state import allocate_adam_state
 from psrl.trainer.parallel import ParallelContext
 from psrl.trainer.stages import ForwardModels, TrainerError, advantage_stage, per_sample_stage
 from psrl.trainer.update import UpdateSettings, actor_step, critic_step, denominators
@@ -68,10 +70,17 @@ class TrainerCore:
     """Policy (and critic) training on consumed buffers; one instance per data-parallel rank."""
 
     def __init__(
-        self, config: Config, *, model_dir: str | Path | None = None, parallel: ParallelContext | None = None
+        self,
+        config: Config,
+        *,
+        model_dir: str | Path | None = None,
+        parallel: ParallelContext | None = None,
+        memory: SideMemory | None = None,
     ) -> None:
+        """`memory` (``psrl.tms``): weights, optimizer state and gradients go to its regions; default resident."""
         _refuse_invalid_overlap(config)
         self.config = config
+        self.memory = memory or SideMemory.unmanaged(TRAINER)
         self.parallel = parallel or ParallelContext()
         self.version = 0
         self.next_prompt_id = 0  # one past the highest prompt id trained on: a resumed run's dataset cursor
@@ -82,11 +91,12 @@ class TrainerCore:
         self.assets_dir = Path(config.model.tokenizer_path) if config.model.tokenizer_path else directory
         dtype = torch_dtype(config.actor.dtype)
         device = self.parallel.device
-        self.policy = self._trainable("policy", load_policy(directory, dtype, device), config.actor.lr)
-        self.reference = load_reference(directory, dtype, device) if config.algorithm.kl_loss_coef > 0 else None
-        self.critic = None
-        if config.algorithm.adv_estimator == "gae":
-            self.critic = self._trainable("critic", load_critic(directory, dtype, device), config.critic.lr)
+        with self.memory.region("weights"):
+            self.policy = self._trainable("policy", load_policy(directory, dtype, device), config.actor.lr)
+            self.reference = load_reference(directory, dtype, device) if config.algorithm.kl_loss_coef > 0 else None
+            self.critic = None
+            if config.algorithm.adv_estimator == "gae":
+                self.critic = self._trainable("critic", load_critic(directory, dtype, device), config.critic.lr)
         self.group_size = config.psrl.rollout_n
         self.plan = plan_chunks(
             config.psrl.fine_grain_overlap.granularity,
@@ -131,6 +141,12 @@ class TrainerCore:
     def add_chunk(self, buffer_id: int, trajectories: Sequence[Trajectory], *, is_last: bool) -> StepResult | None:
         """Feed the next chunk of buffer `buffer_id` (every rank, same data). Returns a result when
         an optimizer step happened (every pre_step chunk, and the last chunk), else None."""
+        if self.memory.is_paused:
+            raise TrainerError("a training step while the trainer's GPU memory is released (psrl.tms)")
+        with self.memory.region("grads"):  # gradients and activations: released without a copy while paused
+            return self._add_chunk(buffer_id, trajectories, is_last=is_last)
+
+    def _add_chunk(self, buffer_id: int, trajectories: Sequence[Trajectory], *, is_last: bool) -> StepResult | None:
         started = time.perf_counter()
         state = self._state_for(buffer_id)
         new_groups = group_trajectories(trajectories, self.group_size)
@@ -185,7 +201,8 @@ class TrainerCore:
 
     def load_checkpoint(self, path: str | Path) -> int:
         """Resume from `path`: weights, optimizer state, RNG, the version numbering and the dataset cursor."""
-        self.version = checkpoint.load_checkpoint(path, self._trainables())
+        with self.memory.region("optimizer"):  # the loaded optimizer state
+            self.version = checkpoint.load_checkpoint(path, self._trainables())
         self.next_prompt_id = int(checkpoint.read_trainer_state(path).get("next_prompt_id", 0))
         self._buffer = None
         return self.version
@@ -320,6 +337,9 @@ class TrainerCore:
             betas=self.config.actor.betas,
             weight_decay=self.config.actor.weight_decay,
         )
+        if self.memory.is_managed:  # the state in its region now; steps (and their temporaries) outside it
+            with self.memory.region("optimizer"):
+                allocate_adam_state(optimizer)
         return Trainable(name, model, raw, optimizer)
 
     def _trainables(self) -> list[Trainable]:

@@ -7,11 +7,13 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from bus.messages import InstanceStatus, Metrics, WeightsPublished
+from bus.messages import InstanceStatus, MemorySwitched, Metrics, WeightsPublished
 from psrl.cli.main import main
 from psrl.errors import MissingExtraError
 from psrl.report import build as build_module
 from psrl.report.build import build_report
+from psrl.report.collect import read_timeline
+from psrl.report.plots_memory import resident_spans
 from tests.report.events import make_event
 from tests.report.scenario import write_run
 
@@ -20,6 +22,7 @@ pytest.importorskip("matplotlib")
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 PLOT_FILES = {"reward.png", "health.png", "eval.png", "staleness.png", "utilisation.png", "version_lag.png",
               "sync_time.png"}  # fmt: skip
+MEMORY = "GPU memory switches (colocated runs)"  # drawn for colocated runs only
 
 
 def png_size(path: Path) -> tuple[int, int]:
@@ -33,7 +36,7 @@ def test_every_plot_is_written_and_linked(tmp_path: Path) -> None:
     result = build_report(run)
     assert result.output == run / "report"
     assert {p.name for p in result.plots.values()} == PLOT_FILES
-    assert result.skipped == {} and result.problems == []
+    assert set(result.skipped) == {MEMORY} and result.problems == []
     for path in result.plots.values():
         width, height = png_size(path)
         assert width >= 800 and height >= 300
@@ -51,7 +54,7 @@ def test_missing_data_is_said_not_drawn(tmp_path: Path) -> None:
     assert [p.name for p in result.plots.values()] == ["reward.png"]
     assert set(result.skipped) == {"Training health", "Held-out evaluation", "Staleness histogram",
                                    "Rollout-instance utilisation", "Version lag",
-                                   "Weight-sync time per phase"}  # fmt: skip
+                                   "Weight-sync time per phase", MEMORY}  # fmt: skip
     assert "no inst.status events" in result.skipped["Rollout-instance utilisation"]
     assert any("config.yaml missing" in p for p in result.problems)
     page = result.html.read_text()
@@ -132,3 +135,22 @@ def test_training_plots_leave_out_shutdown_steps_and_smooth(tmp_path: Path) -> N
     assert smooth([1.0, 1.0, 1.0]) == [1.0, 1.0, 1.0]
     assert smooth([0.0, 10.0], 0.5) == [0.0, pytest.approx(10 * 0.5 / 0.75)]
     assert smooth([4.0, 0.0], 0.0) == [4.0, 0.0]
+
+
+def test_memory_switches_of_a_colocated_run_are_drawn(tmp_path: Path) -> None:
+    def switched(actor: str, action: str, at_s: float, seq: int) -> object:
+        side = "trainer" if actor.startswith("trainer") else "rollout"
+        message = MemorySwitched(actor=actor, side=side, action=action, regions=["weights"], duration_ms=100.0,
+                                 changed_bytes=2**30, free_bytes=0)  # fmt: skip
+        return make_event(message, actor, at_s=at_s, seq=seq)
+
+    events = [switched("trainer-0", "pause", 1.0, 1), switched("rollout-0", "pause", 5.0, 1),
+              switched("trainer-0", "resume", 5.2, 2), switched("trainer-0", "pause", 8.0, 3),
+              switched("rollout-0", "resume", 8.3, 2)]  # fmt: skip
+    run = write_run(tmp_path / "colocated", events)  # type: ignore[arg-type]
+    result = build_report(run)
+    assert MEMORY in result.plots and png_size(result.plots[MEMORY])[0] >= 800
+    timeline = read_timeline(run)
+    trainer = [m for m in timeline.switches if m.actor == "trainer-0"]
+    spans = [(round(a, 2), round(b, 2)) for a, b in resident_spans(trainer, timeline)]
+    assert spans == [(4.2, 2.7)]  # from its resume (done) to its next pause (begun); paused at the run's start
