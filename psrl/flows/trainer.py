@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from bus.messages import Metrics, TrainData
+from psrl.evaluation import certificate
 from bus.schema import Message
 from psrl.config import Config
 from psrl.flows.base import Flow
@@ -31,6 +32,10 @@ class TrainerFlow(Flow):
         self.num_samples = 0  # trajectories of the step in progress
         self.step_started = 0.0
         self.num_malformed = 0
+        self.chunks: list[TrainData] = []  # of the buffer in progress, for its staleness certificate
+        correction = config.algorithm.rollout_correction
+        self.is_threshold = correction.rollout_is_threshold if correction.rollout_is == "token" else 0.0
+        self.publishes_certificate = core.parallel.rank == 0
 
     def handlers(self) -> dict[type[Message], Handler]:
         return {TrainData: self._on_data}  # from the coordinator: a chunk of a buffer
@@ -44,6 +49,7 @@ class TrainerFlow(Flow):
             return
         if data.chunk == 0:
             self.step_started = now
+            self.chunks = []
         try:
             trajectories = trajectories_from(data, self.responses_per_prompt)
         except (InvalidTrajectoryError, ValueError, IndexError, TypeError) as exc:  # malformed input: dropped
@@ -52,12 +58,18 @@ class TrainerFlow(Flow):
                 self.log.error("malformed train data dropped", buffer=data.buffer, chunk=data.chunk, error=repr(exc))
             return
         self.num_samples += len(trajectories)
+        self.chunks.append(data)
         result = self.core.add_chunk(data.buffer, trajectories, is_last=data.chunk == data.num_chunks - 1)
         if result is not None:
             self._after_step(data, result)
 
     def _after_step(self, data: TrainData, result: StepResult) -> None:
         self.publish(Metrics(step=data.buffer + 1, values=dict(result.metrics)), model_version=result.version)
+        if result.is_push_ready and self.publishes_certificate:
+            cert = certificate.build(self.chunks, result.version, result.trajectory_is,
+                                     responses_per_prompt=self.responses_per_prompt, threshold=self.is_threshold)  # fmt: skip
+            self.publish(cert, model_version=result.version)
+            self.chunks = []
         if result.is_push_ready:
             self.emit(
                 PushWeights(
