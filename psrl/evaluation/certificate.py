@@ -15,7 +15,7 @@ from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
@@ -108,6 +108,7 @@ def build(
 class _Seen:
     """What the generation events say about one trajectory id."""
 
+    router_incarnation: int = -1  # a resumed run's router sends an unfinished request again, from scratch
     num_requests: int = 0
     num_errors: int = 0
     first_prompt_length: int = -1
@@ -117,8 +118,7 @@ class _Seen:
     done: TrajectoryDone | None = None
 
 
-@dataclass(frozen=True)
-class CertifiedTrajectory:
+class CertifiedTrajectory(NamedTuple):
     """The fields of one certificate row that the generation events determine."""
 
     request_id: int
@@ -134,9 +134,12 @@ class Derivation:
     def __init__(self) -> None:
         self.seen: dict[int, _Seen] = defaultdict(_Seen)
 
-    def observe(self, message: object) -> None:
+    def observe(self, message: object, incarnation: int = 0) -> None:
+        """One generation event (``incarnation``: its sender's; a new router incarnation starts over)."""
         if isinstance(message, GenerateRequest):
             seen = self.seen[message.request_id]
+            if seen.router_incarnation != incarnation:
+                seen = self.seen[message.request_id] = _Seen(router_incarnation=incarnation)
             seen.num_requests += 1
             if seen.first_prompt_length < 0:
                 seen.first_prompt_length = len(message.prompt_token_ids)

@@ -13,6 +13,7 @@ from bus.messages import (
     MigrateCommand,
     RoutingRecord,
     RunFinished,
+    StalenessCertificate,
     SyncCommand,
     TrainBatch,
     TrainerProgress,
@@ -23,6 +24,7 @@ from bus.schema import Event, Message
 from psrl.report.metrics_file import MetricsRecord, read_metrics_file
 from psrl.report.timeline import (
     BatchPoint,
+    CertificatePoint,
     LoadedPoint,
     MigrateMark,
     ProgressPoint,
@@ -51,6 +53,7 @@ class TimelineBuilder:
             SyncCommand: self._on_sync,
             MigrateCommand: self._on_migrate,
             RunFinished: self._on_finished,
+            StalenessCertificate: self._on_certificate,
         }
 
     def observe(self, event: Event[Any]) -> None:
@@ -94,6 +97,16 @@ class TimelineBuilder:
     def _on_migrate(self, msg: MigrateCommand, time: float) -> None:
         num_requests = len(msg.request_ids) or msg.num_requests
         self.timeline.migrations.append(MigrateMark(time, msg.source, msg.target, num_requests))
+
+    def _on_certificate(self, msg: StalenessCertificate, time: float) -> None:
+        point = CertificatePoint(
+            version=msg.version,
+            staleness=tuple(int(msg.buffer - v) for v in msg.v_traj),
+            is_mean=tuple(float(x) for x in msg.is_mean),
+            is_clipped_frac=tuple(float(x) for x in msg.is_clipped_frac),
+            num_interrupted=int(((msg.flags >= 0) & ((msg.flags & 1) == 1)).sum()),
+        )
+        self.timeline.certificates.append(point)
 
     def _on_finished(self, msg: RunFinished, time: float) -> None:
         self.timeline.run_end = RunEnd(time, msg.success, msg.reason)

@@ -67,6 +67,17 @@ class MigrateMark:
 
 
 @dataclass(frozen=True)
+class CertificatePoint:
+    """One step's staleness certificate: per trajectory, its staleness and importance-weight statistics."""
+
+    version: int
+    staleness: tuple[int, ...]  # buffer - V_traj
+    is_mean: tuple[float, ...]  # nan = not measured
+    is_clipped_frac: tuple[float, ...]
+    num_interrupted: int
+
+
+@dataclass(frozen=True)
 class RunEnd:
     time: float
     success: bool
@@ -89,6 +100,7 @@ class RunTimeline:
     loaded: list[LoadedPoint] = field(default_factory=list)
     syncs: list[SyncMark] = field(default_factory=list)
     migrations: list[MigrateMark] = field(default_factory=list)
+    certificates: list[CertificatePoint] = field(default_factory=list)
     run_end: RunEnd | None = None
     problems: list[str] = field(default_factory=list)
 
@@ -108,6 +120,7 @@ class RunTimeline:
         for series in (self.metrics, self.progress, self.batches, self.loaded, self.syncs, self.migrations):
             series.sort(key=_by_time)
         self.published.sort()
+        self.certificates.sort(key=lambda c: c.version)
         for samples in self.status.values():
             samples.sort(key=_by_time)
         return self
