@@ -134,9 +134,12 @@ class Derivation:
     def __init__(self) -> None:
         self.seen: dict[int, _Seen] = defaultdict(_Seen)
 
-    def observe(self, message: object, incarnation: int = 0) -> None:
-        """One generation event (``incarnation``: its sender's; a new router incarnation starts over)."""
+    def observe(self, message: object, sender: str = "router.link", incarnation: int = 0) -> None:
+        """One generation event and its sender (a new router incarnation starts a request over). Only the
+        router's requests to instances count; the coordinator's to the router are the same request."""
         if isinstance(message, GenerateRequest):
+            if not sender.startswith("router"):
+                return
             seen = self.seen[message.request_id]
             if seen.router_incarnation != incarnation:
                 seen = self.seen[message.request_id] = _Seen(router_incarnation=incarnation)

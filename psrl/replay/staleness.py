@@ -36,7 +36,7 @@ class StalenessChecker(Checker):
         if isinstance(message, TrainBatch):
             self.batches[message.buffer] = sorted(message.prompt_ids)
         else:
-            self.derivation.observe(message, event.envelope.incarnation)
+            self.derivation.observe(message, event.envelope.sender, event.envelope.incarnation)
 
     def recorded(self, event: Event[StalenessCertificate]) -> tuple[Any, ...]:
         cert = event.message

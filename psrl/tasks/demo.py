@@ -12,6 +12,8 @@ right length with wrong digits, which a policy learns to produce instead of righ
 Held-out split: a prompt whose text hashes to 0 modulo `HELD_OUT_MODULUS` belongs to the `val`
 split, every other one to `train`; each split redraws until it gets one of its own, so no
 held-out prompt is ever trained on and `prompt(index)` stays a pure function of (seed, index).
+The held-out prompts are the same for every seed, so runs of different seeds are compared on
+the same questions.
 """
 
 from __future__ import annotations
@@ -42,7 +44,8 @@ class DemoTask:
         return replace(self, split="val")
 
     def prompt(self, index: int) -> Prompt:
-        key = f"demo:{self.seed}:{index}" if self.split == "train" else f"demo:{self.seed}:val:{index}"
+        # the held-out prompts do not depend on the seed: runs of any seed are evaluated on the same ones
+        key = f"demo:{self.seed}:{index}" if self.split == "train" else f"demo:val:{index}"
         rng = random.Random(key)
         while True:
             prompt = self._draw(rng, index)
