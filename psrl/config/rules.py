@@ -448,7 +448,8 @@ RULES: tuple[Rule, ...] = (
 
 
 def eval_settings_used(c: Config) -> Iterator[ConfigProblem]:
-    changed = sorted(c.eval.model_fields_set)
+    defaults = type(c.eval)()
+    changed = [name for name in type(c.eval).model_fields if getattr(c.eval, name) != getattr(defaults, name)]
     if c.trainer.eval_interval == 0 and changed:
         yield problem(tuple(f"eval.{name}" for name in changed), [getattr(c.eval, n) for n in changed],
                       "evaluation settings without evaluation (trainer.eval_interval=0)",

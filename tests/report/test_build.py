@@ -18,8 +18,8 @@ from tests.report.scenario import write_run
 pytest.importorskip("matplotlib")
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-PLOT_FILES = {"reward.png", "health.png", "eval.png", "staleness.png", "utilisation.png", "version_lag.png",
-              "sync_time.png"}  # fmt: skip
+PLOT_FILES = {"reward.png", "health.png", "eval.png", "staleness.png", "certificates.png", "utilisation.png",
+              "version_lag.png", "sync_time.png"}  # fmt: skip
 
 
 def png_size(path: Path) -> tuple[int, int]:
