@@ -810,7 +810,7 @@ class TrainData(Message, frozen=True):
     flags: np.ndarray | None = None
 
 
-# ---------------------------------------------------------------------------- evaluation and staleness certificates (1.4)
+# -------------------------------------------------------------------- evaluation and staleness certificates (1.4)
 
 
 class TrajectoryFlags(IntFlag):

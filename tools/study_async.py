@@ -82,12 +82,18 @@ def one_run(args: argparse.Namespace, setting: str, seed: int) -> StudyRun:
     clipped = [x for c in certs for x in c.is_clipped_frac if np.isfinite(x)]
     lengths = [r["values"]["response_length/mean"] for r in records if "response_length/mean" in r["values"]
                and r["sender"] == "coordinator"]  # fmt: skip
-    run = StudyRun(setting, seed, curve, float(last.get(f"eval/pass@{args.k}", np.nan)), wall,
-                   float(np.mean(staleness)) if staleness else np.nan,
-                   float(np.mean(clipped)) if clipped else np.nan, float(np.mean(lengths)) if lengths else np.nan)  # fmt: skip
-    print(f"  {setting:<8} seed {seed}: acc {100 * run.final_acc:.1f} (v0 {100 * curve.get(0, np.nan):.1f}) "
-          f"wall {wall:.0f} s (run {time.monotonic() - started:.0f} s) {result.run_dir}", flush=True)
+    run = StudyRun(setting, seed, curve, float(last.get(f"eval/pass@{args.k}", np.nan)), wall, _mean(staleness),
+                   _mean(clipped), _mean(lengths))  # fmt: skip
+    print(
+        f"  {setting:<8} seed {seed}: acc {100 * run.final_acc:.1f} (v0 {100 * curve.get(0, np.nan):.1f}) "
+        f"wall {wall:.0f} s (run {time.monotonic() - started:.0f} s) {result.run_dir}",
+        flush=True,
+    )
     return run
+
+
+def _mean(values: list[float]) -> float:
+    return float(np.mean(values)) if values else float("nan")
 
 
 def plot(runs: list[StudyRun], order: list[str], path: Path) -> None:
@@ -114,19 +120,24 @@ def plot(runs: list[StudyRun], order: list[str], path: Path) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="1 seed, 30 steps (about 10 minutes on 2 quiet cores)")
+    parser.add_argument("--quick", action="store_true", help="1 seed, 30 steps, 64 held-out prompts")
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=80)
     parser.add_argument("--eval-interval", type=int, default=20)
     parser.add_argument("--eval-prompts", type=int, default=128)
     parser.add_argument("-k", type=int, default=4, help="samples per prompt for pass@k")
-    parser.add_argument("--settings", default=",".join(SETTINGS), help="comma-separated subset of " + ",".join(SETTINGS))
+    parser.add_argument(
+        "--settings", default=",".join(SETTINGS), help="comma-separated subset of " + ",".join(SETTINGS)
+    )
     parser.add_argument("--root", default="runs/study_async", help="where the runs are written")
     parser.add_argument("--plot", type=Path, help="write the accuracy-over-versions plot here (png)")
     parser.add_argument("--json", type=Path, help="write every run's numbers here")
+    parser.add_argument("--first-seed", type=int, default=0, help="seeds first_seed .. first_seed + seeds - 1")
+    parser.add_argument("--add", type=Path, nargs="*", default=[],
+                        help="--json files of earlier invocations (other seeds) to count in the table")  # fmt: skip
     args = parser.parse_args()
     if args.quick:
-        args.seeds, args.steps, args.eval_interval = 1, 30, 10
+        args.seeds, args.steps, args.eval_interval, args.eval_prompts = 1, 30, 10, 64
     order = [s.strip() for s in args.settings.split(",")]
     unknown = [s for s in order if s not in SETTINGS]
     if unknown:
@@ -134,7 +145,11 @@ def main() -> None:
     started = time.monotonic()
     print(f"study: {order} x {args.seeds} seeds, {args.steps} steps, eval every {args.eval_interval} versions on "
           f"{args.eval_prompts} held-out prompts (greedy + {args.k} samples)", flush=True)  # fmt: skip
-    runs = [one_run(args, setting, seed) for seed in range(args.seeds) for setting in order]
+    seeds = range(args.first_seed, args.first_seed + args.seeds)
+    runs = [one_run(args, setting, seed) for seed in seeds for setting in order]
+    if args.json:
+        args.json.write_text(json.dumps([_to_json(r) for r in runs], indent=1))
+    runs += [_from_json(item) for path in args.add for item in json.loads(path.read_text())]
     rows = summarize(runs, order)
     print()
     for line in table(rows, args.k):
@@ -142,9 +157,17 @@ def main() -> None:
     print(f"study wall time {time.monotonic() - started:.0f} s")
     if args.plot:
         plot(runs, order, args.plot)
-    if args.json:
-        args.json.write_text(json.dumps([{**r.__dict__, "final_acc": r.final_acc} for r in runs], indent=1))
     print(result_line(rows))
+
+
+def _to_json(run: StudyRun) -> dict[str, object]:
+    return {**run.__dict__, "curve": {str(v): a for v, a in run.curve.items()}}
+
+
+def _from_json(item: dict[str, object]) -> StudyRun:
+    values = dict(item)
+    values["curve"] = {int(v): float(a) for v, a in dict(values["curve"]).items()}  # type: ignore[call-overload]
+    return StudyRun(**values)  # type: ignore[arg-type]
 
 
 if __name__ == "__main__":

@@ -14,7 +14,6 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-
 from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np

@@ -23,9 +23,9 @@ from bus.messages import Metrics, RunFinished, StalenessCertificate, TrainerProg
 from bus.schema import Message
 from psrl.config import Config
 from psrl.engine import Engine, EngineArgs
+from psrl.evaluation.planner import EvalPlanner
 from psrl.flows.base import Flow
 from psrl.flows.coordinator import CoordinatorFlow
-from psrl.evaluation.planner import EvalPlanner
 from psrl.flows.effects import Effect, Publish, PushWeights, Send
 from psrl.flows.instance import InstanceFlow
 from psrl.flows.local import LocalBus

@@ -12,9 +12,9 @@ from __future__ import annotations
 from typing import Any
 
 from bus.messages import Metrics, TrainData
-from psrl.evaluation import certificate
 from bus.schema import Message
 from psrl.config import Config
+from psrl.evaluation import certificate
 from psrl.flows.base import Flow
 from psrl.flows.effects import Handler, PushWeights
 from psrl.flows.train_data import trajectories_from
@@ -66,8 +66,13 @@ class TrainerFlow(Flow):
     def _after_step(self, data: TrainData, result: StepResult) -> None:
         self.publish(Metrics(step=data.buffer + 1, values=dict(result.metrics)), model_version=result.version)
         if result.is_push_ready and self.publishes_certificate:
-            cert = certificate.build(self.chunks, result.version, result.trajectory_is,
-                                     responses_per_prompt=self.responses_per_prompt, threshold=self.is_threshold)  # fmt: skip
+            cert = certificate.build(
+                self.chunks,
+                result.version,
+                result.trajectory_is,
+                responses_per_prompt=self.responses_per_prompt,
+                threshold=self.is_threshold,
+            )
             self.publish(cert, model_version=result.version)
             self.chunks = []
         if result.is_push_ready:

@@ -52,7 +52,7 @@ class Trajectory:
     abort_reason: str | None = None  # set once an abort was asked for: the result ends it
     error: str = ""
     num_sent_as_prompt: int = 0  # interrupt_as_prompt: earlier output the instance got as prompt
-    flags: TrajectoryFlags = TrajectoryFlags(0)  # for the staleness certificate
+    flags: int = 0  # TrajectoryFlags bits, for the staleness certificate
     result_instances: set[str] = field(default_factory=set)  # every instance that returned a result for it
 
     @property

@@ -14,7 +14,14 @@ from bus.messages import (
     TrajectoryDone,
     TrajectoryFlags,
 )
-from psrl.evaluation.certificate import Derivation, build, is_by_trajectory, is_plausible, recorded_rows, staleness_problems
+from psrl.evaluation.certificate import (
+    Derivation,
+    build,
+    is_by_trajectory,
+    is_plausible,
+    recorded_rows,
+    staleness_problems,
+)
 from psrl.evaluation.study import StudyRun, result_line, summarize
 from psrl.rl.batch import Sample
 from psrl.rl.trajectory import Trajectory
@@ -58,8 +65,9 @@ def test_importance_statistics_per_trajectory_leave_masked_tokens_out() -> None:
 def events(rid: int) -> list[tuple[object, str]]:
     sampling = SamplingParams(max_tokens=8)
     first = GenerateRequest(request_id=rid, prompt_id=rid // 2, prompt_token_ids=np.ones(3, I32), sampling=sampling)
-    cut = GenerateResult(request_id=rid, prompt_id=0, token_ids=np.asarray([5], I32), logprobs=np.zeros(1, np.float32),
-                         versions=np.asarray([1], I32), finish_reason=FinishReason.ABORT, instance="a", error="sync")  # fmt: skip
+    cut = GenerateResult(request_id=rid, prompt_id=0, token_ids=np.asarray([5], I32),
+                         logprobs=np.zeros(1, np.float32), versions=np.asarray([1], I32),
+                         finish_reason=FinishReason.ABORT, instance="a", error="sync")  # fmt: skip
     again = GenerateRequest(request_id=rid, prompt_id=rid // 2, prompt_token_ids=np.ones(3, I32), sampling=sampling,
                             generated_token_ids=np.asarray([5], I32))  # fmt: skip
     end = GenerateResult(request_id=rid, prompt_id=0, token_ids=np.asarray([5, 6], I32),

@@ -17,7 +17,8 @@ from psrl.tasks.demo import is_held_out
 class Source:
     """Prompt i's right answer is the token [i]."""
 
-    stop_token_ids = [0]
+    def __init__(self) -> None:
+        self.stop_token_ids = [0]
 
     def prompt(self, index: int) -> Prompt:
         return Prompt(index, "t", f"q{index}", str(index))
@@ -38,7 +39,8 @@ def planner(*overrides: str) -> EvalPlanner:
 def answer(p: EvalPlanner, sample_id: int, tokens: list[int], version: int, now: float = 1.0) -> dict | None:
     assert p.round is not None
     result = EvalResult(instance=p.round.instance, round=p.round.number, sample_id=sample_id,
-                        token_ids=np.asarray(tokens, np.int32), version=version, finish_reason=FinishReason.STOP)  # fmt: skip
+                        token_ids=np.asarray(tokens, np.int32), version=version,
+                        finish_reason=FinishReason.STOP)  # fmt: skip
     return p.record(result, now)
 
 

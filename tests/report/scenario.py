@@ -8,10 +8,10 @@ at t=9.2. Each step's batch has 8 trajectories and 100 response tokens (32 / 8 s
 
 from __future__ import annotations
 
-import numpy as np
-
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from bus.codec import Encoder
 from bus.eventlog import EventLogWriter
@@ -22,8 +22,8 @@ from bus.messages import (
     MigrateCommand,
     RoutingRecord,
     RunFinished,
-    SyncCommand,
     StalenessCertificate,
+    SyncCommand,
     TrainBatch,
     TrainerProgress,
     WeightsLoaded,
