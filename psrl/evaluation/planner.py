@@ -150,20 +150,20 @@ class EvalPlanner:
 
     def _metrics(self, current: EvalRound, now: float) -> dict[str, float]:
         greedy: list[float] = []
-        correct_by_prompt: dict[int, list[bool]] = defaultdict(list)
+        sampled: dict[int, list[float]] = defaultdict(list)  # prompt -> correctness of its sampled answers
         lengths, versions, num_errors = [], set(), 0
         for sample_id, sample in enumerate(current.samples):
             result = current.results[sample_id]
+            is_correct = False
             if result.finish_reason in (FinishReason.ERROR, FinishReason.ABORT):
                 num_errors += 1
-                is_correct = False
             else:
                 reward = self.source.score(self.source.prompt(sample.prompt_index), np.asarray(result.token_ids))
                 is_correct = _is_correct(reward)
                 lengths.append(len(result.token_ids))
             if result.version >= 0:
                 versions.add(result.version)
-            (greedy if sample.is_greedy else correct_by_prompt[sample.prompt_index]).append(float(is_correct))
+            (greedy if sample.is_greedy else sampled[sample.prompt_index]).append(float(is_correct))
         values = {
             "eval/version": float(max(versions) if versions else current.version_asked),
             "eval/mean_length": float(np.mean(lengths)) if lengths else 0.0,
@@ -172,15 +172,18 @@ class EvalPlanner:
             "eval/mixed_versions": float(len(versions) > 1),
             "eval/duration_s": now - current.started,
         }
+        return {**values, **self._accuracies(greedy, list(sampled.values()))}
+
+    def _accuracies(self, greedy: list[float], sampled: list[list[float]]) -> dict[str, float]:
+        """eval/acc (greedy, else the sampled answers'), eval/pass@k and eval/sampled_acc."""
+        values = {}
         if greedy:
             values["eval/acc"] = float(np.mean(greedy))
         k = self.settings.k
-        if k:
-            sampled = list(correct_by_prompt.values())
+        if k and sampled:
             values[f"eval/pass@{k}"] = float(np.mean([pass_at_k(k, int(sum(c)), k) for c in sampled]))
             values["eval/sampled_acc"] = float(np.mean([x for c in sampled for x in c]))
-            if not greedy:
-                values["eval/acc"] = values["eval/sampled_acc"]
+            values.setdefault("eval/acc", values["eval/sampled_acc"])
         return values
 
 
