@@ -3,6 +3,7 @@
 
     .venv/bin/python tools/study_async.py            # 5 settings x 3 seeds, the demo's 80 steps
     .venv/bin/python tools/study_async.py --quick    # 5 settings x 1 seed, 30 steps
+    .venv/bin/python tools/study_async.py --eval-cost --steps 30 --eval-interval 5 --seeds 1   # what eval costs
 
 Settings (all on the demo preset: GRPO, partial rollout, 2 instances, 1 trainer):
 
@@ -48,12 +49,12 @@ SETTINGS: dict[str, list[str]] = {
 }
 
 
-def overrides(args: argparse.Namespace, setting: str, seed: int) -> list[str]:
+def overrides(args: argparse.Namespace, setting: str, seed: int, *, evaluate: bool = True) -> list[str]:
+    evaluation = [f"trainer.eval_interval={args.eval_interval}", f"eval.num_prompts={args.eval_prompts}",
+                  f"eval.k={args.k}"]  # fmt: skip
     return [
         f"trainer.total_steps={args.steps}",
-        f"trainer.eval_interval={args.eval_interval}",
-        f"eval.num_prompts={args.eval_prompts}",
-        f"eval.k={args.k}",
+        *(evaluation if evaluate else []),
         f"trainer.seed={seed}",
         f"task.seed={seed}",
         "trainer.save_freq=0",
@@ -90,6 +91,29 @@ def one_run(args: argparse.Namespace, setting: str, seed: int) -> StudyRun:
         flush=True,
     )
     return run
+
+
+def eval_cost(args: argparse.Namespace) -> None:
+    """What evaluation costs training: s2_tis with and without it, alternating, same steps and seeds."""
+    import psrl
+    from psrl.report.collect import read_timeline
+
+    walls: dict[bool, list[float]] = {True: [], False: []}
+    for repeat in range(args.seeds):
+        for evaluate in (False, True):
+            name = f"cost_{'eval' if evaluate else 'none'}_{repeat}"
+            result = psrl.run("demo", overrides(args, "s2_tis", 0, evaluate=evaluate), name=name, root=args.root)
+            if not result.ok:
+                raise SystemExit(f"{name} failed: {result.reason}")
+            line = read_timeline(result.run_dir)
+            ends = [p.time for p in line.progress if p.step <= args.steps]
+            walls[evaluate].append(max(ends) - (line.first_dispatch or min(ends)))
+            print(f"  {name}: training wall {walls[evaluate][-1]:.0f} s", flush=True)
+    with_eval, without = _mean(walls[True]), _mean(walls[False])
+    rounds = args.steps // args.eval_interval + 1 + (args.steps % args.eval_interval > 0)
+    samples = args.eval_prompts * (1 + args.k)
+    print(f"RESULT eval_cost_ratio={with_eval / without:.3f} eval_rounds={rounds} eval_samples_per_round={samples} "
+          f"wall_with={with_eval:.0f} wall_without={without:.0f}")  # fmt: skip
 
 
 def _mean(values: list[float]) -> float:
@@ -132,12 +156,17 @@ def main() -> None:
     parser.add_argument("--root", default="runs/study_async", help="where the runs are written")
     parser.add_argument("--plot", type=Path, help="write the accuracy-over-versions plot here (png)")
     parser.add_argument("--json", type=Path, help="write every run's numbers here")
+    parser.add_argument("--eval-cost", action="store_true",
+                        help="instead: s2_tis with and without evaluation, --seeds times each (its cost)")  # fmt: skip
     parser.add_argument("--first-seed", type=int, default=0, help="seeds first_seed .. first_seed + seeds - 1")
     parser.add_argument("--add", type=Path, nargs="*", default=[],
                         help="--json files of earlier invocations (other seeds) to count in the table")  # fmt: skip
     args = parser.parse_args()
     if args.quick:
         args.seeds, args.steps, args.eval_interval, args.eval_prompts = 1, 30, 10, 64
+    if args.eval_cost:
+        eval_cost(args)
+        return
     order = [s.strip() for s in args.settings.split(",")]
     unknown = [s for s in order if s not in SETTINGS]
     if unknown:
