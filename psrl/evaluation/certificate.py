@@ -27,12 +27,11 @@ from bus.messages import (
     TrajectoryDone,
     TrajectoryFlags,
 )
+from psrl.routing.trajectories import INTERRUPTIONS
 
 if TYPE_CHECKING:
     from psrl.rl.batch import Sample
 
-# Reasons an instance gives for handing a request back unfinished (psrl.routing.trajectories.INTERRUPTIONS).
-INTERRUPT_REASONS = frozenset({"sync", "migrate", "preempted", "shutdown", "instance_lost"})
 TRAINED = (FinishReason.STOP, FinishReason.LENGTH, FinishReason.TRUNCATED)
 
 TrajectoryKey = tuple[int, int]  # (prompt_id, child)
@@ -153,7 +152,7 @@ class Derivation:
             seen.instances.add(message.instance)
             if message.finish_reason == FinishReason.ERROR:
                 seen.num_errors += 1
-            elif message.finish_reason == FinishReason.ABORT and message.error in INTERRUPT_REASONS:
+            elif message.finish_reason == FinishReason.ABORT and message.error in INTERRUPTIONS:
                 seen.is_interrupted = True
         elif isinstance(message, TrajectoryDone) and message.finish_reason in TRAINED:
             self.seen[message.request_id].done = message
