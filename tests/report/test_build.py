@@ -49,7 +49,8 @@ def test_missing_data_is_said_not_drawn(tmp_path: Path) -> None:
     run = write_run(tmp_path / "thin", only_metrics, with_config=False)
     result = build_report(run, tmp_path / "out")
     assert [p.name for p in result.plots.values()] == ["reward.png"]
-    assert set(result.skipped) == {"Training health", "Held-out evaluation", "Staleness histogram", "Staleness certificates",
+    assert set(result.skipped) == {"Training health", "Held-out evaluation", "Staleness histogram",
+                                   "Staleness certificates",
                                    "Rollout-instance utilisation", "Version lag",
                                    "Weight-sync time per phase"}  # fmt: skip
     assert "no inst.status events" in result.skipped["Rollout-instance utilisation"]
