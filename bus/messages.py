@@ -11,7 +11,7 @@ frames (see `bus.arrays`); a decoded array may be a read-only view on the receiv
 
 from __future__ import annotations
 
-from enum import IntEnum
+from enum import IntEnum, IntFlag
 
 import numpy as np
 from msgspec import field
@@ -741,6 +741,7 @@ class TrajectoryDone(Message, frozen=True):
     finish_reason: stop, length or truncated (a response to train on), abort or error (given up).
     instance: instance id that generated the last token.
     error: why it was given up (abort reason or error text); empty otherwise.
+    flags: how it was generated, TrajectoryFlags bits (interrupted, continued, migrated) (added in 1.4).
     """
 
     request_id: int
@@ -752,6 +753,7 @@ class TrajectoryDone(Message, frozen=True):
     finish_reason: FinishReason
     instance: str
     error: str = ""
+    flags: int = 0
 
 
 @message("group.drop")
@@ -804,6 +806,7 @@ class TrainData(Message, frozen=True):
     rewards: reward of each trajectory (float32).
     accs: task accuracy of each trajectory (float32).
     finish_reasons: finish reason of each trajectory (int32, FinishReason values).
+    flags: TrajectoryFlags bits of each trajectory (int32); unset = not recorded (added in 1.4).
     """
 
     step: int
@@ -822,6 +825,92 @@ class TrainData(Message, frozen=True):
     rewards: np.ndarray
     accs: np.ndarray
     finish_reasons: np.ndarray
+    flags: np.ndarray | None = None
+
+
+# -------------------------------------------------------------------- evaluation and staleness certificates (1.4)
+
+
+class TrajectoryFlags(IntFlag):
+    """How a trajectory came to be, as the router saw it (``TrajectoryDone.flags``, ``TrainData.flags``)."""
+
+    INTERRUPTED = 1  # an instance handed it back unfinished at least once (sync, migrate, preempted, ...)
+    CONTINUED = 2  # a later request continued it from its tokens (partial rollout)
+    MIGRATED = 4  # more than one instance returned results for it
+
+
+@message("eval.request")
+class EvalRequest(Message, frozen=True):
+    """Held-out prompts for one instance to answer at the weights it holds (coordinator -> instance, on the
+    bus; never routed, never in a staleness buffer) (added in 1.4).
+
+    instance: the instance that evaluates.
+    round: evaluation round (one per evaluated version).
+    version: the version the coordinator asks for (the results carry the version actually used).
+    sample_ids: id of each sample within the round.
+    prompt_lengths: prompt tokens of each sample (int32).
+    prompt_token_ids: every prompt, concatenated (int32).
+    sampling: sampling settings of each sample (greedy or sampled).
+    """
+
+    instance: str
+    round: int
+    version: int
+    sample_ids: list[int]
+    prompt_lengths: np.ndarray
+    prompt_token_ids: np.ndarray
+    sampling: list[SamplingParams]
+
+
+@message("eval.result")
+class EvalResult(Message, frozen=True):
+    """One evaluation sample finished (instance -> coordinator, on the bus) (added in 1.4).
+
+    instance: the instance that generated it.
+    round: evaluation round.
+    sample_id: id of the sample within the round.
+    token_ids: the response (int32).
+    version: the weight version every token of it was generated with (-1 = none generated).
+    finish_reason: stop, length, abort or error.
+    error: why it failed or was aborted; empty otherwise.
+    """
+
+    instance: str
+    round: int
+    sample_id: int
+    token_ids: np.ndarray
+    version: int
+    finish_reason: FinishReason
+    error: str = ""
+
+
+@message("train.certificate")
+class StalenessCertificate(Message, frozen=True):
+    """What one trained buffer was made of, logged by the trainer once per step (``psrl replay --check
+    staleness`` re-derives it from the generation events) (added in 1.4).
+
+    buffer: staleness buffer index consumed.
+    version: version the step produced (buffer + 1).
+    request_ids: trajectory ids (int32).
+    v_traj: pinned version of each trajectory (int32).
+    min_token_version: oldest weight version among each trajectory's tokens (int32; -1 = no tokens).
+    max_token_version: newest weight version among each trajectory's tokens (int32; -1 = no tokens).
+    flags: TrajectoryFlags bits of each trajectory (int32; -1 = not recorded).
+    is_mean: mean truncated importance weight over each trajectory's tokens (float32; nan = not measured).
+    is_clipped_frac: fraction of each trajectory's tokens whose weight hit the threshold (float32; nan = not measured).
+    is_threshold: the truncation threshold (0 = no importance sampling).
+    """
+
+    buffer: int
+    version: int
+    request_ids: np.ndarray
+    v_traj: np.ndarray
+    min_token_version: np.ndarray
+    max_token_version: np.ndarray
+    flags: np.ndarray
+    is_mean: np.ndarray
+    is_clipped_frac: np.ndarray
+    is_threshold: float = 0.0
 
 
 # ---------------------------------------------------------------------------- KV offload tier and transfer (1.4)

@@ -24,6 +24,7 @@ class ProgressView:
         self.by_step: dict[int, dict[str, float]] = {}
         self.busy: dict[str, list[int]] = {}
         self.summary: dict[str, float] = {}
+        self.evals: list[tuple[int, float]] = []  # (version, held-out accuracy)
 
     def on_event(self, event: Event[Any]) -> None:
         msg = event.message
@@ -31,6 +32,8 @@ class ProgressView:
             seen = self.busy.setdefault(msg.instance, [0, 0])
             seen[0] += int(msg.num_running > 0)
             seen[1] += 1
+        elif isinstance(msg, Metrics) and event.envelope.sender == "coordinator" and "eval/version" in msg.values:
+            self._print_eval(msg.values)
         elif isinstance(msg, Metrics) and event.envelope.sender == "coordinator":
             self.by_step.setdefault(msg.step, {}).update(msg.values)
         elif isinstance(msg, TrainerProgress):
@@ -55,6 +58,16 @@ class ProgressView:
             f" | {rate:.1f} traj/s | busy {util or '-'} | {elapsed:.0f}s"
         )
 
+    def _print_eval(self, values: dict[str, float]) -> None:
+        version, acc = int(values["eval/version"]), values.get("eval/acc", float("nan"))
+        self.evals.append((version, acc))
+        if self.echo is not None:
+            others = " ".join(
+                f"{name[5:]} {v:.3f}" for name, v in sorted(values.items()) if name.startswith("eval/pass@")
+            )
+            self.echo(f"eval  v{version} | held-out acc {acc:.3f} {others} | mean length "
+                      f"{values.get('eval/mean_length', 0):.1f} | {values.get('eval/duration_s', 0):.1f}s")  # fmt: skip
+
     def summary_lines(self) -> list[str]:
         """First and last step's reward, and the means of the first and last few steps (one buffer's
         reward depends on which prompts it drew, so the means show the trend)."""
@@ -67,4 +80,7 @@ class ProgressView:
             head = sum(r for _, r in self.rewards[:window]) / window
             tail = sum(r for _, r in self.rewards[-window:]) / window
             lines.append(f"reward: mean of the first {window} steps {head:.3f} -> of the last {window} {tail:.3f}")
+        if len(self.evals) >= 2:
+            (v0, a0), (v1, a1) = min(self.evals), max(self.evals)
+            lines.append(f"held-out accuracy (greedy, exact match): v{v0} {a0:.3f} -> v{v1} {a1:.3f}")
         return lines

@@ -75,6 +75,9 @@ def prompts(c: Config, found: dict[str, Any]) -> Iterator[ConfigProblem]:
     from psrl.data import DataError, load_split
     from psrl.tasks import task_names
 
+    if c.trainer.eval_interval and c.data.train_files and not c.data.val_files:
+        yield problem(("trainer.eval_interval", "data.val_files"), c.trainer.eval_interval,
+                      "evaluation needs a held-out split", "set data.val_files or trainer.eval_interval=0")  # fmt: skip
     if not c.data.train_files:
         if c.data.val_files:
             yield problem(("data.val_files", "data.train_files"), c.data.val_files,

@@ -8,7 +8,7 @@ from psrl.config.base import Section, section
 from psrl.config.data import Data, Logging, Reward
 from psrl.config.psrl_section import PsrlSection
 from psrl.config.system import Bus, Engine, Model, Run, Task, Topology
-from psrl.config.training import Actor, Algorithm, Critic, TrainerLoop
+from psrl.config.training import Actor, Algorithm, Critic, Eval, TrainerLoop
 
 
 class Config(Section):
@@ -19,6 +19,7 @@ class Config(Section):
     actor: Actor = section(Actor, "Policy optimisation on the trainer.")
     critic: Critic = section(Critic, "Value model (GAE only).")
     trainer: TrainerLoop = section(TrainerLoop, "Training loop and checkpoints.")
+    eval: Eval = section(Eval, "Held-out evaluation during training (every trainer.eval_interval versions).")
     model: Model = section(Model, "Policy checkpoint.")
     task: Task = section(Task, "Prompt generator, prompt and response lengths, sampling.")
     data: Data = section(Data, "A dataset of prompts (instead of the task's generator).")

@@ -496,6 +496,21 @@ RULES: tuple[Rule, ...] = (
 )
 
 
+def eval_settings_used(c: Config) -> Iterator[ConfigProblem]:
+    defaults = type(c.eval)()
+    changed = [name for name in type(c.eval).model_fields if getattr(c.eval, name) != getattr(defaults, name)]
+    if c.trainer.eval_interval == 0 and changed:
+        yield problem(tuple(f"eval.{name}" for name in changed), [getattr(c.eval, n) for n in changed],
+                      "evaluation settings without evaluation (trainer.eval_interval=0)",
+                      "set trainer.eval_interval (e.g. 10) or remove the eval.* settings")  # fmt: skip
+    elif c.trainer.eval_interval and not c.eval.greedy and c.eval.k == 0:
+        yield problem(("eval.greedy", "eval.k"), (False, 0), "an evaluation with no answers to score",
+                      "set eval.greedy=True or eval.k >= 1")  # fmt: skip
+
+
+RULES = (*RULES, eval_settings_used)
+
+
 def check(config: Config) -> list[ConfigProblem]:
     """Run every rule; return all problems found (empty when the config is valid)."""
     return [p for rule in RULES for p in rule(config)]

@@ -82,4 +82,23 @@ class TrainerLoop(Section):
         gt=0,
     )
     resume: bool = field(True, "Resume from the run directory's latest checkpoint when one exists.")
+    eval_interval: int = field(
+        0,
+        "Evaluate on the held-out split (eval.*) every this many versions, at version 0 and at the last "
+        "version (0 = never).",
+        ge=0,
+    )
     seed: int = field(0, "Seed of the trainer's randomness.")
+
+
+class Eval(Section):
+    num_prompts: int = field(
+        64, "Held-out prompts per evaluation (the first ones of data.val_files, or of the task's held-out split).", ge=1
+    )
+    greedy: bool = field(True, "Answer each prompt once at temperature 0 (eval/acc).")
+    k: int = field(4, "Sampled answers per prompt at task.temperature for eval/pass@k (0 = none).", ge=0)
+    max_tokens: int | None = field(None, "Longest evaluation response in tokens; unset = task.max_response_length.",
+                                   ge=1)  # fmt: skip
+    final_timeout_s: float = field(
+        120.0, "After the last step, how long the run waits for the evaluation of the last version.", gt=0
+    )

@@ -11,7 +11,10 @@ tick       every check interval: the sync strategy, then migration (``psrl.coord
 colocation with ``topology.colocate``, the consume/generate cycle switches the shared GPUs
            (``psrl.tms.ColocationSwitch``): rollout pauses while the trainer steps on a handed-over
            buffer, the trainer pauses while rollout fills the next one
-end        after ``trainer.total_steps`` versions the run ends (RunFinished)
+eval       with ``trainer.eval_interval``: held-out rounds on an instance that holds a due version
+           (``psrl.evaluation.planner``), outside the router and the staleness ledger
+end        after ``trainer.total_steps`` versions the run ends (RunFinished), once the last version is
+           evaluated (or ``eval.final_timeout_s`` has passed)
 
 State: ``book`` (open groups and their results), ``emitter`` (what each buffer has released),
 ``instances`` (the coordinator's view of the fleet), ``ps_version`` and the recent measurements
@@ -29,6 +32,7 @@ from bus.messages import (
     ActorExited,
     BufferReady,
     Consume,
+    EvalResult,
     GenerateRequest,
     GroupComplete,
     GroupDrop,
@@ -61,6 +65,7 @@ from psrl.coordination.records import encode_tick, same_situation
 from psrl.coordination.state import CoordinationInputs, RouterFacts
 from psrl.coordination.sync import SyncPolicy
 from psrl.coordination.tick import decide_tick
+from psrl.evaluation.planner import EvalPlanner
 from psrl.flows.base import Flow
 from psrl.flows.effects import Effect, Handler, Timer
 from psrl.flows.prompts import PromptSource, Scorer
@@ -87,14 +92,9 @@ def make_sync_policy(config: Config, cost: CostModel | None) -> SyncPolicy:
 
 class CoordinatorFlow(Flow):
     BUS_KINDS = (
-        InstanceStatus,
-        WeightsPublished,
-        WeightsLoaded,
-        InstanceSyncFailed,
-        ActorExited,
-        TrainerProgress,
-        MemorySwitched,
-    )
+        InstanceStatus, WeightsPublished, WeightsLoaded, InstanceSyncFailed, ActorExited, TrainerProgress,
+        MemorySwitched, EvalResult,
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -106,10 +106,14 @@ class CoordinatorFlow(Flow):
         initial_version: int = 0,
         first_prompt_id: int | None = None,
         record_decisions: bool = True,
+        evaluation: EvalPlanner | None = None,
         log: Any = None,
     ) -> None:
         super().__init__()
         self.config = config
+        self.evaluation = evaluation
+        self.final_progress: TrainerProgress | None = None  # the last step, while its evaluation runs
+        self.final_since = 0.0
         self.prompts = prompts
         self.scorer = scorer
         self.record_decisions = record_decisions
@@ -167,6 +171,7 @@ class CoordinatorFlow(Flow):
             ActorExited: self._on_exited,
             TrainerProgress: self._on_progress,
             MemorySwitched: self._on_switched,
+            EvalResult: self._on_eval_result,
         }
 
     def timers(self) -> list[Timer]:
@@ -333,6 +338,10 @@ class CoordinatorFlow(Flow):
         self.instances.report(snapshot_from_status(status))
         if self.switch is not None and status.instance not in self.switch.members[ROLLOUT]:
             self._switch(self.switch.rejoined(status.instance, ROLLOUT, now))  # a restarted instance
+        planner = self.evaluation
+        if planner is not None and not status.is_paused and planner.is_due(status.weight_version):
+            request = planner.start(status.instance, status.weight_version, now)
+            self.publish(request, model_version=status.weight_version)
 
     def _on_published(self, published: WeightsPublished, now: float) -> None:
         if published.version > self.ps_version:
@@ -352,6 +361,8 @@ class CoordinatorFlow(Flow):
             self._resend(exited.actor)
         if self.switch is not None:
             self._switch(self.switch.exited(exited.actor, now))
+        if self.evaluation is not None and self.evaluation.abandon(exited.actor) and self.log is not None:
+            self.log.warning("evaluation round lost with its instance; it starts again", instance=exited.actor)
 
     def _resend(self, trainer: str) -> None:
         """Hand a lost rank's replacement every chunk not yet trained (the link delivers them once it
@@ -381,6 +392,15 @@ class CoordinatorFlow(Flow):
             done = switch.completed.pop(0)
             self.publish(Metrics(step=switch.trained, values={f"tms/switch_to_{done.to_side}_ms": done.pause_wait_ms}))
 
+    def _on_eval_result(self, result: EvalResult, now: float) -> None:
+        if self.evaluation is None:
+            return
+        values = self.evaluation.record(result, now)
+        if values is not None:
+            version = int(values["eval/version"])
+            self.publish(Metrics(step=version, values=values), model_version=version)
+            self._finish_if_done(now)
+
     # ------------------------------------------------------------------ ticks
 
     def tick(self, now: float) -> list[Effect]:
@@ -389,6 +409,7 @@ class CoordinatorFlow(Flow):
             return []
         if self.switch is not None:
             self._switch(self.switch.retry(now))
+        self._finish_if_done(now)
         inputs = self._tick_inputs(now)
         decision = decide_tick(inputs, self.sync_policy, self.sync_settings)
         synced = list(decision.sync.instance_ids)
@@ -444,13 +465,28 @@ class CoordinatorFlow(Flow):
             del self.unacknowledged[buffer]
         if self.switch is not None and progress.step < self.config.trainer.total_steps:
             self._switch(self.switch.trained_version(progress.version, now))
-        if progress.step >= self.config.trainer.total_steps and not self.is_finished:
-            self.is_finished = True
-            summary = {"steps": float(progress.step), "elapsed_s": now - self.started}
-            if self.reward_history:
-                summary["reward_first"] = self.reward_history[0][1]
-                summary["reward_last"] = self.reward_history[-1][1]
-            self.publish(RunFinished(success=True, reason=f"{progress.step} training steps done", summary=summary))
+        if progress.step >= self.config.trainer.total_steps and self.final_progress is None:
+            self.final_progress = progress
+            self.final_since = now
+            self._finish_if_done(now)
+
+    def _finish_if_done(self, now: float) -> None:
+        """End the run after the last step, once the last version is evaluated (or waiting has timed out)."""
+        progress = self.final_progress
+        if progress is None or self.is_finished:
+            return
+        planner = self.evaluation
+        if planner is not None and not planner.is_last_measured:
+            if now - self.final_since < self.config.eval.final_timeout_s:
+                return
+            if self.log is not None:
+                self.log.warning("last version not evaluated in time", timeout_s=self.config.eval.final_timeout_s)
+        self.is_finished = True
+        summary = {"steps": float(progress.step), "elapsed_s": self.final_since - self.started}
+        if self.reward_history:
+            summary["reward_first"] = self.reward_history[0][1]
+            summary["reward_last"] = self.reward_history[-1][1]
+        self.publish(RunFinished(success=True, reason=f"{progress.step} training steps done", summary=summary))
 
 
 def _mean(values: np.ndarray) -> float:

@@ -25,10 +25,11 @@ from dataclasses import dataclass, field
 
 import torch
 
-from bus.messages import Metrics, RunFinished, TrainerProgress, WeightsPublished
+from bus.messages import Metrics, RunFinished, StalenessCertificate, TrainerProgress, WeightsPublished
 from bus.schema import Message
 from psrl.config import Config
 from psrl.engine import Engine, EngineArgs
+from psrl.evaluation.planner import EvalPlanner
 from psrl.flows.base import Flow
 from psrl.flows.coordinator import CoordinatorFlow
 from psrl.flows.effects import Effect, Publish, PushWeights, Send
@@ -72,10 +73,13 @@ class RunRecord:
     metrics: list[Metrics] = field(default_factory=list)
     progress: list[TrainerProgress] = field(default_factory=list)
     finished: RunFinished | None = None
+    certificates: list[StalenessCertificate] = field(default_factory=list)
 
     def handle(self, message: Message, now: float) -> list[Effect]:
         if isinstance(message, Metrics):
             self.metrics.append(message)
+        elif isinstance(message, StalenessCertificate):
+            self.certificates.append(message)
         elif isinstance(message, TrainerProgress):
             self.progress.append(message)
         elif isinstance(message, RunFinished):
@@ -97,7 +101,8 @@ class InProcessRun:
         self.config, self.tick_s, self.now = config, tick_s, 0.0
         self.memory_backend = memory_backend
         task = TaskPrompts(config)
-        self.coordinator = CoordinatorFlow(config, task, task)
+        planner = EvalPlanner(config, task.held_out(config)) if config.trainer.eval_interval else None
+        self.coordinator = CoordinatorFlow(config, task, task, evaluation=planner)
         self.router = RouterFlow(config)
         self.weights = MemoryWeights()
         self.instances = [
@@ -132,7 +137,7 @@ class InProcessRun:
         """Each flow gets what is sent to it by name and subscribes to its bus kinds, as its actor does."""
         for name, flow in self._flows():
             self.bus.attach(name, flow, flow.BUS_KINDS)
-        self.bus.attach("record", self.record, [Metrics, TrainerProgress, RunFinished])
+        self.bus.attach("record", self.record, [Metrics, TrainerProgress, RunFinished, StalenessCertificate])
 
     def run(self, max_rounds: int = 1_000_000) -> RunRecord:
         """Run until the coordinator ends the run (``trainer.total_steps`` versions)."""

@@ -1,13 +1,16 @@
 """A rollout instance's algorithm around its engine: serve requests, stream tokens, sync weights.
 
 Requests arrive from the router (``GenerateRequest``); generated tokens stream back in
-``TokenBatch`` messages (one per engine step, for all its requests) and each request ends with one
-``GenerateResult``. An interrupted request's result says why (``error`` = sync / migrate /
-preempted / shutdown) so the router knows whether to continue it elsewhere. Commands come from the
-coordinator: ``SyncCommand`` (pull the version, load it; under partial rollout interrupt the
-running requests once the version's bytes have arrived, otherwise let them finish first) and
-``MigrateCommand`` (hand the newest requests back so the router places them elsewhere). Status
-snapshots go to the router and to everyone on the bus.
+``TokenBatch`` messages (one per engine step, for all its requests) and each request ends with one ``GenerateResult``. An interrupted
+request's result says why (``error`` = sync / migrate / preempted / shutdown) so the router
+knows whether to continue it elsewhere. Held-out evaluation requests (``EvalRequest``) come from
+the coordinator on the bus and are answered on the bus (``EvalResult``); they never reach the router
+and are never interrupted: a due sync waits for them, so each answer comes from one version.
+Commands come from the coordinator: ``SyncCommand``
+(pull the version, load it; under partial rollout interrupt the running requests once the
+version's bytes have arrived, otherwise let them finish first) and ``MigrateCommand`` (hand the
+newest requests back so the router places them elsewhere). Status snapshots go to the router and
+to everyone on the bus.
 
 The engine and the weight supply are this flow's ports: the rollout actor gives it the embedded
 engine and the parameter server (``psrl.ps.supply``), the in-process driver a trainer's weights.
@@ -25,6 +28,8 @@ import numpy as np
 
 from bus.messages import (
     Abort,
+    EvalRequest,
+    EvalResult,
     FinishReason,
     GenerateRequest,
     GenerateResult,
@@ -55,6 +60,7 @@ from psrl.routing.preemption import preempted_to_loop_back
 from psrl.tms import SwitchReport
 
 ROUTER = "router"
+EVAL_PREFIX = "eval:"  # engine request ids of evaluation samples: eval:<round>:<sample>
 STREAM_EVERY_TOKENS = 16  # chunk size of token streaming (a dead instance loses at most this much)
 _PULL_ERRORS = (PullFailedError, ValueError, RuntimeError)
 
@@ -99,7 +105,7 @@ class _PendingSync:
 
 
 class InstanceFlow(Flow):
-    BUS_KINDS = (SyncCommand, MigrateCommand, WeightsPublished, MemoryPause, MemoryResume)
+    BUS_KINDS = (SyncCommand, MigrateCommand, WeightsPublished, EvalRequest, MemoryPause, MemoryResume)
 
     def __init__(
         self,
@@ -122,6 +128,7 @@ class InstanceFlow(Flow):
         self.routing = config.psrl.rollout_coordination.routing_strategy
         self.status_collection = config.psrl.status_collection
         self.streams: dict[str, _Stream] = {}
+        self.evals: dict[str, tuple[int, int]] = {}  # engine id -> (round, sample) of evaluation samples
         self.pending_sync: _PendingSync | None = None
         self.last_dispatch_seq = -1
         self.report_seq = 0
@@ -137,6 +144,7 @@ class InstanceFlow(Flow):
             WeightsPublished: self._on_published,
             MemoryPause: self._on_memory_pause,  # colocation: the trainer takes the GPUs
             MemoryResume: self._on_memory_resume,  # colocation: rollout's turn
+            EvalRequest: self._on_eval,
         }
 
     def timers(self) -> list[Timer]:
@@ -180,6 +188,33 @@ class InstanceFlow(Flow):
             return
         self.streams[rid] = _Stream(req.prompt_id)
         self.last_dispatch_seq = max(self.last_dispatch_seq, req.dispatch_seq)
+
+    def _on_eval(self, request: EvalRequest, now: float) -> None:
+        if request.instance != self.name:
+            return
+        offsets = np.concatenate([[0], np.cumsum(request.prompt_lengths)])
+        for i, (sample_id, sampling) in enumerate(zip(request.sample_ids, request.sampling, strict=True)):
+            rid = f"{EVAL_PREFIX}{request.round}:{sample_id}"
+            prompt = request.prompt_token_ids[offsets[i] : offsets[i + 1]].tolist()
+            try:
+                self.engine.add_request(rid, prompt, msgspec.structs.asdict(sampling))
+            except RequestError as exc:
+                self._publish_eval(request.round, sample_id, None, str(exc.reason))
+                continue
+            self.evals[rid] = (request.round, sample_id)
+
+    def _publish_eval(self, round_number: int, sample_id: int, result: RequestResult | None, error: str = "") -> None:
+        versions = set(result.versions) if result is not None else set()
+        message = EvalResult(
+            instance=self.name,
+            round=round_number,
+            sample_id=sample_id,
+            token_ids=np.asarray(result.output_ids if result is not None else [], np.int32),
+            version=max(versions) if versions else (self.engine.weight_version if result is not None else -1),
+            finish_reason=result.finish_reason if result is not None else FinishReason.ERROR,
+            error=error if len(versions) <= 1 else f"mixed versions {sorted(versions)}",
+        )
+        self.publish(message, model_version=message.version)
 
     def _on_abort(self, abort: Abort, now: float) -> None:
         self.abort([str(r) for r in abort.request_ids], abort.reason or "requested")
@@ -314,7 +349,11 @@ class InstanceFlow(Flow):
                 stream.logprobs += delta.logprobs
                 stream.versions += delta.versions
         for result in out.finished:
-            self._send_result(result, "")
+            evaluated = self.evals.pop(result.request_id, None)
+            if evaluated is not None:
+                self._publish_eval(*evaluated, result)
+            else:
+                self._send_result(result, "")
         self._flush_streams(STREAM_EVERY_TOKENS)
         self._loop_back_preempted()
         return self.take()
@@ -367,7 +406,7 @@ class InstanceFlow(Flow):
     def _loop_back_preempted(self) -> None:
         threshold = self.routing.max_num_waiting_reqs_after_preemption
         waiting = self.engine.waiting_queue()
-        preempted = [int(rid) for rid in waiting.preempted_request_ids]
+        preempted = [int(rid) for rid in waiting.preempted_request_ids if rid not in self.evals]
         if preempted:
             for rid in preempted_to_loop_back(preempted, waiting.num_waiting, threshold):
                 self._hand_back(str(rid), "preempted")

@@ -88,5 +88,39 @@ class TaskPrompts:
     def take_metrics(self) -> dict[str, float]:
         return {"data/truncated_prompts": float(getattr(self.task, "num_truncated", 0)), **self.scorer.take_metrics()}
 
+    def held_out(self, config: Config) -> HeldOutPrompts:
+        """The held-out split for evaluation: data.val_files, or the task's own held-out prompts."""
+        from psrl.data import load_split
+        from psrl.rewards.factory import make_scorer
+
+        task = load_split(config.data, "val", self.tokenizer, config.task.max_prompt_length)
+        if task is None:
+            held_out = getattr(self.task, "held_out", None)
+            if held_out is None:
+                raise ValueError(f"task {self.task.name!r} has no held-out split; set data.val_files")
+            task = held_out()
+        return HeldOutPrompts(task, make_scorer(config, task), self.tokenizer, self.stop_token_ids)
+
+    def close(self) -> None:
+        self.scorer.close()
+
+
+class HeldOutPrompts:
+    """The held-out prompts and their scorer (its own, so evaluation never counts in training metrics)."""
+
+    def __init__(self, task: Any, scorer: Any, tokenizer: Any, stop_token_ids: list[int]) -> None:
+        self.task, self.scorer, self.tokenizer = task, scorer, tokenizer
+        self.stop_token_ids = stop_token_ids
+
+    def prompt(self, index: int) -> Prompt:
+        return self.task.prompt(index)  # type: ignore[no-any-return]
+
+    def token_ids(self, prompt: Prompt) -> np.ndarray:
+        return np.asarray(prompt.token_ids or self.tokenizer.encode(prompt.text), np.int32)
+
+    def score(self, prompt: Prompt, token_ids: np.ndarray) -> Reward:
+        text = str(self.tokenizer.decode(token_ids.tolist(), skip_special_tokens=True))
+        return self.scorer.score(prompt, text, token_ids.tolist())  # type: ignore[no-any-return]
+
     def close(self) -> None:
         self.scorer.close()

@@ -44,6 +44,7 @@ def train_data(chunk: Chunk, groups: list[Group], *, with_logprobs: bool = True)
         rewards=np.asarray([w.score for _, _, w in rows], f32),
         accs=np.asarray([w.acc for _, _, w in rows], f32),
         finish_reasons=np.asarray([int(r.finish_reason) for _, r, _ in rows], i32),
+        flags=np.asarray([r.flags for _, r, _ in rows], i32),
     )
 
 

@@ -15,6 +15,7 @@ from typing import Any
 from bus.messages import MemoryPause, MemoryResume, Metrics, TrainData
 from bus.schema import Message
 from psrl.config import Config
+from psrl.evaluation import certificate
 from psrl.flows.base import Flow
 from psrl.flows.effects import Handler, PushWeights
 from psrl.flows.memory import MemorySwitcher
@@ -38,6 +39,10 @@ class TrainerFlow(Flow):
         self.step_started = 0.0
         self.num_malformed = 0
         self.chunks_seen: set[tuple[int, int]] = set()  # (buffer, chunk) of the buffer in progress
+        self.chunks: list[TrainData] = []  # of the buffer in progress, for its staleness certificate
+        correction = config.algorithm.rollout_correction
+        self.is_threshold = correction.rollout_is_threshold if correction.rollout_is == "token" else 0.0
+        self.publishes_certificate = core.parallel.rank == 0
 
     def handlers(self) -> dict[type[Message], Handler]:
         return {
@@ -74,6 +79,7 @@ class TrainerFlow(Flow):
             return
         if data.chunk == 0:
             self.step_started = now
+            self.chunks = []
         try:
             trajectories = trajectories_from(data, self.responses_per_prompt)
         except (InvalidTrajectoryError, ValueError, IndexError, TypeError) as exc:  # malformed input: dropped
@@ -83,12 +89,23 @@ class TrainerFlow(Flow):
             return
         self.num_samples += len(trajectories)
         self.chunks_seen = {seen for seen in self.chunks_seen if seen[0] == data.buffer} | {(data.buffer, data.chunk)}
+        self.chunks.append(data)
         result = self.core.add_chunk(data.buffer, trajectories, is_last=data.chunk == data.num_chunks - 1)
         if result is not None:
             self._after_step(data, result)
 
     def _after_step(self, data: TrainData, result: StepResult) -> None:
         self.publish(Metrics(step=data.buffer + 1, values=dict(result.metrics)), model_version=result.version)
+        if result.is_push_ready and self.publishes_certificate:
+            cert = certificate.build(
+                self.chunks,
+                result.version,
+                result.trajectory_is,
+                responses_per_prompt=self.responses_per_prompt,
+                threshold=self.is_threshold,
+            )
+            self.publish(cert, model_version=result.version)
+            self.chunks = []
         if result.is_push_ready:
             self.emit(
                 PushWeights(

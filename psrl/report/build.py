@@ -37,6 +37,7 @@ class ReportResult:
 def plot_specs() -> list[PlotSpec]:
     """Every plot of a report, in page order; needs matplotlib (the `report` extra)."""
     try:
+        from psrl.report.plots_certificate import plot_certificates
         from psrl.report.plots_health import plot_eval, plot_health
         from psrl.report.plots_memory import plot_memory_switches
         from psrl.report.plots_rollout import plot_utilisation, plot_version_lag
@@ -56,6 +57,10 @@ def plot_specs() -> list[PlotSpec]:
         PlotSpec("staleness.png", "Staleness histogram",
                  "Trained trajectories by staleness (router staleness/count_k, summed over steps); "
                  "the dashed line is the configured bound.", plot_staleness),
+        PlotSpec("certificates.png", "Staleness certificates",
+                 "Per step, from train.certificate: trained trajectories by staleness (and how many were interrupted), "
+                 "the spread of per-trajectory mean truncated importance weights, and the fraction of tokens whose "
+                 "weight was clipped at the threshold.", plot_certificates),
         PlotSpec("utilisation.png", "Rollout-instance utilisation",
                  "Running requests from inst.status, and the share of each time bin an instance had at least one "
                  "running request; the shaded span is the work window.", plot_utilisation),

@@ -14,6 +14,7 @@ from bus.messages import (
     MigrateCommand,
     RoutingRecord,
     RunFinished,
+    StalenessCertificate,
     SyncCommand,
     TrainBatch,
     TrainerProgress,
@@ -24,6 +25,7 @@ from bus.schema import Event, Message
 from psrl.report.metrics_file import MetricsRecord, read_metrics_file
 from psrl.report.timeline import (
     BatchPoint,
+    CertificatePoint,
     LoadedPoint,
     MigrateMark,
     ProgressPoint,
@@ -54,6 +56,7 @@ class TimelineBuilder:
             MigrateCommand: self._on_migrate,
             RunFinished: self._on_finished,
             MemorySwitched: self._on_switched,
+            StalenessCertificate: self._on_certificate,
         }
 
     def observe(self, event: Event[Any]) -> None:
@@ -101,6 +104,16 @@ class TimelineBuilder:
     def _on_switched(self, msg: MemorySwitched, time: float) -> None:
         mark = SwitchMark(time, msg.actor, msg.side, msg.action, msg.duration_ms, msg.changed_bytes)
         self.timeline.switches.append(mark)
+
+    def _on_certificate(self, msg: StalenessCertificate, time: float) -> None:
+        point = CertificatePoint(
+            version=msg.version,
+            staleness=tuple(int(msg.buffer - v) for v in msg.v_traj),
+            is_mean=tuple(float(x) for x in msg.is_mean),
+            is_clipped_frac=tuple(float(x) for x in msg.is_clipped_frac),
+            num_interrupted=int(((msg.flags >= 0) & ((msg.flags & 1) == 1)).sum()),
+        )
+        self.timeline.certificates.append(point)
 
     def _on_finished(self, msg: RunFinished, time: float) -> None:
         self.timeline.run_end = RunEnd(time, msg.success, msg.reason)

@@ -23,6 +23,9 @@ HEALTH_PANELS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("gradient norm (before clipping)", ("actor/grad_norm", "critic/grad_norm")),
 )
 EVAL_PREFIXES = ("val/", "eval/")
+# bookkeeping of an evaluation round, not a measure of the policy (eval/version is the x axis)
+EVAL_NOT_PLOTTED = frozenset({"eval/version", "eval/num_samples", "eval/num_errors", "eval/mixed_versions",
+                              "eval/duration_s", "eval/mean_length"})  # fmt: skip
 
 
 def smooth(values: Sequence[float], weight: float = SMOOTHING) -> list[float]:
@@ -61,7 +64,7 @@ def plot_health(inputs: ReportInputs, path: Path) -> None:
 
 def plot_eval(inputs: ReportInputs, path: Path) -> None:
     records = inputs.timeline.metrics
-    names = sorted({n for r in records for n in r.values if n.startswith(EVAL_PREFIXES)})
+    names = sorted({n for r in records for n in r.values if n.startswith(EVAL_PREFIXES) and n not in EVAL_NOT_PLOTTED})
     series = {n: counted_steps(inputs, metric_by_step(records, n)) for n in names}
     series = {n: s for n, s in series.items() if s}
     if not series:

@@ -79,6 +79,17 @@ class SwitchMark:
 
 
 @dataclass(frozen=True)
+class CertificatePoint:
+    """One step's staleness certificate: per trajectory, its staleness and importance-weight statistics."""
+
+    version: int
+    staleness: tuple[int, ...]  # buffer - V_traj
+    is_mean: tuple[float, ...]  # nan = not measured
+    is_clipped_frac: tuple[float, ...]
+    num_interrupted: int
+
+
+@dataclass(frozen=True)
 class RunEnd:
     time: float
     success: bool
@@ -102,6 +113,7 @@ class RunTimeline:
     syncs: list[SyncMark] = field(default_factory=list)
     migrations: list[MigrateMark] = field(default_factory=list)
     switches: list[SwitchMark] = field(default_factory=list)
+    certificates: list[CertificatePoint] = field(default_factory=list)
     run_end: RunEnd | None = None
     problems: list[str] = field(default_factory=list)
 
@@ -129,6 +141,7 @@ class RunTimeline:
         ):
             series.sort(key=_by_time)
         self.published.sort()
+        self.certificates.sort(key=lambda c: c.version)
         for samples in self.status.values():
             samples.sort(key=_by_time)
         return self

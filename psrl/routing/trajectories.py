@@ -16,7 +16,7 @@ from enum import Enum
 import msgspec
 import numpy as np
 
-from bus.messages import FinishReason, GenerateRequest, GenerateResult, SamplingParams, TrajectoryDone
+from bus.messages import FinishReason, GenerateRequest, GenerateResult, SamplingParams, TrajectoryDone, TrajectoryFlags
 
 # Reasons an instance gives for handing a request back that is not the end of the trajectory.
 INTERRUPTIONS = frozenset({"sync", "migrate", "preempted", "shutdown", "instance_lost"})
@@ -52,6 +52,8 @@ class Trajectory:
     abort_reason: str | None = None  # set once an abort was asked for: the result ends it
     error: str = ""
     num_sent_as_prompt: int = 0  # interrupt_as_prompt: earlier output the instance got as prompt
+    flags: int = 0  # TrajectoryFlags bits, for the staleness certificate
+    result_instances: set[str] = field(default_factory=set)  # every instance that returned a result for it
 
     @property
     def num_generated(self) -> int:
@@ -100,6 +102,9 @@ class TrajectoryTracker:
     def judge(self, result: GenerateResult) -> Verdict:
         """Classify a returned result and bring the trajectory's tokens up to date with it."""
         traj = self.live[result.request_id]
+        traj.result_instances.add(result.instance)
+        if len(traj.result_instances) > 1:
+            traj.flags |= TrajectoryFlags.MIGRATED
         if result.finish_reason == FinishReason.ERROR:
             traj.num_failures += 1
             traj.error = result.error
@@ -115,6 +120,7 @@ class TrajectoryTracker:
     def interrupted(self, traj: Trajectory) -> Verdict:
         """The trajectory left its instance unfinished; continue it, or start it over."""
         traj.instance = None
+        traj.flags |= TrajectoryFlags.INTERRUPTED
         if self.settings.partial_rollout:
             traj.num_loopbacks += 1
             self.num_loopbacks += 1
@@ -136,6 +142,8 @@ class TrajectoryTracker:
         """The request an instance gets: fresh, or a continuation from the tokens so far."""
         has_prior = traj.num_generated > 0
         traj.num_sent_as_prompt = 0
+        if has_prior:
+            traj.flags |= TrajectoryFlags.CONTINUED
         if has_prior and self.settings.interrupt_as_prompt:
             remaining = max(1, traj.sampling.max_tokens - traj.num_generated)
             traj.num_sent_as_prompt = traj.num_generated
@@ -171,6 +179,7 @@ class TrajectoryTracker:
             finish_reason=reason,
             instance=instance,
             error=traj.error if reason == FinishReason.ERROR else (traj.abort_reason or ""),
+            flags=int(traj.flags),
         )
 
     def finish(self, request_id: int, *, wasted: bool = False) -> Trajectory | None:

@@ -7,6 +7,9 @@ from psrl.tasks.registry import get_task, register_task, task_names
 register_task("demo", lambda seed: DemoTask(seed=seed))
 # Short strings only (1-6 digits, uniform): where the demo model is partly right, so reinforcement
 # learning has a signal to sharpen within minutes (the launch demo's task).
-register_task("demo_short", lambda seed: DemoTask(seed=seed, max_length=6, length_skew=1.0, name="demo_short"))
+register_task(
+    "demo_short",
+    lambda seed: DemoTask(seed=seed, max_length=6, length_skew=1.0, name="demo_short", exact_reward=True),
+)
 
 __all__ = ["DemoTask", "Prompt", "Reward", "Task", "get_task", "register_task", "task_names"]

@@ -34,6 +34,7 @@ from psrl.config import Config
 from psrl.config.rules import pre_step_needs_mini_batch
 from psrl.coordination.chunks import plan_chunks
 from psrl.errors import ConfigError
+from psrl.evaluation.certificate import is_by_trajectory
 from psrl.rl.batch import Sample
 from psrl.rl.trajectory import Trajectory
 from psrl.tms import TRAINER, SideMemory
@@ -53,6 +54,8 @@ class StepResult:
     version: int  # the weights' version after this call
     is_push_ready: bool  # True once per buffer: push `named_weights()` as `version`
     metrics: dict[str, float]
+    # (prompt_id, child) -> (mean truncated IS weight, clipped fraction) of this rank's trajectories
+    trajectory_is: dict[tuple[int, int], tuple[float, float]] = field(default_factory=dict)
 
 
 @dataclass
@@ -325,7 +328,9 @@ class TrainerCore:
         self.next_prompt_id = max([self.next_prompt_id, *(t.prompt_id + 1 for t in trajectories)])
         metrics["trainer/version"] = float(self.version)
         self._buffer = None
-        return StepResult(state.buffer_id, self.version, True, metrics)
+        threshold = self.config.algorithm.rollout_correction.rollout_is_threshold
+        trajectory_is = is_by_trajectory([s for g in state.own for s in g], threshold)
+        return StepResult(state.buffer_id, self.version, True, metrics, trajectory_is)
 
     # ---------------------------------------------------------------- helpers
 

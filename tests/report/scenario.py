@@ -11,6 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from bus.codec import Encoder
 from bus.eventlog import EventLogWriter
 from bus.messages import (
@@ -20,6 +22,7 @@ from bus.messages import (
     MigrateCommand,
     RoutingRecord,
     RunFinished,
+    StalenessCertificate,
     SyncCommand,
     TrainBatch,
     TrainerProgress,
@@ -81,6 +84,7 @@ def _training(script: Script) -> None:
         push = {"sync/push_s": 0.5, "sync/serialize_s": 0.1, "sync/transfer_s": 0.3, "sync/commit_s": 0.05}
         script.add(done_s, Metrics(step, push), "trainer-0", step)
         script.add(done_s, TrainerProgress(step, step, 8, 1.6), "trainer-0", step)
+        script.add(done_s, _certificate(step), "trainer-0", step)
         script.add(done_s + 0.05, WeightsPublished(step, "digest", 2), "ps-0", step)
         if done_s < RUN_END_S:
             script.add(done_s + 0.1, SyncCommand(list(INSTANCES), step, True, "greedy"), "coordinator", step)
@@ -99,3 +103,14 @@ def write_run(directory: Path, events: list[Event[Any]] | None = None, *, with_c
         writer.append(encoder.encode(event.envelope, event.message))
     writer.close()
     return directory
+
+
+def _certificate(version: int) -> StalenessCertificate:
+    buffer, rows = version - 1, 8
+    v_traj = np.asarray([max(buffer - i % 3, 0) for i in range(rows)], np.int32)
+    return StalenessCertificate(
+        buffer=buffer, version=version, request_ids=np.arange(rows, dtype=np.int32) + 8 * buffer, v_traj=v_traj,
+        min_token_version=v_traj, max_token_version=v_traj, flags=np.asarray([i % 2 for i in range(rows)], np.int32),
+        is_mean=np.linspace(0.8, 1.2, rows, dtype=np.float32), is_clipped_frac=np.zeros(rows, np.float32),
+        is_threshold=2.0,
+    )  # fmt: skip

@@ -20,8 +20,8 @@ from tests.report.scenario import write_run
 pytest.importorskip("matplotlib")
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-PLOT_FILES = {"reward.png", "health.png", "eval.png", "staleness.png", "utilisation.png", "version_lag.png",
-              "sync_time.png"}  # fmt: skip
+PLOT_FILES = {"reward.png", "health.png", "eval.png", "staleness.png", "certificates.png", "utilisation.png",
+              "version_lag.png", "sync_time.png"}  # fmt: skip
 MEMORY = "GPU memory switches (colocated runs)"  # drawn for colocated runs only
 
 
@@ -53,6 +53,7 @@ def test_missing_data_is_said_not_drawn(tmp_path: Path) -> None:
     result = build_report(run, tmp_path / "out")
     assert [p.name for p in result.plots.values()] == ["reward.png"]
     assert set(result.skipped) == {"Training health", "Held-out evaluation", "Staleness histogram",
+                                   "Staleness certificates",
                                    "Rollout-instance utilisation", "Version lag",
                                    "Weight-sync time per phase", MEMORY}  # fmt: skip
     assert "no inst.status events" in result.skipped["Rollout-instance utilisation"]

@@ -41,7 +41,7 @@ def test_demo_run_metrics_and_report(tmp_path: Path) -> None:
 
     result = build_report(run.path)
     assert set(result.skipped) == {"Held-out evaluation"}, result.skipped  # the demo has no held-out split
-    assert len(result.plots) == 6 and all(p.stat().st_size > 10_000 for p in result.plots.values())
+    assert len(result.plots) == 7 and all(p.stat().st_size > 10_000 for p in result.plots.values())
     assert result.summary.num_steps == 3
     assert result.summary.busy_fraction is not None and 0 < result.summary.busy_fraction <= 1
     assert result.summary.trainer_idle_fraction is not None

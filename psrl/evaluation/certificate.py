@@ -1,0 +1,208 @@
+"""The staleness certificate of one trained buffer: built by the trainer, re-derived from the log.
+
+The trainer builds it from the buffer's ``TrainData`` chunks (V_traj, per-token versions and the
+router's ``TrajectoryFlags`` of each trajectory) and its own importance weights
+(``is_by_trajectory``). ``psrl replay RUN --check staleness`` re-derives every field that the
+generation events determine (``derive``): the router's ``group.trajectory`` events give V_traj and
+the token versions, the instances' ``gen.result`` events and the router's ``gen.request`` events
+give the flags. The importance weights need the trainer's log-probs, which no event carries; the
+check holds them to their range instead (``is_plausible``).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, NamedTuple
+
+import numpy as np
+
+from bus.messages import (
+    FinishReason,
+    GenerateRequest,
+    GenerateResult,
+    StalenessCertificate,
+    TrainData,
+    TrajectoryDone,
+    TrajectoryFlags,
+)
+from psrl.routing.trajectories import INTERRUPTIONS
+
+if TYPE_CHECKING:
+    from psrl.rl.batch import Sample
+
+TRAINED = (FinishReason.STOP, FinishReason.LENGTH, FinishReason.TRUNCATED)
+
+TrajectoryKey = tuple[int, int]  # (prompt_id, child)
+
+
+def is_by_trajectory(samples: Sequence[Sample], threshold: float) -> dict[TrajectoryKey, tuple[float, float]]:
+    """(mean truncated weight, clipped fraction) of each sample's tokens, from its ``is_weights`` field.
+
+    Tokens outside the loss mask have weight 0 and are left out; a weight at the threshold was clipped.
+    """
+    out: dict[TrajectoryKey, tuple[float, float]] = {}
+    for sample in samples:
+        weights = sample.fields.get("is_weights")
+        if weights is None:
+            continue
+        used = weights[weights > 0]
+        if used.numel() == 0:
+            continue
+        clipped = float((used >= threshold * (1 - 1e-6)).float().mean())
+        out[(sample.trajectory.prompt_id, sample.trajectory.child)] = (float(used.mean()), clipped)
+    return out
+
+
+def _version_range(versions: np.ndarray) -> tuple[int, int]:
+    return (int(versions.min()), int(versions.max())) if len(versions) else (-1, -1)
+
+
+def build(
+    chunks: Sequence[TrainData],
+    version: int,
+    is_stats: Mapping[TrajectoryKey, tuple[float, float]],
+    *,
+    responses_per_prompt: int,
+    threshold: float,
+) -> StalenessCertificate:
+    """The certificate of the buffer made of ``chunks`` (trained into ``version``)."""
+    request_ids: list[int] = []
+    v_traj: list[int] = []
+    ranges: list[tuple[int, int]] = []
+    flags: list[int] = []
+    is_mean: list[float] = []
+    is_clipped: list[float] = []
+    for data in chunks:
+        offsets = np.concatenate([[0], np.cumsum(data.response_lengths)])
+        for i, rid in enumerate(data.request_ids.tolist()):
+            request_ids.append(int(rid))
+            v_traj.append(int(data.v_traj[i]))
+            ranges.append(_version_range(data.response_versions[offsets[i] : offsets[i + 1]]))
+            flags.append(-1 if data.flags is None else int(data.flags[i]))
+            stats = is_stats.get((int(data.prompt_ids[i]), int(rid) % responses_per_prompt))
+            is_mean.append(np.nan if stats is None else stats[0])
+            is_clipped.append(np.nan if stats is None else stats[1])
+    i32, f32 = np.int32, np.float32
+    return StalenessCertificate(
+        buffer=chunks[0].buffer if chunks else version - 1,
+        version=version,
+        request_ids=np.asarray(request_ids, i32),
+        v_traj=np.asarray(v_traj, i32),
+        min_token_version=np.asarray([r[0] for r in ranges], i32),
+        max_token_version=np.asarray([r[1] for r in ranges], i32),
+        flags=np.asarray(flags, i32),
+        is_mean=np.asarray(is_mean, f32),
+        is_clipped_frac=np.asarray(is_clipped, f32),
+        is_threshold=threshold,
+    )
+
+
+# ---------------------------------------------------------------------------- re-derivation from events
+
+
+@dataclass
+class _Seen:
+    """What the generation events say about one trajectory id."""
+
+    router_incarnation: int = -1  # a resumed run's router sends an unfinished request again, from scratch
+    num_requests: int = 0
+    num_errors: int = 0
+    first_prompt_length: int = -1
+    is_continued: bool = False
+    is_interrupted: bool = False
+    instances: set[str] = field(default_factory=set)
+    done: TrajectoryDone | None = None
+
+
+class CertifiedTrajectory(NamedTuple):
+    """The fields of one certificate row that the generation events determine."""
+
+    request_id: int
+    v_traj: int
+    min_token_version: int
+    max_token_version: int
+    flags: int
+
+
+class Derivation:
+    """Rebuilds certificates from ``gen.request``, ``gen.result`` and ``group.trajectory`` events."""
+
+    def __init__(self) -> None:
+        self.seen: dict[int, _Seen] = defaultdict(_Seen)
+
+    def observe(self, message: object, sender: str = "router.link", incarnation: int = 0) -> None:
+        """One generation event and its sender (a new router incarnation starts a request over). Only the
+        router's requests to instances count; the coordinator's to the router are the same request."""
+        if isinstance(message, GenerateRequest):
+            if not sender.startswith("router"):
+                return
+            seen = self.seen[message.request_id]
+            if seen.router_incarnation != incarnation:
+                seen = self.seen[message.request_id] = _Seen(router_incarnation=incarnation)
+            seen.num_requests += 1
+            if seen.first_prompt_length < 0:
+                seen.first_prompt_length = len(message.prompt_token_ids)
+            has_prior = message.generated_token_ids is not None and len(message.generated_token_ids) > 0
+            if has_prior or len(message.prompt_token_ids) > seen.first_prompt_length:  # interrupt_as_prompt
+                seen.is_continued = True
+        elif isinstance(message, GenerateResult):
+            seen = self.seen[message.request_id]
+            seen.instances.add(message.instance)
+            if message.finish_reason == FinishReason.ERROR:
+                seen.num_errors += 1
+            elif message.finish_reason == FinishReason.ABORT and message.error in INTERRUPTIONS:
+                seen.is_interrupted = True
+        elif isinstance(message, TrajectoryDone) and message.finish_reason in TRAINED:
+            self.seen[message.request_id].done = message
+
+    def trajectory(self, request_id: int) -> CertifiedTrajectory | None:
+        seen = self.seen.get(request_id)
+        if seen is None or seen.done is None:
+            return None
+        flags = TrajectoryFlags(0)
+        # a request sent again without an interrupting result: its instance was lost
+        if seen.is_interrupted or seen.num_requests > 1 + seen.num_errors:
+            flags |= TrajectoryFlags.INTERRUPTED
+        if seen.is_continued:
+            flags |= TrajectoryFlags.CONTINUED
+        if len(seen.instances) > 1:
+            flags |= TrajectoryFlags.MIGRATED
+        low, high = _version_range(seen.done.versions)
+        return CertifiedTrajectory(request_id, seen.done.v_traj, low, high, int(flags))
+
+
+def recorded_rows(cert: StalenessCertificate) -> list[CertifiedTrajectory]:
+    """The certificate's event-determined fields, row by row."""
+    return [
+        CertifiedTrajectory(int(r), int(v), int(lo), int(hi), int(f))
+        for r, v, lo, hi, f in zip(
+            cert.request_ids, cert.v_traj, cert.min_token_version, cert.max_token_version, cert.flags, strict=True
+        )
+    ]
+
+
+def is_plausible(cert: StalenessCertificate) -> bool:
+    """The importance-weight columns are in range: weights in (0, threshold], fractions in [0, 1]."""
+    means = cert.is_mean[~np.isnan(cert.is_mean)]
+    fracs = cert.is_clipped_frac[~np.isnan(cert.is_clipped_frac)]
+    if cert.is_threshold <= 0:
+        return len(means) == 0 and len(fracs) == 0
+    in_range = bool(np.all(means > 0)) and bool(np.all(means <= cert.is_threshold * (1 + 1e-5)))
+    return in_range and bool(np.all((fracs >= 0) & (fracs <= 1)))
+
+
+def staleness_problems(cert: StalenessCertificate, staleness: int) -> list[str]:
+    """Rows that break the staleness bound ``V_traj <= buffer <= V_traj + staleness`` or the version order."""
+    problems = []
+    if cert.version != cert.buffer + 1:
+        problems.append(f"buffer {cert.buffer} produced version {cert.version}, not {cert.buffer + 1}")
+    for row in recorded_rows(cert):
+        if not row.v_traj <= cert.buffer <= row.v_traj + staleness:
+            problems.append(f"trajectory {row.request_id}: V_traj {row.v_traj} in buffer {cert.buffer} "
+                            f"(staleness {staleness})")  # fmt: skip
+        if row.min_token_version >= 0 and row.max_token_version > cert.buffer:
+            problems.append(f"trajectory {row.request_id}: a token of version {row.max_token_version} "
+                            f"trained in buffer {cert.buffer}")  # fmt: skip
+    return problems
