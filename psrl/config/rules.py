@@ -132,6 +132,8 @@ def status_consumers_need_status(c: Config) -> Iterator[ConfigProblem]:
         users.append(RC + "routing_strategy.method")
     if rc.sync_and_mig_strategy.method == "status_based":
         users.append(RC + "sync_and_mig_strategy.method")
+    if rc.session_strategy.thunder_agent.enable:
+        users.append(RC + "session_strategy.thunder_agent.enable")
     if users:
         yield problem(
             (*users, P + "status_collection.enable"),
@@ -233,6 +235,25 @@ def sticky_sessions_need_bucketed(c: Config) -> Iterator[ConfigProblem]:
             "a hung sticky session must be readmitted on the instance that holds its prefix",
             f"set {scope}=bucketed",
         )
+
+
+def sessions_need_an_environment(c: Config) -> Iterator[ConfigProblem]:
+    """Multi-turn sessions run the environment named by task.name; hang/continue schedules sessions."""
+    from psrl.envs import env_names
+
+    thunder = RC + "session_strategy.thunder_agent.enable"
+    if c.psrl.rollout_coordination.session_strategy.thunder_agent.enable and not c.env.enable:
+        yield problem((thunder, "env.enable"), True, "hang/continue schedules multi-turn sessions, and there are none",
+                      "set env.enable=True (with an environment task), or " + thunder + "=False")  # fmt: skip
+    if not c.env.enable:
+        return
+    if c.task.name not in env_names():
+        yield problem(("env.enable", "task.name"), c.task.name, "multi-turn sessions need an environment task",
+                      f"set task.name to one of {env_names()}")  # fmt: skip
+    if c.data.train_files:
+        yield problem(("env.enable", "data.train_files"), c.data.train_files,
+                      "sessions take their prompts from the environment task, not a dataset",
+                      "remove data.train_files, or set env.enable=False")  # fmt: skip
 
 
 def cost_model_readable(c: Config) -> Iterator[ConfigProblem]:
@@ -344,12 +365,9 @@ def tms_rules(c: Config) -> Iterator[ConfigProblem]:
 
 def features_available(c: Config) -> Iterator[ConfigProblem]:
     """Settings of features this version of psrl does not have yet are refused, never ignored."""
-    sessions = c.psrl.rollout_coordination.session_strategy
     unavailable = [
         (P + "lmcache.enable", c.psrl.lmcache.enable, True, f"set {P}lmcache.enable=False"),
         (P + "tms.range", c.psrl.tms.range is not None, c.psrl.tms.range, f"set {P}tms.range=null"),
-        (RC + "session_strategy.thunder_agent.enable", sessions.thunder_agent.enable, True,
-         f"set {RC}session_strategy.thunder_agent.enable=False"),
     ]  # fmt: skip
     for path, is_set, value, fix in unavailable:
         if is_set:
@@ -432,6 +450,7 @@ RULES: tuple[Rule, ...] = (
     p2p_needs_versioned_kv,
     kv_transfer_prerequisites,
     sticky_sessions_need_bucketed,
+    sessions_need_an_environment,
     cost_model_readable,
     sync_threshold_set,
     token_is_needs_engine_logprobs,

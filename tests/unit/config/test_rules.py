@@ -145,3 +145,13 @@ def test_cpu_kernels_on_refuses_what_they_do_not_run() -> None:
 def test_on_and_off_overrides_are_the_words_not_yaml_booleans() -> None:
     config = load_config(None, ["bus.curve=on", "engine.cpu_kernels=off"])
     assert (config.bus.curve, config.engine.cpu_kernels) == ("on", "off")
+
+
+def test_hang_continue_needs_sessions() -> None:
+    msg = refused(RC + "session_strategy.thunder_agent.enable=True")
+    assert "env.enable" in msg
+
+
+def test_sessions_need_an_environment_task() -> None:
+    msg = refused("env.enable=True", "task.name=demo")
+    assert "task.name" in msg and "digit_chain" in msg
