@@ -26,10 +26,12 @@ class SessionActor(FlowActor):
 
         cfg = self.config
         tokenizer_dir = cfg.model.tokenizer_path or cfg.model.path or str(DEMO_MODEL_DIR)
+        # the link first: the router may finish first turns while the env workers still start
+        # (their steps wait in the pool's queue until a worker reports ready)
+        link = self.make_link(ROUTER, serve=False)
         self.pool = EnvPool(cfg.env, cfg.task.name, cfg.task.seed, tokenizer_dir, on_pipe=self._on_pipe, log=self.log)
-        self.pool.wait_ready()
         flow = SessionFlow(cfg, self.pool, log=self.log)
-        self.attach(flow, peers={ROUTER: self.make_link(ROUTER, serve=False)})
+        self.attach(flow, peers={ROUTER: link})
         return {"env_workers": cfg.env.num_workers}
 
     def _on_pipe(self, connection: Any, added: bool) -> None:

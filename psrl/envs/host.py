@@ -10,7 +10,9 @@ appended to the session as is (token in, token out: the session is never re-toke
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -45,12 +47,31 @@ class _Episode:
     num_steps: int
 
 
-class EnvHost:
-    def __init__(self, task_name: str, seed: int, tokenizer_dir: str, *, max_episodes: int = 4096) -> None:
+class _Tokenizer:
+    """The model's tokenizer for actions and observations: its ``tokenizer.json`` through the
+    ``tokenizers`` library when there is one (a worker starts in well under a second), else
+    ``transformers``."""
+
+    def __init__(self, tokenizer_dir: str) -> None:
+        path = Path(tokenizer_dir) / "tokenizer.json"
+        if path.is_file():
+            from tokenizers import Tokenizer
+
+            fast = Tokenizer.from_file(str(path))
+            self.encode: Callable[[str], list[int]] = lambda text: fast.encode(text, add_special_tokens=False).ids
+            self.decode: Callable[[list[int]], str] = lambda ids: fast.decode(ids, skip_special_tokens=True)
+            return
         from transformers import AutoTokenizer
 
+        slow: Any = AutoTokenizer.from_pretrained(tokenizer_dir)
+        self.encode = lambda text: list(slow.encode(text, add_special_tokens=False))
+        self.decode = lambda ids: str(slow.decode(ids, skip_special_tokens=True))
+
+
+class EnvHost:
+    def __init__(self, task_name: str, seed: int, tokenizer_dir: str, *, max_episodes: int = 4096) -> None:
         self.task = get_env_task(task_name, seed)
-        self.tokenizer: Any = AutoTokenizer.from_pretrained(tokenizer_dir)
+        self.tokenizer = _Tokenizer(tokenizer_dir)
         self.episodes: dict[int, _Episode] = {}
         self.max_episodes = max_episodes
 
@@ -60,7 +81,7 @@ class EnvHost:
             episode = self._episode(request)
             if request.delay_s > 0:
                 time.sleep(request.delay_s)
-            action = self.tokenizer.decode(request.actions[-1], skip_special_tokens=True)
+            action = self.tokenizer.decode(request.actions[-1])
             result = checked(episode.env.step(action))
             episode.num_steps += 1
         except Exception as exc:  # an environment is user code: any failure fails only its session
@@ -68,7 +89,7 @@ class EnvHost:
             return StepReply(request.request_id, request.turn, [], error=f"{type(exc).__name__}: {exc}")
         if result.done:
             self.episodes.pop(request.request_id, None)
-        observation = [] if result.done else self.tokenizer.encode(result.observation, add_special_tokens=False)
+        observation = [] if result.done else self.tokenizer.encode(result.observation)
         return StepReply(request.request_id, request.turn, observation, float(result.reward), float(result.acc), result.done)
 
     def _episode(self, request: StepRequest) -> _Episode:
@@ -79,7 +100,7 @@ class EnvHost:
         env = self.task.make(self.task.prompt(request.prompt_id))
         env.reset()
         for earlier in request.actions[: request.turn]:
-            checked(env.step(self.tokenizer.decode(earlier, skip_special_tokens=True)))
+            checked(env.step(self.tokenizer.decode(earlier)))
         episode = _Episode(env, request.turn)
         if len(self.episodes) >= self.max_episodes:
             self.episodes.pop(next(iter(self.episodes)))

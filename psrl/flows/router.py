@@ -395,6 +395,11 @@ class RouterFlow(RouterLedgerFlow):
         if isinstance(message, GenerateRequest) and message.request_id in self.tracker.live:
             self.core.release(message.request_id)
             self._route_again(message.request_id)
+        elif isinstance(message, TurnDone) and message.request_id in self.tracker.live:
+            # the session scheduler is gone (it is restarted): the session cannot go on
+            self.tracker.live[message.request_id].error = "session scheduler unreachable"
+            self.tracker.live[message.request_id].in_env = False
+            self.ended(message.request_id, FinishReason.ERROR)
         return self.take()
 
     # ------------------------------------------------------------------ status

@@ -124,6 +124,8 @@ class SessionFlow(Flow):
         session.num_tokens = started.num_tokens
 
     def _on_turn_done(self, done: TurnDone, now: float) -> None:
+        if done.turn == 0:  # the first turn needs no history (its TurnStarted may have been missed)
+            self.sessions.setdefault(done.request_id, Session(done.request_id, done.prompt_id))
         session = self.sessions.get(done.request_id)
         if session is None or len(session.actions) != done.turn:
             # the scheduler restarted (or the turn is unknown): the history to replay the episode is gone
