@@ -239,7 +239,7 @@ def sticky_sessions_need_bucketed(c: Config) -> Iterator[ConfigProblem]:
 
 def sessions_need_an_environment(c: Config) -> Iterator[ConfigProblem]:
     """Multi-turn sessions run the environment named by task.name; hang/continue schedules sessions."""
-    from psrl.envs import env_names
+    from psrl.envs import env_names, is_env_name
 
     thunder = RC + "session_strategy.thunder_agent.enable"
     if c.psrl.rollout_coordination.session_strategy.thunder_agent.enable and not c.env.enable:
@@ -247,9 +247,9 @@ def sessions_need_an_environment(c: Config) -> Iterator[ConfigProblem]:
                       "set env.enable=True (with an environment task), or " + thunder + "=False")  # fmt: skip
     if not c.env.enable:
         return
-    if c.task.name not in env_names():
+    if not is_env_name(c.task.name):
         yield problem(("env.enable", "task.name"), c.task.name, "multi-turn sessions need an environment task",
-                      f"set task.name to one of {env_names()}")  # fmt: skip
+                      f"set task.name to one of {env_names()} or package.module:factory")  # fmt: skip
     if c.data.train_files:
         yield problem(("env.enable", "data.train_files"), c.data.train_files,
                       "sessions take their prompts from the environment task, not a dataset",

@@ -8,6 +8,6 @@ session scheduler; they are looked up by ``task.name``.
 """
 
 from psrl.envs.base import EnvError, Environment, EnvTask, StepResult
-from psrl.envs.registry import env_names, get_env_task
+from psrl.envs.registry import env_names, get_env_task, is_env_name
 
-__all__ = ["EnvError", "EnvTask", "Environment", "StepResult", "env_names", "get_env_task"]
+__all__ = ["EnvError", "EnvTask", "Environment", "StepResult", "env_names", "get_env_task", "is_env_name"]
