@@ -40,7 +40,9 @@ class _Worker:
     def __init__(self, index: int, context: Any, target_args: tuple[Any, ...]) -> None:
         self.index = index
         parent, child = context.Pipe()
-        self.process = context.Process(target=serve, args=(child, *target_args), name=f"env-worker-{index}", daemon=True)
+        self.process = context.Process(
+            target=serve, args=(child, *target_args), name=f"env-worker-{index}", daemon=True
+        )
         self.process.start()
         child.close()
         self.connection = parent

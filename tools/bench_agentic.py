@@ -34,11 +34,14 @@ from psrl.flows.effects import Effect, Send
 
 RC = "psrl.rollout_coordination."
 SETTINGS = {
-    "balance": [RC + "routing_strategy.method=request_num_balance", RC + "routing_strategy.enable_trajectory_sticky=false",
-                RC + "session_strategy.thunder_agent.enable=false"],
+    "balance": [
+        RC + "routing_strategy.method=request_num_balance",
+        RC + "routing_strategy.enable_trajectory_sticky=false",
+        RC + "session_strategy.thunder_agent.enable=false",
+    ],
     "sticky": [RC + "session_strategy.thunder_agent.enable=false"],
     "thunder": [RC + "session_strategy.thunder_agent.enable=true"],
-}  # fmt: skip
+}
 
 
 @dataclass
@@ -59,11 +62,18 @@ class Outcome:
 
 def run(name: str, args: argparse.Namespace) -> Outcome:
     overrides = [
-        "task.name=tool_add", "env.max_turns=6", "env.max_turn_tokens=16", f"trainer.total_steps={args.steps}",
-        f"topology.n_rollout_instances={args.instances}", f"engine.num_kv_blocks={args.kv_blocks}",
-        "psrl.staleness_buffer_entries=8", "psrl.rollout_n=4", "actor.ppo_mini_batch_size=8",
-        RC + "session_strategy.thunder_agent.buffer_per_session=16", *SETTINGS[name],
-    ]  # fmt: skip
+        "task.name=tool_add",
+        "env.max_turns=6",
+        "env.max_turn_tokens=16",
+        f"trainer.total_steps={args.steps}",
+        f"topology.n_rollout_instances={args.instances}",
+        f"engine.num_kv_blocks={args.kv_blocks}",
+        "psrl.staleness_buffer_entries=8",
+        "psrl.rollout_n=4",
+        "actor.ppo_mini_batch_size=8",
+        RC + "session_strategy.thunder_agent.buffer_per_session=16",
+        *SETTINGS[name],
+    ]
     driver = InProcessRun(load_config("agentic", overrides))
     counts = {"turns": 0, "ends": 0, "reusable": 0}
 
@@ -101,17 +111,23 @@ def main() -> None:
     parser.add_argument("--kv-blocks", type=int, default=48)
     args = parser.parse_args()
     outcomes = {name: run(name, args) for name in SETTINGS}
-    print(f"{'setting':8} {'turns/s':>8} {'traj/s':>7} {'hit rate':>8} {'of perfect':>10} {'reprefill/turn':>14} "
-          f"{'preempt':>7} {'hung s':>7}")  # fmt: skip
+    print(
+        f"{'setting':8} {'turns/s':>8} {'traj/s':>7} {'hit rate':>8} {'of perfect':>10} {'reprefill/turn':>14} "
+        f"{'preempt':>7} {'hung s':>7}"
+    )
     for name, o in outcomes.items():
-        print(f"{name:8} {o.turns_per_s:8.2f} {o.trajectories / o.wall_s:7.2f} "
-              f"{o.hit_tokens / max(o.queried_tokens, 1):8.3f} {o.hit_tokens / max(o.reusable_tokens, 1):10.3f} "
-              f"{(o.queried_tokens - o.hit_tokens) / max(o.turns, 1):14.1f} {o.preemptions:7d} {o.hung_s:7.1f}")  # fmt: skip
+        print(
+            f"{name:8} {o.turns_per_s:8.2f} {o.trajectories / o.wall_s:7.2f} "
+            f"{o.hit_tokens / max(o.queried_tokens, 1):8.3f} {o.hit_tokens / max(o.reusable_tokens, 1):10.3f} "
+            f"{(o.queried_tokens - o.hit_tokens) / max(o.turns, 1):14.1f} {o.preemptions:7d} {o.hung_s:7.1f}"
+        )
     a, b, c = outcomes["balance"], outcomes["sticky"], outcomes["thunder"]
-    print(f"RESULT agentic_speedup_vs_balance={c.turns_per_s / a.turns_per_s:.3f} "
-          f"prefix_hit_rate={c.hit_tokens / max(c.queried_tokens, 1):.3f} "
-          f"reuse_of_perfect={c.hit_tokens / max(c.reusable_tokens, 1):.3f} "
-          f"sticky_speedup_vs_balance={b.turns_per_s / a.turns_per_s:.3f}")  # fmt: skip
+    print(
+        f"RESULT agentic_speedup_vs_balance={c.turns_per_s / a.turns_per_s:.3f} "
+        f"prefix_hit_rate={c.hit_tokens / max(c.queried_tokens, 1):.3f} "
+        f"reuse_of_perfect={c.hit_tokens / max(c.reusable_tokens, 1):.3f} "
+        f"sticky_speedup_vs_balance={b.turns_per_s / a.turns_per_s:.3f}"
+    )
 
 
 if __name__ == "__main__":

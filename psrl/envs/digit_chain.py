@@ -31,7 +31,11 @@ class DigitChainTask:
     def prompt(self, index: int) -> Prompt:
         count = 1 + random.Random(f"digit_chain:{self.seed}:{index}").randrange(MAX_QUESTIONS)
         chain = [self.questions.prompt(index * MAX_QUESTIONS + k) for k in range(count)]
-        row = {"questions": [q.text for q in chain], "answers": [q.answer for q in chain], "kinds": [q.kind for q in chain]}
+        row = {
+            "questions": [q.text for q in chain],
+            "answers": [q.answer for q in chain],
+            "kinds": [q.kind for q in chain],
+        }
         return Prompt(index, "chain", chain[0].text, chain[0].answer, row=row)
 
     def reward(self, prompt: Prompt, response: str) -> Reward:

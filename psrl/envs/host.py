@@ -90,7 +90,9 @@ class EnvHost:
         if result.done:
             self.episodes.pop(request.request_id, None)
         observation = [] if result.done else self.tokenizer.encode(result.observation)
-        return StepReply(request.request_id, request.turn, observation, float(result.reward), float(result.acc), result.done)
+        return StepReply(
+            request.request_id, request.turn, observation, float(result.reward), float(result.acc), result.done
+        )
 
     def _episode(self, request: StepRequest) -> _Episode:
         """The session's episode at the step before ``request.turn``: kept, or rebuilt by replay."""

@@ -108,7 +108,13 @@ class InProcessRun:
     def _flows(self) -> list[tuple[str, Flow]]:
         instances: list[tuple[str, Flow]] = [(i.name, i) for i in self.instances]
         sessions: list[tuple[str, Flow]] = [] if self.session is None else [("session", self.session)]
-        return [("coordinator", self.coordinator), ("router", self.router), *instances, ("trainer-0", self.trainer), *sessions]
+        return [
+            ("coordinator", self.coordinator),
+            ("router", self.router),
+            *instances,
+            ("trainer-0", self.trainer),
+            *sessions,
+        ]
 
     def _wire(self) -> None:
         """Each flow gets what is sent to it by name and subscribes to its bus kinds, as its actor does."""

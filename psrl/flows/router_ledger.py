@@ -72,7 +72,7 @@ class RouterLedgerFlow(Flow, ABC):
     def filter_allowed(self) -> bool:
         """Whether the proactive filter may act now."""
 
-    def left(self, traj: Trajectory) -> None:  # noqa: B027 (only sessions need to hear of it)
+    def left(self, traj: Trajectory) -> None:
         """A trajectory ended here without finishing normally (abort, failure, truncation)."""
 
     # ------------------------------------------------------------------ trajectories that end

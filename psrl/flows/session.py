@@ -79,7 +79,9 @@ class Session:
 
     def info(self) -> SessionInfo:
         hung = self.hang_state == "hung" or self.marked_for_hang
-        return SessionInfo(str(self.request_id), self.instance, self.status, "hung" if hung else "running", self.num_tokens)
+        return SessionInfo(
+            str(self.request_id), self.instance, self.status, "hung" if hung else "running", self.num_tokens
+        )
 
 
 class SessionFlow(Flow):
@@ -202,7 +204,9 @@ class SessionFlow(Flow):
         infos = [s.info() for s in sorted(self.sessions.values(), key=lambda s: s.request_id)]
         decision = schedule_sessions(instances, infos, self.thunder)
         self._apply(decision)
-        self.num_hung_s += sum(s.hang_state == "hung" for s in self.sessions.values()) * self.thunder.check_interval_in_ms / 1000
+        self.num_hung_s += (
+            sum(s.hang_state == "hung" for s in self.sessions.values()) * self.thunder.check_interval_in_ms / 1000
+        )
         record = encode_session_tick(SessionTickLog(instances, infos, decision))
         hung, continued = [int(s) for s in decision.hang], [int(o.session_id) for o in decision.resume]
         self.publish(SessionTick(hung=hung, continued=continued, record=record))

@@ -18,7 +18,7 @@ from bus.messages import EnvStepDone
 from psrl.config.system import Env
 from psrl.engine.args import DEMO_MODEL_DIR
 
-ENVIRONMENT = '''
+ENVIRONMENT = """
 import os, time
 from psrl.envs.base import StepResult
 from psrl.tasks.base import Prompt, Reward
@@ -42,7 +42,7 @@ class Env:
         return StepResult(" ".join(self.steps), 1.0, 1.0, done=False)
 
 def make(seed): return Task()
-'''
+"""
 
 
 @pytest.fixture(scope="module")

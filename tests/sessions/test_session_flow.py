@@ -4,15 +4,30 @@ from __future__ import annotations
 
 import numpy as np
 
-from bus.messages import EnvStepDone, InstanceStatus, SessionEnd, SessionGone, SessionTick, TurnDone, TurnNext, TurnStarted
+from bus.messages import (
+    EnvStepDone,
+    InstanceStatus,
+    SessionEnd,
+    SessionGone,
+    SessionTick,
+    TurnDone,
+    TurnNext,
+    TurnStarted,
+)
 from psrl.config import load_config
 from psrl.coordination.session import decode_session_tick, schedule_sessions
 from psrl.flows.effects import Effect, Publish, Send
 from psrl.flows.session import SessionFlow
 
 TA = "psrl.rollout_coordination.session_strategy.thunder_agent."
-BASE = ["env.enable=true", "task.name=digit_chain", "env.max_turns=3", "env.max_turn_tokens=5", TA + "enable=true",
-        TA + "buffer_per_session=10"]  # fmt: skip
+BASE = [
+    "env.enable=true",
+    "task.name=digit_chain",
+    "env.max_turns=3",
+    "env.max_turn_tokens=5",
+    TA + "enable=true",
+    TA + "buffer_per_session=10",
+]
 
 
 class RecordingEnv:
@@ -43,8 +58,15 @@ def started(rid: int, instance: str = "i0", turn: int = 0, tokens: int = 10) -> 
 
 
 def turn_done(rid: int, turn: int, tokens: list[int], instance: str = "i0", total: int = 20) -> TurnDone:
-    return TurnDone(request_id=rid, prompt_id=rid // 4, instance=instance, turn=turn,
-                    token_ids=np.asarray(tokens, np.int32), num_tokens=total, finish_reason=0)  # fmt: skip
+    return TurnDone(
+        request_id=rid,
+        prompt_id=rid // 4,
+        instance=instance,
+        turn=turn,
+        token_ids=np.asarray(tokens, np.int32),
+        num_tokens=total,
+        finish_reason=0,
+    )
 
 
 def step(rid: int, turn: int, obs: list[int] = (), **kw: object) -> EnvStepDone:
@@ -52,8 +74,15 @@ def step(rid: int, turn: int, obs: list[int] = (), **kw: object) -> EnvStepDone:
 
 
 def status(instance: str, capacity: int, used_blocks: int, total_blocks: int = 100) -> InstanceStatus:
-    return InstanceStatus(instance=instance, weight_version=0, num_running=0, num_waiting=0, kv_blocks_used=used_blocks,
-                          kv_blocks_total=total_blocks, kv_capacity_tokens=capacity)  # fmt: skip
+    return InstanceStatus(
+        instance=instance,
+        weight_version=0,
+        num_running=0,
+        num_waiting=0,
+        kv_blocks_used=used_blocks,
+        kv_blocks_total=total_blocks,
+        kv_capacity_tokens=capacity,
+    )
 
 
 def test_turns_alternate_with_environment_steps_until_the_environment_is_done() -> None:
@@ -103,7 +132,7 @@ def test_hung_sessions_hold_their_next_turn_until_continued() -> None:
         flow.handle(started(rid, tokens=30), 0.0)
         flow.handle(turn_done(rid, 0, [7, 1], total=60), 0.0)  # both at their environment, 60 tokens each
     effects = flow.tick(1.0)  # demand 2 x (60 + 10) = 140 > 100: the smaller (by id on a tie) is hung
-    tick = [e.message for e in effects if isinstance(e, Publish) and isinstance(e.message, SessionTick)][0]
+    tick = next(e.message for e in effects if isinstance(e, Publish) and isinstance(e.message, SessionTick))
     assert tick.hung == [1] and flow.sessions[1].hang_state == "hung"
     assert sent(flow.handle(step(1, 0, [15]), 1.1), TurnNext) == []  # held, not sent
     assert len(sent(flow.handle(step(2, 0, [15]), 1.1), TurnNext)) == 1  # the running one goes on

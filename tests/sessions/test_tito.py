@@ -83,7 +83,9 @@ def test_the_trainer_gets_the_engines_tokens_and_the_environments_replies_byte_f
         for traj, rid in zip(trajectories_from(chunk, 4), chunk.request_ids.tolist(), strict=True):
             tokens, logprobs, mask = _expected(seen, rid)
             assert np.asarray(traj.response_token_ids, np.int32).tobytes() == np.asarray(tokens, np.int32).tobytes()
-            assert np.asarray(traj.rollout_log_probs, np.float32).tobytes() == np.asarray(logprobs, np.float32).tobytes()
+            assert (
+                np.asarray(traj.rollout_log_probs, np.float32).tobytes() == np.asarray(logprobs, np.float32).tobytes()
+            )
             assert list(traj.loss_mask) == mask
             multi_turn += 0 in mask
             assert rid not in run.session.sessions  # a trained session has ended at the scheduler
@@ -91,7 +93,7 @@ def test_the_trainer_gets_the_engines_tokens_and_the_environments_replies_byte_f
 
 
 def test_environment_tokens_get_no_gradient() -> None:
-    run, seen = _run(["trainer.total_steps=1"])
+    _, seen = _run(["trainer.total_steps=1"])
     chunk = next(m for to, m in seen if to == "trainer-0" and isinstance(m, TrainData))
     trajectories = [t for t in trajectories_from(chunk, 4) if 0 in t.loss_mask]
     assert trajectories
