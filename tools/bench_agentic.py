@@ -15,7 +15,7 @@ prompt tokens, the hit tokens as a share of what a perfect sticky placement coul
 turn's context before the environment's reply), re-prefilled tokens per turn, KV-full
 preemptions, and hung session-seconds (virtual clock).
 
-  python tools/bench_agentic.py [--steps 2] [--instances 2] [--kv-blocks 48]
+  python tools/bench_agentic.py [--steps 1] [--instances 2] [--kv-blocks 96]
 
 The last line is ``RESULT agentic_speedup_vs_balance=<(c)/(a) turns/s> prefix_hit_rate=<(c)>
 reuse_of_perfect=<(c)> sticky_speedup_vs_balance=<(b)/(a)>``.
@@ -63,11 +63,12 @@ class Outcome:
 def run(name: str, args: argparse.Namespace) -> Outcome:
     overrides = [
         "task.name=tool_add",
-        "env.max_turns=6",
+        "env.max_turns=4",
         "env.max_turn_tokens=16",
         f"trainer.total_steps={args.steps}",
         f"topology.n_rollout_instances={args.instances}",
         f"engine.num_kv_blocks={args.kv_blocks}",
+        "psrl.staleness=0",  # one buffer of sessions in flight
         "psrl.staleness_buffer_entries=8",
         "psrl.rollout_n=4",
         "actor.ppo_mini_batch_size=8",
@@ -106,9 +107,9 @@ def run(name: str, args: argparse.Namespace) -> Outcome:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=1)
     parser.add_argument("--instances", type=int, default=2)
-    parser.add_argument("--kv-blocks", type=int, default=48)
+    parser.add_argument("--kv-blocks", type=int, default=96)
     args = parser.parse_args()
     outcomes = {name: run(name, args) for name in SETTINGS}
     print(
