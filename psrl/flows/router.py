@@ -246,6 +246,14 @@ class RouterFlow(RouterLedgerFlow):
         traj.env_reward, traj.env_acc = end.reward, end.acc
         self.finished(traj, FinishReason.STOP, traj.instance or "")
 
+    def _sessions_lost(self) -> None:
+        """The session scheduler died: the sessions waiting for it at their environment cannot go on
+        (their history went with it); they fail and their groups are refilled."""
+        for traj in [t for t in self.tracker.live.values() if t.in_env]:
+            traj.in_env = False
+            traj.error = "session scheduler exited"
+            self.ended(traj.request_id, FinishReason.ERROR)
+
     def left(self, traj: Trajectory) -> None:
         """A trajectory ended at the router (abort, failure, truncation): its session is over too."""
         if self.has_sessions:
@@ -320,6 +328,9 @@ class RouterFlow(RouterLedgerFlow):
 
     def _on_exited(self, exited: ActorExited, now: float) -> None:
         name = exited.actor
+        if name == SESSION and self.has_sessions:
+            self._sessions_lost()
+            return
         if name not in self.instances:
             return
         del self.instances[name]
@@ -396,10 +407,7 @@ class RouterFlow(RouterLedgerFlow):
             self.core.release(message.request_id)
             self._route_again(message.request_id)
         elif isinstance(message, TurnDone) and message.request_id in self.tracker.live:
-            # the session scheduler is gone (it is restarted): the session cannot go on
-            self.tracker.live[message.request_id].error = "session scheduler unreachable"
-            self.tracker.live[message.request_id].in_env = False
-            self.ended(message.request_id, FinishReason.ERROR)
+            self._sessions_lost()  # the session scheduler is gone (it is being restarted)
         return self.take()
 
     # ------------------------------------------------------------------ status
