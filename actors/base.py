@@ -181,6 +181,12 @@ class Actor:
             self._control_inputs.add(sock)
         self._poller.register(sock, zmq.POLLIN)
 
+    def remove_input(self, sock: Any) -> None:
+        """Stop polling ``sock`` (e.g. the pipe of a worker process that was replaced)."""
+        if self._inputs.pop(sock, None) is not None:
+            self._control_inputs.discard(sock)
+            self._poller.unregister(sock)
+
     def add_link_kinds(self, kinds: Iterable[type[Message]], handler: Handler) -> None:
         """Handle ``kinds`` arriving on the actor's links (for inputs known only once setup built them)."""
         for kind in kinds:

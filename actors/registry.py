@@ -11,6 +11,7 @@ ACTOR_CLASSES: dict[str, str] = {
     "rollout": "actors.rollout:RolloutActor",
     "trainer": "actors.trainer:TrainerActor",
     "ps": "actors.ps:ParameterShardActor",
+    "session": "actors.session:SessionActor",
 }
 
 

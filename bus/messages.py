@@ -742,6 +742,11 @@ class TrajectoryDone(Message, frozen=True):
     instance: instance id that generated the last token.
     error: why it was given up (abort reason or error text); empty otherwise.
     flags: how it was generated, TrajectoryFlags bits (interrupted, continued, migrated) (added in 1.4).
+    loss_mask: per response token, 1 = generated (trained), 0 = environment tokens (uint8); unset = all
+        generated (added in 1.4).
+    env_reward: a session's reward from its environment; unset = score the response (added in 1.4).
+    env_acc: a session's task accuracy from its environment (added in 1.4).
+    num_turns: a session's generation turns; 0 = not a session (added in 1.4).
     """
 
     request_id: int
@@ -754,6 +759,10 @@ class TrajectoryDone(Message, frozen=True):
     instance: str
     error: str = ""
     flags: int = 0
+    loss_mask: np.ndarray | None = None
+    env_reward: float | None = None
+    env_acc: float | None = None
+    num_turns: int = 0
 
 
 @message("group.drop")
@@ -807,6 +816,8 @@ class TrainData(Message, frozen=True):
     accs: task accuracy of each trajectory (float32).
     finish_reasons: finish reason of each trajectory (int32, FinishReason values).
     flags: TrajectoryFlags bits of each trajectory (int32); unset = not recorded (added in 1.4).
+    response_loss_mask: 1 = trained, 0 = environment token, concatenated like the responses (uint8); unset =
+        every response token is trained (added in 1.4).
     """
 
     step: int
@@ -826,6 +837,7 @@ class TrainData(Message, frozen=True):
     accs: np.ndarray
     finish_reasons: np.ndarray
     flags: np.ndarray | None = None
+    response_loss_mask: np.ndarray | None = None
 
 
 # -------------------------------------------------------------------- evaluation and staleness certificates (1.4)
@@ -1035,6 +1047,140 @@ class MemorySwitched(Message, frozen=True):
     changed_bytes: int
     free_bytes: int
     region_ms: dict[str, float] = field(default_factory=dict)
+
+
+# ---------------------------------------------------------------------------- sessions (multi-turn agentic RL, 1.4)
+# A session is one trajectory of many turns: the router generates each turn on the session's pinned
+# instance and hands the turn to the session scheduler, which runs the environment step and sends
+# the next turn (or the end). Every kind below was added in 1.4.
+
+
+@message("session.turn_started")
+class TurnStarted(Message, frozen=True):
+    """A session's turn was placed on an instance (router -> session scheduler): the session is pinned there.
+
+    request_id: trajectory id (the session).
+    prompt_id: prompt group id.
+    instance: instance the turn runs on.
+    turn: turn index (0 = the first generation).
+    num_tokens: tokens of the session so far (its KV footprint on the instance).
+    """
+
+    request_id: int
+    prompt_id: int
+    instance: str
+    turn: int
+    num_tokens: int
+
+
+@message("session.turn_done")
+class TurnDone(Message, frozen=True):
+    """A session's turn finished generating (router -> session scheduler).
+
+    request_id: trajectory id (the session).
+    prompt_id: prompt group id.
+    instance: instance that generated it.
+    turn: turn index.
+    token_ids: the tokens generated in this turn, exactly as the engine produced them (int32).
+    num_tokens: tokens of the session so far, this turn included.
+    finish_reason: stop or length.
+    """
+
+    request_id: int
+    prompt_id: int
+    instance: str
+    turn: int
+    token_ids: np.ndarray
+    num_tokens: int
+    finish_reason: FinishReason
+
+
+@message("session.turn_next")
+class TurnNext(Message, frozen=True):
+    """The environment answered: generate the session's next turn (session scheduler -> router).
+
+    request_id: trajectory id (the session).
+    turn: index of the turn to generate.
+    observation_token_ids: the environment's reply, appended to the session as is (int32; never trained).
+    max_tokens: the new turn's generation budget.
+    force_pin_instance: place this turn on this instance once (a continued session); empty = routing decides.
+    """
+
+    request_id: int
+    turn: int
+    observation_token_ids: np.ndarray
+    max_tokens: int
+    force_pin_instance: str = ""
+
+
+@message("session.end")
+class SessionEnd(Message, frozen=True):
+    """A session is over (session scheduler -> router): its trajectory finishes with the reward, or fails.
+
+    request_id: trajectory id (the session).
+    reward: the environment's reward.
+    acc: the environment's task accuracy.
+    num_turns: generation turns the session took.
+    error: why the session failed (environment error, timeout, malformed reply); empty = it finished.
+    """
+
+    request_id: int
+    reward: float
+    acc: float
+    num_turns: int
+    error: str = ""
+
+
+@message("session.gone")
+class SessionGone(Message, frozen=True):
+    """The router ended a session's trajectory on its own (surplus, staleness, failure): forget it.
+
+    request_id: trajectory id (the session).
+    reason: why.
+    """
+
+    request_id: int
+    reason: str = ""
+
+
+@message("session.env_step")
+class EnvStepDone(Message, frozen=True):
+    """An environment step of a session finished in an env worker (session scheduler's own record).
+
+    request_id: trajectory id (the session).
+    turn: the turn whose action the environment answered.
+    observation_token_ids: the environment's reply as tokens (int32).
+    reward: reward so far (final when done).
+    acc: task accuracy (final when done).
+    done: the episode is over.
+    error: why the step failed (raised, timed out, malformed, worker lost twice); empty = it worked.
+    worker: env worker that ran it.
+    latency_ms: wall time of the step.
+    """
+
+    request_id: int
+    turn: int
+    observation_token_ids: np.ndarray
+    reward: float = 0.0
+    acc: float = 0.0
+    done: bool = False
+    error: str = ""
+    worker: int = -1
+    latency_ms: float = 0.0
+
+
+@message("session.tick")
+class SessionTick(Message, frozen=True):
+    """One ThunderAgent hang/continue decision with its inputs, for `psrl replay --check sessions`.
+
+    hung: sessions hung by this tick.
+    continued: sessions continued by this tick.
+    record: inputs and decision (`psrl.coordination.session` structs, msgpack).
+    """
+
+    hung: list[int]
+    continued: list[int]
+    record: bytes
 
 
 # ---------------------------------------------------------------------------- run

@@ -34,7 +34,7 @@ def actor_name(role: str, index: int, count: int) -> str:
 
 
 def role_counts(config: Config) -> dict[str, int]:
-    session = config.psrl.rollout_coordination.session_strategy.thunder_agent.enable
+    session = config.env.enable  # the session scheduler runs the environments of multi-turn sessions
     topo = config.topology
     return {
         "logger": 1,

@@ -7,7 +7,7 @@ from pydantic import model_validator
 from psrl.config.base import Section, section
 from psrl.config.data import Data, Logging, Reward
 from psrl.config.psrl_section import PsrlSection
-from psrl.config.system import Bus, Engine, Model, Run, Task, Topology
+from psrl.config.system import Bus, Engine, Env, Model, Run, Task, Topology
 from psrl.config.training import Actor, Algorithm, Critic, Eval, TrainerLoop
 
 
@@ -22,6 +22,7 @@ class Config(Section):
     eval: Eval = section(Eval, "Held-out evaluation during training (every trainer.eval_interval versions).")
     model: Model = section(Model, "Policy checkpoint.")
     task: Task = section(Task, "Prompt generator, prompt and response lengths, sampling.")
+    env: Env = section(Env, "Multi-turn environments (agentic RL sessions).")
     data: Data = section(Data, "A dataset of prompts (instead of the task's generator).")
     reward: Reward = section(Reward, "A reward function of your own, or a built-in verifier.")
     topology: Topology = section(Topology, "How many actors of each kind.")

@@ -133,6 +133,8 @@ def status_consumers_need_status(c: Config) -> Iterator[ConfigProblem]:
         users.append(RC + "routing_strategy.method")
     if rc.sync_and_mig_strategy.method == "status_based":
         users.append(RC + "sync_and_mig_strategy.method")
+    if rc.session_strategy.thunder_agent.enable:
+        users.append(RC + "session_strategy.thunder_agent.enable")
     if users:
         yield problem(
             (*users, P + "status_collection.enable"),
@@ -240,6 +242,25 @@ def sticky_sessions_need_bucketed(c: Config) -> Iterator[ConfigProblem]:
             "a hung sticky session must be readmitted on the instance that holds its prefix",
             f"set {scope}=bucketed",
         )
+
+
+def sessions_need_an_environment(c: Config) -> Iterator[ConfigProblem]:
+    """Multi-turn sessions run the environment named by task.name; hang/continue schedules sessions."""
+    from psrl.envs import env_names, is_env_name
+
+    thunder = RC + "session_strategy.thunder_agent.enable"
+    if c.psrl.rollout_coordination.session_strategy.thunder_agent.enable and not c.env.enable:
+        yield problem((thunder, "env.enable"), True, "hang/continue schedules multi-turn sessions, and there are none",
+                      "set env.enable=True (with an environment task), or " + thunder + "=False")  # fmt: skip
+    if not c.env.enable:
+        return
+    if not is_env_name(c.task.name):
+        yield problem(("env.enable", "task.name"), c.task.name, "multi-turn sessions need an environment task",
+                      f"set task.name to one of {env_names()} or package.module:factory")  # fmt: skip
+    if c.data.train_files:
+        yield problem(("env.enable", "data.train_files"), c.data.train_files,
+                      "sessions take their prompts from the environment task, not a dataset",
+                      "remove data.train_files, or set env.enable=False")  # fmt: skip
 
 
 def cost_model_readable(c: Config) -> Iterator[ConfigProblem]:
@@ -393,18 +414,6 @@ def _colocation_rules(c: Config) -> Iterator[ConfigProblem]:
                       "list the same GPUs in both (or leave both empty)")  # fmt: skip
 
 
-def features_available(c: Config) -> Iterator[ConfigProblem]:
-    """Settings of features this version of psrl does not have yet are refused, never ignored."""
-    sessions = c.psrl.rollout_coordination.session_strategy
-    unavailable = [
-        (RC + "session_strategy.thunder_agent.enable", sessions.thunder_agent.enable, True,
-         f"set {RC}session_strategy.thunder_agent.enable=False"),
-    ]  # fmt: skip
-    for path, is_set, value, fix in unavailable:
-        if is_set:
-            yield problem(path, value, "this feature is not available in this version of psrl", fix)
-
-
 def engine_backend(c: Config) -> Iterator[ConfigProblem]:
     """Settings the chosen backend cannot honour (whether vLLM is installed is checked by `psrl.preflight`)."""
     engine = c.engine
@@ -481,6 +490,7 @@ RULES: tuple[Rule, ...] = (
     p2p_needs_versioned_kv,
     kv_transfer_prerequisites,
     sticky_sessions_need_bucketed,
+    sessions_need_an_environment,
     cost_model_readable,
     sync_threshold_set,
     token_is_needs_engine_logprobs,
@@ -488,7 +498,6 @@ RULES: tuple[Rule, ...] = (
     partial_rollout_modes,
     proactive_filter_threshold,
     tms_rules,
-    features_available,
     engine_backend,
     gpu_placement,
     cpu_kernels_apply,

@@ -127,3 +127,22 @@ class Run(Section):
     fsync: Literal["never", "segment", "always"] = field(
         "segment", "Event-log fsync policy: never, at segment rotation, or after every record."
     )
+
+
+class Env(Section):
+    enable: bool = field(
+        False,
+        "Multi-turn sessions: each trajectory alternates generation turns with steps of the task's environment "
+        "(task.name must name an environment, see psrl.envs); a session scheduler actor runs the environments.",
+    )
+    max_turns: int = field(4, "Most generation turns of one session; the episode ends after the last.", ge=1)
+    max_turn_tokens: int = field(24, "Generation budget of one turn (tokens).", ge=1)
+    num_workers: int = field(2, "Environment worker processes (steps run in parallel up to this many).", ge=1)
+    step_timeout_s: float = field(10.0, "An environment step running longer fails its session.", gt=0)
+    latency_ms: float = field(0.0, "Mean extra wall time of one environment step (models slow tools).", ge=0)
+    latency_distribution: Literal["fixed", "exponential", "lognormal"] = field(
+        "exponential", "Distribution of the extra step time around latency_ms (lognormal: sigma 1)."
+    )
+    worker_retry_limit: int = field(
+        1, "Times a step is run again after its env worker died (SIGKILL, crash) before its session fails.", ge=0
+    )

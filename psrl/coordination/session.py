@@ -147,3 +147,19 @@ def _continue_global(
         remaining[target] -= need
         orders.append(ContinueOrder(session.session_id, target, settings.continue_force_pin))
     return orders
+
+
+class SessionTickLog(msgspec.Struct, frozen=True, gc=False):
+    """One tick's inputs and decision, as recorded in ``session.tick`` for ``psrl replay --check sessions``."""
+
+    instances: list[InstanceCapacity]
+    sessions: list[SessionInfo]
+    decision: SessionDecision
+
+
+def encode_session_tick(log: SessionTickLog) -> bytes:
+    return msgspec.msgpack.encode(log)
+
+
+def decode_session_tick(record: bytes) -> SessionTickLog:
+    return msgspec.msgpack.decode(record, type=SessionTickLog)

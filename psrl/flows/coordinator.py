@@ -74,6 +74,7 @@ from psrl.flows.train_data import train_data
 from psrl.routing.cost_model import CostModel
 from psrl.routing.servable import ServableCounts
 from psrl.staleness.throttle import dispatch_allowance
+from psrl.tasks.base import Reward
 from psrl.tms import ROLLOUT, ColocationSwitch, SwitchCommand, managed_sides
 
 ROUTER = "router"
@@ -234,7 +235,10 @@ class CoordinatorFlow(Flow):
             group = self.book.groups.get(done.prompt_id)
             if group is None:
                 return
-            reward = self.scorer.score(group.prompt, done.token_ids)
+            if done.env_reward is not None:  # a session: its environment scored it
+                reward = Reward(score=done.env_reward, acc=done.env_acc if done.env_acc is not None else 0.0)
+            else:
+                reward = self.scorer.score(group.prompt, done.token_ids)
             self.response_lengths.append(len(done.token_ids))
         self.book.record(done, reward)
 

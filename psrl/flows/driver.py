@@ -29,6 +29,7 @@ from bus.messages import Metrics, RunFinished, StalenessCertificate, TrainerProg
 from bus.schema import Message
 from psrl.config import Config
 from psrl.engine import Engine, EngineArgs
+from psrl.envs.host import EnvHost, InProcessEnv
 from psrl.evaluation.planner import EvalPlanner
 from psrl.flows.base import Flow
 from psrl.flows.coordinator import CoordinatorFlow
@@ -37,6 +38,7 @@ from psrl.flows.instance import InstanceFlow
 from psrl.flows.local import LocalBus
 from psrl.flows.prompts import TaskPrompts
 from psrl.flows.router import RouterFlow
+from psrl.flows.session import SessionFlow
 from psrl.flows.trainer import TrainerFlow
 from psrl.ps import PullFailedError
 from psrl.ps.supply import Fetched
@@ -116,6 +118,11 @@ class InProcessRun:
             for i in range(config.topology.n_rollout_instances)
         ]
         self.trainer = TrainerFlow(config, TrainerCore(config, memory=self._memory("trainer-0", TRAINER)))
+        self.env: InProcessEnv | None = None
+        self.session: SessionFlow | None = None
+        if config.env.enable:  # multi-turn sessions: the session scheduler with in-process environments
+            self.env = InProcessEnv(EnvHost(config.task.name, config.task.seed, task.tokenizer.name_or_path))
+            self.session = SessionFlow(config, self.env)
         self.record = RunRecord()
         self.bus = LocalBus()
         self.bus.on_other = self._push
@@ -131,7 +138,14 @@ class InProcessRun:
 
     def _flows(self) -> list[tuple[str, Flow]]:
         instances: list[tuple[str, Flow]] = [(i.name, i) for i in self.instances]
-        return [("coordinator", self.coordinator), ("router", self.router), *instances, ("trainer-0", self.trainer)]
+        sessions: list[tuple[str, Flow]] = [] if self.session is None else [("session", self.session)]
+        return [
+            ("coordinator", self.coordinator),
+            ("router", self.router),
+            *instances,
+            ("trainer-0", self.trainer),
+            *sessions,
+        ]
 
     def _wire(self) -> None:
         """Each flow gets what is sent to it by name and subscribes to its bus kinds, as its actor does."""
@@ -158,6 +172,10 @@ class InProcessRun:
         for instance in self.instances:
             self.bus.post(instance.name, instance.step(self.now), self.now)
         self.bus.deliver(self.now)
+        if self.session is not None and self.env is not None:
+            for reply in self.env.take():  # environment steps answered this round
+                self.bus.post("session", self.session.handle(reply, self.now), self.now)
+            self.bus.deliver(self.now)
         self._fire_timers()
         self.now += self.tick_s
 

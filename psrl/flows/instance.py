@@ -1,16 +1,16 @@
 """A rollout instance's algorithm around its engine: serve requests, stream tokens, sync weights.
 
 Requests arrive from the router (``GenerateRequest``); generated tokens stream back in
-``TokenBatch`` messages (one per engine step, for all its requests) and each request ends with one ``GenerateResult``. An interrupted
-request's result says why (``error`` = sync / migrate / preempted / shutdown) so the router
-knows whether to continue it elsewhere. Held-out evaluation requests (``EvalRequest``) come from
-the coordinator on the bus and are answered on the bus (``EvalResult``); they never reach the router
-and are never interrupted: a due sync waits for them, so each answer comes from one version.
-Commands come from the coordinator: ``SyncCommand``
+``TokenBatch`` messages (one per engine step, for all its requests) and each request ends with
+one ``GenerateResult``. An interrupted request's result says why (``error`` = sync / migrate /
+preempted / shutdown) so the router knows whether to continue it elsewhere. Held-out evaluation
+requests (``EvalRequest``) come from the coordinator on the bus and are answered on the bus
+(``EvalResult``); they never reach the router and are never interrupted: a due sync waits for
+them, so each answer comes from one version. Commands come from the coordinator: ``SyncCommand``
 (pull the version, load it; under partial rollout interrupt the running requests once the
-version's bytes have arrived, otherwise let them finish first) and ``MigrateCommand`` (hand the
-newest requests back so the router places them elsewhere). Status snapshots go to the router and
-to everyone on the bus.
+version's bytes have arrived, otherwise let them finish first), ``MigrateCommand`` (hand the
+newest requests back so the router places them elsewhere) and, when colocated, ``MemoryPause`` /
+``MemoryResume``. Status snapshots go to the router and to everyone on the bus.
 
 The engine and the weight supply are this flow's ports: the rollout actor gives it the embedded
 engine and the parameter server (``psrl.ps.supply``), the in-process driver a trainer's weights.

@@ -11,6 +11,12 @@ returns it:
   tokens, pinned to its V_traj (partial rollout), or from scratch when partial rollout is off;
 * aborted on request, or failed: tell the coordinator so the group can be refilled.
 
+With ``env.enable`` every trajectory is a multi-turn session: a finished turn goes to the session
+scheduler (``TurnDone``) and the trajectory waits, keeping its ledger reservation and its pinned
+version, until the scheduler sends the environment's reply (``TurnNext``: route the next turn,
+sticky to the session's instance) or the end (``SessionEnd``: finish with the environment's
+reward, or fail). Each placed turn is reported (``TurnStarted``) so the scheduler knows the pin.
+
 The ledger lives here so a routing decision never waits on the network; the coordinator drives
 Occupy (GroupComplete), drops (GroupDrop) and Consume, and learns every ledger outcome. The
 ledger side of the flow is ``psrl.flows.router_ledger``.
@@ -42,9 +48,14 @@ from bus.messages import (
     Reserve,
     RouterStatus,
     RoutingRecord,
+    SessionEnd,
+    SessionGone,
     SyncCommand,
     TokenBatch,
     TokenChunk,
+    TurnDone,
+    TurnNext,
+    TurnStarted,
     WeightsLoaded,
     WeightsPublished,
 )
@@ -64,6 +75,7 @@ from psrl.routing.trajectories import TrackerSettings, Trajectory, TrajectoryTra
 from psrl.staleness.ledger import StalenessLedger
 from psrl.staleness.types import LedgerSizes
 
+SESSION = "session"  # the session scheduler's actor name
 STATUS_INTERVAL_S = 0.1  # RouterStatus to the coordinator (its sync decisions read the servable counts)
 JOIN_GRACE_S = 10.0  # route after this long even if not every instance has joined
 
@@ -113,6 +125,7 @@ class RouterFlow(RouterLedgerFlow):
         self.method = routing.method
         self.needs_tokens = routing.method.startswith("cache_aware")
         self.is_sticky = routing.enable_trajectory_sticky
+        self.has_sessions = config.env.enable
         self.ps_version = initial_version
         self.instances = instances
         self.num_expected_instances = config.topology.n_rollout_instances
@@ -136,6 +149,8 @@ class RouterFlow(RouterLedgerFlow):
             InstanceSyncFailed: self._on_sync_failed,
             ActorExited: self._on_exited,
             KvTierReport: self._on_tier_report,  # from an instance: its offload tier's changes
+            TurnNext: self._on_turn_next,  # from the session scheduler: a session's next turn
+            SessionEnd: self._on_session_end,  # from the session scheduler: a session is over
         }
 
     def timers(self) -> list[Timer]:
@@ -160,7 +175,7 @@ class RouterFlow(RouterLedgerFlow):
         traj = self.tracker.add(req, req.request_id % self.n_per_prompt)
         self.core.submit(self._routing_request(traj))
 
-    def _routing_request(self, traj: Trajectory) -> RoutingRequest:
+    def _routing_request(self, traj: Trajectory, *, hint: str | None = None, force_pin: bool = False) -> RoutingRequest:
         tokens = tuple(traj.prompt_ids.tolist()) + tuple(traj.token_ids.tolist()) if self.needs_tokens else ()
         return RoutingRequest(
             traj.request_id,
@@ -170,7 +185,9 @@ class RouterFlow(RouterLedgerFlow):
             num_prompt_tokens=len(traj.prompt_ids),
             num_response_tokens=traj.num_generated,
             token_ids=tokens,
+            hint_instance=hint,
             is_sticky=self.is_sticky,
+            force_pin_once=force_pin,
         )
 
     def _on_chunk(self, chunk: TokenChunk, now: float) -> None:
@@ -208,10 +225,68 @@ class RouterFlow(RouterLedgerFlow):
         self.core.release(result.request_id)
         if verdict is Verdict.RETRY:
             self.core.submit(self._routing_request(traj))
+        elif verdict is Verdict.FINISHED and self.has_sessions:
+            self._turn_done(traj, result)
         elif verdict is Verdict.FINISHED:
             self.finished(traj, result.finish_reason, result.instance)
         else:
             self.ended(traj.request_id, FinishReason.ERROR if verdict is Verdict.FAILED else FinishReason.ABORT)
+
+    # ------------------------------------------------------------------ sessions
+
+    def _turn_done(self, traj: Trajectory, result: GenerateResult) -> None:
+        traj.in_env = True
+        turn = TurnDone(
+            request_id=traj.request_id,
+            prompt_id=traj.prompt_id,
+            instance=result.instance,
+            turn=traj.turn,
+            token_ids=traj.token_ids[traj.turn_start :],
+            num_tokens=len(traj.prompt_ids) + traj.num_generated,
+            finish_reason=result.finish_reason,
+        )
+        self.send(SESSION, turn, request_id=traj.request_id, prompt_id=traj.prompt_id, model_version=traj.v_traj)
+
+    def _session_waiting(self, request_id: int) -> Trajectory | None:
+        traj = self.tracker.live.get(request_id)
+        if traj is None or not traj.in_env:
+            self.counters["late_session_messages"] += 1
+            return None
+        return traj
+
+    def _on_turn_next(self, turn: TurnNext, now: float) -> None:
+        traj = self._session_waiting(turn.request_id)
+        if traj is None or turn.turn != traj.turn + 1:
+            return
+        self.tracker.start_turn(traj, turn.observation_token_ids, turn.max_tokens)
+        pinned = turn.force_pin_instance if turn.force_pin_instance in self.instances else None
+        last = traj.instance if traj.instance in self.instances else None
+        self.core.submit(self._routing_request(traj, hint=pinned or last, force_pin=pinned is not None))
+
+    def _on_session_end(self, end: SessionEnd, now: float) -> None:
+        traj = self._session_waiting(end.request_id)
+        if traj is None:
+            return
+        traj.in_env = False
+        if end.error:
+            traj.error = f"session failed: {end.error}"
+            self.ended(traj.request_id, FinishReason.ERROR)
+            return
+        traj.env_reward, traj.env_acc = end.reward, end.acc
+        self.finished(traj, FinishReason.STOP, traj.instance or "")
+
+    def _sessions_lost(self) -> None:
+        """The session scheduler died: the sessions waiting for it at their environment cannot go on
+        (their history went with it); they fail and their groups are refilled."""
+        for traj in [t for t in self.tracker.live.values() if t.in_env]:
+            traj.in_env = False
+            traj.error = "session scheduler exited"
+            self.ended(traj.request_id, FinishReason.ERROR)
+
+    def left(self, traj: Trajectory) -> None:
+        """A trajectory ended at the router (abort, failure, truncation): its session is over too."""
+        if self.has_sessions:
+            self.send(SESSION, SessionGone(request_id=traj.request_id, reason=traj.abort_reason or traj.error))
 
     def _on_abort(self, abort: Abort, now: float) -> None:
         for request_id in abort.request_ids:
@@ -282,6 +357,9 @@ class RouterFlow(RouterLedgerFlow):
 
     def _on_exited(self, exited: ActorExited, now: float) -> None:
         name = exited.actor
+        if name == SESSION and self.has_sessions:
+            self._sessions_lost()
+            return
         if name not in self.instances:
             return
         del self.instances[name]
@@ -343,6 +421,15 @@ class RouterFlow(RouterLedgerFlow):
             self.publish(record, request_id=traj.request_id, prompt_id=traj.prompt_id, model_version=traj.v_traj)
         request = self._with_kv_source(self.tracker.engine_request(traj, decision.dispatch_seq), instance)
         self.send(instance, request, request_id=traj.request_id, model_version=traj.v_traj)
+        if self.has_sessions:
+            started = TurnStarted(
+                request_id=traj.request_id,
+                prompt_id=traj.prompt_id,
+                instance=instance,
+                turn=traj.turn,
+                num_tokens=len(traj.prompt_ids) + traj.num_generated,
+            )
+            self.send(SESSION, started, request_id=traj.request_id, prompt_id=traj.prompt_id)
 
     def _with_kv_source(self, request: GenerateRequest, instance: str) -> GenerateRequest:
         """A re-routed request names the instance that holds its KV, if another one (KV transfer)."""
@@ -363,6 +450,8 @@ class RouterFlow(RouterLedgerFlow):
         if isinstance(message, GenerateRequest) and message.request_id in self.tracker.live:
             self.core.release(message.request_id)
             self._route_again(message.request_id)
+        elif isinstance(message, TurnDone) and message.request_id in self.tracker.live:
+            self._sessions_lost()  # the session scheduler is gone (it is being restarted)
         return self.take()
 
     # ------------------------------------------------------------------ status

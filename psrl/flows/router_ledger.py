@@ -72,6 +72,9 @@ class RouterLedgerFlow(Flow, ABC):
     def filter_allowed(self) -> bool:
         """Whether the proactive filter may act now."""
 
+    def left(self, traj: Trajectory) -> None:
+        """A trajectory ended here without finishing normally (abort, failure, truncation)."""
+
     # ------------------------------------------------------------------ trajectories that end
 
     def finished(self, traj: Trajectory, reason: FinishReason, instance: str) -> None:
@@ -103,6 +106,7 @@ class RouterLedgerFlow(Flow, ABC):
     def truncated(self, traj: Trajectory, instance: str) -> None:
         """A child stopped by the proactive filter ``truncate``: its partial output is its response."""
         self.tracker.finish(traj.request_id)
+        self.left(traj)
         self._send_done(traj, FinishReason.TRUNCATED, instance)
         pending = self.truncating.get(traj.prompt_id)
         if pending is None:
@@ -117,6 +121,7 @@ class RouterLedgerFlow(Flow, ABC):
         traj = self.tracker.finish(request_id, wasted=True)
         if traj is None:
             return
+        self.left(traj)
         if traj.abort_reason not in _NOT_REFILLED:
             aborted = self.ledger.abort_child(traj.prompt_id, traj.child, AbortReason.FAILED)
             self._log_op("abort_child", traj.prompt_id, traj.child, "FAILED", describe_abort(aborted))

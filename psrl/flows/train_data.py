@@ -45,7 +45,16 @@ def train_data(chunk: Chunk, groups: list[Group], *, with_logprobs: bool = True)
         accs=np.asarray([w.acc for _, _, w in rows], f32),
         finish_reasons=np.asarray([int(r.finish_reason) for _, r, _ in rows], i32),
         flags=np.asarray([r.flags for _, r, _ in rows], i32),
+        response_loss_mask=_loss_mask([r for _, r, _ in rows]),
     )
+
+
+def _loss_mask(results: list[TrajectoryDone]) -> np.ndarray | None:
+    """Concatenated loss masks (a response without one is all generated); None when none has one."""
+    if all(r.loss_mask is None for r in results):
+        return None
+    parts = [np.ones(len(r.token_ids), np.uint8) if r.loss_mask is None else r.loss_mask for r in results]
+    return np.concatenate(parts).astype(np.uint8)
 
 
 def trajectories_from(data: TrainData, responses_per_prompt: int) -> list[Trajectory]:
@@ -53,6 +62,7 @@ def trajectories_from(data: TrainData, responses_per_prompt: int) -> list[Trajec
     out = []
     p_off = r_off = 0
     has_logprobs = len(data.response_logprobs) == len(data.response_token_ids)
+    mask = data.response_loss_mask
     for i in range(len(data.prompt_ids)):
         p_len, r_len = int(data.prompt_lengths[i]), int(data.response_lengths[i])
         prompt = data.prompt_token_ids[p_off : p_off + p_len]
@@ -70,6 +80,7 @@ def trajectories_from(data: TrainData, responses_per_prompt: int) -> list[Trajec
                 reward=float(data.rewards[i]),
                 acc=float(data.accs[i]),
                 finish_reason=FinishReason(int(data.finish_reasons[i])),
+                loss_mask=() if mask is None else tuple(int(m) for m in mask[span]),
             )
         )
     return out

@@ -25,7 +25,12 @@ from bus.plain import same_value
 from bus.schema import Event
 from psrl.config import Config
 
-CHECKER_MODULES: list[str] = ["psrl.replay.sequence", "psrl.replay.decisions", "psrl.replay.staleness"]
+CHECKER_MODULES: list[str] = [
+    "psrl.replay.sequence",
+    "psrl.replay.decisions",
+    "psrl.replay.staleness",
+    "psrl.replay.sessions",
+]
 """Modules that register checkers; a missing module is skipped (its extra is not installed)."""
 
 CHECKERS: dict[str, type[Checker]] = {}

@@ -6,6 +6,12 @@ instance hands a request back interrupted (a weight sync, a migration, a preempt
 the instance shutting down or dying), partial rollout continues it elsewhere from exactly those
 tokens; an abort that was asked for (surplus child, staleness, the coordinator) ends it. Pure
 bookkeeping: no sockets, no clock.
+
+A multi-turn session is one trajectory whose response grows by turns: each turn's generated
+tokens, then the environment's reply (``start_turn``), exactly as fed to the engine (token in,
+token out). ``loss_mask`` marks the generated tokens (1) apart from the environment's (0);
+everything before ``turn_start`` goes to the engine as prompt, so an interrupted turn continues
+from its own tokens and a restart only drops the current turn.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ class Verdict(str, Enum):
 
 _NO_IDS = np.zeros(0, np.int32)
 _NO_LOGPROBS = np.zeros(0, np.float32)
+_NO_MASK = np.zeros(0, np.uint8)
 
 
 @dataclass
@@ -54,10 +61,20 @@ class Trajectory:
     num_sent_as_prompt: int = 0  # interrupt_as_prompt: earlier output the instance got as prompt
     flags: int = 0  # TrajectoryFlags bits, for the staleness certificate
     result_instances: set[str] = field(default_factory=set)  # every instance that returned a result for it
+    loss_mask: np.ndarray = field(default_factory=lambda: _NO_MASK)  # uint8 per token: 1 generated, 0 environment
+    turn: int = 0  # sessions: index of the turn being generated
+    turn_start: int = 0  # sessions: response tokens before the current turn (sent as prompt)
+    in_env: bool = False  # sessions: the turn finished and the environment step is pending
+    env_reward: float | None = None
+    env_acc: float | None = None
 
     @property
     def num_generated(self) -> int:
         return len(self.token_ids)
+
+    @property
+    def has_env_tokens(self) -> bool:
+        return self.turn > 0
 
 
 @dataclass(frozen=True)
@@ -86,6 +103,7 @@ class TrajectoryTracker:
             traj.token_ids = _ids(request.generated_token_ids)
             traj.logprobs = _logprobs(request.generated_logprobs)
             traj.versions = _ids(request.generated_versions)
+            traj.loss_mask = np.ones(len(traj.token_ids), np.uint8)
         self.live[request.request_id] = traj
         return traj
 
@@ -98,6 +116,7 @@ class TrajectoryTracker:
             traj.token_ids = np.concatenate([traj.token_ids, _ids(token_ids)])
             traj.logprobs = np.concatenate([traj.logprobs, _logprobs(logprobs)])
             traj.versions = np.concatenate([traj.versions, _ids(versions)])
+            traj.loss_mask = np.concatenate([traj.loss_mask, np.ones(len(token_ids), np.uint8)])
 
     def judge(self, result: GenerateResult) -> Verdict:
         """Classify a returned result and bring the trajectory's tokens up to date with it."""
@@ -125,45 +144,59 @@ class TrajectoryTracker:
             traj.num_loopbacks += 1
             self.num_loopbacks += 1
             return Verdict.CONTINUE
-        self.num_wasted_tokens += traj.num_generated
-        traj.token_ids, traj.logprobs, traj.versions = _NO_IDS, _NO_LOGPROBS, _NO_IDS
+        self.num_wasted_tokens += traj.num_generated - traj.turn_start
+        _keep_first(traj, traj.turn_start)
         return Verdict.RESTART
 
     def _take_tokens(self, traj: Trajectory, result: GenerateResult) -> None:
         """A result carries every token the instance generated or continued from; output it got
         as prompt (interrupt_as_prompt) is kept from the router's own record."""
         keep = traj.num_sent_as_prompt
-        traj.token_ids = np.concatenate([traj.token_ids[:keep], _ids(result.token_ids)])
-        traj.logprobs = np.concatenate([traj.logprobs[:keep], _logprobs(result.logprobs)])
-        traj.versions = np.concatenate([traj.versions[:keep], _ids(result.versions)])
+        _keep_first(traj, keep)
+        traj.token_ids = np.concatenate([traj.token_ids, _ids(result.token_ids)])
+        traj.logprobs = np.concatenate([traj.logprobs, _logprobs(result.logprobs)])
+        traj.versions = np.concatenate([traj.versions, _ids(result.versions)])
+        traj.loss_mask = np.concatenate([traj.loss_mask, np.ones(len(result.token_ids), np.uint8)])
         traj.num_sent_as_prompt = 0
 
+    def start_turn(self, traj: Trajectory, observation: np.ndarray, max_tokens: int) -> None:
+        """A session's next turn: the environment's reply joins the response untrained (log-prob 0,
+        the version of the token before it), and the turn generates up to ``max_tokens`` after it."""
+        observation = _ids(observation)
+        version = int(traj.versions[-1]) if len(traj.versions) else traj.v_traj
+        traj.token_ids = np.concatenate([traj.token_ids, observation])
+        traj.logprobs = np.concatenate([traj.logprobs, np.zeros(len(observation), np.float32)])
+        traj.versions = np.concatenate([traj.versions, np.full(len(observation), version, np.int32)])
+        traj.loss_mask = np.concatenate([traj.loss_mask, np.zeros(len(observation), np.uint8)])
+        traj.turn += 1
+        traj.turn_start = traj.num_generated
+        traj.in_env = False
+        seed = None if traj.sampling.seed is None else (traj.sampling.seed + 7919 * traj.turn) % (2**31)
+        traj.sampling = msgspec.structs.replace(traj.sampling, max_tokens=max_tokens, min_tokens=0, seed=seed)
+
     def engine_request(self, traj: Trajectory, dispatch_seq: int) -> GenerateRequest:
-        """The request an instance gets: fresh, or a continuation from the tokens so far."""
-        has_prior = traj.num_generated > 0
-        traj.num_sent_as_prompt = 0
-        if has_prior:
+        """The request an instance gets: fresh, or a continuation from the tokens so far. A session's
+        earlier turns and environment replies go as prompt; the current turn's tokens continue."""
+        in_turn = traj.num_generated - traj.turn_start
+        as_prompt = traj.turn_start
+        sampling = traj.sampling
+        if in_turn > 0:
             traj.flags |= TrajectoryFlags.CONTINUED
-        if has_prior and self.settings.interrupt_as_prompt:
-            remaining = max(1, traj.sampling.max_tokens - traj.num_generated)
-            traj.num_sent_as_prompt = traj.num_generated
-            return GenerateRequest(
-                request_id=traj.request_id,
-                prompt_id=traj.prompt_id,
-                prompt_token_ids=np.concatenate([traj.prompt_ids, traj.token_ids]),
-                sampling=_with_max_tokens(traj.sampling, remaining, traj.num_generated),
-                pinned_version=traj.v_traj,
-                dispatch_seq=dispatch_seq,
-            )
+        if in_turn > 0 and self.settings.interrupt_as_prompt:
+            as_prompt = traj.num_generated
+            sampling = _with_max_tokens(traj.sampling, max(1, traj.sampling.max_tokens - in_turn), in_turn)
+        traj.num_sent_as_prompt = as_prompt
+        has_prior = traj.num_generated > as_prompt
+        prompt = traj.prompt_ids if as_prompt == 0 else np.concatenate([traj.prompt_ids, traj.token_ids[:as_prompt]])
         return GenerateRequest(
             request_id=traj.request_id,
             prompt_id=traj.prompt_id,
-            prompt_token_ids=traj.prompt_ids,
-            sampling=traj.sampling,
+            prompt_token_ids=prompt,
+            sampling=sampling,
             pinned_version=traj.v_traj,
-            generated_token_ids=traj.token_ids if has_prior else None,
-            generated_logprobs=traj.logprobs if has_prior else None,
-            generated_versions=traj.versions if has_prior else None,
+            generated_token_ids=traj.token_ids[as_prompt:] if has_prior else None,
+            generated_logprobs=traj.logprobs[as_prompt:] if has_prior else None,
+            generated_versions=traj.versions[as_prompt:] if has_prior else None,
             dispatch_seq=dispatch_seq,
         )
 
@@ -180,6 +213,10 @@ class TrajectoryTracker:
             instance=instance,
             error=traj.error if reason == FinishReason.ERROR else (traj.abort_reason or ""),
             flags=int(traj.flags),
+            loss_mask=traj.loss_mask if traj.has_env_tokens else None,
+            env_reward=traj.env_reward,
+            env_acc=traj.env_acc,
+            num_turns=traj.turn + 1 if traj.env_reward is not None else 0,
         )
 
     def finish(self, request_id: int, *, wasted: bool = False) -> Trajectory | None:
@@ -187,6 +224,11 @@ class TrajectoryTracker:
         if traj is not None and wasted:
             self.num_wasted_tokens += traj.num_generated
         return traj
+
+
+def _keep_first(traj: Trajectory, count: int) -> None:
+    traj.token_ids, traj.logprobs = traj.token_ids[:count], traj.logprobs[:count]
+    traj.versions, traj.loss_mask = traj.versions[:count], traj.loss_mask[:count]
 
 
 def _ids(values: np.ndarray | None) -> np.ndarray:

@@ -12,16 +12,19 @@ from __future__ import annotations
 
 import time
 
+from bus.messages import EnvStepDone
 from psrl.config import Config
 from psrl.flows.coordinator import CoordinatorFlow
 from psrl.flows.effects import Timer
 from psrl.flows.local import LocalBus
 from psrl.flows.router import RouterFlow
+from psrl.flows.session import SessionFlow
 from psrl.routing.cost_model import CostModel, load_cost_model
 from psrl.sim.engine_model import EngineShape, ModelledEngine
 from psrl.sim.events import EventQueue, SimulationError
 from psrl.sim.fleet import Fleet, ModelledInstance
 from psrl.sim.models import SimSettings
+from psrl.sim.sessions import SimEnv
 from psrl.sim.stats import SimStats, SimSummary, StatsTap, steady_throughput, window_throughput
 from psrl.sim.trainer import NAME as TRAINER
 from psrl.sim.trainer import SimTrainer
@@ -85,6 +88,9 @@ class Simulation:
         )
         self.fleet = Fleet(self.clock, self.bus, config.psrl.status_collection.engine_sync_interval_in_ms / 1000)
         self.trainer = SimTrainer(self.clock, self.bus, settings.trainer, self.stats, self.config.psrl.staleness)
+        self.session: SessionFlow | None = None
+        if self.config.env.enable:  # multi-turn sessions: the real scheduler, modelled environments
+            self.session = SessionFlow(self.config, SimEnv(self.clock, self.config.env, self._env_answered))
         self._is_route_due = False
         self._wire()
 
@@ -92,6 +98,8 @@ class Simulation:
         self.bus.attach("router", self.router, RouterFlow.BUS_KINDS)
         self.bus.attach("coordinator", self.coordinator, CoordinatorFlow.BUS_KINDS)
         self.bus.attach(TRAINER, self.trainer)
+        if self.session is not None:
+            self.bus.attach("session", self.session, SessionFlow.BUS_KINDS)
         shape = engine_shape(self.config)
         for index in range(self.num_instances):
             engine = ModelledEngine(f"rollout-{index}", self.cost, shape, self.clock, self.fleet, version=0)
@@ -105,7 +113,8 @@ class Simulation:
             self.fleet.report(engine, 0.0)
         self.bus.post("coordinator", self.coordinator.start(0.0), 0.0)
         self._deliver(0.0)
-        for owner, flow in (("router", self.router), ("coordinator", self.coordinator)):
+        flows = [("router", self.router), ("coordinator", self.coordinator)]
+        for owner, flow in flows + ([("session", self.session)] if self.session is not None else []):
             for timer in flow.timers():
                 self._every(owner, timer, 0.0)
         while not self.coordinator.is_finished:
@@ -126,6 +135,11 @@ class Simulation:
         if "router" in self.bus.deliver(now) and self.router.has_work and not self._is_route_due:
             self._is_route_due = True
             self.clock.at(now, self._route)
+
+    def _env_answered(self, done: EnvStepDone, now: float) -> None:
+        if self.session is not None:
+            self.bus.post("session", self.session.handle(done, now), now)
+            self._deliver(now)
 
     def _route(self, now: float) -> None:
         self._is_route_due = False

@@ -100,3 +100,22 @@ class TestContinue:
         sessions = [session("e", "i0", "env", 500), session("g", "i0", "generate", 100)]
         decision = schedule_sessions([cap("i0", 300, 100)], sessions, agent())
         assert decision.hang == ("e",) and decision.resume == ()
+
+
+class TestNoHeadOfLineBlocking:
+    def test_a_large_hung_session_never_stops_a_smaller_one_that_fits(self) -> None:
+        sessions = [
+            session("huge", "i0", "env", 900, hang="hung"),
+            session("small", "i0", "env", 40, hang="hung"),
+            session("medium", "i0", "env", 120, hang="hung"),
+        ]
+        for scope in ("bucketed", "global"):
+            decision = schedule_sessions([cap("i0", 200, 0)], sessions, agent(continue_scope=scope))
+            # 200 of room: small (50) and medium (130) fit, huge (910) never does
+            assert sorted(o.session_id for o in decision.resume) == ["medium", "small"], scope
+
+    def test_global_skips_a_session_that_fits_no_single_instance(self) -> None:
+        sessions = [session("wide", "i0", "env", 140, hang="hung"), session("narrow", "i1", "env", 60, hang="hung")]
+        # the total room (100 + 100) holds both, but no instance holds "wide": it waits, "narrow" goes
+        decision = schedule_sessions([cap("i0", 100, 0), cap("i1", 100, 0)], sessions, agent(continue_scope="global"))
+        assert [o.session_id for o in decision.resume] == ["narrow"]

@@ -159,3 +159,13 @@ def test_the_offload_tier_is_accepted_and_its_unread_settings_are_refused() -> N
 def test_kv_transfer_needs_the_p2p_tier() -> None:
     msg = refused(RC + "routing_strategy.kv_transfer.enable=True", RC + "partial_rollout.enable=True")
     assert "psrl.lmcache.enable_p2p" in msg
+
+
+def test_hang_continue_needs_sessions() -> None:
+    msg = refused(RC + "session_strategy.thunder_agent.enable=True")
+    assert "env.enable" in msg
+
+
+def test_sessions_need_an_environment_task() -> None:
+    msg = refused("env.enable=True", "task.name=demo")
+    assert "task.name" in msg and "digit_chain" in msg

@@ -1,0 +1,240 @@
+"""The session scheduler's algorithm: multi-turn sessions, their environment steps, hang and continue.
+
+A session is one trajectory (its request id) of many turns. The router reports each placed turn
+(``TurnStarted``: the session is pinned to that instance, status ``generate``) and each finished
+one (``TurnDone``: status ``env``); the flow asks its environment port for the step, and the step's
+answer (``EnvStepDone``) becomes the next turn (``TurnNext`` to the router, routed sticky to the
+session's instance) or the end (``SessionEnd``: the environment's reward, or why the session
+failed). A session ends after ``env.max_turns`` turns at the latest.
+
+With ``session_strategy.thunder_agent.enable`` every ``check_interval_in_ms`` the ThunderAgent
+decision (``psrl.coordination.session.schedule_sessions``) runs over the instances' KV capacity
+(their status reports) and the sessions' footprints: a hung session's next turn is held here
+(hanging a session whose turn is generating marks it; it is hung when that turn ends, so no turn
+is ever aborted) until a later tick continues it. Each tick with live sessions is published
+(``SessionTick``) with its inputs, so ``psrl replay --check sessions`` re-runs it.
+
+The environment is a port (``EnvRunner``): env worker processes in the actor, an in-process
+runner in the in-process driver and tests. Its answers come back as ``EnvStepDone`` messages.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+import numpy as np
+
+from bus.messages import (
+    ActorExited,
+    EnvStepDone,
+    InstanceStatus,
+    SessionEnd,
+    SessionGone,
+    SessionTick,
+    TurnDone,
+    TurnNext,
+    TurnStarted,
+)
+from bus.schema import Message
+from psrl.config import Config
+from psrl.coordination.session import (
+    InstanceCapacity,
+    SessionDecision,
+    SessionInfo,
+    SessionTickLog,
+    encode_session_tick,
+    schedule_sessions,
+)
+from psrl.flows.base import Flow
+from psrl.flows.effects import Effect, Handler, Timer
+
+ROUTER = "router"
+
+
+class EnvRunner(Protocol):
+    def submit(self, request_id: int, prompt_id: int, turn: int, actions: list[np.ndarray]) -> None:
+        """Start the environment step answering ``actions[turn]``; its answer comes back as EnvStepDone."""
+        ...
+
+    def cancel(self, request_id: int) -> None:
+        """The session is gone: its pending step's answer is not wanted."""
+        ...
+
+
+@dataclass
+class Session:
+    request_id: int
+    prompt_id: int
+    instance: str | None = None
+    status: Literal["generate", "env"] = "generate"
+    hang_state: Literal["running", "hung"] = "running"
+    marked_for_hang: bool = False  # hang at the end of the turn now generating
+    num_tokens: int = 0
+    turn: int = 0
+    actions: list[np.ndarray] = field(default_factory=list)
+    held: TurnNext | None = None  # the next turn, held while the session is hung
+    pin_next: str = ""  # continue_force_pin: the instance the next turn goes to, once
+
+    def info(self) -> SessionInfo:
+        hung = self.hang_state == "hung" or self.marked_for_hang
+        return SessionInfo(
+            str(self.request_id), self.instance, self.status, "hung" if hung else "running", self.num_tokens
+        )
+
+
+class SessionFlow(Flow):
+    BUS_KINDS = (InstanceStatus, ActorExited)
+
+    def __init__(self, config: Config, env: EnvRunner, *, log: Any = None) -> None:
+        super().__init__()
+        self.env = env
+        self.log = log
+        self.settings = config.env
+        self.thunder = config.psrl.rollout_coordination.session_strategy.thunder_agent
+        self.sessions: dict[int, Session] = {}
+        self.capacity: dict[str, InstanceCapacity] = {}
+        self.counters: Counter[str] = Counter()
+        self.num_hung_s = 0.0  # session-seconds spent hung (summed over ticks)
+
+    def handlers(self) -> dict[type[Message], Handler]:
+        return {
+            TurnStarted: self._on_started,  # from the router: a turn was placed
+            TurnDone: self._on_turn_done,  # from the router: a turn finished generating
+            SessionGone: self._on_gone,  # from the router: the trajectory ended there
+            EnvStepDone: self._on_env_step,  # from the environment port
+            InstanceStatus: self._on_instance_status,
+            ActorExited: self._on_exited,
+        }
+
+    def timers(self) -> list[Timer]:
+        if not self.thunder.enable:
+            return []
+        return [Timer("sessions", self.thunder.check_interval_in_ms / 1000, self.tick)]
+
+    @property
+    def num_inflight(self) -> int:
+        return len(self.sessions)
+
+    # ------------------------------------------------------------------ turns
+
+    def _on_started(self, started: TurnStarted, now: float) -> None:
+        session = self.sessions.setdefault(started.request_id, Session(started.request_id, started.prompt_id))
+        session.instance = started.instance  # a re-routed turn (migration, lost instance) moves the pin
+        session.status = "generate"
+        session.num_tokens = started.num_tokens
+
+    def _on_turn_done(self, done: TurnDone, now: float) -> None:
+        if done.turn == 0:  # the first turn needs no history (its TurnStarted may have been missed)
+            self.sessions.setdefault(done.request_id, Session(done.request_id, done.prompt_id))
+        session = self.sessions.get(done.request_id)
+        if session is None or len(session.actions) != done.turn:
+            # the scheduler restarted (or the turn is unknown): the history to replay the episode is gone
+            self.counters["unknown_turns"] += 1
+            self._end(done.request_id, 0.0, 0.0, done.turn + 1, "session scheduler lost the session's history")
+            return
+        session.status, session.instance, session.num_tokens = "env", done.instance, done.num_tokens
+        session.turn = done.turn
+        session.actions.append(np.asarray(done.token_ids, np.int32))
+        if session.marked_for_hang:  # the turn boundary: a marked session is hung now
+            session.marked_for_hang, session.hang_state = False, "hung"
+        self.env.submit(session.request_id, session.prompt_id, done.turn, session.actions)
+
+    def _on_env_step(self, step: EnvStepDone, now: float) -> None:
+        session = self.sessions.get(step.request_id)
+        if session is None or step.turn != session.turn or session.status != "env":
+            self.counters["late_env_steps"] += 1
+            return
+        num_turns = session.turn + 1
+        if step.error:
+            self.counters["env_failures"] += 1
+            self._end(session.request_id, 0.0, 0.0, num_turns, step.error)
+        elif step.done or num_turns >= self.settings.max_turns:
+            self._end(session.request_id, step.reward, step.acc, num_turns, "")
+        else:
+            observation = np.asarray(step.observation_token_ids, np.int32)
+            session.num_tokens += len(observation)
+            nxt = TurnNext(
+                request_id=session.request_id,
+                turn=num_turns,
+                observation_token_ids=observation,
+                max_tokens=self.settings.max_turn_tokens,
+            )
+            if session.hang_state == "hung":
+                session.held = nxt
+                self.counters["turns_held"] += 1
+            else:
+                self._send_turn(session, nxt)
+
+    def _send_turn(self, session: Session, turn: TurnNext) -> None:
+        if session.pin_next:
+            turn, session.pin_next = _pinned(turn, session.pin_next), ""
+        self.send(ROUTER, turn, request_id=session.request_id, prompt_id=session.prompt_id)
+
+    def _end(self, request_id: int, reward: float, acc: float, num_turns: int, error: str) -> None:
+        session = self.sessions.pop(request_id, None)
+        end = SessionEnd(request_id=request_id, reward=reward, acc=acc, num_turns=num_turns, error=error)
+        prompt_id = session.prompt_id if session is not None else None
+        self.send(ROUTER, end, request_id=request_id, prompt_id=prompt_id)
+        if error and self.log is not None:
+            self.log.warning("session failed", request_id=request_id, error=error)
+
+    def _on_gone(self, gone: SessionGone, now: float) -> None:
+        if self.sessions.pop(gone.request_id, None) is not None:
+            self.env.cancel(gone.request_id)
+
+    # ------------------------------------------------------------------ instances
+
+    def _on_instance_status(self, status: InstanceStatus, now: float) -> None:
+        total = status.kv_capacity_tokens
+        used = total * status.kv_blocks_used / status.kv_blocks_total if status.kv_blocks_total else 0.0
+        self.capacity[status.instance] = InstanceCapacity(status.instance, total, used)
+
+    def _on_exited(self, exited: ActorExited, now: float) -> None:
+        self.capacity.pop(exited.actor, None)
+
+    # ------------------------------------------------------------------ ThunderAgent
+
+    def tick(self, now: float) -> list[Effect]:
+        """One hang/continue decision over the live sessions (recorded for replay)."""
+        if not self.sessions:
+            return []
+        instances = sorted(self.capacity.values(), key=lambda c: c.instance_id)
+        infos = [s.info() for s in sorted(self.sessions.values(), key=lambda s: s.request_id)]
+        decision = schedule_sessions(instances, infos, self.thunder)
+        self._apply(decision)
+        self.num_hung_s += (
+            sum(s.hang_state == "hung" for s in self.sessions.values()) * self.thunder.check_interval_in_ms / 1000
+        )
+        record = encode_session_tick(SessionTickLog(instances, infos, decision))
+        hung, continued = [int(s) for s in decision.hang], [int(o.session_id) for o in decision.resume]
+        self.publish(SessionTick(hung=hung, continued=continued, record=record))
+        return self.take()
+
+    def _apply(self, decision: SessionDecision) -> None:
+        for session_id in decision.hang:
+            session = self.sessions[int(session_id)]
+            self.counters["hangs"] += 1
+            if session.status == "env":
+                session.hang_state = "hung"  # idle at its environment: hung at once
+            else:
+                session.marked_for_hang = True  # generating: hung when the turn ends
+        for order in decision.resume:
+            session = self.sessions[int(order.session_id)]
+            self.counters["continues"] += 1
+            session.hang_state, session.marked_for_hang = "running", False
+            session.pin_next = order.instance_id if order.force_pin else ""
+            held, session.held = session.held, None
+            if held is not None:
+                self._send_turn(session, held)
+
+
+def _pinned(turn: TurnNext, instance: str) -> TurnNext:
+    return TurnNext(
+        request_id=turn.request_id,
+        turn=turn.turn,
+        observation_token_ids=turn.observation_token_ids,
+        max_tokens=turn.max_tokens,
+        force_pin_instance=instance,
+    )

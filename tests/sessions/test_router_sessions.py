@@ -1,0 +1,76 @@
+"""The router's side of sessions: turns go to the session scheduler, next turns come back sticky with
+the environment's tokens as prompt, the end finishes the trajectory with the environment's reward."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from bus.messages import (
+    ActorExited,
+    FinishReason,
+    GenerateRequest,
+    SessionEnd,
+    SessionGone,
+    TrajectoryDone,
+    TurnDone,
+    TurnNext,
+    TurnStarted,
+)
+from psrl.config import load_config
+from psrl.flows.router import RouterFlow
+from tests.flows.flow_helpers import destinations, request, result, sent, status
+
+CONFIG = ["env.enable=true", "task.name=digit_chain", "psrl.staleness_buffer_entries=2", "psrl.rollout_n=2",
+          "psrl.staleness=1", "actor.ppo_mini_batch_size=2"]  # fmt: skip
+
+
+def _router() -> RouterFlow:
+    flow = RouterFlow(load_config("agentic", CONFIG))
+    flow.start(0.0)
+    for name in ("rollout-0", "rollout-1"):
+        flow.handle(status(name), 0.0)
+    return flow
+
+
+def _first_turn(flow: RouterFlow) -> tuple[GenerateRequest, str, list]:
+    effects = flow.handle(request(0, 2), 0.0) + flow.route(0.0)
+    [req] = sent(effects, GenerateRequest)
+    [where] = destinations(effects, GenerateRequest)
+    assert sent(effects, TurnStarted)[0].instance == where
+    out = flow.handle(result(req, where, num_tokens=3), 1.0)
+    return req, where, out
+
+
+def test_a_turn_goes_to_the_scheduler_and_the_next_turn_returns_sticky_with_the_environments_tokens() -> None:
+    flow = _router()
+    req, where, out = _first_turn(flow)
+    [done] = sent(out, TurnDone)
+    assert not sent(out, TrajectoryDone) and done.turn == 0 and flow.tracker.live[0].in_env
+    observation = np.asarray([15, 18, 4], np.int32)
+    flow.handle(TurnNext(request_id=0, turn=1, observation_token_ids=observation, max_tokens=5), 2.0)
+    effects = flow.route(2.0)
+    [again] = sent(effects, GenerateRequest)
+    assert destinations(effects, GenerateRequest) == [where]  # sticky
+    expected_prompt = np.concatenate([req.prompt_token_ids, done.token_ids, observation])
+    assert again.prompt_token_ids.tolist() == expected_prompt.tolist() and again.generated_token_ids is None
+    assert again.sampling.max_tokens == 5 and again.pinned_version == 0
+    out = flow.handle(result(again, where, num_tokens=2), 3.0)
+    assert sent(out, TurnDone)[0].token_ids.tolist() == result(again, where, num_tokens=2).token_ids.tolist()
+    out = flow.handle(SessionEnd(request_id=0, reward=0.75, acc=1.0, num_turns=2), 4.0)
+    [traj] = sent(out, TrajectoryDone)
+    assert traj.env_reward == 0.75 and traj.num_turns == 2 and traj.finish_reason == FinishReason.STOP
+    assert traj.loss_mask.tolist() == [1] * 3 + [0] * 3 + [1] * 2
+
+
+def test_a_failed_session_fails_its_trajectory_and_a_lost_scheduler_fails_the_waiting_ones() -> None:
+    flow = _router()
+    _first_turn(flow)
+    out = flow.handle(SessionEnd(request_id=0, reward=0.0, acc=0.0, num_turns=1, error="tool exploded"), 2.0)
+    [traj] = sent(out, TrajectoryDone)
+    assert traj.finish_reason == FinishReason.ERROR and "tool exploded" in traj.error
+    flow = _router()
+    _first_turn(flow)
+    out = flow.handle(ActorExited(actor="session", incarnation=0, returncode=-9), 2.0)
+    [traj] = sent(out, TrajectoryDone)
+    assert traj.finish_reason == FinishReason.ERROR and "session scheduler" in traj.error
+    assert sent(out, SessionGone)  # the restarted scheduler learns to forget it
