@@ -12,7 +12,7 @@ pytestmark = pytest.mark.system
 
 
 def test_every_bound_socket_survives_hostile_frames_and_the_run_completes(tmp_path) -> None:
-    config = load_config("demo", [*fuzz_bus.WORKLOAD, "trainer.total_steps=4"])
+    config = load_config("demo", [*fuzz_bus.WORKLOAD, "trainer.total_steps=10"])  # outlives the senders
     outcome = fuzz_bus.run_fuzz(config, frames=500, seed=5, root=tmp_path / "runs")
     assert outcome.exit_code == EXIT_OK, outcome.reason
     assert outcome.error is None
