@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 
 _DTYPES: dict[str, torch.dtype] = {
@@ -54,9 +56,18 @@ def byte_view(tensor: torch.Tensor) -> memoryview:
 
 
 def tensor_from_buffer(buffer: memoryview, dtype: str, shape: tuple[int, ...] | None = None) -> torch.Tensor:
-    """A tensor viewing ``buffer`` (no copy); the buffer must stay alive as long as the tensor."""
+    """A tensor viewing ``buffer`` (no copy); the buffer must stay alive as long as the tensor.
+
+    A read-only buffer (a pinned shared-memory pull) gives a tensor its readers only read: torch
+    warns that writes would be undefined, and writing to it would fault instead of corrupting.
+    """
     torch_dtype = dtype_from_name(dtype)
-    out = torch.empty(0, dtype=torch_dtype) if len(buffer) == 0 else torch.frombuffer(buffer, dtype=torch_dtype)
+    if len(buffer) == 0:
+        out = torch.empty(0, dtype=torch_dtype)
+    else:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="The given buffer is not writable", category=UserWarning)
+            out = torch.frombuffer(buffer, dtype=torch_dtype)
     return out if shape is None else out.reshape(shape)
 
 

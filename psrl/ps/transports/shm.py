@@ -211,8 +211,11 @@ class _Mappings:
                 raise TransportError(
                     f"shared-memory segment {path} has {os.fstat(fd).st_size} bytes, offer says {size}"
                 )
-            # Pullers map copy-on-write: writable views for torch, and no write can reach the shard.
-            access = mmap.ACCESS_WRITE if self.writable else mmap.ACCESS_COPY
+            # Pullers map copy-on-write (writable views for torch; no write can reach the shard), except
+            # when the mapping is pinned: pinning a private mapping copies its pages, so a cached mapping
+            # would keep the bytes of the version the file held first, never those of later versions the
+            # shard writes into the same file. A pinned mapping is shared and read-only.
+            access = mmap.ACCESS_WRITE if self.writable else mmap.ACCESS_READ if self.pin else mmap.ACCESS_COPY
             return memoryview(mmap.mmap(fd, size, access=access))
         finally:
             os.close(fd)
