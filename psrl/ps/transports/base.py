@@ -25,7 +25,7 @@ import numpy as np
 import zmq
 
 from psrl.ps.manifest import ManifestEntry, shard_offsets
-from psrl.ps.protocol import Message, PullRequest, PushBegin
+from psrl.ps.protocol import Message, PullError, PullRequest, PushBegin
 
 
 class TransportError(RuntimeError):
@@ -189,6 +189,33 @@ class ShardDataPlane(ABC):
 
     def close(self) -> None:  # noqa: B027 (optional hook)
         """Free transport resources."""
+
+
+class DirectAccessShardPlane(ShardDataPlane):
+    """A shard plane whose peers write and read its buffers themselves (NIXL, shared memory): one
+    offer, built by ``_offer``, serves both directions, and the shard never sends entries."""
+
+    is_in_band: ClassVar[bool] = False
+
+    @abstractmethod
+    def _offer(self, buffers: EntryBuffers) -> bytes:
+        """What a peer needs to reach ``buffers`` directly."""
+
+    def push_offer(self, buffers: EntryBuffers, begin: PushBegin, key: int) -> bytes:
+        return self._offer(buffers)
+
+    def pull_offer(self, buffers: EntryBuffers) -> bytes:
+        return self._offer(buffers)
+
+    def serve(
+        self,
+        reply: Replier,
+        request: PullRequest,
+        entries: Sequence[ManifestEntry],
+        buffers: EntryBuffers,
+        sparse: SparseSource | None = None,
+    ) -> None:
+        reply(PullError(request.request_id, request.version, f"{self.name} pulls read shard memory directly"), None)
 
 
 class PushDataPlane(ABC):

@@ -23,16 +23,14 @@ import zmq
 from psrl.errors import MissingExtraError
 from psrl.ps import links
 from psrl.ps.manifest import ManifestEntry
-from psrl.ps.protocol import PullError, PullRequest, PushBegin, PushWritten
+from psrl.ps.protocol import PullRequest, PushBegin, PushWritten
 from psrl.ps.transports.base import (
     BufferPool,
+    DirectAccessShardPlane,
     EntryBuffers,
     Landed,
     PullDataPlane,
     PushDataPlane,
-    Replier,
-    ShardDataPlane,
-    SparseSource,
     TransportError,
 )
 
@@ -94,9 +92,8 @@ def _state(agent: Any, handle: Any) -> str:
     return str(state)
 
 
-class NixlShardDataPlane(ShardDataPlane):
+class NixlShardDataPlane(DirectAccessShardPlane):
     name: ClassVar[str] = "nixl"
-    is_in_band: ClassVar[bool] = False
 
     def __init__(self) -> None:
         self._agent = _agent("psrl-ps")
@@ -113,22 +110,6 @@ class NixlShardDataPlane(ShardDataPlane):
         addresses = {i: (buffers.address(i), len(v)) for i, v in buffers.views.items() if len(v)}
         offer = _Offer(self._agent.name, self._agent.get_agent_metadata(), addresses)
         return msgspec.msgpack.encode(offer)
-
-    def push_offer(self, buffers: EntryBuffers, begin: PushBegin, key: int) -> bytes:
-        return self._offer(buffers)
-
-    def pull_offer(self, buffers: EntryBuffers) -> bytes:
-        return self._offer(buffers)
-
-    def serve(
-        self,
-        reply: Replier,
-        request: PullRequest,
-        entries: Sequence[ManifestEntry],
-        buffers: EntryBuffers,
-        sparse: SparseSource | None = None,
-    ) -> None:
-        reply(PullError(request.request_id, request.version, "nixl pulls read shard memory directly"), None)
 
     def release(self, buffers: EntryBuffers) -> None:
         for evicted in self.pool.give(buffers):

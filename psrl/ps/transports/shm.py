@@ -36,16 +36,14 @@ from psrl.log import get_logger
 from psrl.ps import links
 from psrl.ps.dtypes import copy_bytes
 from psrl.ps.manifest import ManifestEntry
-from psrl.ps.protocol import PullError, PullRequest, PushBegin, PushWritten
+from psrl.ps.protocol import PullRequest, PushBegin, PushWritten
 from psrl.ps.transports.base import (
     BufferPool,
+    DirectAccessShardPlane,
     EntryBuffers,
     Landed,
     PullDataPlane,
     PushDataPlane,
-    Replier,
-    ShardDataPlane,
-    SparseSource,
     TransportError,
 )
 
@@ -240,9 +238,8 @@ def _range(offer: _Offer, entry: ManifestEntry) -> tuple[int, int]:
     return found
 
 
-class ShmShardDataPlane(ShardDataPlane):
+class ShmShardDataPlane(DirectAccessShardPlane):
     name: ClassVar[str] = "shm"
-    is_in_band: ClassVar[bool] = False
 
     def __init__(self, directory: Path | None = None) -> None:
         self.directory = directory or shm_directory()
@@ -263,22 +260,6 @@ class ShmShardDataPlane(ShardDataPlane):
         segment: Segment = buffers.handle
         ranges = {i: (buffers.offsets[i], len(v)) for i, v in buffers.views.items()}
         return msgspec.msgpack.encode(_Offer(segment.path, segment.size, ranges))
-
-    def push_offer(self, buffers: EntryBuffers, begin: PushBegin, key: int) -> bytes:
-        return self._offer(buffers)
-
-    def pull_offer(self, buffers: EntryBuffers) -> bytes:
-        return self._offer(buffers)
-
-    def serve(
-        self,
-        reply: Replier,
-        request: PullRequest,
-        entries: Sequence[ManifestEntry],
-        buffers: EntryBuffers,
-        sparse: SparseSource | None = None,
-    ) -> None:
-        reply(PullError(request.request_id, request.version, "shm pulls read shard memory directly"), None)
 
     def release(self, buffers: EntryBuffers) -> None:
         for evicted in self.pool.give(buffers):
