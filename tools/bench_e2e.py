@@ -39,7 +39,9 @@ from psrl.config import load_config
 from psrl.log import configure
 from psrl.preflight import checked
 from psrl.report.collect import read_timeline
+from psrl.report.series import metric_by_step
 from psrl.report.summary import RunSummary, summarize
+from psrl.report.timeline import LoadedPoint, RunTimeline
 from psrl.rundir import RunDir
 
 RC = "psrl.rollout_coordination."
@@ -90,7 +92,8 @@ def engine_solo_tok_s(overrides: list[str], num_requests: int) -> float:
 
     config = checked(load_config("demo", overrides))
     engine = build_engine(config)
-    prompt = list(range(10, 10 + 64))
+    vocab_size = engine.spec.vocab_size
+    prompt = [3 + i % (vocab_size - 3) for i in range(64)]
     for request in range(num_requests):
         length = forced_length(config.task, request) or config.task.max_response_length
         params = SamplingParams(max_tokens=length, min_tokens=length, ignore_eos=True, temperature=1.0)
@@ -118,9 +121,42 @@ def run_phase(name: str, overrides: list[str], root: Path) -> RunSummary:
     code = Supervisor(config, run_dir).run()
     if code != EXIT_OK:
         raise SystemExit(f"{name} run failed with exit code {code}; see {run_dir.path / 'logs'}")
-    summary = summarize(read_timeline(run_dir.path))
+    timeline = read_timeline(run_dir.path)
+    summary = summarize(timeline)
     print(f"  {name}: {summary.num_steps} steps in {time.monotonic() - started:.0f} s (run directory {run_dir.path})")
+    print_breakdown(timeline)
     return summary
+
+
+BREAKDOWN = [
+    ("train", "perf/train_seconds"),
+    ("logprob fwd", "perf/forward_s"),
+    ("fwd+bwd+opt", "perf/update_s"),
+    ("push", "sync/push_s"),
+]
+
+
+def print_breakdown(timeline: RunTimeline) -> None:
+    """Per training step: its wall time, the trainer's phases, weight loads, and what is left (waiting)."""
+    series = {label: dict(metric_by_step(timeline.metrics, name)) for label, name in BREAKDOWN}
+    loads: dict[int, list[LoadedPoint]] = {}
+    for point in timeline.loaded:
+        loads.setdefault(point.version, []).append(point)
+    header = "".join(f"{label:>12}" for label, _ in BREAKDOWN)
+    print(f"    step  wall s  {header}   pull ms   load ms  trainer wait s")
+    previous = timeline.first_dispatch or timeline.start
+    for point in sorted(timeline.progress, key=lambda p: p.time):
+        if point.num_samples == 0:
+            continue
+        wall = point.time - previous
+        previous = point.time
+        values = [series[label].get(point.step) for label, _ in BREAKDOWN]
+        busy = sum(v for v in (values[0], values[3]) if v is not None)
+        loaded = loads.get(point.version, [])
+        pull = max((p.pull_ms for p in loaded), default=float("nan"))
+        load = max((p.load_ms for p in loaded), default=float("nan"))
+        cells = "".join(f"{_value(v):>12.2f}" for v in values)
+        print(f"    {point.step:>4}  {wall:>6.1f}  {cells}  {pull:>8.0f}  {load:>8.0f}  {max(wall - busy, 0.0):>14.1f}")
 
 
 def main() -> None:

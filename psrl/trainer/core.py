@@ -67,6 +67,8 @@ class _BufferState:
     num_updated: int = 0  # own groups already trained on (pre_step)
     sums: MetricSums = field(default_factory=MetricSums)
     seconds: float = 0.0
+    forward_s: float = 0.0  # no-grad forwards (old/ref log-probs, values)
+    update_s: float = 0.0  # forward, backward and optimizer steps
 
 
 class TrainerCore:
@@ -257,6 +259,7 @@ class TrainerCore:
             if available < unit and not is_final:
                 return
             groups = state.own[state.num_forwarded : state.num_forwarded + unit]
+            started = time.perf_counter()
             per_sample_stage(
                 [s for g in groups for s in g],
                 self._forward_models(),
@@ -266,6 +269,7 @@ class TrainerCore:
                 parallel=self.parallel,
                 sums=state.sums,
             )
+            state.forward_s += time.perf_counter() - started
             state.num_forwarded += len(groups)
 
     # ---------------------------------------------------------------- updates
@@ -281,7 +285,7 @@ class TrainerCore:
             for start in range(0, len(state.groups), mini):
                 mini_batch = state.own[start // self.parallel.world_size :][:own_mini]
                 everyone = [t for g in state.groups[start : start + mini] for t in g]
-                self._optimizer_steps([s for g in mini_batch for s in g], everyone, state.sums)
+                self._optimizer_steps([s for g in mini_batch for s in g], everyone, state.sums, state)
         return self._complete(state, started)
 
     def _pre_step_chunk(self, state: _BufferState, num_new_groups: int, is_last: bool, started: float) -> StepResult:
@@ -293,14 +297,17 @@ class TrainerCore:
         )
         everyone = [t for g in state.groups[len(state.groups) - num_new_groups :] for t in g]
         chunk_sums = MetricSums()
-        self._optimizer_steps(chunk_own, everyone, chunk_sums)
+        self._optimizer_steps(chunk_own, everyone, chunk_sums, state)
         state.num_updated = len(state.own)
         _merge(state.sums, chunk_sums)
         if is_last:
             return self._complete(state, started)
         return StepResult(state.buffer_id, self.version, False, chunk_sums.reduce(self.parallel))
 
-    def _optimizer_steps(self, own: list[Sample], everyone: list[Trajectory], sums: MetricSums) -> None:
+    def _optimizer_steps(
+        self, own: list[Sample], everyone: list[Trajectory], sums: MetricSums, state: _BufferState
+    ) -> None:
+        started = time.perf_counter()
         scale = denominators(everyone)
         actor_step(self.policy, own, scale, self.config.algorithm, self.settings, self.parallel, sums)
         if self.critic is not None:
@@ -315,6 +322,7 @@ class TrainerCore:
                 clip_range=self.config.critic.cliprange_value,
                 vf_coef=self.config.critic.vf_coef,
             )
+        state.update_s += time.perf_counter() - started
 
     def _complete(self, state: _BufferState, started: float) -> StepResult:
         seconds = state.seconds + (time.perf_counter() - started)
@@ -323,6 +331,8 @@ class TrainerCore:
         metrics.update(state.sums.reduce(self.parallel))
         num_tokens = sum(len(t.prompt_token_ids) + t.num_response_tokens for t in trajectories)
         metrics["perf/train_seconds"] = seconds
+        metrics["perf/forward_s"] = state.forward_s
+        metrics["perf/update_s"] = state.update_s
         metrics["perf/tokens_per_s"] = num_tokens / max(seconds, 1e-9)
         self.version += 1
         self.next_prompt_id = max([self.next_prompt_id, *(t.prompt_id + 1 for t in trajectories)])
