@@ -67,6 +67,10 @@ GPU_WORKLOAD = [
     "task.max_response_length=4096",
     "engine.max_num_seqs=256",
     "engine.num_kv_blocks=16384",
+    # 4k-token responses: micro-batches bounded in tokens and layers recomputed in the backward pass
+    "actor.use_dynamic_bsz=True",
+    "actor.ppo_max_token_len_per_gpu=16384",
+    "actor.gradient_checkpointing=True",
     "psrl.ps.transport=shm",
     "psrl.ps.serve_dtype=engine",
 ]

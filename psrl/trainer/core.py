@@ -41,7 +41,14 @@ from psrl.tms import TRAINER, SideMemory
 from psrl.trainer import checkpoint
 from psrl.trainer.checkpoint import Trainable
 from psrl.trainer.metrics import MetricSums, buffer_metrics
-from psrl.trainer.models import load_critic, load_policy, load_reference, pad_token_id, torch_dtype
+from psrl.trainer.models import (
+    enable_gradient_checkpointing,
+    load_critic,
+    load_policy,
+    load_reference,
+    pad_token_id,
+    torch_dtype,
+)
 from psrl.trainer.optimizer_state import allocate_adam_state
 from psrl.trainer.parallel import ParallelContext
 from psrl.trainer.stages import ForwardModels, TrainerError, advantage_stage, per_sample_stage
@@ -97,7 +104,10 @@ class TrainerCore:
         dtype = torch_dtype(config.actor.dtype)
         device = self.parallel.device
         with self.memory.region("weights"):
-            self.policy = self._trainable("policy", load_policy(directory, dtype, device), config.actor.lr)
+            policy = load_policy(directory, dtype, device)
+            if config.actor.gradient_checkpointing:
+                enable_gradient_checkpointing(policy)
+            self.policy = self._trainable("policy", policy, config.actor.lr)
             self.reference = load_reference(directory, dtype, device) if config.algorithm.kl_loss_coef > 0 else None
             self.critic = None
             if config.algorithm.adv_estimator == "gae":

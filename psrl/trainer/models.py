@@ -10,9 +10,11 @@ memory but couples the two losses; separate models keep `vf_coef` and `critic.lr
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 
 import torch
+import torch.utils.checkpoint
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 from transformers import AutoModel, AutoModelForCausalLM, PreTrainedModel
@@ -26,6 +28,24 @@ def load_policy(model_dir: str | Path, dtype: torch.dtype, device: torch.device)
     module.to(device)
     module.train(False)  # no dropout: log-probs must be those of the deterministic policy
     return model
+
+
+def enable_gradient_checkpointing(model: nn.Module) -> int:
+    """Checkpoint every transformer layer of ``model``; returns how many layers.
+
+    transformers checkpoints a layer only while that layer is in training mode, and the trainer keeps
+    its models in eval mode so that no dropout changes the log-probs. Only the layer modules
+    themselves are flagged as training (their children, dropout included, stay in eval mode), so
+    checkpointing applies and the numbers stay those of the deterministic policy.
+    """
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    layers = [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
+    for layer in layers:
+        layer.gradient_checkpointing = True
+        setattr(layer, "_gradient_checkpointing_func", partial(torch.utils.checkpoint.checkpoint, use_reentrant=False))
+        layer.training = True  # this module only: .train() would switch its dropout children on too
+    return len(layers)
 
 
 def load_reference(model_dir: str | Path, dtype: torch.dtype, device: torch.device) -> PreTrainedModel:

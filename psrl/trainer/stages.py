@@ -57,7 +57,7 @@ def per_sample_stage(
     if correction.bypass_mode:
         old_log_probs = batch.rollout_log_probs
     else:
-        models.policy.eval()
+        # the policy stays in eval mode from load_policy (checkpointed layers alone carry training=True)
         old_log_probs = no_grad_log_probs(models.policy, batch, temperature)
     scatter_rows(old_log_probs, samples, "old_log_probs")
     if correction.rollout_is == "token" and not correction.bypass_mode:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -53,6 +54,33 @@ class TestTrainBuffer:
             assert key in result.metrics, key
         assert result.metrics["staleness/bound_violations"] == 0.0
         assert result.metrics["buffer/num_trajectories"] == 8.0
+
+    def test_gradient_checkpointing_trains_the_same_weights(self, tiny_model_dir: Path) -> None:
+        plain = TrainerCore(trainer_config(), model_dir=tiny_model_dir)
+        checkpointed = TrainerCore(trainer_config(["actor.gradient_checkpointing=True"]), model_dir=tiny_model_dir)
+        calls = 0
+
+        def counted(checkpoint: Callable[..., object]) -> Callable[..., object]:
+            def count(*args: object, **kwargs: object) -> object:
+                nonlocal calls
+                calls += 1
+                return checkpoint(*args, **kwargs)
+
+            return count
+
+        layers = [m for m in checkpointed.policy.model.modules() if getattr(m, "gradient_checkpointing", False)]
+        assert layers
+        for layer in layers:
+            layer._gradient_checkpointing_func = counted(layer._gradient_checkpointing_func)
+        for buffer_id in range(2):
+            expected = plain.train_buffer(buffer_id, make_buffer(buffer_id))
+            result = checkpointed.train_buffer(buffer_id, make_buffer(buffer_id))
+            assert result.metrics["actor/pg_loss"] == pytest.approx(expected.metrics["actor/pg_loss"], abs=1e-6)
+        assert calls > 0  # the layers were recomputed, not run as usual
+        # no dropout came on with it: the policy's log-probs are those of the eval-mode model
+        assert not any(m.training for m in checkpointed.policy.model.modules() if isinstance(m, torch.nn.Dropout))
+        for name, tensor in weights(plain).items():
+            torch.testing.assert_close(weights(checkpointed)[name], tensor, rtol=1e-5, atol=1e-6)
 
     def test_staleness_histogram(self, tiny_model_dir: Path) -> None:
         core = TrainerCore(trainer_config(), model_dir=tiny_model_dir)
