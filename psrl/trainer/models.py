@@ -43,7 +43,8 @@ def enable_gradient_checkpointing(model: nn.Module) -> int:
     layers = [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
     for layer in layers:
         layer.gradient_checkpointing = True
-        setattr(layer, "_gradient_checkpointing_func", partial(torch.utils.checkpoint.checkpoint, use_reentrant=False))
+        checkpoint = partial(torch.utils.checkpoint.checkpoint, use_reentrant=False)
+        layer._gradient_checkpointing_func = checkpoint  # type: ignore[assignment]
         layer.training = True  # this module only: .train() would switch its dropout children on too
     return len(layers)
 
