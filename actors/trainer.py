@@ -38,7 +38,9 @@ class TrainerActor(FlowActor):
 
     def inputs(self) -> Inputs:
         # a failed step or push must not leave the run waiting: the actor ends and is restarted
-        return Inputs(link={TrainData: self.to_flow}, fatal=frozenset({TrainData}))
+        # the flow's bus kinds too: colocation's tms.pause / tms.resume reach the trainer on the bus
+        bus = super().inputs().bus
+        return Inputs(link={TrainData: self.to_flow}, bus=bus, fatal=frozenset({TrainData}))
 
     def setup(self) -> dict[str, int]:
         cfg = self.config

@@ -72,3 +72,17 @@ def test_the_trainer_marks_its_training_handler_fatal() -> None:
     actor._handler_table()
     assert TrainData.KIND in actor._fatal_kinds
     assert TrainData.KIND in actor._link_kinds
+
+
+@pytest.mark.parametrize("role", ["coordinator", "router", "rollout", "trainer", "session"])
+def test_a_flow_actor_subscribes_to_every_bus_kind_its_flow_handles(role: str) -> None:
+    """An actor that overrides ``inputs`` must still subscribe to its flow's bus kinds (a trainer that
+    did not never received colocation's pause command, and the switch waited forever)."""
+    from actors.flow_actor import FlowActor
+    from actors.registry import actor_class
+
+    cls = actor_class(role)
+    assert issubclass(cls, FlowActor)
+    subscribed = set(object.__new__(cls).inputs().bus)
+    missing = set(cls.FLOW.BUS_KINDS) - subscribed
+    assert not missing, f"{role} does not subscribe to {sorted(k.__name__ for k in missing)}"
