@@ -61,6 +61,11 @@ class Actor(Section):
     betas: tuple[float, float] = field((0.9, 0.999), "AdamW betas.")
     grad_clip: float = field(1.0, "Gradient norm clip (0 = off).", ge=0)
     dtype: Literal["float32", "bfloat16"] = field("float32", "Parameter dtype of the trained model.")
+    compute_dtype: Literal["float32", "bfloat16"] = field(
+        "float32",
+        "dtype of the trainer's forward and backward arithmetic (torch.autocast). bfloat16 keeps parameters, "
+        "gradients and optimizer state in actor.dtype (mixed precision) and runs the matmuls at bf16 speed.",
+    )
     gradient_checkpointing: bool = field(
         False,
         "Keep only each transformer layer's input for the backward pass and recompute the rest (activation "

@@ -40,6 +40,7 @@ from psrl.rl.trajectory import Trajectory
 from psrl.tms import TRAINER, SideMemory
 from psrl.trainer import checkpoint
 from psrl.trainer.checkpoint import Trainable
+from psrl.trainer.forward import compute_precision
 from psrl.trainer.metrics import MetricSums, buffer_metrics
 from psrl.trainer.models import (
     enable_gradient_checkpointing,
@@ -128,6 +129,7 @@ class TrainerCore:
             temperature=config.task.temperature,
             pad_token_id=pad_token_id(self.policy.raw),  # type: ignore[arg-type]
             max_tokens_per_micro_batch=config.actor.ppo_max_token_len_per_gpu if config.actor.use_dynamic_bsz else None,
+            compute_dtype=torch_dtype(config.actor.compute_dtype),
         )
         self._check_sizes()
 
@@ -270,15 +272,16 @@ class TrainerCore:
                 return
             groups = state.own[state.num_forwarded : state.num_forwarded + unit]
             started = time.perf_counter()
-            per_sample_stage(
-                [s for g in groups for s in g],
-                self._forward_models(),
-                self.config.algorithm,
-                temperature=self.settings.temperature,
-                pad_token_id=self.settings.pad_token_id,
-                parallel=self.parallel,
-                sums=state.sums,
-            )
+            with compute_precision(self.parallel.device, self.settings.compute_dtype):
+                per_sample_stage(
+                    [s for g in groups for s in g],
+                    self._forward_models(),
+                    self.config.algorithm,
+                    temperature=self.settings.temperature,
+                    pad_token_id=self.settings.pad_token_id,
+                    parallel=self.parallel,
+                    sums=state.sums,
+                )
             state.forward_s += time.perf_counter() - started
             state.num_forwarded += len(groups)
 

@@ -2,12 +2,25 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 from torch import Tensor, nn
 from torch.nn import functional
 
 from psrl.rl.batch import Batch
 from psrl.rl.losses import entropy_from_logits
+
+
+def compute_precision(device: torch.device, dtype: torch.dtype) -> contextlib.AbstractContextManager[object]:
+    """Forward arithmetic in ``dtype`` (autocast) when it is narrower than float32; else as the parameters are.
+
+    Both the no-grad forwards (old and reference log-probs) and the update's forward run under it, so the
+    ratio of new to old log-probs compares numbers of the same precision.
+    """
+    if dtype == torch.float32:
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=dtype)
 
 
 def response_logits(model: nn.Module, batch: Batch, temperature: float) -> Tensor:

@@ -19,7 +19,7 @@ from psrl.rl.losses import aggregate, value_loss
 from psrl.rl.objective import Denominators, actor_loss
 from psrl.rl.trajectory import Trajectory
 from psrl.trainer.checkpoint import Trainable
-from psrl.trainer.forward import response_log_probs, response_values
+from psrl.trainer.forward import compute_precision, response_log_probs, response_values
 from psrl.trainer.metrics import MetricSums
 from psrl.trainer.parallel import ParallelContext
 
@@ -32,6 +32,7 @@ class UpdateSettings:
     pad_token_id: int
     # actor.use_dynamic_bsz: micro-batches packed to this many padded tokens instead of micro_batch_size samples
     max_tokens_per_micro_batch: int | None = None
+    compute_dtype: torch.dtype = torch.float32  # actor.compute_dtype: autocast of the forward
 
 
 def denominators(trajectories: Sequence[Trajectory]) -> Denominators:
@@ -158,7 +159,8 @@ def _accumulated_step(
     for index, part in enumerate(parts):
         batch = collate(part, settings.pad_token_id).to(parallel.device)
         with parallel.gradient_sync(trainable.model, enabled=index == len(parts) - 1):
-            loss, metrics = loss_of(batch)
+            with compute_precision(parallel.device, settings.compute_dtype):
+                loss, metrics = loss_of(batch)
             _backward(loss * parallel.loss_scale)
         for name, value in metrics.items():
             contributions[name] = contributions.get(name, 0.0) + value

@@ -82,6 +82,20 @@ class TestTrainBuffer:
         for name, tensor in weights(plain).items():
             torch.testing.assert_close(weights(checkpointed)[name], tensor, rtol=1e-5, atol=1e-6)
 
+    def test_bf16_compute_keeps_fp32_parameters(self, tiny_model_dir: Path) -> None:
+        plain = TrainerCore(trainer_config(), model_dir=tiny_model_dir)
+        mixed = TrainerCore(trainer_config(["actor.compute_dtype=bfloat16"]), model_dir=tiny_model_dir)
+        seen: set[torch.dtype] = set()
+        layer = next(m for m in mixed.policy.model.modules() if isinstance(m, torch.nn.Linear))
+        layer.register_forward_hook(lambda module, args, output: seen.add(output.dtype))
+        expected = plain.train_buffer(0, make_buffer(0))
+        result = mixed.train_buffer(0, make_buffer(0))
+        assert seen == {torch.bfloat16}  # every forward of the step ran under autocast
+        assert all(p.dtype == torch.float32 for p in mixed.policy.model.parameters())
+        assert result.metrics["actor/pg_loss"] == pytest.approx(expected.metrics["actor/pg_loss"], abs=2e-2)
+        moved = [n for n, t in weights(mixed).items() if not torch.equal(t, weights(plain)[n])]
+        assert moved  # bf16 arithmetic: not the fp32 step bit for bit, but a step
+
     def test_staleness_histogram(self, tiny_model_dir: Path) -> None:
         core = TrainerCore(trainer_config(), model_dir=tiny_model_dir)
         core.train_buffer(0, make_buffer(0))
