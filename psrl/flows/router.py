@@ -199,6 +199,7 @@ class RouterFlow(RouterLedgerFlow):
             else:
                 recalls.setdefault(restored.instance, []).append(traj.request_id)
         self.recalls_pending = recalls  # asked for once each instance is connected (its first status)
+        self.recall_deadline = now + RECALL_TIMEOUT_S
         for command in recovery.commands:
             self._handlers[type(command)](command, now)
         self.counters["restored_requests"] += len(recovery.requests)
@@ -225,8 +226,9 @@ class RouterFlow(RouterLedgerFlow):
     def _recall_expired(self, now: float) -> None:
         """Recalled requests their instance never handed back (it no longer had them): continue them
         from the tokens of their last dispatch."""
-        if self.recalls_pending or not self.recalled or now < self.recall_deadline:
+        if not self.recalled or now < self.recall_deadline:
             return
+        self.recalls_pending = {}  # an instance that never reconnected: its requests are continued elsewhere
         for request_id in list(self.recalled):
             self._recall_lost(request_id)
 
@@ -412,7 +414,7 @@ class RouterFlow(RouterLedgerFlow):
         recalls = self.recalls_pending.pop(status.instance, None)
         if recalls:  # connected now: the requests the dead router placed there come back
             self.send(status.instance, Abort(request_ids=recalls, reason=RECALL))
-            self.recall_deadline = now + RECALL_TIMEOUT_S
+            self.recall_deadline = max(self.recall_deadline, now + RECALL_TIMEOUT_S)
         self.core.apply_snapshot(snapshot_from_status(status))
 
     def _on_sync(self, command: SyncCommand, now: float) -> None:

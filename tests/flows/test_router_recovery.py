@@ -180,3 +180,14 @@ def test_tokens_of_a_restored_trajectory_are_those_of_its_last_dispatch() -> Non
     traj = flow.tracker.live[1]
     assert traj.token_ids.tolist() == list(range(10, 16)) and np.all(traj.versions == 0)
     assert recovery.requests[1].dispatch is not None
+
+
+def test_requests_of_an_instance_that_never_reconnects_are_continued_elsewhere() -> None:
+    log, dead, _ = _first_life()
+    gone = dead.core.routed_instance(1) or ""
+    flow, _, _ = _restart(log)
+    other = next(name for name in ("rollout-0", "rollout-1") if name != gone)
+    flow.handle(status(other, seq=2), 2.1)
+    flow.status(2.2 + RECALL_TIMEOUT_S + 0.1)
+    assert not flow.recalled and not flow.recalls_pending
+    assert 1 in {r.request_id for r in sent(flow.route(20.0), GenerateRequest)}
