@@ -33,7 +33,7 @@ WORKLOAD = [
     "task.long_tail_median=120",
     "engine.max_num_seqs=4",
     "task.max_response_length=320",
-    "bus.handshake_timeout_s=120",
+    "bus.handshake_timeout_s=300",  # a loaded machine starts torch processes slowly
 ]
 
 
