@@ -62,6 +62,7 @@ class CoordinatorActor(FlowActor):
         time.sleep(LOG_SETTLE_S)
         events = (logged.event for logged in EventLogReader(Path(self.boot.run_dir) / "events").events())
         recovery = replay_coordinator(flow, events, launch_of(self.boot.incarnation), time.monotonic())
+        _refuse_a_torn_log(recovery.num_missing_events)
         self.already_handled = recovery.seen_event_ids
         self.log.warning("coordinator restarted: state re-run from the event log", inputs=recovery.num_inputs,
                          effects=len(recovery.effects), resent_chunks=recovery.num_resent_chunks,
@@ -74,3 +75,12 @@ class CoordinatorActor(FlowActor):
         if getattr(self, "held_out", None) is not None:
             self.held_out.close()
         super().teardown()
+
+
+def _refuse_a_torn_log(num_missing: int) -> None:
+    """Continuing from a log that lost events would continue from a wrong state: stop with the reason."""
+    if num_missing:
+        raise RuntimeError(
+            f"the event log lost {num_missing} events of this launch (the logger died or dropped them): "
+            "the coordinator's state cannot be rebuilt from it"
+        )

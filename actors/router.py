@@ -54,6 +54,7 @@ class RouterActor(FlowActor):
         time.sleep(LOG_SETTLE_S)
         events = (logged.event for logged in EventLogReader(Path(self.boot.run_dir) / "events").events())
         recovery = rebuild_router(events, LedgerSizes.from_config(self.config), launch_of(self.boot.incarnation))
+        _refuse_a_torn_log(recovery.num_missing_events)
         self.already_handled = set(recovery.seen_event_ids)
         self.log.info("rebuilt from the event log", requests=len(recovery.requests),
                       recalled=recovery.num_recalled, commands=len(recovery.commands),
@@ -75,3 +76,12 @@ class RouterActor(FlowActor):
         super().teardown()
         if hasattr(self, "flow") and self.flow.counters:
             self.log.info("router counters", **dict(self.flow.counters))
+
+
+def _refuse_a_torn_log(num_missing: int) -> None:
+    """Continuing from a log that lost events would continue from a wrong state: stop with the reason."""
+    if num_missing:
+        raise RuntimeError(
+            f"the event log lost {num_missing} events of this launch (the logger died or dropped them): "
+            "the router's state cannot be rebuilt from it"
+        )

@@ -15,7 +15,9 @@ what the dead coordinator is logged as having done:
   (a rank skips the chunks it already has), since chunk traffic is not logged;
 * metrics, sync ticks and commands are not repeated: the new incarnation decides afresh.
 
-Only this launch counts (a resumed run's coordinator starts from its checkpoint's cursor).
+Only this launch counts (a resumed run's coordinator starts from its checkpoint's cursor). A log
+with gaps in that launch (the logger lost events) cannot be re-run: ``num_missing_events`` says so
+and the actor refuses to start rather than continue from a wrong state.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from bus.gaps import GapTracker
 from bus.messages import (
     Consume,
     GenerateRequest,
@@ -93,6 +96,7 @@ class CoordinatorRecovery:
     seen_event_ids: set[str]  # the router's messages the re-run handled (a later delivery is a duplicate)
     num_inputs: int = 0
     num_resent_chunks: int = 0
+    num_missing_events: int = 0  # sequence gaps in the launch's log: events the logger never got
 
 
 def replay_coordinator(
@@ -102,10 +106,12 @@ def replay_coordinator(
     inputs: list[Any] = []
     outputs = LoggedOutputs()
     seen: set[str] = set()
+    gaps = GapTracker()
     for event in events:
         env, message = event.envelope, event.message
         if launch_of(env.incarnation) != launch:
             continue
+        gaps.observe(env)
         actor = actor_of(env.sender)
         if actor == ROUTER and env.sender.endswith(".link") and type(message) in flow.link_kinds:
             inputs.append(message)
@@ -119,7 +125,7 @@ def replay_coordinator(
         effects += flow.handle(message, now)
     left = [e for e in effects if outputs.is_new(e)]
     chunks = _chunks_to_hand_over(flow)
-    return CoordinatorRecovery(left + chunks, seen, len(inputs), len(chunks))
+    return CoordinatorRecovery(left + chunks, seen, len(inputs), len(chunks), gaps.num_missing)
 
 
 def _chunks_to_hand_over(flow: CoordinatorFlow) -> list[Effect]:

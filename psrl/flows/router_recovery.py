@@ -10,7 +10,9 @@ which names, as the ``parent`` of whatever the router logged while handling it, 
 handled.
 
 Only this launch counts (a resumed run's router starts from its checkpoint): events whose
-incarnation belongs to the router's launch.
+incarnation belongs to the router's launch. A log with gaps in that launch (the logger lost
+events, e.g. it died too) cannot be rebuilt from: ``num_missing_events`` says so, and the actor
+refuses to start rather than continue from a wrong ledger.
 
 The rule for a trajectory alive at the crash (``RestoredRequest``), by its last logged step:
 
@@ -29,6 +31,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from bus.gaps import GapTracker
 from bus.messages import (
     Abort,
     Consume,
@@ -73,6 +76,7 @@ class RouterRecovery:
     commands: list[Any] = field(default_factory=list)  # coordinator commands never handled, in log order
     seen_event_ids: set[str] = field(default_factory=set)  # every coordinator message logged so far
     ps_version: int = 0
+    num_missing_events: int = 0  # sequence gaps in the launch's log: events the logger never got
 
     @property
     def num_recalled(self) -> int:
@@ -91,15 +95,20 @@ def rebuild_router(events: Iterable[Event[Any]], sizes: LedgerSizes, launch: int
     ledger = LedgerReplay(sizes)
     state = _Walk()
     derivation = Derivation()
+    gaps = GapTracker()
     for event in events:
         ledger.observe(event)
         if launch_of(event.envelope.incarnation) == launch:
+            gaps.observe(event.envelope)
             state.observe(event)
             derivation.observe(event.message, event.envelope.sender, event.envelope.incarnation)
     for rid, restored in state.requests.items():
         flags, instances = derivation.flags_so_far(rid)
         restored.flags, restored.result_instances = int(flags), instances
-    recovery = RouterRecovery(ledger.current(), state.requests, seen_event_ids=state.seen, ps_version=state.ps_version)
+    recovery = RouterRecovery(
+        ledger.current(), state.requests, seen_event_ids=state.seen, ps_version=state.ps_version,
+        num_missing_events=gaps.num_missing,
+    )  # fmt: skip
     recovery.commands = [e.message for e in state.commands if e.envelope.event_id not in state.handled]
     return recovery
 

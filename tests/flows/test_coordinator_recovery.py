@@ -114,3 +114,11 @@ def test_buffers_the_trainer_reported_are_not_handed_over_again_and_other_launch
     recovery = replay_coordinator(flow, log.events, launch=0, now=5.0)
     assert not sent(recovery.effects, TrainData) and recovery.num_resent_chunks == 0
     assert 7 not in flow.book.groups
+
+
+def test_a_log_that_lost_events_says_so() -> None:
+    log = Log()
+    _first_life(log, occupy_second=True)
+    assert replay_coordinator(_flow(), log.events, launch=0, now=5.0).num_missing_events == 0
+    del log.events[[i for i, e in enumerate(log.events) if e.envelope.sender == "router.link"][1]]
+    assert replay_coordinator(_flow(), log.events, launch=0, now=5.0).num_missing_events == 1

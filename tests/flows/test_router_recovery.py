@@ -191,3 +191,13 @@ def test_requests_of_an_instance_that_never_reconnects_are_continued_elsewhere()
     flow.status(2.2 + RECALL_TIMEOUT_S + 0.1)
     assert not flow.recalled and not flow.recalls_pending
     assert 1 in {r.request_id for r in sent(flow.route(20.0), GenerateRequest)}
+
+
+def test_a_log_that_lost_events_says_so() -> None:
+    log, _, _ = _first_life()
+    whole = rebuild_router(log.events, LedgerSizes.from_config(_config()), launch=0)
+    assert whole.num_missing_events == 0
+    router_events = [i for i, e in enumerate(log.events) if e.envelope.sender == "router"]
+    del log.events[router_events[len(router_events) // 2]]
+    torn = rebuild_router(log.events, LedgerSizes.from_config(_config()), launch=0)
+    assert torn.num_missing_events == 1
