@@ -42,6 +42,15 @@ class FlowActor(Actor):
         for timer in flow.timers():
             self.every(timer.interval_s, lambda timer=timer: self._on_timer(timer))  # type: ignore[misc]
 
+    def dispatch(self, event: Event[Any]) -> None:
+        """Messages a restarted actor already took from the event log (``already_handled``) are dropped
+        when their link delivers them too (they were sent while it was down): each is handled once."""
+        handled: set[str] = getattr(self, "already_handled", set())
+        if event.envelope.event_id in handled:
+            handled.discard(event.envelope.event_id)
+            return
+        super().dispatch(event)
+
     def to_flow(self, event: Event[Any]) -> None:
         self.perform(self.flow.handle(event.message, time.monotonic()))
 

@@ -2,15 +2,28 @@
 
 Instances and the coordinator connect to the router's link (it serves a ROUTER socket); sync and
 instance events come from the bus. The loop routes queued requests between batches of messages.
+
+A router restarted within a launch (``restarted``) first rebuilds what its predecessor left from
+the run's event log (``psrl.flows.router_recovery``): the staleness ledger, the live trajectories
+and the coordinator's commands it never handled. The coordinator's messages that were already in
+the log when it read it are handled there, so when the link delivers one of them (sent while no
+router was listening) it is dropped here: each is handled once.
 """
 
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 from actors.flow_actor import FlowActor
+from bus.eventlog.reader import EventLogReader
 from psrl.flows.router import RouterFlow
+from psrl.flows.router_recovery import RouterRecovery, rebuild_router
+from psrl.launches import launch_of
 from psrl.routing.cost_model import load_cost_model
+from psrl.staleness.types import LedgerSizes
+
+LOG_SETTLE_S = 0.5  # the logger flushes every 0.2 s: the dead router's last events are on disk by then
 
 
 class RouterActor(FlowActor):
@@ -22,12 +35,31 @@ class RouterActor(FlowActor):
     def setup(self) -> dict[str, int]:
         routing = self.config.psrl.rollout_coordination.routing_strategy
         cost = load_cost_model(routing.cost_model_path) if routing.cost_model_path else None
+        self.already_handled: set[str] = set()
+        recovery = self._rebuild() if self.boot.options.get("restarted") else None
         flow = RouterFlow(
-            self.config, cost=cost, initial_version=int(self.boot.options.get("initial_version", 0)), log=self.log
+            self.config,
+            cost=cost,
+            initial_version=int(self.boot.options.get("initial_version", 0)),
+            recovery=recovery,
+            log=self.log,
         )
         self.attach(flow, serving=self.make_link(self.name, serve=True))
         self.perform(flow.start(time.monotonic()))  # the log's first router event: the ledger replay starts here
         return {}
+
+    def _rebuild(self) -> RouterRecovery:
+        if self.boot.run_dir is None:
+            raise RuntimeError("a restarted router rebuilds from the event log: place it on the launcher host")
+        time.sleep(LOG_SETTLE_S)
+        events = (logged.event for logged in EventLogReader(Path(self.boot.run_dir) / "events").events())
+        recovery = rebuild_router(events, LedgerSizes.from_config(self.config), launch_of(self.boot.incarnation))
+        _refuse_a_torn_log(recovery.num_missing_events)
+        self.already_handled = set(recovery.seen_event_ids)
+        self.log.info("rebuilt from the event log", requests=len(recovery.requests),
+                      recalled=recovery.num_recalled, commands=len(recovery.commands),
+                      next_buffer=recovery.ledger.next_buffer_id)  # fmt: skip
+        return recovery
 
     @property
     def num_inflight(self) -> int:
@@ -44,3 +76,12 @@ class RouterActor(FlowActor):
         super().teardown()
         if hasattr(self, "flow") and self.flow.counters:
             self.log.info("router counters", **dict(self.flow.counters))
+
+
+def _refuse_a_torn_log(num_missing: int) -> None:
+    """Continuing from a log that lost events would continue from a wrong state: stop with the reason."""
+    if num_missing:
+        raise RuntimeError(
+            f"the event log lost {num_missing} events of this launch (the logger died or dropped them): "
+            "the router's state cannot be rebuilt from it"
+        )

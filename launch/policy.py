@@ -2,9 +2,11 @@
 
 Rollout instances and PS shards are stateless enough to restart: an instance re-pulls weights
 and its requests are re-routed from their tokens; a shard is refilled before its version is
-published. The trainer restarts from its last checkpoint. The coordinator and the router own the
-run's progress and the staleness ledger: losing either ends the run with a clear error. The
-logger restarts (the log is append-only and segmented).
+published. The trainer restarts from its last checkpoint. The router rebuilds its staleness ledger
+and its trajectories from the event log (``psrl.flows.router_recovery``). The coordinator owns the
+run's progress (the dataset cursor, the groups and what the trainer was handed) and re-runs itself
+on its logged inputs (``psrl.flows.coordinator_recovery``). The logger restarts (the log is
+append-only and segmented).
 """
 
 from __future__ import annotations
@@ -19,8 +21,7 @@ class Verdict(str, Enum):
     IGNORE = "ignore"  # exited as asked (shutdown) or after the run finished
 
 
-RESTARTABLE = {"rollout", "ps", "trainer", "logger", "session"}
-RUN_CRITICAL = {"coordinator", "router"}
+RESTARTABLE = {"rollout", "ps", "trainer", "logger", "session", "router", "coordinator"}
 
 
 @dataclass
@@ -34,8 +35,6 @@ class RestartPolicy:
     def decide(self, actor: str, role: str, now: float, *, shutting_down: bool) -> tuple[Verdict, str]:
         if shutting_down:
             return Verdict.IGNORE, "run is shutting down"
-        if role in RUN_CRITICAL:
-            return Verdict.END_RUN, f"{actor} ({role}) owns run state and cannot be replaced mid-run"
         if role not in RESTARTABLE:
             return Verdict.END_RUN, f"{actor} has no restart policy for role {role!r}"
         recent = [t for t in self._history.get(actor, []) if now - t <= self.window_s]

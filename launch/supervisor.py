@@ -46,13 +46,13 @@ from launch.policy import RestartPolicy, Verdict
 from launch.process import ActorProcess, run_on_host, start_actor
 from psrl.config import Config, to_yaml
 from psrl.config.bus_settings import bus_settings
+from psrl.launches import INCARNATIONS_PER_LAUNCH, is_replacement
 from psrl.log import get_logger
 from psrl.rundir import RunDir
 from psrl.trainer.checkpoint import latest_checkpoint, read_trainer_state
 
 WATCH_INTERVAL_S = 0.1
 SUBSCRIBE_WAIT_S = 10.0
-INCARNATIONS_PER_LAUNCH = 1000  # incarnation = launch * 1000 + restarts of the actor in that launch
 SHUTDOWN_GRACE_S = 6.0  # for actors to exit after Shutdown (all stages together), before SIGTERM
 # but at least this long for each stage: a GPU actor takes 1-2 s to exit (CUDA teardown), and a
 # late stage (the PS, the event log) must not lose its grace to the stages before it
@@ -210,7 +210,7 @@ class Supervisor:
                 "initial_version": self.resume.version,
                 "first_prompt_id": self.resume.next_prompt_id,
                 # a replacement within this launch: the rest of the run is ahead of its checkpoint
-                "restarted": incarnation % INCARNATIONS_PER_LAUNCH > 0,
+                "restarted": is_replacement(incarnation),
                 **_placement(spec, self.config),
                 **self.actor_options.get(spec.name, {}),
             },

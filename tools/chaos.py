@@ -10,7 +10,7 @@ to the replacement's Ready.
 
     python tools/chaos.py --quick                 # 2 cases, ~6 faults, a few minutes on 2 cores
     python tools/chaos.py --cases 25 --faults 8   # the full run: 200 faults (make chaos)
-    python tools/chaos.py --roles router          # a role that cannot be replaced: a clear stop
+    python tools/chaos.py --roles router,coordinator   # the roles that own run state, rebuilt from the log
 
 Ends with ``RESULT faults=<n> lost=<n> duplicated=<n> mixed_versions=<n> max_recovery_s=<s> ...``.
 """
@@ -49,7 +49,7 @@ WORKLOAD = [
     "topology.n_ps_shards=2",
     "bus.handshake_timeout_s=180",
 ]
-DEFAULT_ROLES = ("rollout", "ps")
+DEFAULT_ROLES = ("rollout", "ps", "router", "coordinator")
 
 
 @dataclass

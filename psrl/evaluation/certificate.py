@@ -27,6 +27,7 @@ from bus.messages import (
     TrajectoryDone,
     TrajectoryFlags,
 )
+from psrl.launches import launch_of
 from psrl.routing.trajectories import INTERRUPTIONS
 
 if TYPE_CHECKING:
@@ -106,7 +107,7 @@ def build(
 class _Seen:
     """What the generation events say about one trajectory id."""
 
-    router_incarnation: int = -1  # a resumed run's router sends an unfinished request again, from scratch
+    router_launch: int = -1  # a resumed run's router sends an unfinished request again, from scratch
     num_requests: int = 0
     num_errors: int = 0
     first_prompt_length: int = -1
@@ -139,8 +140,8 @@ class Derivation:
             if not sender.startswith("router"):
                 return
             seen = self.seen[message.request_id]
-            if seen.router_incarnation != incarnation:
-                seen = self.seen[message.request_id] = _Seen(router_incarnation=incarnation)
+            if seen.router_launch != launch_of(incarnation):
+                seen = self.seen[message.request_id] = _Seen(router_launch=launch_of(incarnation))
             seen.num_requests += 1
             if seen.first_prompt_length < 0:
                 seen.first_prompt_length = len(message.prompt_token_ids)
@@ -161,16 +162,26 @@ class Derivation:
         seen = self.seen.get(request_id)
         if seen is None or seen.done is None:
             return None
-        flags = TrajectoryFlags(0)
-        # a request sent again without an interrupting result: its instance was lost
-        if seen.is_interrupted or seen.num_requests > 1 + seen.num_errors:
-            flags |= TrajectoryFlags.INTERRUPTED
-        if seen.is_continued:
-            flags |= TrajectoryFlags.CONTINUED
-        if len(seen.instances) > 1:
-            flags |= TrajectoryFlags.MIGRATED
         low, high = _version_range(seen.done.versions)
-        return CertifiedTrajectory(request_id, seen.done.v_traj, low, high, int(flags))
+        return CertifiedTrajectory(request_id, seen.done.v_traj, low, high, int(_flags(seen)))
+
+    def flags_so_far(self, request_id: int) -> tuple[TrajectoryFlags, set[str]]:
+        """A trajectory's flags and the instances that returned results for it, from the events so far
+        (what a restarted router continues the trajectory with)."""
+        seen = self.seen.get(request_id)
+        return (TrajectoryFlags(0), set()) if seen is None else (_flags(seen), set(seen.instances))
+
+
+def _flags(seen: _Seen) -> TrajectoryFlags:
+    flags = TrajectoryFlags(0)
+    # a request sent again without an interrupting result: its instance was lost
+    if seen.is_interrupted or seen.num_requests > 1 + seen.num_errors:
+        flags |= TrajectoryFlags.INTERRUPTED
+    if seen.is_continued:
+        flags |= TrajectoryFlags.CONTINUED
+    if len(seen.instances) > 1:
+        flags |= TrajectoryFlags.MIGRATED
+    return flags
 
 
 def recorded_rows(cert: StalenessCertificate) -> list[CertifiedTrajectory]:

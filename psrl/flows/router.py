@@ -64,6 +64,7 @@ from psrl.config import Config
 from psrl.config.coordination import RoutingStrategy
 from psrl.flows.effects import Effect, Handler, Send, Timer
 from psrl.flows.router_ledger import COORDINATOR, RouterLedgerFlow
+from psrl.flows.router_recovery import RECALL, RestoredRequest, RouterRecovery
 from psrl.flows.status import snapshot_from_status
 from psrl.routing.core import RouterCore
 from psrl.routing.cost_model import CostModel
@@ -78,6 +79,7 @@ from psrl.staleness.types import LedgerSizes
 SESSION = "session"  # the session scheduler's actor name
 STATUS_INTERVAL_S = 0.1  # RouterStatus to the coordinator (its sync decisions read the servable counts)
 JOIN_GRACE_S = 10.0  # route after this long even if not every instance has joined
+RECALL_TIMEOUT_S = 10.0  # a restarted router's wait for its predecessor's requests to come back
 
 
 def effective_routing(config: Config) -> RoutingStrategy:
@@ -101,11 +103,16 @@ class RouterFlow(RouterLedgerFlow):
         cost: CostModel | None = None,
         initial_version: int = 0,
         record_decisions: bool = True,
+        recovery: RouterRecovery | None = None,
         log: Any = None,
     ) -> None:
         routing = effective_routing(config)
         pr = config.psrl.rollout_coordination.partial_rollout
-        ledger = StalenessLedger(LedgerSizes.from_config(config), next_buffer_id=initial_version)
+        ledger = (
+            recovery.ledger
+            if recovery is not None
+            else StalenessLedger(LedgerSizes.from_config(config), next_buffer_id=initial_version)
+        )
         tracker = TrajectoryTracker(
             TrackerSettings(
                 partial_rollout=pr.enable,
@@ -126,7 +133,17 @@ class RouterFlow(RouterLedgerFlow):
         self.needs_tokens = routing.method.startswith("cache_aware")
         self.is_sticky = routing.enable_trajectory_sticky
         self.has_sessions = config.env.enable
-        self.ps_version = initial_version
+        self.ps_version = max(initial_version, recovery.ps_version if recovery is not None else 0)
+        self.recovery = recovery
+        # requests a restarted router asked their instances to hand back (request -> instance), and
+        # until when it waits for them before continuing them from the tokens of their last dispatch
+        self.recalled: dict[int, str] = {}
+        self.recalls_pending: dict[str, list[int]] = {}
+        self.recall_deadline = 0.0
+        # messages for the coordinator while it cannot be reached (a restarted router's link waits for
+        # it to reconnect): sent in order on the next status tick
+        self.held: list[Send] = []
+        self.is_holding = recovery is not None  # until the first status tick
         self.instances = instances
         self.num_expected_instances = config.topology.n_rollout_instances
         self.first_join: float | None = None
@@ -158,9 +175,73 @@ class RouterFlow(RouterLedgerFlow):
 
     def start(self, now: float) -> list[Effect]:
         """The flow's first effect: its status, published (the coordinator may not be connected yet),
-        which starts the ledger's replay of this incarnation."""
+        which starts the ledger's replay of this incarnation. A restarted router then takes up what
+        its predecessor left (``psrl.flows.router_recovery``)."""
         self.publish(self._status())
+        if self.recovery is not None:
+            self._restore(self.recovery, now)
         return self.take()
+
+    # ------------------------------------------------------------------ after a restart
+
+    def _restore(self, recovery: RouterRecovery, now: float) -> None:
+        """Trajectories alive at the crash, by the rule in ``router_recovery``, then the coordinator's
+        commands the dead router never handled, in the order they were sent."""
+        recalls: dict[str, list[int]] = {}
+        for restored in recovery.requests.values():
+            traj = self._restored_trajectory(restored)
+            if restored.dispatch is None:
+                self.core.submit(self._routing_request(traj))
+                continue
+            self.recalled[traj.request_id] = restored.instance
+            if restored.result is not None:
+                self._on_result(restored.result, now)
+            else:
+                recalls.setdefault(restored.instance, []).append(traj.request_id)
+        self.recalls_pending = recalls  # asked for once each instance is connected (its first status)
+        self.recall_deadline = now + RECALL_TIMEOUT_S
+        for command in recovery.commands:
+            self._handlers[type(command)](command, now)
+        self.counters["restored_requests"] += len(recovery.requests)
+        self.counters["recalled_requests"] += sum(len(ids) for ids in recalls.values())
+        self.counters["replayed_commands"] += len(recovery.commands)
+        if self.log is not None:
+            self.log.warning("router restarted: ledger and trajectories rebuilt from the event log",
+                             next_buffer=self.ledger.next_buffer_id, **dict(self.counters))  # fmt: skip
+
+    def _restored_trajectory(self, restored: RestoredRequest) -> Trajectory:
+        traj = self.tracker.add(restored.request, restored.request.request_id % self.n_per_prompt)
+        traj.flags, traj.result_instances = restored.flags, set(restored.result_instances)
+        dispatch = restored.dispatch
+        if dispatch is not None:  # the trajectory as the dead router last sent it out
+            traj.v_traj, traj.instance = dispatch.pinned_version, restored.instance
+            traj.abort_reason = restored.abort_reason
+            if dispatch.generated_token_ids is not None:
+                traj.token_ids = np.asarray(dispatch.generated_token_ids, np.int32)
+                traj.logprobs = np.asarray(dispatch.generated_logprobs, np.float32)
+                traj.versions = np.asarray(dispatch.generated_versions, np.int32)
+                traj.loss_mask = np.ones(len(traj.token_ids), np.uint8)
+        return traj
+
+    def _recall_expired(self, now: float) -> None:
+        """Recalled requests their instance never handed back (it no longer had them): continue them
+        from the tokens of their last dispatch."""
+        if not self.recalled or now < self.recall_deadline:
+            return
+        self.recalls_pending = {}  # an instance that never reconnected: its requests are continued elsewhere
+        for request_id in list(self.recalled):
+            self._recall_lost(request_id)
+
+    def send(self, to: str, message: Message, **ids: Any) -> None:
+        if to == COORDINATOR and (self.is_holding or self.held) and not isinstance(message, RouterStatus):
+            self.held.append(Send(to, message, **ids))  # after what is already waiting, in order
+            return
+        super().send(to, message, **ids)
+
+    def _recall_lost(self, request_id: int) -> None:
+        if self.recalled.pop(request_id, None) is not None:
+            self.counters["recalls_unanswered"] += 1
+            self._route_again(request_id)
 
     @property
     def num_inflight(self) -> int:
@@ -212,6 +293,11 @@ class RouterFlow(RouterLedgerFlow):
         if traj is None:
             self.counters["late_results"] += 1
             return
+        recalled = self.recalled.get(result.request_id)
+        if result.instance != (recalled or self.core.routed_instance(result.request_id)):
+            self.counters["stale_results"] += 1  # from an instance the request is no longer at
+            return
+        self.recalled.pop(result.request_id, None)
         verdict = self.tracker.judge(result)
         if traj.abort_reason == "truncate" and verdict in (Verdict.ABORTED, Verdict.FINISHED):
             self.core.release(result.request_id)
@@ -220,7 +306,10 @@ class RouterFlow(RouterLedgerFlow):
         if verdict in (Verdict.CONTINUE, Verdict.RESTART):
             if self.kv_transfer and result.instance:
                 self.kv_holders[result.request_id] = result.instance
-            self.core.loop_back(result.request_id, traj.num_generated, self._routing_request(traj).token_ids)
+            if recalled is not None:  # routed by the dead router: this one's queue never had it
+                self.core.submit(self._routing_request(traj, hint=recalled))
+            else:
+                self.core.loop_back(result.request_id, traj.num_generated, self._routing_request(traj).token_ids)
             return
         self.core.release(result.request_id)
         if verdict is Verdict.RETRY:
@@ -322,6 +411,10 @@ class RouterFlow(RouterLedgerFlow):
             self.first_join = self.first_join if self.first_join is not None else now
             if self.log is not None:
                 self.log.info("instance joined", instance=status.instance, version=status.weight_version)
+        recalls = self.recalls_pending.pop(status.instance, None)
+        if recalls:  # connected now: the requests the dead router placed there come back
+            self.send(status.instance, Abort(request_ids=recalls, reason=RECALL))
+            self.recall_deadline = max(self.recall_deadline, now + RECALL_TIMEOUT_S)
         self.core.apply_snapshot(snapshot_from_status(status))
 
     def _on_sync(self, command: SyncCommand, now: float) -> None:
@@ -369,6 +462,8 @@ class RouterFlow(RouterLedgerFlow):
         self._hold_routing_while_syncing()
         for orphan in self.core.remove_instance(name):
             self._route_again(orphan.request_id)
+        for request_id in [rid for rid, instance in self.recalled.items() if instance == name]:
+            self._recall_lost(request_id)
         if self.log is not None:
             self.log.warning("instance lost; its requests are re-routed", instance=name)
 
@@ -445,11 +540,18 @@ class RouterFlow(RouterLedgerFlow):
                              report.cleared, report.report_seq)  # fmt: skip
 
     def undeliverable(self, send: Send, now: float) -> list[Effect]:
-        """A request whose instance vanished between its last status and the send is routed again."""
+        """A request whose instance vanished between its last status and the send is routed again;
+        a message for the coordinator waits until it can be reached."""
         message = send.message
-        if isinstance(message, GenerateRequest) and message.request_id in self.tracker.live:
+        if send.to == COORDINATOR:
+            if not isinstance(message, RouterStatus):
+                self.held.append(send)
+        elif isinstance(message, GenerateRequest) and message.request_id in self.tracker.live:
             self.core.release(message.request_id)
             self._route_again(message.request_id)
+        elif isinstance(message, Abort) and message.reason == RECALL:  # the instance is gone
+            for request_id in message.request_ids:
+                self._recall_lost(request_id)
         elif isinstance(message, TurnDone) and message.request_id in self.tracker.live:
             self._sessions_lost()  # the session scheduler is gone (it is being restarted)
         return self.take()
@@ -468,8 +570,13 @@ class RouterFlow(RouterLedgerFlow):
             next_buffer=self.ledger.next_buffer_id,
             num_loopbacks=self.tracker.num_loopbacks,
             num_wasted_tokens=self.tracker.num_wasted_tokens,
+            recovered=self.recovery is not None,
         )
 
     def status(self, now: float) -> list[Effect]:
+        self._recall_expired(now)
         self.send(COORDINATOR, self._status())
+        held, self.held, self.is_holding = self.held, [], False
+        for send in held:  # the status went first: if it cannot be delivered, these come back in order
+            self.emit(send)
         return self.take()

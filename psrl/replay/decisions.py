@@ -18,9 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import msgspec
-
-from bus.messages import LedgerOp, RouterStatus, RoutingRecord, TickRecord
+from bus.messages import LedgerOp, RoutingRecord, TickRecord
 from bus.schema import Event
 from psrl.config import Config
 from psrl.coordination.records import decode_tick
@@ -28,13 +26,12 @@ from psrl.coordination.tick import decide_tick
 from psrl.flows.coordinator import make_sync_policy
 from psrl.flows.router import effective_routing
 from psrl.replay.checker import Checker, register_checker
+from psrl.replay.ledger_state import LedgerReplay, routing_decision
 from psrl.routing.cost_model import CostModel, load_cost_model
 from psrl.routing.decision import RoutingDecision
 from psrl.routing.policies import make_policy
 from psrl.routing.replay import Replayed, replay_decision
 from psrl.routing.selector import SelectionSettings
-from psrl.staleness.ledger import StalenessLedger
-from psrl.staleness.oplog import apply_op
 from psrl.staleness.types import LedgerSizes
 
 
@@ -44,7 +41,7 @@ def _cost_model(config: Config) -> CostModel | None:
 
 
 def _decision(event: Event[RoutingRecord]) -> RoutingDecision:
-    return msgspec.msgpack.decode(event.message.record, type=RoutingDecision)
+    return routing_decision(event.message)
 
 
 @register_checker
@@ -96,34 +93,14 @@ class LedgerChecker(Checker):
 
     def __init__(self, config: Config) -> None:
         super().__init__(config)
-        self.sizes = LedgerSizes.from_config(config)
-        self.ledger: StalenessLedger | None = None
-        self.router_incarnation: int | None = None
+        self.replay = LedgerReplay(LedgerSizes.from_config(config))
 
     def observe(self, event: Event[Any]) -> None:
-        """A new router incarnation (a restart or a resumed run) starts from a fresh ledger."""
-        if isinstance(event.message, RouterStatus) and event.envelope.incarnation != self.router_incarnation:
-            self.router_incarnation = event.envelope.incarnation
-            self.ledger = StalenessLedger(self.sizes, next_buffer_id=event.message.next_buffer)
-
-    def _ledger(self) -> StalenessLedger:
-        if self.ledger is None:
-            self.ledger = StalenessLedger(self.sizes)
-        return self.ledger
+        """A new router incarnation starts from a fresh ledger, or continues a crashed one's (recovered)."""
+        self.replay.on_status(event)
 
     def redecide(self, event: Event[Any]) -> Any | None:
-        msg = event.message
-        if isinstance(msg, LedgerOp):
-            return apply_op(self._ledger(), msg.op, msg.prompt_id, msg.child, msg.reason)
-        decision = _decision(event)
-        if decision.reserved_buffer is None or decision.inputs is None:
-            return None
-        request = decision.inputs.request
-        try:
-            return self._ledger().reserve(request.prompt_id, request.child_index, decision.version_tag,
-                                          decision.instance_id or "")  # fmt: skip
-        except Exception as exc:
-            return f"error: {exc}"
+        return self.replay.apply(event)
 
     def recorded(self, event: Event[Any]) -> Any:
         msg = event.message

@@ -25,7 +25,7 @@ import numpy as np
 from bus.messages import FinishReason, GenerateRequest, GenerateResult, SamplingParams, TrajectoryDone, TrajectoryFlags
 
 # Reasons an instance gives for handing a request back that is not the end of the trajectory.
-INTERRUPTIONS = frozenset({"sync", "migrate", "preempted", "shutdown", "instance_lost"})
+INTERRUPTIONS = frozenset({"sync", "migrate", "preempted", "shutdown", "instance_lost", "router_restart"})
 
 
 class Verdict(str, Enum):

@@ -69,13 +69,22 @@ def test_sigkill_is_detected_and_the_instance_restarted(tmp_path) -> None:
     )
 
 
-def test_losing_the_coordinator_ends_the_run_with_a_clear_error(tmp_path) -> None:
+def test_a_lost_coordinator_and_router_are_restarted_and_a_budget_spent_ends_the_run(tmp_path) -> None:
     sup = make_supervisor(tmp_path)
+    sup.policy.max_restarts = 1
     bg = Background(sup).start()
     bg.wait_ready()
-    os.kill(sup.processes["coordinator"].pid, signal.SIGKILL)
+    for name in ("router", "coordinator"):
+        os.kill(sup.processes[name].pid, signal.SIGKILL)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not all(sup.processes[n].incarnation == 1 for n in ("router", "coordinator")):
+        time.sleep(0.1)
+    bg.wait_ready()
+    os.kill(sup.processes["coordinator"].pid, signal.SIGKILL)  # a second death within the window: no budget left
     assert bg.join() == 1
-    assert "coordinator" in (sup.end_reason or "") and "cannot be replaced" in (sup.end_reason or "")
+    assert "coordinator died" in (sup.end_reason or "") and "1 times within" in (sup.end_reason or "")
+    restarted = {e.message.actor for e in logged_events(sup.run_dir) if isinstance(e.message, ActorRestarted)}
+    assert restarted == {"router", "coordinator"}
 
 
 def test_an_actor_failing_at_start_is_named_with_its_reason(tmp_path) -> None:

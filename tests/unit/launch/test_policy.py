@@ -16,9 +16,14 @@ def test_old_restarts_leave_the_window() -> None:
     assert policy.decide("ps-0", "ps", 11.0, shutting_down=False)[0] is Verdict.RESTART
 
 
-def test_losing_the_coordinator_ends_the_run_with_a_reason() -> None:
-    verdict, reason = RestartPolicy().decide("coordinator", "coordinator", 0.0, shutting_down=False)
-    assert verdict is Verdict.END_RUN and "cannot be replaced" in reason
+def test_the_router_and_the_coordinator_restart_and_an_unknown_role_ends_the_run() -> None:
+    policy = RestartPolicy(max_restarts=1, window_s=10)
+    assert policy.decide("router", "router", 0.0, shutting_down=False)[0] is Verdict.RESTART
+    assert policy.decide("coordinator", "coordinator", 0.0, shutting_down=False)[0] is Verdict.RESTART
+    verdict, reason = policy.decide("coordinator", "coordinator", 1.0, shutting_down=False)
+    assert verdict is Verdict.END_RUN and "1 times" in reason
+    verdict, reason = policy.decide("oracle", "oracle", 0.0, shutting_down=False)
+    assert verdict is Verdict.END_RUN and "no restart policy" in reason
 
 
 def test_deaths_during_shutdown_are_ignored() -> None:

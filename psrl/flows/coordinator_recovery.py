@@ -1,0 +1,139 @@
+"""What a restarted coordinator rebuilds from the run's event log: its own flow, re-run on what it was told.
+
+The coordinator's state (the prompt cursor, the open groups with their results and rewards, what
+each buffer has handed to the trainer, the chunks not yet trained) is a function of the messages
+it handled: the router's on its link (trajectories, group outcomes, occupancy, full buffers,
+refills), which the log holds in the order the router sent them, and the versions the parameter
+server published and the trainer reached. Prompts, sampling and rewards are functions of the ids
+and tokens, so a fresh flow fed those messages in log order, from the launch's start, reaches the
+state its predecessor had (``replay_coordinator``). What it did along the way is then set against
+what the dead coordinator is logged as having done:
+
+* requests, group verdicts (``GroupComplete``, ``GroupDrop``), ``Consume`` and ``TrainBatch`` it
+  already sent are not sent again; those it never got to send (it died first) are sent now;
+* every chunk of a buffer the trainer has not reached yet is handed to the trainer ranks again
+  (a rank skips the chunks it already has), since chunk traffic is not logged;
+* metrics, sync ticks and commands are not repeated: the new incarnation decides afresh.
+
+Only this launch counts (a resumed run's coordinator starts from its checkpoint's cursor). A log
+with gaps in that launch (the logger lost events) cannot be re-run: ``num_missing_events`` says so
+and the actor refuses to start rather than continue from a wrong state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from bus.gaps import GapTracker
+from bus.messages import (
+    Consume,
+    GenerateRequest,
+    GroupComplete,
+    GroupDrop,
+    RunFinished,
+    TrainBatch,
+    TrainData,
+    TrainerProgress,
+    WeightsPublished,
+)
+from bus.schema import Event
+from psrl.flows.coordinator import CoordinatorFlow
+from psrl.flows.effects import Effect, Publish, Send
+from psrl.flows.router_recovery import COORDINATOR, ROUTER, actor_of
+from psrl.launches import launch_of
+
+FACTS = (WeightsPublished, TrainerProgress)  # bus events the coordinator's book and buffers depend on
+
+
+@dataclass
+class LoggedOutputs:
+    """What the dead coordinator is logged as having sent, by what identifies each."""
+
+    requests: set[int] = field(default_factory=set)
+    completes: set[int] = field(default_factory=set)
+    drops: set[int] = field(default_factory=set)
+    consumes: set[int] = field(default_factory=set)
+    batches: set[int] = field(default_factory=set)
+    has_finished: bool = False
+
+    def note(self, message: Any) -> None:
+        if isinstance(message, GenerateRequest):
+            self.requests.add(message.request_id)
+        elif isinstance(message, GroupComplete):
+            self.completes.add(message.prompt_id)
+        elif isinstance(message, GroupDrop):
+            self.drops.add(message.prompt_id)
+        elif isinstance(message, Consume):
+            self.consumes.add(message.buffer)
+        elif isinstance(message, TrainBatch):
+            self.batches.add(message.buffer)
+        elif isinstance(message, RunFinished):
+            self.has_finished = True
+
+    def is_new(self, effect: Effect) -> bool:
+        """Whether ``effect`` (from the re-run) still has to happen."""
+        message = effect.message if isinstance(effect, Send | Publish) else None
+        if isinstance(message, GenerateRequest):
+            return message.request_id not in self.requests
+        if isinstance(message, GroupComplete):
+            return message.prompt_id not in self.completes
+        if isinstance(message, GroupDrop):
+            return message.prompt_id not in self.drops
+        if isinstance(message, Consume):
+            return message.buffer not in self.consumes
+        if isinstance(message, TrainBatch):
+            return message.buffer not in self.batches
+        if isinstance(message, RunFinished):
+            return not self.has_finished
+        return False  # chunks are handed over again below; metrics, ticks and commands are not repeated
+
+
+@dataclass
+class CoordinatorRecovery:
+    effects: list[Effect]  # what is left to do, in order
+    seen_event_ids: set[str]  # the router's messages the re-run handled (a later delivery is a duplicate)
+    num_inputs: int = 0
+    num_resent_chunks: int = 0
+    num_missing_events: int = 0  # sequence gaps in the launch's log: events the logger never got
+
+
+def replay_coordinator(
+    flow: CoordinatorFlow, events: Iterable[Event[Any]], launch: int, now: float
+) -> CoordinatorRecovery:
+    """Re-run ``flow`` (fresh, built as its predecessor was) on the launch's logged inputs."""
+    inputs: list[Any] = []
+    outputs = LoggedOutputs()
+    seen: set[str] = set()
+    gaps = GapTracker()
+    for event in events:
+        env, message = event.envelope, event.message
+        if launch_of(env.incarnation) != launch:
+            continue
+        gaps.observe(env)
+        actor = actor_of(env.sender)
+        if actor == ROUTER and env.sender.endswith(".link") and type(message) in flow.link_kinds:
+            inputs.append(message)
+            seen.add(env.event_id)
+        elif isinstance(message, FACTS):
+            inputs.append(message)
+        elif actor == COORDINATOR:
+            outputs.note(message)
+    effects = flow.start(now)
+    for message in inputs:
+        effects += flow.handle(message, now)
+    left = [e for e in effects if outputs.is_new(e)]
+    chunks = _chunks_to_hand_over(flow)
+    return CoordinatorRecovery(left + chunks, seen, len(inputs), len(chunks), gaps.num_missing)
+
+
+def _chunks_to_hand_over(flow: CoordinatorFlow) -> list[Effect]:
+    """Every chunk of a buffer the trainer has not reported trained, to every rank, in buffer order."""
+    return [
+        Send(trainer, data, model_version=buffer)
+        for buffer in sorted(flow.unacknowledged)
+        for data in flow.unacknowledged[buffer]
+        for trainer in flow.trainers
+        if isinstance(data, TrainData)
+    ]

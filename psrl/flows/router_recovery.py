@@ -1,0 +1,162 @@
+"""What a restarted router rebuilds from the run's event log (pure: events in, state out).
+
+The router's state is the staleness ledger, the trajectories it tracks and the coordinator's
+commands it has handled. All three are in the log: the ledger as its logged calls
+(``psrl.replay.ledger_state``, the very replay ``psrl replay --check ledger`` runs), the
+trajectories as the coordinator's requests, the router's dispatches to instances (each with the
+tokens it continued from), the instances' results, the router's aborts and the trajectories it
+handed back (``TrajectoryDone``), and the commands as the coordinator's link traffic, each of
+which names, as the ``parent`` of whatever the router logged while handling it, whether it was
+handled.
+
+Only this launch counts (a resumed run's router starts from its checkpoint): events whose
+incarnation belongs to the router's launch. A log with gaps in that launch (the logger lost
+events, e.g. it died too) cannot be rebuilt from: ``num_missing_events`` says so, and the actor
+refuses to start rather than continue from a wrong ledger.
+
+The rule for a trajectory alive at the crash (``RestoredRequest``), by its last logged step:
+
+* never dispatched: queued again, as the coordinator sent it;
+* dispatched, and its instance's result is in the log: that result is handled now (finished:
+  counted in the ledger; interrupted: continued from its tokens), as the dead router would have;
+* dispatched, no result yet: *recalled*: its instance is asked to hand it back (an interruption,
+  ``router_restart``) and it continues from the tokens it returns, pinned to its V_traj, keeping
+  its ledger reservation. If the instance does not answer (it no longer has the request), it is
+  continued from the tokens of its last dispatch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from bus.gaps import GapTracker
+from bus.messages import (
+    Abort,
+    Consume,
+    GenerateRequest,
+    GenerateResult,
+    GroupComplete,
+    GroupDrop,
+    RoutingRecord,
+    TrajectoryDone,
+    WeightsPublished,
+)
+from bus.schema import Event
+from psrl.evaluation.certificate import Derivation
+from psrl.launches import launch_of
+from psrl.replay.ledger_state import LedgerReplay
+from psrl.staleness.ledger import StalenessLedger
+from psrl.staleness.types import LedgerSizes
+
+ROUTER = "router"
+COORDINATOR = "coordinator"
+COMMANDS = (GroupComplete, GroupDrop, Consume, Abort)  # coordinator -> router, besides requests
+RECALL = "router_restart"  # the interruption a restarted router asks for to get a request back
+
+
+@dataclass
+class RestoredRequest:
+    """A trajectory the dead router was tracking, as far as the log shows it."""
+
+    request: GenerateRequest  # as the coordinator sent it
+    dispatch: GenerateRequest | None = None  # the router's last dispatch of it
+    instance: str = ""  # where that dispatch went
+    result: GenerateResult | None = None  # the instance's result after that dispatch
+    abort_reason: str | None = None  # an abort the router asked for after that dispatch
+    flags: int = 0  # TrajectoryFlags so far, as the staleness certificate derives them
+    result_instances: set[str] = field(default_factory=set)  # every instance that returned a result for it
+
+
+@dataclass
+class RouterRecovery:
+    ledger: StalenessLedger
+    requests: dict[int, RestoredRequest] = field(default_factory=dict)  # alive at the crash, in arrival order
+    commands: list[Any] = field(default_factory=list)  # coordinator commands never handled, in log order
+    seen_event_ids: set[str] = field(default_factory=set)  # every coordinator message logged so far
+    ps_version: int = 0
+    num_missing_events: int = 0  # sequence gaps in the launch's log: events the logger never got
+
+    @property
+    def num_recalled(self) -> int:
+        return sum(1 for r in self.requests.values() if r.dispatch is not None and r.result is None)
+
+
+def actor_of(sender: str) -> str:
+    """The actor behind an envelope's sender: ``router.link`` -> router, ``coordinator-router.link``
+    -> coordinator, ``rollout-0/hb`` -> rollout-0."""
+    name = sender.split("/", 1)[0].split(".", 1)[0]
+    return COORDINATOR if name == f"{COORDINATOR}-{ROUTER}" else name
+
+
+def rebuild_router(events: Iterable[Event[Any]], sizes: LedgerSizes, launch: int) -> RouterRecovery:
+    """Everything a router of ``launch`` left behind, from the log's events in order."""
+    ledger = LedgerReplay(sizes)
+    state = _Walk()
+    derivation = Derivation()
+    gaps = GapTracker()
+    for event in events:
+        ledger.observe(event)
+        if launch_of(event.envelope.incarnation) == launch:
+            gaps.observe(event.envelope)
+            state.observe(event)
+            derivation.observe(event.message, event.envelope.sender, event.envelope.incarnation)
+    for rid, restored in state.requests.items():
+        flags, instances = derivation.flags_so_far(rid)
+        restored.flags, restored.result_instances = int(flags), instances
+    recovery = RouterRecovery(
+        ledger.current(), state.requests, seen_event_ids=state.seen, ps_version=state.ps_version,
+        num_missing_events=gaps.num_missing,
+    )  # fmt: skip
+    recovery.commands = [e.message for e in state.commands if e.envelope.event_id not in state.handled]
+    return recovery
+
+
+@dataclass
+class _Walk:
+    requests: dict[int, RestoredRequest] = field(default_factory=dict)
+    commands: list[Event[Any]] = field(default_factory=list)
+    handled: set[str] = field(default_factory=set)  # coordinator messages the router logged something for
+    seen: set[str] = field(default_factory=set)
+    instance_of: dict[int, str] = field(default_factory=dict)  # request -> instance of its last routing record
+    ps_version: int = 0
+
+    def observe(self, event: Event[Any]) -> None:
+        env, msg = event.envelope, event.message
+        actor = actor_of(env.sender)
+        if isinstance(msg, WeightsPublished):
+            self.ps_version = max(self.ps_version, msg.version)
+        elif actor == ROUTER:
+            if env.parent is not None:
+                self.handled.add(env.parent)
+            self._from_router(msg)
+        elif actor == COORDINATOR and env.sender.endswith(".link"):
+            self.seen.add(env.event_id)
+            self._from_coordinator(event)
+        elif isinstance(msg, GenerateResult) and msg.request_id in self.requests:
+            restored = self.requests[msg.request_id]
+            if restored.dispatch is not None and restored.instance == msg.instance:
+                restored.result = msg
+
+    def _from_coordinator(self, event: Event[Any]) -> None:
+        msg = event.message
+        if isinstance(msg, GenerateRequest):
+            self.requests.setdefault(msg.request_id, RestoredRequest(msg))
+        elif isinstance(msg, COMMANDS):
+            self.commands.append(event)
+
+    def _from_router(self, msg: Any) -> None:
+        if isinstance(msg, RoutingRecord):
+            self.instance_of[msg.request_id] = msg.instance
+        elif isinstance(msg, GenerateRequest) and msg.request_id in self.requests:
+            restored = self.requests[msg.request_id]
+            restored.dispatch = msg
+            restored.instance = self.instance_of.get(msg.request_id, "")
+            restored.result, restored.abort_reason = None, None
+        elif isinstance(msg, Abort) and msg.reason != RECALL:  # a recall is not an end
+            for rid in msg.request_ids:
+                if rid in self.requests and self.requests[rid].dispatch is not None:
+                    self.requests[rid].abort_reason = msg.reason or "requested"
+        elif isinstance(msg, TrajectoryDone):
+            self.requests.pop(msg.request_id, None)
