@@ -20,7 +20,8 @@ from psrl.replay.runner import replay_run
 from psrl.rundir import RunDir
 from tests.system.run_checks import check_consumed_groups, check_continuations, check_staleness_bound, read_run
 
-pytestmark = pytest.mark.system
+# minutes each on a loaded 2-core machine: with the other fault-injection runs (make chaos)
+pytestmark = [pytest.mark.system, pytest.mark.chaos]
 
 # Long responses on small engine batches: when the kill lands, requests are mid-generation.
 WORKLOAD = [
