@@ -24,6 +24,9 @@ from psrl.kvcache import KvTier, TierKey
 from psrl.kvcache.transfer import FetchOutcome, KvFetcher, KvServer
 
 REROUTE_REASONS = frozenset({"migrate", "preempted", "sync", "shutdown"})
+# every this many status ticks the report is a full snapshot of the tier, so a router that lost a
+# report (or restarted) stops under-counting this instance's tier; the other reports are changes only
+SNAPSHOT_EVERY_TICKS = 64
 
 
 @dataclass
@@ -59,6 +62,7 @@ class InstanceKv:
         self.awaiting: dict[str, _Awaiting] = {}
         self.pins: dict[str, float] = {}  # pin owner (request id) -> when it lapses
         self.report_seq = 0
+        self.num_ticks = 0
         self.sent_address = False
 
     # source side
@@ -129,8 +133,11 @@ class InstanceKv:
     # reports
 
     def report(self) -> KvTierReport | None:
-        """The tier's changes since the last report (None when there are none to tell)."""
-        changes = self.port.tier.drain_changes()
+        """The tier's changes since the last report (None when there are none to tell), or every
+        SNAPSHOT_EVERY_TICKS calls all the keys it holds."""
+        self.num_ticks += 1
+        tier = self.port.tier
+        changes = tier.snapshot() if self.num_ticks % SNAPSHOT_EVERY_TICKS == 0 else tier.drain_changes()
         if not changes and self.sent_address:
             return None
         self.sent_address = True

@@ -121,6 +121,12 @@ class KvTier:
         with self._lock:
             return self.index.drain_changes()
 
+    def snapshot(self) -> TierChanges:
+        """Every key held, as changes that replace whatever a reader knew (the journal restarts)."""
+        with self._lock:
+            self.index.drain_changes()
+            return TierChanges(added=self.index.keys(), cleared=True)
+
     def keys(self) -> list[TierKey]:
         with self._lock:
             return self.index.keys()
