@@ -133,7 +133,21 @@ class TierIndex:
         return len(held)
 
     def unpin(self, owner: str) -> None:
-        for key in self._pins.pop(owner, set()):
+        self._release(self._pins.pop(owner, set()))
+
+    def unpin_keys(self, owner: str, keys: list[TierKey]) -> None:
+        """Release ``owner``'s pins of ``keys`` only (a transfer served part of what it pinned)."""
+        held = self._pins.get(owner)
+        if held is None:
+            return
+        released = held.intersection(keys)
+        held.difference_update(released)
+        if not held:
+            del self._pins[owner]
+        self._release(released)
+
+    def _release(self, keys: set[TierKey]) -> None:
+        for key in keys:
             count = self._pin_counts.pop(key, 1) - 1
             if count > 0:
                 self._pin_counts[key] = count

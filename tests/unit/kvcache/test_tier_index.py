@@ -101,3 +101,14 @@ def test_pins_stop_at_the_budget() -> None:
         index.admit((0, h), 10)
     assert index.pin("a", [(0, 0), (0, 1), (0, 2)]) == 2
     assert index.pin("b", [(0, 1), (0, 3)]) == 1  # (0, 1) is already pinned: sharing costs no budget
+
+
+def test_unpinning_some_keys_keeps_the_rest_pinned() -> None:
+    index = TierIndex(1000)
+    for h in range(3):
+        index.admit((0, h), 10)
+    index.pin("t", [(0, 0), (0, 1), (0, 2)])
+    index.unpin_keys("t", [(0, 0), (0, 1)])
+    assert not index.is_pinned((0, 0)) and index.is_pinned((0, 2)) and index.pin_owners == ["t"]
+    index.unpin_keys("t", [(0, 2)])
+    assert not index.is_pinned((0, 2)) and index.pin_owners == []
