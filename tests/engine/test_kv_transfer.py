@@ -210,3 +210,34 @@ def test_a_dead_source_falls_back_to_reprefill_and_loses_nothing(qwen2: Checkpoi
     want_tokens, want_logprobs = reprefilled(qwen2, started)
     assert tokens == want_tokens and len(tokens) == NUM_TOKENS
     assert torch.allclose(torch.tensor(logprobs), torch.tensor(want_logprobs), atol=1e-4)
+
+
+def test_a_failed_nixl_write_is_answered_and_the_server_keeps_serving(qwen2: Checkpoint) -> None:
+    """NIXL's errors are not RuntimeErrors: one from a bad peer used to end the server's thread, and
+    with it every later fetch from that instance."""
+    pytest.importorskip("nixl")
+    from psrl.kvcache.transfer import KvServer
+    from psrl.kvcache.transfer.wire import ENCODER, REPLY_DECODER, FetchRequest
+
+    source = make_engine(qwen2, num_kv_blocks=40, offload_bytes=8 << 20)
+    assert source.kv_tier is not None
+    source.add_request("r", PROMPT, greedy(2))
+    run_to_completion(source)
+    keys = source.export_prefix_kv(PROMPT)
+    server = KvServer(source.kv_tier)
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    try:
+        sock.connect(server.address)
+        sock.send(ENCODER.encode(FetchRequest("bad", keys, "nixl", "", "nobody", b"not metadata", 4096, 1 << 20)))
+        assert sock.poll(60_000)
+        reply = REPLY_DECODER.decode(sock.recv_multipart()[0])
+        assert reply.error.startswith("nixl write failed") and reply.keys == []
+        target = make_engine(qwen2, num_kv_blocks=40, offload_bytes=8 << 20)
+        assert target.kv_tier is not None
+        fetcher = KvFetcher(target.kv_tier)
+        outcome = fetcher.fetch("good", server.address, keys, 60)
+        fetcher.close()
+        assert outcome.error == "" and outcome.num_blocks == len(keys) > 0
+    finally:
+        sock.close(0)
+        server.close()

@@ -114,7 +114,9 @@ class KvFetcher:
             request = FetchRequest(transfer_id, keys, "tcp", release_pin)
             reply, payloads = self._round_trip(address, request, timeout_s, None)
             return self._land(reply, payloads)
-        except (TimeoutError, zmq.ZMQError, ValueError, RuntimeError) as exc:
+        except FetchFailedError:
+            raise
+        except Exception as exc:  # NIXL's errors subclass Exception only: a fetch ends in an outcome, never raises
             raise FetchFailedError(f"{type(exc).__name__}: {exc}") from exc
 
     def _land(self, reply: FetchReply, payloads: list[torch.Tensor]) -> tuple[int, int]:
