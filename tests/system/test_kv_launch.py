@@ -43,6 +43,7 @@ def kinds(run: Path) -> list[type]:
     return [type(e.event.message) for e in EventLogReader(run / "events").events()]
 
 
+@pytest.mark.timeout(EXIT_BOUND_S + 300)
 def test_reasoning_with_kv_transfer_exits_and_replays(tmp_path: Path) -> None:
     pytest.importorskip("nixl")
     run = launch(tmp_path, "reasoning", ["psrl.lmcache.enable=True", "psrl.lmcache.enable_p2p=True",
@@ -51,6 +52,7 @@ def test_reasoning_with_kv_transfer_exits_and_replays(tmp_path: Path) -> None:
     assert_replay_agrees(run)
 
 
+@pytest.mark.timeout(EXIT_BOUND_S + 300)
 def test_agentic_with_the_tier_exits_and_replays(tmp_path: Path) -> None:
     run = launch(tmp_path, "agentic", ["psrl.lmcache.enable=True"])
     assert KvTierReport in kinds(run) and KvTransferRecord not in kinds(run)
