@@ -46,8 +46,8 @@ def kinds(run: Path) -> list[type]:
 @pytest.mark.timeout(EXIT_BOUND_S + 300)
 def test_reasoning_with_kv_transfer_exits_and_replays(tmp_path: Path) -> None:
     pytest.importorskip("nixl")
-    run = launch(tmp_path, "reasoning", ["psrl.lmcache.enable=True", "psrl.lmcache.enable_p2p=True",
-                                         "psrl.rollout_coordination.routing_strategy.kv_transfer.enable=True"])  # fmt: skip
+    transfer = "psrl.rollout_coordination.routing_strategy.kv_transfer.enable=True"
+    run = launch(tmp_path, "reasoning", ["psrl.lmcache.enable=True", "psrl.lmcache.enable_p2p=True", transfer])
     assert KvTierReport in kinds(run)
     assert_replay_agrees(run)
 
