@@ -939,9 +939,10 @@ class KvTierReport(Message, frozen=True):
     address: the instance's KV server (peers fetch blocks there); empty = no KV transfer.
     added: (weight version, chained block hash) of each block stored, as rows of an int64 [n, 2] array.
     removed: the same for each block evicted.
-    cleared: everything reported before is gone (clear_on_weight_update), then ``added``.
-    report_seq: the instance's report number; a gap means reports were lost and the router asks for none
-        (the next ``cleared`` report, or the instance's restart, resynchronises it).
+    cleared: everything reported before is gone (clear_on_weight_update, or a periodic snapshot whose
+        ``added`` lists every block held), then ``added``.
+    report_seq: the instance's report number; on a gap (reports lost) the router forgets the instance's
+        blocks until its next snapshot rather than score blocks that may be gone.
     """
 
     instance: str

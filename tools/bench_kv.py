@@ -19,6 +19,7 @@ import argparse
 import statistics
 import tempfile
 import time
+from concurrent.futures import Future
 from pathlib import Path
 
 import torch
@@ -26,7 +27,7 @@ import zmq
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from psrl.engine import Engine, EngineArgs, SamplingParams
-from psrl.kvcache.transfer import KvFetcher, KvServer
+from psrl.kvcache.transfer import FetchOutcome, KvFetcher, KvServer
 from psrl.kvcache.transfer.nixl_channel import NixlLanding, NixlWriter
 from psrl.kvcache.transfer.wire import FetchRequest
 
@@ -50,12 +51,25 @@ def greedy(num_tokens: int) -> SamplingParams:
     return SamplingParams(max_tokens=num_tokens, temperature=0.0, ignore_eos=True)
 
 
-def run(eng: Engine, rid: str, prompt: list[int], num_tokens: int, **prior: object) -> tuple[list[int], float]:
-    """(output ids, seconds to the first new token)."""
+def run(
+    eng: Engine,
+    rid: str,
+    prompt: list[int],
+    num_tokens: int,
+    arriving: Future[FetchOutcome] | None = None,
+    **prior: object,
+) -> tuple[list[int], float]:
+    """(output ids, seconds to the first new token). ``arriving``: an async fetch of the request's KV
+    still in flight, taken block by block as the prefill goes (as the rollout instance does)."""
     started = time.perf_counter()
     eng.add_request(rid, prompt, greedy(num_tokens), **prior)  # type: ignore[arg-type]
+    if arriving is not None:
+        eng.expect_kv(rid)
     first, result = None, None
     while eng.has_unfinished_requests():
+        if arriving is not None and arriving.done():
+            eng.kv_arrived(rid)
+            arriving = None
         out = eng.step()
         if first is None and out.outputs:
             first = time.perf_counter() - started
@@ -126,7 +140,7 @@ def reroute(model: Path, args: argparse.Namespace) -> dict[str, float]:
                 keys = target.prefix_keys(tokens)
                 if mode == "async":  # the target starts at once and re-prefills what has not landed yet
                     future = fetcher.start("t", server.address, keys, 10, pin)
-                    outputs, ttft = run(target, "r", prompt, 16, **prior)
+                    outputs, ttft = run(target, "r", prompt, 16, future, **prior)
                     outcome = future.result()
                 else:
                     outcome = fetcher.fetch("t", server.address, keys, 10, pin)
@@ -137,6 +151,7 @@ def reroute(model: Path, args: argparse.Namespace) -> dict[str, float]:
                 rates.append(outcome.num_bytes / max(outcome.seconds, 1e-9) / 1e9)
                 assert outputs == reference, f"{channel}/{mode}: tokens differ from the re-prefill"
                 fetcher.close()
+                fetcher.join(5.0)
             results[f"ttft_{channel}_{mode}_s"] = statistics.median(ttfts)
             results[f"gbps_{channel}_{mode}"] = statistics.median(rates)
             results[f"loaded_tokens_{channel}_{mode}"] = statistics.median(loaded)
@@ -161,9 +176,9 @@ def raw_rates(num_bytes: int, repeats: int) -> tuple[float, float]:
         tcp.append(num_bytes / (time.perf_counter() - started) / 1e9)
     push.close(0)
     pull.close(0)
-    landing, writer = NixlLanding(), NixlWriter("raw")
-    address, size = landing.reserve(num_bytes)
-    request = FetchRequest("raw", [], "nixl", "", landing.agent.name, landing.metadata, address, size)
+    landing, writer = NixlLanding(num_bytes, 1), NixlWriter("raw")
+    slot = landing.acquire(num_bytes, 1.0)
+    request = FetchRequest("raw", [], "nixl", "", landing.agent.name, landing.metadata, slot.address, slot.size)
     nixl = []
     for _ in range(repeats + 1):
         started = time.perf_counter()

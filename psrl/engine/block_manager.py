@@ -205,6 +205,31 @@ class BlockManager:
         self.num_tier_loaded_blocks += len(loaded)
         return loaded
 
+    def extend_from_tier(self, seq: Sequence) -> int:
+        """Load tier blocks that landed after ``seq`` was allocated (an async KV transfer) over its
+        not-yet-computed whole blocks, in prefix order; returns how many tokens it no longer computes."""
+        size = self.block_size
+        start = seq.num_computed_tokens // size
+        if self.tier is None or seq.cache_epoch != self.cache_epoch or seq.num_computed_tokens % size:
+            return 0
+        if start != seq.num_hashed_blocks:  # the chain of hashes must reach the first block to fill
+            return 0
+        tier, loaded = self.tier, 0
+        parent = self.blocks[seq.block_table[start - 1]].hash if start > 0 else NO_HASH
+        for index in range(start, reusable_blocks(seq.num_tokens, size)):
+            tokens = tuple(seq.token_ids[index * size : (index + 1) * size])
+            parent = chained_hash(parent, tokens)
+            if not tier.load(seq.block_table[index], parent, tokens):
+                break
+            loaded += 1
+        if loaded:
+            seq.num_computed_tokens += loaded * size
+            seq.num_cached_tokens += loaded * size
+            self.stats.num_hit_tokens += loaded * size
+            self.num_tier_loaded_blocks += loaded
+            self.hash_blocks(seq)
+        return loaded * size
+
     def _release_unfilled(self, block_id: int) -> None:
         # back at the head of the free order: it holds nothing worth keeping
         self.blocks[block_id].ref_count = 0

@@ -26,7 +26,7 @@ from psrl.engine.request_checks import check_prior_outputs, check_room, check_to
 from psrl.engine.sampler import Sampler
 from psrl.engine.sampling_params import SamplingParams
 from psrl.engine.scheduler import ScheduledBatch, Scheduler
-from psrl.engine.sequence import Sequence
+from psrl.engine.sequence import Sequence, SequenceStatus
 from psrl.errors import RequestError
 from psrl.kernels.cpu_sample import CpuSampleKernel
 from psrl.kernels.gpu.step import resolve_step_kernels
@@ -168,6 +168,22 @@ class Engine:
         self._num_arrivals += 1
         self._seqs[request_id] = seq
         self.scheduler.add(seq)
+
+    def expect_kv(self, request_id: str) -> None:
+        """``request_id``'s prefix KV is on its way into the tier (an async transfer): until
+        ``kv_arrived``, it is prefilled in short chunks, each after taking what has landed."""
+        seq = self._seqs.get(request_id)
+        if seq is not None and self.offload is not None:
+            seq.kv_arriving = True
+
+    def kv_arrived(self, request_id: str) -> None:
+        """The transfer ended (whatever landed is in the tier): take it now, prefill the rest plainly."""
+        seq = self._seqs.get(request_id)
+        if seq is None or not seq.kv_arriving:
+            return
+        seq.kv_arriving = False
+        if seq.status == SequenceStatus.RUNNING and seq.is_prefilling:
+            self.block_manager.extend_from_tier(seq)
 
     def abort(self, request_id: str) -> RequestResult | None:
         """Stop a request; returns exactly what it generated so far (None if it is not in the engine)."""

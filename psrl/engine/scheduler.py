@@ -16,6 +16,10 @@ from dataclasses import dataclass
 from psrl.engine.block_manager import BlockManager
 from psrl.engine.sequence import Sequence, SequenceStatus
 
+# prefill chunk, in blocks, of a sequence whose KV is still landing: short enough that a transfer
+# that lands during the first chunk saves the rest of the prefill
+ARRIVING_CHUNK_BLOCKS = 8
+
 
 @dataclass(slots=True)
 class ScheduledBatch:
@@ -87,6 +91,9 @@ class Scheduler:
         return batch if batch.seqs else None
 
     def _add_chunk(self, batch: ScheduledBatch, seq: Sequence, budget: int) -> int:
+        if seq.kv_arriving:
+            self.block_manager.extend_from_tier(seq)
+            budget = min(budget, ARRIVING_CHUNK_BLOCKS * self.block_manager.block_size)
         num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
         batch.seqs.append(seq)
         batch.num_new_tokens.append(num_new)

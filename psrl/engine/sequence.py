@@ -30,6 +30,7 @@ class Sequence:
         "cache_epoch",
         "finish_reason",
         "generator",
+        "kv_arriving",
         "logprobs",
         "num_cached_tokens",
         "num_computed_tokens",
@@ -76,6 +77,9 @@ class Sequence:
         self.num_hashed_blocks = 0
         # prefix-cache generation the blocks were allocated in; blocks of an older one are never shared
         self.cache_epoch = -1
+        # a KV transfer of this sequence's prefix is landing in the offload tier (async mode): prefill
+        # in short chunks and take whatever has landed before each
+        self.kv_arriving = False
         self.status = SequenceStatus.WAITING
         self.finish_reason: FinishReason | None = None
         # per-request random stream (seeded requests only), so a seed reproduces the same samples

@@ -170,6 +170,9 @@ class InstanceFlow(Flow):
             if self.kv.start_fetch(req, tokens, now):  # sync / pin_sync: added when the fetch ends
                 self.last_dispatch_seq = max(self.last_dispatch_seq, req.dispatch_seq)
                 return
+            self._admit(req)
+            self.kv.admitted_while_fetching(str(req.request_id))  # async: prefill takes what lands
+            return
         self._admit(req)
 
     def _admit(self, req: GenerateRequest) -> None:

@@ -4,9 +4,10 @@
   whole blocks in the tier, where the instance's KV server hands them to whichever instance the
   router picks next; under ``pin_sync`` they are pinned until fetched (or the transfer timeout).
 * Target: a re-routed request names its KV source; the instance fetches the blocks it could reuse
-  (keys under its own weight version) straight from the source. ``async`` adds the request at once
-  and re-prefills what has not arrived; ``sync`` / ``pin_sync`` add it when the fetch ends or times
-  out. Every fetch that lands nothing falls back to re-prefill, counted and logged.
+  (keys under its own weight version) straight from the source. ``async`` adds the request at once:
+  its prefill runs in short chunks and before each takes the blocks that have landed, so only what
+  had not arrived in time is re-prefilled; ``sync`` / ``pin_sync`` add it when the fetch ends or
+  times out. Every fetch that lands nothing falls back to re-prefill, counted and logged.
 * Reports: the tier's added and removed keys go to the router with every status tick.
 """
 
@@ -24,6 +25,10 @@ from psrl.kvcache import KvTier, TierKey
 from psrl.kvcache.transfer import FetchOutcome, KvFetcher, KvServer
 
 REROUTE_REASONS = frozenset({"migrate", "preempted", "sync", "shutdown"})
+# every this many status ticks the report is a full snapshot of the tier, so a router that lost a
+# report (or restarted) stops under-counting this instance's tier; the other reports are changes only
+SNAPSHOT_EVERY_TICKS = 64
+CLOSE_JOIN_S = 1.0
 
 
 @dataclass
@@ -43,10 +48,14 @@ class KvPort:
     fetcher: KvFetcher | None = None
 
     def close(self) -> None:
+        """Stop serving and fetching, and wait (bounded) for both threads: a fetch still running when
+        the process exits would hold the interpreter's exit for up to its timeout."""
+        if self.fetcher is not None:
+            self.fetcher.close()
         if self.server is not None:
             self.server.close()
         if self.fetcher is not None:
-            self.fetcher.close()
+            self.fetcher.join(CLOSE_JOIN_S)
 
 
 class InstanceKv:
@@ -59,6 +68,7 @@ class InstanceKv:
         self.awaiting: dict[str, _Awaiting] = {}
         self.pins: dict[str, float] = {}  # pin owner (request id) -> when it lapses
         self.report_seq = 0
+        self.num_ticks = 0
         self.sent_address = False
 
     # source side
@@ -96,6 +106,11 @@ class InstanceKv:
         self.awaiting[rid] = _Awaiting(request, future, now + self.timeout_s, waits)
         return waits
 
+    def admitted_while_fetching(self, request_id: str) -> None:
+        """An async fetch's request is in the engine: its prefill takes blocks as they land."""
+        if request_id in self.awaiting:
+            self.engine.expect_kv(request_id)
+
     def finished_fetches(self, now: float) -> tuple[list[GenerateRequest], list[KvTransferRecord]]:
         """Requests whose fetch ended (or timed out) and must now be added, and a record of each fetch."""
         ready: list[GenerateRequest] = []
@@ -109,6 +124,8 @@ class InstanceKv:
             records.append(self._record(waiting.request, outcome))
             if waiting.waits:
                 ready.append(waiting.request)
+            else:
+                self.engine.kv_arrived(rid)  # what landed is taken now; the rest is prefilled
         return ready, records
 
     def _record(self, request: GenerateRequest, outcome: FetchOutcome | None) -> KvTransferRecord:
@@ -129,8 +146,11 @@ class InstanceKv:
     # reports
 
     def report(self) -> KvTierReport | None:
-        """The tier's changes since the last report (None when there are none to tell)."""
-        changes = self.port.tier.drain_changes()
+        """The tier's changes since the last report (None when there are none to tell), or every
+        SNAPSHOT_EVERY_TICKS calls all the keys it holds."""
+        self.num_ticks += 1
+        tier = self.port.tier
+        changes = tier.snapshot() if self.num_ticks % SNAPSHOT_EVERY_TICKS == 0 else tier.drain_changes()
         if not changes and self.sent_address:
             return None
         self.sent_address = True

@@ -21,7 +21,11 @@ EvictionPolicy = Literal["LRU", "FIFO"]
 
 @dataclass(slots=True)
 class TierChanges:
-    """Keys added and removed since the last drain; ``cleared``: everything before was dropped."""
+    """Keys added and removed since the last drain; ``cleared``: everything before was dropped.
+
+    Applied in the order cleared, removed, added, they turn the state before into the state now:
+    a key both admitted and dropped since the last drain is only in ``removed`` (the reader may
+    have held it from an earlier drain), a key dropped and admitted again is in both."""
 
     added: list[TierKey] = field(default_factory=list)
     removed: list[TierKey] = field(default_factory=list)
@@ -29,6 +33,25 @@ class TierChanges:
 
     def __bool__(self) -> bool:
         return bool(self.added or self.removed or self.cleared)
+
+
+@dataclass(slots=True)
+class _Journal:
+    """The changes since the last drain, netted as they happen (dicts: insertion order, O(1) removal)."""
+
+    added: dict[TierKey, None] = field(default_factory=dict)
+    removed: dict[TierKey, None] = field(default_factory=dict)
+    cleared: bool = False
+
+    def admitted(self, key: TierKey) -> None:
+        self.added[key] = None
+
+    def dropped(self, key: TierKey) -> None:
+        self.added.pop(key, None)
+        self.removed[key] = None
+
+    def changes(self) -> TierChanges:
+        return TierChanges(list(self.added), list(self.removed), self.cleared)
 
 
 class TierIndex:
@@ -45,7 +68,7 @@ class TierIndex:
         self._sizes: OrderedDict[TierKey, int] = OrderedDict()  # oldest (next victim) first
         self._pins: dict[str, set[TierKey]] = {}
         self._pin_counts: dict[TierKey, int] = {}
-        self._changes = TierChanges()
+        self._journal = _Journal()
         self.num_evicted = 0
 
     def __contains__(self, key: TierKey) -> bool:
@@ -78,7 +101,7 @@ class TierIndex:
         self.num_evicted += len(victims)
         self._sizes[key] = nbytes
         self.used_bytes += nbytes
-        self._changes.added.append(key)
+        self._journal.admitted(key)
         return victims
 
     def remove(self, key: TierKey) -> bool:
@@ -94,7 +117,7 @@ class TierIndex:
         self._pins.clear()
         self._pin_counts.clear()
         self.used_bytes = 0
-        self._changes = TierChanges(cleared=True)
+        self._journal = _Journal(cleared=True)
         return dropped
 
     def pin(self, owner: str, keys: list[TierKey]) -> int:
@@ -110,7 +133,21 @@ class TierIndex:
         return len(held)
 
     def unpin(self, owner: str) -> None:
-        for key in self._pins.pop(owner, set()):
+        self._release(self._pins.pop(owner, set()))
+
+    def unpin_keys(self, owner: str, keys: list[TierKey]) -> None:
+        """Release ``owner``'s pins of ``keys`` only (a transfer served part of what it pinned)."""
+        held = self._pins.get(owner)
+        if held is None:
+            return
+        released = held.intersection(keys)
+        held.difference_update(released)
+        if not held:
+            del self._pins[owner]
+        self._release(released)
+
+    def _release(self, keys: set[TierKey]) -> None:
+        for key in keys:
             count = self._pin_counts.pop(key, 1) - 1
             if count > 0:
                 self._pin_counts[key] = count
@@ -123,8 +160,8 @@ class TierIndex:
         return list(self._pins)
 
     def drain_changes(self) -> TierChanges:
-        changes, self._changes = self._changes, TierChanges()
-        return changes
+        journal, self._journal = self._journal, _Journal()
+        return journal.changes()
 
     def _victims(self, needed: int) -> list[TierKey] | None:
         if needed <= 0:
@@ -141,4 +178,4 @@ class TierIndex:
 
     def _drop(self, key: TierKey) -> None:
         self.used_bytes -= self._sizes.pop(key)
-        self._changes.removed.append(key)
+        self._journal.dropped(key)

@@ -103,6 +103,28 @@ class KvTier:
             payload = None if tokens is None else self._payload(key, tokens)
             return None if payload is None or tokens is None else (tokens, payload.clone())
 
+    def read_into(self, key: TierKey, out: torch.Tensor) -> tuple[int, ...] | None:
+        """Copy the entry into ``out`` (a peer's staging area) and return its token ids, or None."""
+        with self._lock:
+            tokens = self._tokens.get(key)
+            payload = None if tokens is None else self._payload(key, tokens)
+            if payload is None or tokens is None:
+                return None
+            out.copy_(payload.view(out.shape))
+            return tokens
+
+    def peek_layout(self) -> torch.Tensor | None:
+        """A storage-less tensor with one block's shape and dtype (None while unknown)."""
+        shape, dtype = getattr(self.store, "block_shape", None), getattr(self.store, "dtype", None)
+        if shape is not None and dtype is not None:
+            return torch.empty(shape, dtype=dtype, device="meta")
+        with self._lock:
+            for key in self._tokens:
+                payload = self.store.get(key)
+                if payload is not None:
+                    return torch.empty(payload.shape, dtype=payload.dtype, device="meta")
+        return None
+
     def pin(self, owner: str, keys: list[TierKey]) -> int:
         with self._lock:
             return self.index.pin(owner, keys)
@@ -110,6 +132,10 @@ class KvTier:
     def unpin(self, owner: str) -> None:
         with self._lock:
             self.index.unpin(owner)
+
+    def unpin_keys(self, owner: str, keys: list[TierKey]) -> None:
+        with self._lock:
+            self.index.unpin_keys(owner, keys)
 
     def clear(self) -> None:
         with self._lock:
@@ -120,6 +146,12 @@ class KvTier:
     def drain_changes(self) -> TierChanges:
         with self._lock:
             return self.index.drain_changes()
+
+    def snapshot(self) -> TierChanges:
+        """Every key held, as changes that replace whatever a reader knew (the journal restarts)."""
+        with self._lock:
+            self.index.drain_changes()
+            return TierChanges(added=self.index.keys(), cleared=True)
 
     def keys(self) -> list[TierKey]:
         with self._lock:

@@ -33,7 +33,10 @@ class TierDirectory:
         keys = self._keys.setdefault(instance, set())
         last = self._last_seq.get(instance)
         if last is not None and report_seq != last + 1:
-            self.num_gaps += 1  # a lost report: what it removed may linger; a miss costs only a re-prefill
+            # a lost report: what it removed would linger and be scored. Forget the instance's keys
+            # instead; its next snapshot (psrl.flows.instance_kv) restores them.
+            self.num_gaps += 1
+            cleared = True
         self._last_seq[instance] = report_seq
         if address:
             self.addresses[instance] = address
@@ -46,6 +49,10 @@ class TierDirectory:
         self._keys.pop(instance, None)
         self._last_seq.pop(instance, None)
         self.addresses.pop(instance, None)
+
+    def blocks(self, instance: str) -> set[tuple[int, int]]:
+        """The (version, hash) keys the router believes ``instance``'s tier holds."""
+        return set(self._keys.get(instance, ()))
 
     def num_blocks(self, instance: str) -> int:
         return len(self._keys.get(instance, ()))

@@ -18,8 +18,10 @@ from pathlib import Path
 
 import pytest
 import torch
+import zmq
 
 from psrl.engine import Engine
+from psrl.engine.scheduler import ARRIVING_CHUNK_BLOCKS
 from psrl.kvcache.transfer import KvFetcher
 from tests.engine.conftest import Checkpoint, greedy, make_engine, run_to_completion
 
@@ -99,18 +101,22 @@ def reprefilled(checkpoint: Checkpoint, started: dict) -> tuple[list[int], list[
 
 
 @pytest.mark.parametrize("channel", ["tcp", "nixl"])
+@pytest.mark.parametrize("piece_blocks", [16, 3])
 def test_continuing_from_transferred_kv_matches_a_reprefill(
-    qwen2: Checkpoint, source: tuple[subprocess.Popen[str], dict], channel: str
+    qwen2: Checkpoint, source: tuple[subprocess.Popen[str], dict], channel: str, piece_blocks: int
 ) -> None:
+    """In one piece or several (each landing in the tier on its own, through a reused NIXL slot)."""
     if channel == "nixl":
         pytest.importorskip("nixl")
     _proc, started = source
     target = make_engine(qwen2, num_kv_blocks=40, offload_bytes=8 << 20)
     assert target.kv_tier is not None
-    fetcher = KvFetcher(target.kv_tier, channel)  # type: ignore[arg-type]
+    fetcher = KvFetcher(target.kv_tier, channel, piece_blocks=piece_blocks)  # type: ignore[arg-type]
     keys = target.prefix_keys(PROMPT + started["outputs"])
+    assert fetcher.fetch("warm", started["address"], [], timeout_s=30).error == ""  # connects, moves nothing
     outcome = fetcher.fetch("t1", started["address"], keys, timeout_s=30)
     fetcher.close()
+    assert fetcher.join(30.0)
     assert outcome.error == ""
     assert outcome.num_blocks == min(len(keys), started["keys"]) > 0
     tokens, logprobs = continue_on(target, started)
@@ -131,11 +137,55 @@ def test_no_entry_crosses_versions_in_a_transfer(qwen2: Checkpoint, source: tupl
     assert len(target.kv_tier) == 0
 
 
-def test_pin_sync_pins_are_released_once_served(qwen2: Checkpoint, source: tuple[subprocess.Popen[str], dict]) -> None:
-    proc, started = source
+def test_async_prefill_takes_the_blocks_that_land_while_it_runs(
+    qwen2: Checkpoint, source: tuple[subprocess.Popen[str], dict]
+) -> None:
+    """The target starts prefilling before the transfer lands (async): the chunks after it landed are
+    loaded, not computed, and the tokens are those of a full re-prefill."""
+    _, started = source
+    target = make_engine(qwen2, num_kv_blocks=40, offload_bytes=8 << 20, max_num_batched_tokens=64)
+    assert target.kv_tier is not None
+    target.add_request("r", PROMPT, greedy(NUM_TOKENS), prior_output_ids=started["outputs"],
+                       prior_logprobs=started["logprobs"], prior_versions=started["versions"])  # fmt: skip
+    target.expect_kv("r")
+    target.step()  # the first short chunk, computed: nothing has landed
+    fetcher = KvFetcher(target.kv_tier, piece_blocks=3)
+    outcome = fetcher.fetch("t5", started["address"], target.prefix_keys(PROMPT + started["outputs"]), 30)
+    fetcher.close()
+    assert outcome.error == "" and outcome.num_blocks > 0
+    target.kv_arrived("r")  # takes the landed blocks past the first chunk
+    results, _ = run_to_completion(target)
+    status = target.status()
+    loaded_blocks = outcome.num_blocks - ARRIVING_CHUNK_BLOCKS  # all but those of the first chunk
+    assert status.num_tier_loaded_tokens == status.num_prefix_hit_tokens == loaded_blocks * 4 > 0
+    want_tokens, want_logprobs = reprefilled(qwen2, started)
+    assert results["r"].output_ids == want_tokens
+    assert torch.allclose(torch.tensor(results["r"].logprobs), torch.tensor(want_logprobs), atol=1e-4)
+
+
+def test_close_ends_a_fetch_in_flight(qwen2: Checkpoint) -> None:
+    """A fetch from a source that never answers ends when the fetcher closes, not at its timeout
+    (an instance stopping with a fetch in flight would otherwise hold its exit that long)."""
     target = make_engine(qwen2, num_kv_blocks=40, offload_bytes=8 << 20)
     assert target.kv_tier is not None
     fetcher = KvFetcher(target.kv_tier)
+    silent = fetcher._context.socket(zmq.ROUTER)
+    port = silent.bind_to_random_port("tcp://127.0.0.1")
+    try:
+        future = fetcher.start("t6", f"tcp://127.0.0.1:{port}", target.prefix_keys(PROMPT), timeout_s=3600)
+        fetcher.close()
+        assert fetcher.join(60.0)
+        assert "closing" in future.result().error
+    finally:
+        silent.close(0)
+
+
+def test_pin_sync_pins_are_released_once_served(qwen2: Checkpoint, source: tuple[subprocess.Popen[str], dict]) -> None:
+    """Piece by piece: each piece unpins what it served, the last one leaves nothing pinned."""
+    proc, started = source
+    target = make_engine(qwen2, num_kv_blocks=40, offload_bytes=8 << 20)
+    assert target.kv_tier is not None
+    fetcher = KvFetcher(target.kv_tier, piece_blocks=3)
     outcome = fetcher.fetch("t3", started["address"], target.prefix_keys(PROMPT + started["outputs"]), 30,
                             release_pin=PIN)  # fmt: skip
     fetcher.close()
@@ -160,3 +210,34 @@ def test_a_dead_source_falls_back_to_reprefill_and_loses_nothing(qwen2: Checkpoi
     want_tokens, want_logprobs = reprefilled(qwen2, started)
     assert tokens == want_tokens and len(tokens) == NUM_TOKENS
     assert torch.allclose(torch.tensor(logprobs), torch.tensor(want_logprobs), atol=1e-4)
+
+
+def test_a_failed_nixl_write_is_answered_and_the_server_keeps_serving(qwen2: Checkpoint) -> None:
+    """NIXL's errors are not RuntimeErrors: one from a bad peer used to end the server's thread, and
+    with it every later fetch from that instance."""
+    pytest.importorskip("nixl")
+    from psrl.kvcache.transfer import KvServer
+    from psrl.kvcache.transfer.wire import ENCODER, REPLY_DECODER, FetchRequest
+
+    source = make_engine(qwen2, num_kv_blocks=40, offload_bytes=8 << 20)
+    assert source.kv_tier is not None
+    source.add_request("r", PROMPT, greedy(2))
+    run_to_completion(source)
+    keys = source.export_prefix_kv(PROMPT)
+    server = KvServer(source.kv_tier)
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    try:
+        sock.connect(server.address)
+        sock.send(ENCODER.encode(FetchRequest("bad", keys, "nixl", "", "nobody", b"not metadata", 4096, 1 << 20)))
+        assert sock.poll(60_000)
+        reply = REPLY_DECODER.decode(sock.recv_multipart()[0])
+        assert reply.error.startswith("nixl write failed") and reply.keys == []
+        target = make_engine(qwen2, num_kv_blocks=40, offload_bytes=8 << 20)
+        assert target.kv_tier is not None
+        fetcher = KvFetcher(target.kv_tier)
+        outcome = fetcher.fetch("good", server.address, keys, 60)
+        fetcher.close()
+        assert outcome.error == "" and outcome.num_blocks == len(keys) > 0
+    finally:
+        sock.close(0)
+        server.close()

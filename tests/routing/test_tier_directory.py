@@ -24,8 +24,13 @@ def test_clear_and_gaps() -> None:
     directory = TierDirectory(4, lambda _: 0)
     hashes = prefix_hashes(TOKENS, 4)
     directory.apply("a", "tcp://a", [(0, h) for h in hashes], [], False, 1)
-    directory.apply("a", "", [(0, hashes[0])], [], True, 3)
+    directory.apply("a", "", [(0, hashes[0])], [], True, 2)
     assert directory.match(TOKENS) == {"a": 4}
-    assert directory.num_gaps == 1
+    directory.apply("a", "", [(0, h) for h in hashes[1:]], [], False, 3)
+    assert directory.num_gaps == 0 and directory.match(TOKENS) == {"a": 40}
+    # report 4 is lost: what it removed must not be scored; the instance's keys are forgotten
+    directory.apply("a", "", [(0, hashes[0])], [], False, 5)
+    assert directory.num_gaps == 1 and directory.blocks("a") == {(0, hashes[0])}
+    assert directory.match(TOKENS) == {"a": 4}
     directory.remove("a")
     assert directory.match(TOKENS) == {} and not directory.addresses

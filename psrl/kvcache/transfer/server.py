@@ -40,6 +40,9 @@ class KvServer:
     def close(self) -> None:
         self._stop.set()
         self._thread.join(timeout=2.0)
+        if self._thread.is_alive():  # inside a write: its socket and staging buffer go with the process
+            log.warning("kv_server_still_writing")
+            return
         self._socket.close(0)
         if self._nixl is not None:
             self._nixl.close()
@@ -60,23 +63,34 @@ class KvServer:
             self._answer(identity, request)
 
     def _answer(self, identity: Any, request: FetchRequest) -> None:
-        keys, tokens, payloads = self._gather(request)
-        if request.release_pin:
-            self.tier.unpin(request.release_pin)
-        shape = list(payloads[0].shape) if payloads else []
-        dtype = str(payloads[0].dtype).removeprefix("torch.") if payloads else ""
-        error = ""
-        frames: list[Any] = []
-        if request.channel == "nixl" and payloads:
-            try:
-                self._nixl_writer().write(payloads, request)
-            except (RuntimeError, ValueError) as exc:  # NIXL errors are RuntimeError subclasses
-                keys, tokens, error = [], [], f"nixl write failed: {exc}"
-        elif payloads:
+        if request.channel == "nixl":
+            keys, tokens, frames, meta, error = self._answer_nixl(request)
+        else:
+            keys, tokens, payloads = self._gather(request)
             frames = [p.contiguous().numpy().data.cast("B") for p in payloads]
-        reply = FetchReply(request.transfer_id, keys, tokens, shape, dtype, error)
+            meta, error = _block_meta(payloads[0] if payloads else None), ""
+        if request.release_pin:  # pin_sync: what is served (or will not be asked for) may go
+            if len(keys) < len(request.keys):
+                self.tier.unpin(request.release_pin)
+            else:
+                self.tier.unpin_keys(request.release_pin, keys)
+        reply = FetchReply(request.transfer_id, keys, tokens, meta[0], meta[1], error)
         self._socket.send_multipart([identity, ENCODER.encode(reply), *frames], copy=False)
         self.num_served_blocks += len(keys)
+
+    def _answer_nixl(
+        self, request: FetchRequest
+    ) -> tuple[list[tuple[int, int]], list[list[int]], list[Any], tuple[list[int], str], str]:
+        """Copy the blocks once, from the tier into the registered staging buffer, and WRITE them."""
+        try:
+            writer = self._nixl_writer()
+            writer.connect(request)  # also for a request of no keys: a fetcher warming up
+            keys, tokens, first, nbytes = self._gather_into(writer, request)
+            if keys:
+                writer.write_staged(nbytes, request)
+        except Exception as exc:  # NIXL's errors subclass Exception only; any of them must become an answer
+            return [], [], [], ([], ""), f"nixl write failed: {type(exc).__name__}: {exc}"
+        return keys, tokens, [], _block_meta(first), ""
 
     def _gather(self, request: FetchRequest) -> tuple[list[tuple[int, int]], list[list[int]], list[torch.Tensor]]:
         keys, tokens, payloads = [], [], []
@@ -89,10 +103,39 @@ class KvServer:
             payloads.append(entry[1])
         return keys, tokens, payloads
 
+    def _gather_into(
+        self, writer: NixlWriter, request: FetchRequest
+    ) -> tuple[list[tuple[int, int]], list[list[int]], torch.Tensor | None, int]:
+        """The blocks asked for (a gapless prefix) copied back to back into the writer's staging buffer;
+        (keys, token ids, the first block as a shape/dtype sample, bytes staged)."""
+        keys: list[tuple[int, int]] = []
+        tokens: list[list[int]] = []
+        sample = self.tier.peek_layout()
+        if sample is None or not request.keys:
+            return keys, tokens, None, 0
+        block_bytes = sample.numel() * sample.element_size()
+        room = min(len(request.keys), request.dst_bytes // block_bytes)
+        staging = writer.stage(room * block_bytes)
+        for index, key in enumerate(request.keys[:room]):
+            out = staging[index * block_bytes : (index + 1) * block_bytes].view(sample.dtype).view(sample.shape)
+            entry_tokens = self.tier.read_into(key, out)
+            if entry_tokens is None:
+                break
+            keys.append(key)
+            tokens.append(list(entry_tokens))
+        return keys, tokens, sample, len(keys) * block_bytes
+
     def _nixl_writer(self) -> NixlWriter:
         if self._nixl is None:
             self._nixl = NixlWriter("kv-server")
         return self._nixl
+
+
+def _block_meta(block: torch.Tensor | None) -> tuple[list[int], str]:
+    """A block's shape and dtype name as the reply states them (empty without blocks)."""
+    if block is None:
+        return [], ""
+    return list(block.shape), str(block.dtype).removeprefix("torch.")
 
 
 def msgspec_errors() -> type[Exception]:

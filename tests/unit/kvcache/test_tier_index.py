@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from psrl.kvcache import TierIndex
@@ -14,8 +16,31 @@ def test_lru_evicts_the_least_recently_used_and_journals_it() -> None:
     index.touch((0, 1))
     assert index.admit((0, 4), 100) == [(0, 2)]
     changes = index.drain_changes()
-    assert changes.added == [(0, 1), (0, 2), (0, 3), (0, 4)] and changes.removed == [(0, 2)]
+    assert changes.added == [(0, 1), (0, 3), (0, 4)] and changes.removed == [(0, 2)]
     assert not index.drain_changes()
+
+
+def test_the_journal_replays_to_the_tier_through_churn() -> None:
+    """Keys admitted and evicted (or evicted and readmitted) between two drains: a reader that
+    applies each drain (cleared, removed, added) holds exactly the tier's keys, never an evicted one."""
+    rng = random.Random(7)
+    index = TierIndex(10 * 100)
+    view: set[tuple[int, int]] = set()
+    for _ in range(300):
+        for _ in range(rng.randint(0, 8)):
+            action = rng.random()
+            if action < 0.8:
+                index.admit((rng.randint(0, 1), rng.randint(0, 25)), 100)
+            elif action < 0.95:
+                index.remove((rng.randint(0, 1), rng.randint(0, 25)))
+            else:
+                index.clear()
+        changes = index.drain_changes()
+        if changes.cleared:
+            view.clear()
+        view.difference_update(changes.removed)
+        view.update(changes.added)
+        assert view == set(index.keys())
 
 
 def test_fifo_ignores_hits() -> None:
@@ -76,3 +101,14 @@ def test_pins_stop_at_the_budget() -> None:
         index.admit((0, h), 10)
     assert index.pin("a", [(0, 0), (0, 1), (0, 2)]) == 2
     assert index.pin("b", [(0, 1), (0, 3)]) == 1  # (0, 1) is already pinned: sharing costs no budget
+
+
+def test_unpinning_some_keys_keeps_the_rest_pinned() -> None:
+    index = TierIndex(1000)
+    for h in range(3):
+        index.admit((0, h), 10)
+    index.pin("t", [(0, 0), (0, 1), (0, 2)])
+    index.unpin_keys("t", [(0, 0), (0, 1)])
+    assert not index.is_pinned((0, 0)) and index.is_pinned((0, 2)) and index.pin_owners == ["t"]
+    index.unpin_keys("t", [(0, 2)])
+    assert not index.is_pinned((0, 2)) and index.pin_owners == []
