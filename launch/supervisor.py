@@ -40,6 +40,7 @@ from bus.messages import (
 from bus.schema import Event
 from bus.security import generate_keys, load_keys
 from launch.hosts import HostsFile
+from launch.liveness import Liveness
 from launch.placement import memory_saver_preload, visible_gpus
 from launch.plan import ActorSpec, plan_actors, plan_endpoints
 from launch.policy import RestartPolicy, Verdict
@@ -92,6 +93,8 @@ class Supervisor:
         self.end_reason: str | None = None
         self.exit_code = EXIT_OK
         self.is_stopping = False
+        self._last_check = time.monotonic()  # when the watch loop last looked at heartbeats
+        self._in_stall = False
         self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
         self.dead_reasons: dict[str, str] = {}
 
@@ -264,6 +267,7 @@ class Supervisor:
     # ------------------------------------------------------------------ watch
 
     def _watch(self) -> None:
+        self._last_check = time.monotonic()
         while not self.is_stopping:
             self._pump_events(WATCH_INTERVAL_S)
             self._check_processes()
@@ -304,10 +308,15 @@ class Supervisor:
 
     def _check_processes(self) -> None:
         now = time.monotonic()
+        watcher_gap_s, self._last_check = now - self._last_check, now
         limit_s = self.config.bus.heartbeat_interval_ms * self.config.bus.heartbeat_misses / 1000
+        liveness = Liveness(limit_s)
+        silences = {n: now - p.last_heartbeat for n, p in self.processes.items() if p.is_ready and p.poll() is None}
+        self._note_stall(liveness, silences, watcher_gap_s)
+        silent = set(liveness.dead(silences, watcher_gap_s))
         for name, process in list(self.processes.items()):
             code = process.poll()
-            if code is None and process.is_ready and now - process.last_heartbeat > limit_s:
+            if code is None and name in silent:
                 self.log.warning("missed heartbeats", actor=name, silent_s=round(now - process.last_heartbeat, 2))
                 process.signal(signal.SIGKILL)
                 process.wait(2.0)
@@ -315,6 +324,16 @@ class Supervisor:
                 self.dead_reasons.setdefault(name, f"no heartbeat for {now - process.last_heartbeat:.1f} s")
             if code is not None:
                 self._on_death(process, code)
+
+    def _note_stall(self, liveness: Liveness, silences: dict[str, float], watcher_gap_s: float) -> None:
+        """Logs once per episode that actors went silent together (the machine, not them: see launch.liveness)."""
+        overdue = max(silences.values(), default=0.0) > liveness.limit_s
+        stalled = overdue and liveness.is_machine_stall(silences, watcher_gap_s)
+        if stalled and not self._in_stall:
+            late = {name: round(s, 2) for name, s in silences.items() if s > liveness.limit_s / 2}
+            self.log.warning("machine stall: actors silent together get a longer heartbeat limit",
+                             watcher_gap_s=round(watcher_gap_s, 2), silent_s=late)  # fmt: skip
+        self._in_stall = stalled
 
     def _on_death(self, process: ActorProcess, code: int) -> None:
         spec = process.spec

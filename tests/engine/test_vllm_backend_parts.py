@@ -19,7 +19,7 @@ from psrl.engine.request_checks import PriorOutputs
 from psrl.engine.sequence import FinishReason
 from psrl.engine.vllm_backend.args import OWNED, VllmEngineArgs
 from psrl.engine.vllm_backend.requests import TrackedRequest, vllm_sampling_kwargs
-from psrl.engine.vllm_backend.stats import VllmStatistics
+from psrl.engine.vllm_backend.stats import THROUGHPUT_WINDOW_S, VllmStatistics
 from psrl.engine.vllm_backend.weights import checked_update, checkpoint_shapes
 from psrl.models import WeightLoadError
 
@@ -103,3 +103,14 @@ def test_statistics_follow_what_vllm_reports_each_step() -> None:
     stats.record(scheduler_stats(queries=32, hits=0, reset=True), iteration_stats(generated=4, preempted=1))
     assert (stats.num_prefix_queried_tokens, stats.num_prefix_hit_tokens) == (32, 0)
     assert stats.num_preemptions_total == 1 and stats.num_generated_tokens_total == 8 and stats.tokens_per_s > 0
+
+
+def test_an_idle_engine_reports_no_throughput_once_the_window_has_passed() -> None:
+    now = [100.0]
+    stats = VllmStatistics(clock=lambda: now[0])
+    for _ in range(3):
+        stats.record(scheduler_stats(queries=0, hits=0), iteration_stats(generated=8))
+        now[0] += 0.5
+    assert stats.tokens_per_s == 16 / 1.0  # the two later steps' tokens over the 1 s between the first and last
+    now[0] += THROUGHPUT_WINDOW_S + 0.1  # no step since: the engine went idle
+    assert stats.tokens_per_s == 0.0

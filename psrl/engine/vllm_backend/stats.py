@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 THROUGHPUT_WINDOW_S = 5.0
 
 
 class VllmStatistics:
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
         self.num_running = 0
         self.num_waiting = 0
         self.kv_cache_usage = 0.0
@@ -61,13 +63,16 @@ class VllmStatistics:
         self.num_prefix_hit_tokens += prefix.hits + getattr(prefix, "preempted_hits", 0)
 
     def _record_iteration(self, stats: Any) -> None:
-        now = time.monotonic()
+        now = self._clock()
         generated = stats.num_generation_tokens
         self.num_generated_tokens_total += generated
         self.num_preemptions_total += stats.num_preempted_reqs
         self.last_step_tokens += stats.num_prompt_tokens + generated
         self._recent_steps.append((now, generated))
-        while self._recent_steps and now - self._recent_steps[0][0] > THROUGHPUT_WINDOW_S:
+        self._forget_steps_before(now - THROUGHPUT_WINDOW_S)
+
+    def _forget_steps_before(self, cutoff: float) -> None:
+        while self._recent_steps and self._recent_steps[0][0] < cutoff:
             self._recent_steps.popleft()
 
     def take_step_tokens(self) -> int:
@@ -81,6 +86,9 @@ class VllmStatistics:
 
     @property
     def tokens_per_s(self) -> float:
+        """Tokens generated per second over the last THROUGHPUT_WINDOW_S; 0 once the engine has been idle
+        that long (the window is cut at read time too, or an idle engine would report its last busy rate)."""
+        self._forget_steps_before(self._clock() - THROUGHPUT_WINDOW_S)
         steps = self._recent_steps
         if len(steps) < 2:
             return 0.0
