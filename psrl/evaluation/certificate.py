@@ -108,9 +108,10 @@ class _Seen:
     """What the generation events say about one trajectory id."""
 
     router_launch: int = -1  # a resumed run's router sends an unfinished request again, from scratch
-    num_requests: int = 0
-    num_errors: int = 0
-    first_prompt_length: int = -1
+    num_requests: int = 0  # of the current turn (a multi-turn session's turns are one trajectory)
+    num_errors: int = 0  # of the current turn
+    first_prompt_length: int = -1  # of the current turn
+    is_turn_done: bool = False  # the last result finished a turn: the next request starts a new one
     is_continued: bool = False
     is_interrupted: bool = False
     instances: set[str] = field(default_factory=set)
@@ -142,6 +143,10 @@ class Derivation:
             seen = self.seen[message.request_id]
             if seen.router_launch != launch_of(incarnation):
                 seen = self.seen[message.request_id] = _Seen(router_launch=launch_of(incarnation))
+            if seen.is_turn_done:  # a session's next turn, not a re-send of the finished one
+                seen.is_interrupted = seen.is_interrupted or _was_resent(seen)
+                seen.num_requests = seen.num_errors = 0
+                seen.first_prompt_length, seen.is_turn_done = -1, False
             seen.num_requests += 1
             if seen.first_prompt_length < 0:
                 seen.first_prompt_length = len(message.prompt_token_ids)
@@ -151,6 +156,7 @@ class Derivation:
         elif isinstance(message, GenerateResult):
             seen = self.seen[message.request_id]
             seen.instances.add(message.instance)
+            seen.is_turn_done = message.finish_reason in (FinishReason.STOP, FinishReason.LENGTH)
             if message.finish_reason == FinishReason.ERROR:
                 seen.num_errors += 1
             elif message.finish_reason == FinishReason.ABORT and message.error in INTERRUPTIONS:
@@ -172,10 +178,14 @@ class Derivation:
         return (TrajectoryFlags(0), set()) if seen is None else (_flags(seen), set(seen.instances))
 
 
+def _was_resent(seen: _Seen) -> bool:
+    """The current turn was sent again without an interrupting result: its instance was lost."""
+    return seen.num_requests > 1 + seen.num_errors
+
+
 def _flags(seen: _Seen) -> TrajectoryFlags:
     flags = TrajectoryFlags(0)
-    # a request sent again without an interrupting result: its instance was lost
-    if seen.is_interrupted or seen.num_requests > 1 + seen.num_errors:
+    if seen.is_interrupted or _was_resent(seen):
         flags |= TrajectoryFlags.INTERRUPTED
     if seen.is_continued:
         flags |= TrajectoryFlags.CONTINUED

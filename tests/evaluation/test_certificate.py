@@ -92,6 +92,32 @@ def test_derivation_from_events_matches_what_the_router_recorded() -> None:
     assert derivation.trajectory(99) is None  # never generated: the check disagrees
 
 
+def test_a_sessions_next_turn_is_neither_an_interruption_nor_a_continuation() -> None:
+    """Each turn of a multi-turn session is a new request of the same trajectory, its prompt grown by the
+    previous turn and the environment's reply: the router records no flag for that, nor may the replay."""
+    sampling = SamplingParams(max_tokens=8)
+    derivation = Derivation()
+    for turn, prompt_length in enumerate((3, 9)):
+        request = GenerateRequest(request_id=6, prompt_id=3, prompt_token_ids=np.ones(prompt_length, I32),
+                                  sampling=sampling)  # fmt: skip
+        result = GenerateResult(request_id=6, prompt_id=3, token_ids=np.asarray([5, 6], I32),
+                                logprobs=np.zeros(2, np.float32), versions=np.asarray([turn, turn], I32),
+                                finish_reason=FinishReason.STOP, instance="a")  # fmt: skip
+        derivation.observe(request, "router.link")
+        derivation.observe(result, "a-router.link")
+    derivation.observe(
+        TrajectoryDone(request_id=6, prompt_id=3, v_traj=0, token_ids=np.ones(10, I32),
+                       logprobs=np.zeros(10, np.float32), versions=np.asarray([0] * 8 + [1, 1], I32),
+                       finish_reason=FinishReason.STOP, instance="a"),  # fmt: skip
+        "router.link",
+    )
+    assert derivation.trajectory(6) == (6, 0, 0, 1, 0)
+    # an interruption inside a later turn is still seen
+    for message, sender in events(6)[1:4]:
+        derivation.observe(message, sender)
+    assert derivation.flags_so_far(6)[0] & TrajectoryFlags.INTERRUPTED
+
+
 def test_the_study_table_compares_with_synchronous_at_equal_steps() -> None:
     runs = [StudyRun("sync", s, {0: 0.2, 10: 0.4 + s / 100}, 0.5, 100.0, 0.0, 0.0, 4.0) for s in range(2)]
     runs += [StudyRun("s2_tis", s, {0: 0.2, 10: 0.38}, 0.5, 50.0, 2.0, 0.01, 4.0) for s in range(2)]

@@ -34,10 +34,9 @@ def launch(tmp_path: Path, preset: str, overrides: list[str]) -> Path:
     return tmp_path / "run"
 
 
-def assert_replay_agrees(run: Path, known_broken: tuple[str, ...] = ()) -> None:
+def assert_replay_agrees(run: Path) -> None:
     for checker in replay_run(run, ["all"]).checkers:
-        if checker.name not in known_broken:
-            assert checker.agreement.num_disagree == 0, (checker.name, checker.agreement.disagreements[:3])
+        assert checker.agreement.num_disagree == 0, (checker.name, checker.agreement.disagreements[:3])
 
 
 def kinds(run: Path) -> list[type]:
@@ -57,7 +56,4 @@ def test_reasoning_with_kv_transfer_exits_and_replays(tmp_path: Path) -> None:
 def test_agentic_with_the_tier_exits_and_replays(tmp_path: Path) -> None:
     run = launch(tmp_path, "agentic", ["psrl.lmcache.enable=True"])
     assert KvTierReport in kinds(run) and KvTransferRecord not in kinds(run)
-    # the staleness checker disagrees with every certificate of an agentic run with or without the
-    # tier (`psrl launch agentic trainer.total_steps=3` in the main venv, then `psrl replay RUN
-    # --check staleness`: 0 of 3 agree, 2026-12-02): a multi-turn matter, not the tier's
-    assert_replay_agrees(run, known_broken=("staleness",))
+    assert_replay_agrees(run)
