@@ -105,12 +105,10 @@ def test_a_sessions_next_turn_is_neither_an_interruption_nor_a_continuation() ->
                                 finish_reason=FinishReason.STOP, instance="a")  # fmt: skip
         derivation.observe(request, "router.link")
         derivation.observe(result, "a-router.link")
-    derivation.observe(
-        TrajectoryDone(request_id=6, prompt_id=3, v_traj=0, token_ids=np.ones(10, I32),
-                       logprobs=np.zeros(10, np.float32), versions=np.asarray([0] * 8 + [1, 1], I32),
-                       finish_reason=FinishReason.STOP, instance="a"),  # fmt: skip
-        "router.link",
-    )
+    done = TrajectoryDone(request_id=6, prompt_id=3, v_traj=0, token_ids=np.ones(10, I32),
+                          logprobs=np.zeros(10, np.float32), versions=np.asarray([0] * 8 + [1, 1], I32),
+                          finish_reason=FinishReason.STOP, instance="a")  # fmt: skip
+    derivation.observe(done, "router.link")
     assert derivation.trajectory(6) == (6, 0, 0, 1, 0)
     # an interruption inside a later turn is still seen
     for message, sender in events(6)[1:4]:
