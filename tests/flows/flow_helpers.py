@@ -7,6 +7,8 @@ signal. Everything else under test is the real flow.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from bus.messages import (
@@ -17,6 +19,8 @@ from bus.messages import (
     SamplingParams,
     TrajectoryDone,
 )
+from bus.schema import Event, Message
+from bus.stamp import Stamper
 from psrl.flows.effects import Effect, Publish, Send
 from psrl.tasks.base import Prompt, Reward
 
@@ -107,3 +111,17 @@ def done(request_id: int, n: int, *, num_tokens: int, v_traj: int = 0) -> Trajec
         finish_reason=FinishReason.LENGTH,
         instance="rollout-0",
     )
+
+
+class LoggedEvents:
+    """An event log built in a test: each sender's events stamped in order, as the logger records them."""
+
+    def __init__(self) -> None:
+        self.events: list[Event[Any]] = []
+        self.stampers: dict[str, Stamper] = {}
+
+    def add(self, sender: str, message: Message, incarnation: int = 0) -> Event[Any]:
+        stamper = self.stampers.setdefault(f"{sender}#{incarnation}", Stamper(sender, incarnation))
+        event = Event(stamper.stamp(message), message)
+        self.events.append(event)
+        return event

@@ -3,8 +3,6 @@ and only what the predecessor had not done yet is done."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from bus.messages import (
     BufferReady,
     Consume,
@@ -16,29 +14,18 @@ from bus.messages import (
     TrainerProgress,
     WeightsPublished,
 )
-from bus.schema import Event, Message
-from bus.stamp import Stamper
+from bus.schema import Message
 from psrl.config import load_config
 from psrl.flows.coordinator import CoordinatorFlow
 from psrl.flows.coordinator_recovery import replay_coordinator
 from psrl.flows.effects import Effect, Publish, Send
-from tests.flows.flow_helpers import FixedPrompts, done, sent
+from tests.flows.flow_helpers import FixedPrompts, LoggedEvents, done, sent
 
 SMALL = ["psrl.staleness_buffer_entries=2", "psrl.rollout_n=2", "psrl.staleness=1", "actor.ppo_mini_batch_size=2"]
 N = 2
 
 
-class Log:
-    def __init__(self) -> None:
-        self.events: list[Event[Any]] = []
-        self.stampers: dict[str, Stamper] = {}
-
-    def add(self, sender: str, message: Message, incarnation: int = 0) -> Event[Any]:
-        stamper = self.stampers.setdefault(f"{sender}#{incarnation}", Stamper(sender, incarnation))
-        event = Event(stamper.stamp(message), message)
-        self.events.append(event)
-        return event
-
+class Log(LoggedEvents):
     def coordinator(self, effects: list[Effect]) -> list[Effect]:
         """What the coordinator did, as its links and publisher log it (chunks are not logged)."""
         for effect in effects:

@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 
 from bus.messages import Abort, GenerateRequest, GroupComplete, LedgerOp, RouterStatus, TrajectoryDone
-from bus.schema import Event, Message
+from bus.schema import Event
 from bus.stamp import Stamper
 from psrl.config import load_config
 from psrl.flows.effects import Effect, Publish, Send
@@ -15,25 +15,18 @@ from psrl.flows.router import RECALL_TIMEOUT_S, RouterFlow
 from psrl.flows.router_recovery import RECALL, RouterRecovery, rebuild_router
 from psrl.replay.ledger_state import LedgerReplay
 from psrl.staleness.types import LedgerSizes
-from tests.flows.flow_helpers import request, result, sent, status
+from tests.flows.flow_helpers import LoggedEvents, request, result, sent, status
 
 SMALL = ["psrl.staleness_buffer_entries=2", "psrl.rollout_n=2", "psrl.staleness=1", "actor.ppo_mini_batch_size=2"]
 N = 2
 
 
-class Log:
+class Log(LoggedEvents):
     """The event log of a router's life: its effects, the coordinator's and the instances' messages."""
 
     def __init__(self, router_incarnation: int = 0) -> None:
-        self.events: list[Event[Any]] = []
-        self.stampers: dict[str, Stamper] = {}
+        super().__init__()
         self.router_incarnation = router_incarnation
-
-    def add(self, sender: str, message: Message, incarnation: int = 0) -> Event[Any]:
-        stamper = self.stampers.setdefault(f"{sender}#{incarnation}", Stamper(sender, incarnation))
-        event = Event(stamper.stamp(message), message)
-        self.events.append(event)
-        return event
 
     def router(self, effects: list[Effect]) -> list[Effect]:
         for effect in effects:
