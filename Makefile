@@ -10,7 +10,7 @@ KV_VENV := .venv-kv
 KV_BIN := $(KV_VENV)/bin
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: install install-kv install-vllm check lint imports types test test-gpu test-slow test-kv bench-kv chaos chaos-full fuzz test-multihost test-wheel test-vllm test-all demo docs bench clean
+.PHONY: install install-kv install-vllm check lint imports types test test-gpu test-slow test-kv bench-kv test-restart chaos chaos-full fuzz test-multihost test-wheel test-vllm test-all demo docs bench clean
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -75,6 +75,10 @@ test-slow: install
 chaos: install
 	$(PYTEST) -m chaos
 	$(BIN)/python tools/chaos.py --quick
+
+# the router and the coordinator SIGKILLed mid-run, replaced, nothing lost (about 3 min on 2 cores; CI runs it)
+test-restart: install
+	$(PYTEST) -m chaos tests/system/test_restart.py
 
 # >= 200 faults: 25 runs of 8 (an hour or more on 2 cores); figures in docs/reliability.md
 chaos-full: install
