@@ -22,6 +22,8 @@ from dataclasses import dataclass
 
 from psrl.tms.regions import ROLLOUT, SIDES, TRAINER
 
+START_RETRY_S = 0.5  # the run's first pause, sent before the actors subscribed: re-sent soon
+
 
 @dataclass(frozen=True, slots=True)
 class SwitchCommand:
@@ -114,8 +116,13 @@ class ColocationSwitch:
         return []
 
     def retry(self, now: float) -> list[SwitchCommand]:
-        """The pause again for the actors that have not answered within ``retry_after_s``."""
-        if not self.waiting or now - self.sent_s < self.retry_after_s:
+        """The pause again for the actors that have not answered within ``retry_after_s``.
+
+        The first switch is sent while the actors are still starting, before they subscribe, so it is
+        re-sent after ``START_RETRY_S`` (a pause repeated to an actor that got it is answered again,
+        harmlessly); later ones wait ``retry_after_s``, since a first pause may page-lock gigabytes."""
+        interval = self.retry_after_s if self.holder is not None else min(self.retry_after_s, START_RETRY_S)
+        if not self.waiting or now - self.sent_s < interval:
             return []
         self.sent_s = now
         side = self._other(self.going_to)

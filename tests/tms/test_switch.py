@@ -97,3 +97,14 @@ def test_resumed_run_starts_from_its_trained_version() -> None:
     switch.switched("trainer-0", "pause", 0.0)
     assert switch.handed_over(2, 1.0) == []  # an old buffer: already trained
     assert actions(switch.handed_over(3, 1.0)) == [("pause", ROLLOUT)]
+
+
+def test_the_first_pause_is_sent_again_soon_since_the_actors_may_not_listen_yet() -> None:
+    switch = make()
+    assert actions(switch.start(0.0)) == [("pause", TRAINER)]
+    assert switch.retry(0.2) == []
+    assert actions(switch.retry(0.6)) == [("pause", TRAINER)]
+    switch.switched("trainer-0", "pause", 0.7)
+    switch.handed_over(0, 1.0)
+    switch.switched("rollout-0", "pause", 1.1)
+    assert switch.retry(2.0) == []  # later switches wait the full interval
