@@ -68,8 +68,8 @@ class Actor(Section):
     )
     gradient_checkpointing: bool = field(
         False,
-        "Keep only each transformer layer's input for the backward pass and recompute the rest (activation "
-        "memory of long responses drops by about the layer count; the update costs one more forward).",
+        "Policy and critic keep only each transformer layer's input for the backward pass and recompute the "
+        "rest (activation memory of long responses drops by about the layer count; one more forward per update).",
     )
 
 

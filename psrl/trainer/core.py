@@ -112,7 +112,10 @@ class TrainerCore:
             self.reference = load_reference(directory, dtype, device) if config.algorithm.kl_loss_coef > 0 else None
             self.critic = None
             if config.algorithm.adv_estimator == "gae":
-                self.critic = self._trainable("critic", load_critic(directory, dtype, device), config.critic.lr)
+                critic = load_critic(directory, dtype, device)
+                if config.actor.gradient_checkpointing:
+                    enable_gradient_checkpointing(critic)
+                self.critic = self._trainable("critic", critic, config.critic.lr)
         self.group_size = config.psrl.rollout_n
         self.plan = plan_chunks(
             config.psrl.fine_grain_overlap.granularity,
