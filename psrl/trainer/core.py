@@ -53,7 +53,7 @@ from psrl.trainer.models import (
 from psrl.trainer.optimizer_state import allocate_adam_state
 from psrl.trainer.parallel import ParallelContext
 from psrl.trainer.stages import ForwardModels, TrainerError, advantage_stage, per_sample_stage
-from psrl.trainer.update import UpdateSettings, actor_step, critic_step, denominators
+from psrl.trainer.update import UpdateSettings, actor_step, critic_step, denominators, token_budget_batches
 
 
 @dataclass(frozen=True)
@@ -276,17 +276,23 @@ class TrainerCore:
             groups = state.own[state.num_forwarded : state.num_forwarded + unit]
             started = time.perf_counter()
             with compute_precision(self.parallel.device, self.settings.compute_dtype):
-                per_sample_stage(
-                    [s for g in groups for s in g],
-                    self._forward_models(),
-                    self.config.algorithm,
-                    temperature=self.settings.temperature,
-                    pad_token_id=self.settings.pad_token_id,
-                    parallel=self.parallel,
-                    sums=state.sums,
-                )
+                for part in self._forward_batches([s for g in groups for s in g]):
+                    per_sample_stage(
+                        part,
+                        self._forward_models(),
+                        self.config.algorithm,
+                        temperature=self.settings.temperature,
+                        pad_token_id=self.settings.pad_token_id,
+                        parallel=self.parallel,
+                        sums=state.sums,
+                    )
             state.forward_s += time.perf_counter() - started
             state.num_forwarded += len(groups)
+
+    def _forward_batches(self, samples: list[Sample]) -> list[list[Sample]]:
+        """A forward unit as one batch, or token-budgeted length-sorted batches under actor.use_dynamic_bsz."""
+        budget = self.settings.max_tokens_per_micro_batch
+        return [samples] if budget is None else token_budget_batches(samples, budget)
 
     # ---------------------------------------------------------------- updates
 

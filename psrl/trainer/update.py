@@ -53,11 +53,17 @@ def padded_tokens(samples: Sequence[Sample]) -> int:
     return len(samples) * (prompt + response)
 
 
+def sample_tokens(sample: Sample) -> int:
+    return len(sample.trajectory.prompt_token_ids) + sample.trajectory.num_response_tokens
+
+
 def token_budget_batches(samples: Sequence[Sample], max_tokens: int) -> list[list[Sample]]:
-    """Consecutive samples packed while the padded batch stays within `max_tokens` (a longer sample
-    goes alone). The losses are normalised by the whole mini-batch, so any split gives the same step."""
+    """Samples packed, shortest first, while the padded batch stays within `max_tokens` (a longer
+    sample goes alone). Sorting keeps rows of similar length together: with long-tail responses a
+    micro-batch in arrival order is mostly padding (one 4k-token response pads its neighbours of a
+    few hundred). The losses are normalised by the whole mini-batch, so any split gives the same step."""
     parts: list[list[Sample]] = []
-    for sample in samples:
+    for sample in sorted(samples, key=sample_tokens):
         if parts and padded_tokens([*parts[-1], sample]) <= max_tokens:
             parts[-1].append(sample)
         else:

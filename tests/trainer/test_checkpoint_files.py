@@ -12,7 +12,7 @@ from psrl.engine.args import DEMO_MODEL_DIR
 from psrl.rl import Sample
 from psrl.trainer import TrainerCore
 from psrl.trainer.checkpoint import latest_checkpoint, read_trainer_state
-from psrl.trainer.update import split_to_count, token_budget_batches
+from psrl.trainer.update import sample_tokens, split_to_count, token_budget_batches
 
 from .trainer_helpers import make_buffer, trainer_config
 
@@ -73,7 +73,9 @@ def test_a_half_trained_recompute_buffer_is_dropped_for_a_stop_checkpoint(tiny_m
 def test_token_budget_micro_batches() -> None:
     samples = [Sample(t) for t in make_buffer(0, num_groups=4)]
     parts = token_budget_batches(samples, 24)
-    assert [s for p in parts for s in p] == samples
+    assert sorted(map(id, (s for p in parts for s in p))) == sorted(map(id, samples))
+    packed = [sample_tokens(s) for p in parts for s in p]
+    assert packed == sorted(packed), "rows of similar length share a micro-batch"
     for part in parts:
         rows = len(part)
         longest = max(len(s.trajectory.prompt_token_ids) for s in part) + max(
