@@ -171,6 +171,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=None, help="training steps per phase")
     parser.add_argument("--root", type=Path, default=None, help="where the two run directories go")
     parser.add_argument("--layout", choices=["sync-vs-async", "colocated"], default="sync-vs-async")
+    parser.add_argument("--phases", default="sync,async", help="which phases to run (one alone prints no RESULT)")
     parser.add_argument("overrides", nargs="*", help="config overrides applied to both phases")
     args = parser.parse_args()
     configure("warning")
@@ -181,8 +182,14 @@ def main() -> None:
     if args.layout == "colocated":
         colocated_layout(common, root)
         return
-    results = {name: run_phase(name, [*common, *extra], root) for name, extra in PHASES.items()}
+    phases = args.phases.split(",")
+    unknown = sorted(set(phases) - set(PHASES))
+    if unknown:
+        parser.error(f"--phases: unknown {unknown}; choose from {sorted(PHASES)}")
+    results = {name: run_phase(name, [*common, *PHASES[name]], root) for name in phases}
     print_table(results)
+    if set(results) != set(PHASES):  # one phase only (profiling, a step breakdown): no comparison
+        return
     sync, fast = results["sync"], results["async"]
     speedup = _ratio(fast.trajectories_per_s, sync.trajectories_per_s)
     extra = ""
@@ -233,9 +240,8 @@ def print_table(results: dict[str, RunSummary]) -> None:
     print(f"\n{'':<16}" + "".join(f"{n:>12}" for n in names) + f"{'ratio':>10}")
     for label, attr, fmt in rows:
         values = [_value(getattr(results[n], attr)) for n in names]
-        print(
-            f"{label:<16}" + "".join(f"{fmt.format(v):>12}" for v in values) + f"{_ratio(values[1], values[0]):>10.2f}"
-        )
+        ratio = f"{_ratio(values[1], values[0]):>10.2f}" if len(values) == 2 else ""
+        print(f"{label:<16}" + "".join(f"{fmt.format(v):>12}" for v in values) + ratio)
     for name in names:
         busy = " ".join(f"{k}={v:.2f}" for k, v in results[name].busy_by_instance.items())
         print(f"  {name} busy by instance: {busy}")

@@ -106,7 +106,11 @@ class DecoderModel(nn.Module):
     def __init__(self, spec: ModelSpec, max_positions: int) -> None:
         super().__init__()
         self.spec = spec
-        self.embed_tokens = nn.Embedding(spec.vocab_size, spec.hidden_size)
+        # an explicit weight skips Embedding's random init: on the meta device that init alone costs
+        # seconds of lazy imports at every engine start, for values the checkpoint overwrites
+        self.embed_tokens = nn.Embedding(
+            spec.vocab_size, spec.hidden_size, _weight=torch.empty(spec.vocab_size, spec.hidden_size)
+        )
         self.layers = nn.ModuleList(DecoderLayer(spec) for _ in range(spec.num_layers))
         self.norm = nn.Parameter(torch.empty(spec.hidden_size))
         # [hidden, vocab]; with tied embeddings, a transposed copy kept in step by load_weights
