@@ -136,10 +136,15 @@ class Sampler:
 
     def _suppress_early_stops(self, logits: torch.Tensor, seqs: list[Sequence]) -> None:
         """Forbid end-of-sequence and stop tokens for rows that have not reached min_tokens yet."""
+        rows: list[int] = []
+        token_ids: list[int] = []
         for row, seq in enumerate(seqs):
             stop_ids = self._suppressed_ids(seq)
-            if stop_ids:
-                logits[row, stop_ids] = float("-inf")
+            rows += [row] * len(stop_ids)
+            token_ids += stop_ids
+        if rows:  # one indexed write for the whole batch (one per row cost a device round trip each)
+            device = logits.device
+            logits[torch.tensor(rows, device=device), torch.tensor(token_ids, device=device)] = float("-inf")
 
     def _suppressed_ids(self, seq: Sequence) -> list[int]:
         """Tokens the next sample of `seq` must not be: its stop tokens (and eos) until min_tokens."""

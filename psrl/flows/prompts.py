@@ -75,7 +75,9 @@ class TaskPrompts:
             temperature=task.temperature,
             top_p=task.top_p,
             top_k=task.top_k,
-            stop_token_ids=self.stop_token_ids,
+            # a forced length ends only at its length: no stop token, none masked either, so the tokens
+            # are samples of the unmodified policy (and the engine keeps its on-device decode rounds)
+            stop_token_ids=self.stop_token_ids if length is None else [],
             seed=(task.seed * 1_000_003 + request_id) % (2**31),
             min_tokens=length or 0,
             ignore_eos=length is not None,
