@@ -4,8 +4,8 @@ Real reasoning traces have a heavy tail: most responses are short, a few run to 
 limit and dominate a synchronous step. A log-normal with the configured median and sigma,
 capped at ``max_response_length``, reproduces that; the engine generates exactly the drawn length
 (end-of-sequence ignored, no stop tokens, and none masked: the tokens are samples of the policy
-itself, so the rollout's log-probs are the trainer's and the on-device decode rounds apply). Each length is a pure function of (seed, request id), so reruns and
-replays see the same workload.
+itself, so the rollout's log-probs are the trainer's and the on-device decode rounds apply).
+Each length is a pure function of (seed, request id), so reruns and replays see the same workload.
 """
 
 from __future__ import annotations
