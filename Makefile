@@ -54,7 +54,7 @@ types: install
 check: lint imports types
 
 test: check
-	$(PYTEST) -n 2 -m "not slow and not multihost and not packaging and not vllm and not kv and not chaos"
+	$(PYTEST) -n 2 --dist worksteal --durations=15 -m "not slow and not multihost and not packaging and not vllm and not kv and not chaos"
 
 # the offload tier and KV transfer against the real LMCache and NIXL (two instance processes)
 test-kv: install-kv

@@ -20,3 +20,9 @@ def cpu_kernels() -> ctypes.CDLL:
         return cpu_kernel_library()
     except KernelBuildError as error:
         pytest.skip(f"the CPU kernels cannot be built here: {error}")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Multi-process system tests first (the rest keep their order): each runs a minute or more, and
+    started first they overlap the short tests on the other worker instead of ending the run alone."""
+    items.sort(key=lambda item: item.get_closest_marker("system") is None)
