@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from psrl.config import load_config
 from psrl.engine import Engine, EngineArgs, SamplingParams
 from psrl.flows.driver import InProcessRun
-from psrl.rl import Trajectory
+from psrl.rl.trajectory import Trajectory
 from psrl.tms import ROLLOUT, TRAINER, SideMemory, SwitchReport, managed_regions
 from psrl.tms.backend import TorchMemorySaverBackend, hook_mode, is_preloaded
 from psrl.trainer import ParallelContext, TrainerCore

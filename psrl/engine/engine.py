@@ -31,8 +31,9 @@ from psrl.errors import RequestError
 from psrl.kernels.cpu_sample import CpuSampleKernel
 from psrl.kernels.gpu.step import resolve_step_kernels
 from psrl.kernels.library import resolve_cpu_kernels
-from psrl.kvcache import KvTier, TierKey
+from psrl.kvcache.index import TierKey
 from psrl.kvcache.keys import prefix_hashes, reusable_blocks
+from psrl.kvcache.tier import KvTier
 from psrl.models import ModelSpec, build_model, iter_safetensors
 from psrl.tms import ROLLOUT, SideMemory, SwitchReport
 

@@ -14,7 +14,8 @@ from collections.abc import Callable
 import torch
 
 from psrl.engine.block_manager import Block
-from psrl.kvcache import KvTier, TierKey
+from psrl.kvcache.index import TierKey
+from psrl.kvcache.tier import KvTier
 
 
 class EngineOffload:

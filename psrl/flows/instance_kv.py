@@ -21,7 +21,8 @@ import numpy as np
 
 from bus.messages import GenerateRequest, KvTierReport, KvTransferRecord
 from psrl.config.coordination import KvTransfer
-from psrl.kvcache import KvTier, TierKey
+from psrl.kvcache.index import TierKey
+from psrl.kvcache.tier import KvTier
 from psrl.kvcache.transfer import FetchOutcome, KvFetcher, KvServer
 
 REROUTE_REASONS = frozenset({"migrate", "preempted", "sync", "shutdown"})

@@ -1,6 +1,5 @@
-"""The KV offload tier (version-tagged blocks in CPU memory) and KV transfer between instances."""
+"""The KV offload tier (version-tagged blocks in CPU memory) and KV transfer between instances.
 
-from psrl.kvcache.index import TierChanges, TierIndex, TierKey
-from psrl.kvcache.tier import KvTier, PayloadStore
-
-__all__ = ["KvTier", "PayloadStore", "TierChanges", "TierIndex", "TierKey"]
+Import from the submodules (``psrl.kvcache.tier``, ``psrl.kvcache.index``, ``psrl.kvcache.keys``):
+the router reads block keys and tier reports without torch, which the tier itself needs.
+"""

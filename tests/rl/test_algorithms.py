@@ -8,24 +8,12 @@ import pytest
 import torch
 
 from psrl.config import load_config
-from psrl.rl import (
-    Denominators,
-    Sample,
-    Trajectory,
-    actor_loss,
-    aggregate,
-    collate,
-    compute_advantages,
-    entropy_from_logits,
-    gae_advantages,
-    grpo_advantages,
-    kl_penalty,
-    policy_loss,
-    reinforce_pp_advantages,
-    token_is_weights,
-    token_level_rewards,
-    value_loss,
-)
+from psrl.rl.advantages import gae_advantages, grpo_advantages, reinforce_pp_advantages, token_level_rewards
+from psrl.rl.batch import Sample, collate
+from psrl.rl.correction import token_is_weights
+from psrl.rl.losses import aggregate, entropy_from_logits, kl_penalty, policy_loss, value_loss
+from psrl.rl.objective import Denominators, actor_loss, compute_advantages
+from psrl.rl.trajectory import Trajectory
 
 T = torch.tensor
 

@@ -6,15 +6,9 @@ import pytest
 import torch
 
 from psrl.errors import RequestError
-from psrl.rl import (
-    InvalidTrajectoryError,
-    Sample,
-    Trajectory,
-    collate,
-    filter_groups,
-    has_learning_signal,
-    scatter_rows,
-)
+from psrl.rl.batch import Sample, collate, scatter_rows
+from psrl.rl.filters import filter_groups, has_learning_signal
+from psrl.rl.trajectory import InvalidTrajectoryError, Trajectory
 
 
 def make(prompt: tuple[int, ...], response: tuple[int, ...], **kwargs: object) -> Trajectory:

@@ -9,7 +9,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from psrl.engine.args import DEMO_MODEL_DIR
-from psrl.rl import Sample
+from psrl.rl.batch import Sample
 from psrl.trainer import TrainerCore
 from psrl.trainer.checkpoint import latest_checkpoint, read_trainer_state
 from psrl.trainer.update import sample_tokens, split_to_count, token_budget_batches

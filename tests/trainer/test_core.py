@@ -10,7 +10,8 @@ import torch
 
 from psrl.config.rules import check
 from psrl.errors import ConfigError
-from psrl.rl import Sample, Trajectory
+from psrl.rl.batch import Sample
+from psrl.rl.trajectory import Trajectory
 from psrl.trainer import TrainerCore, TrainerError, latest_checkpoint
 from psrl.trainer import core as core_module
 

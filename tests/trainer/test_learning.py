@@ -24,9 +24,10 @@ import torch
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 import psrl
+from bus.messages import FinishReason
 from psrl.config import Config, load_config
 from psrl.engine import Engine, EngineArgs, SamplingParams
-from psrl.rl import FinishReason, Trajectory
+from psrl.rl.trajectory import Trajectory
 from psrl.tasks import get_task
 from psrl.tasks.base import Task
 from psrl.trainer import TrainerCore

@@ -11,7 +11,7 @@ import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from psrl.config import Config, load_config
-from psrl.rl import Trajectory
+from psrl.rl.trajectory import Trajectory
 
 VOCAB = 48
 NUM_DP_BUFFERS = 2

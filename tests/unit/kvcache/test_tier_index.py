@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from psrl.kvcache import TierIndex
+from psrl.kvcache.index import TierIndex
 
 
 def test_lru_evicts_the_least_recently_used_and_journals_it() -> None:

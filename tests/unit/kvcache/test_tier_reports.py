@@ -6,7 +6,8 @@ import torch
 
 from psrl.config.coordination import KvTransfer
 from psrl.flows.instance_kv import SNAPSHOT_EVERY_TICKS, InstanceKv, KvPort
-from psrl.kvcache import KvTier, TierKey
+from psrl.kvcache.index import TierKey
+from psrl.kvcache.tier import KvTier
 from psrl.routing.tier_directory import TierDirectory
 
 
