@@ -2,7 +2,9 @@
 
 A group is one prompt sent as N' requests (``request_id = prompt_id * N' + child``). Results
 arrive from the router as trajectories finish; the router says when the group's first N
-finished (GroupComplete). Then the group is scored, optionally filtered (zero reward variance
+finished (GroupComplete). Each is taken once: a result or GroupComplete delivered again (by a
+restarted router) is ignored, and a GroupComplete that overtook a winner's result waits for it.
+Then the group is scored, optionally filtered (zero reward variance
 means no learning signal), and either kept (it occupies a staleness slot) or dropped (a fresh
 group replaces it). Kept groups wait for their buffer to be consumed. Pure bookkeeping.
 """
@@ -14,7 +16,7 @@ from statistics import pstdev
 
 import numpy as np
 
-from bus.messages import FinishReason, TrajectoryDone
+from bus.messages import FinishReason, GroupComplete, TrajectoryDone
 from psrl.tasks.base import Prompt, Reward
 
 
@@ -28,6 +30,11 @@ class Group:
     winners: tuple[int, ...] = ()
     buffer: int | None = None
     is_replacement: bool = False
+    # the router's GroupComplete was acted on (scored, then kept or filtered): another one for the group
+    # is a duplicate (a restarted router delivering again what its predecessor may have delivered)
+    is_settled: bool = False
+    # a GroupComplete that came before the results of all its winners: acted on when the last arrives
+    waiting: GroupComplete | None = None
 
     def kept_results(self) -> list[tuple[TrajectoryDone, Reward]]:
         return [(self.results[r], self.rewards[r]) for r in self.winners if r in self.results]

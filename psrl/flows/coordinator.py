@@ -142,6 +142,7 @@ class CoordinatorFlow(Flow):
         self.router_facts = RouterFacts()
         self.last_tick_inputs: CoordinationInputs | None = None
         self.response_lengths: deque[int] = deque(maxlen=256)
+        self.num_duplicates = 0  # router messages delivered twice (results, group verdicts), taken once
         self.reward_history: list[tuple[int, float]] = []
         self.started = self.last_handoff = 0.0
         self.is_finished = False
@@ -230,9 +231,12 @@ class CoordinatorFlow(Flow):
     # ------------------------------------------------------------------ results and groups
 
     def _on_done(self, done: TrajectoryDone, now: float) -> None:
+        group = self.book.groups.get(done.prompt_id)
+        if group is not None and done.request_id in group.results:
+            self._duplicate("trajectory", done.prompt_id, request_id=done.request_id)
+            return
         reward = None
         if is_success(done):
-            group = self.book.groups.get(done.prompt_id)
             if group is None:
                 return
             if done.env_reward is not None:  # a session: its environment scored it
@@ -241,13 +245,23 @@ class CoordinatorFlow(Flow):
                 reward = self.scorer.score(group.prompt, done.token_ids)
             self.response_lengths.append(len(done.token_ids))
         self.book.record(done, reward)
+        if group is not None and group.waiting is not None and group.has_all_winners:
+            complete, group.waiting = group.waiting, None
+            self._on_group_complete(complete, now)
 
     def _on_group_complete(self, complete: GroupComplete, now: float) -> None:
+        known = self.book.groups.get(complete.prompt_id)
+        if known is not None and known.is_settled:
+            self._duplicate("group complete", complete.prompt_id)
+            return
         group = self.book.complete(complete.prompt_id, list(complete.request_ids))
         if group is None or not group.has_all_winners:
+            if group is not None:  # the missing results are on their way (a restarted router re-sends them)
+                group.waiting = complete
             if self.log is not None:
                 self.log.warning("group complete without its results", prompt_id=complete.prompt_id)
             return
+        group.is_settled = True
         if complete.occupied_buffer >= 0:  # already occupied (proactive truncate): nothing to ask for
             return
         if self.config.algorithm.filter_groups.enable and not has_learning_signal(group):
@@ -258,6 +272,12 @@ class CoordinatorFlow(Flow):
         self.send(
             ROUTER, GroupComplete(prompt_id=group.prompt_id, request_ids=list(group.winners)), prompt_id=group.prompt_id
         )
+
+    def _duplicate(self, what: str, prompt_id: int, **ids: int) -> None:
+        """A router message the coordinator already took (delivered again by a restarted router): once only."""
+        self.num_duplicates += 1
+        if self.log is not None:
+            self.log.info(f"{what} already received", prompt_id=prompt_id, **ids)
 
     def _on_group_drop(self, drop: GroupDrop, now: float) -> None:
         self.book.drop(drop.prompt_id)

@@ -203,6 +203,7 @@ class RouterFlow(RouterLedgerFlow):
         for command in recovery.commands:
             self._handlers[type(command)](command, now)
         self.counters["restored_requests"] += len(recovery.requests)
+        self.counters["owed_finishes"] += sum(1 for r in recovery.requests.values() if r.counted is not None)
         self.counters["recalled_requests"] += sum(len(ids) for ids in recalls.values())
         self.counters["replayed_commands"] += len(recovery.commands)
         if self.log is not None:
@@ -212,6 +213,8 @@ class RouterFlow(RouterLedgerFlow):
     def _restored_trajectory(self, restored: RestoredRequest) -> Trajectory:
         traj = self.tracker.add(restored.request, restored.request.request_id % self.n_per_prompt)
         traj.flags, traj.result_instances = restored.flags, set(restored.result_instances)
+        if restored.counted is not None:  # its finish is in the ledger; the coordinator never got it
+            self.owed_finishes[traj.request_id] = restored.counted
         dispatch = restored.dispatch
         if dispatch is not None:  # the trajectory as the dead router last sent it out
             traj.v_traj, traj.instance = dispatch.pinned_version, restored.instance

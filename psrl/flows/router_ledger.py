@@ -32,7 +32,7 @@ from psrl.routing.trajectories import Trajectory, TrajectoryTracker
 from psrl.staleness.ledger import StalenessLedger
 from psrl.staleness.oplog import describe_abort, describe_consume, describe_finish, describe_occupy, describe_proactive
 from psrl.staleness.proactive import RetryOutcome, TruncateOutcome, apply_proactive_filter
-from psrl.staleness.types import AbortReason, FinishVerdict, GroupAborted, LedgerError
+from psrl.staleness.types import AbortReason, FinishOutcome, FinishVerdict, GroupAborted, LedgerError
 
 COORDINATOR = "coordinator"
 _ABORT_REASONS = {"filtered": AbortReason.FILTERED, "failed": AbortReason.FAILED, "retry": AbortReason.RETRY}
@@ -63,6 +63,9 @@ class RouterLedgerFlow(Flow, ABC):
         # prompt -> (children still to stop, its Occupy, its GroupComplete): a truncated group's slot
         # is announced once the partial outputs of all its truncated children are in
         self.truncating: dict[int, tuple[set[int], Occupy, GroupComplete]] = {}
+        # a restarted router's trajectories whose finish its predecessor counted but never delivered
+        # (``psrl.flows.router_recovery``): request -> that finish's outcome
+        self.owed_finishes: dict[int, FinishOutcome] = {}
 
     @abstractmethod
     def abort_one(self, request_id: int, reason: str) -> None:
@@ -78,6 +81,10 @@ class RouterLedgerFlow(Flow, ABC):
     # ------------------------------------------------------------------ trajectories that end
 
     def finished(self, traj: Trajectory, reason: FinishReason, instance: str) -> None:
+        owed = self.owed_finishes.pop(traj.request_id, None)
+        if owed is not None:
+            self._deliver_owed(traj, reason, instance, owed)
+            return
         outcome = self.ledger.finish_child(traj.prompt_id, traj.child)
         self._log_op("finish", traj.prompt_id, traj.child, "", describe_finish(outcome))
         if outcome.verdict in _NOT_COUNTED:
@@ -89,10 +96,22 @@ class RouterLedgerFlow(Flow, ABC):
         self.maybe_filter()
         if outcome.verdict is FinishVerdict.GROUP_COMPLETE:
             self._abort_children(traj.prompt_id, [ref.child for ref in outcome.surplus], "surplus")
-            winners = [traj.prompt_id * self.n_per_prompt + c for c in outcome.winners]
-            self.send(
-                COORDINATOR, GroupComplete(prompt_id=traj.prompt_id, request_ids=winners), prompt_id=traj.prompt_id
-            )
+            self._send_group_complete(traj.prompt_id, outcome.winners)
+
+    def _deliver_owed(self, traj: Trajectory, reason: FinishReason, instance: str, owed: FinishOutcome) -> None:
+        """A finish the dead router counted but never delivered: the ledger holds it already (counting it
+        again would make it a duplicate), so only the coordinator learns of it, as it would have: the
+        trajectory, then the group's winners if that finish completed the group. What else the dead
+        router did after that finish (the filter, the surplus aborts) is in the log and was rebuilt."""
+        self.counters["owed_finishes_sent"] += 1
+        self.tracker.finish(traj.request_id)
+        self._send_done(traj, reason, instance)
+        if owed.verdict is FinishVerdict.GROUP_COMPLETE:
+            self._send_group_complete(traj.prompt_id, owed.winners)
+
+    def _send_group_complete(self, prompt_id: int, winners: tuple[int, ...]) -> None:
+        request_ids = [prompt_id * self.n_per_prompt + child for child in winners]
+        self.send(COORDINATOR, GroupComplete(prompt_id=prompt_id, request_ids=request_ids), prompt_id=prompt_id)
 
     def _send_done(self, traj: Trajectory, reason: FinishReason, instance: str) -> None:
         self.send(

@@ -23,6 +23,13 @@ The rule for a trajectory alive at the crash (``RestoredRequest``), by its last 
   ``router_restart``) and it continues from the tokens it returns, pinned to its V_traj, keeping
   its ledger reservation. If the instance does not answer (it no longer has the request), it is
   continued from the tokens of its last dispatch.
+
+A finish the dead router counted in the ledger (its ``ledger.op finish`` is logged) but whose
+``group.trajectory`` is not logged was never delivered: the router held it for an unreachable
+coordinator and died with it. The rebuilt ledger already holds that finish, so the trajectory is
+*owed* (``RestoredRequest.counted``): when it finishes in the new router (at once, from its logged
+result, or after its recall) the coordinator gets the trajectory, and the group's winners if that
+finish completed the group, without counting it in the ledger again.
 """
 
 from __future__ import annotations
@@ -48,11 +55,12 @@ from psrl.evaluation.certificate import Derivation
 from psrl.launches import launch_of
 from psrl.replay.ledger_state import LedgerReplay
 from psrl.staleness.ledger import StalenessLedger
-from psrl.staleness.types import LedgerSizes
+from psrl.staleness.types import FinishOutcome, FinishVerdict, LedgerSizes
 
 ROUTER = "router"
 COORDINATOR = "coordinator"
 COMMANDS = (GroupComplete, GroupDrop, Consume, Abort)  # coordinator -> router, besides requests
+COUNTED = (FinishVerdict.ACCEPTED, FinishVerdict.GROUP_COMPLETE)  # finishes the ledger counts
 RECALL = "router_restart"  # the interruption a restarted router asks for to get a request back
 
 
@@ -67,6 +75,9 @@ class RestoredRequest:
     abort_reason: str | None = None  # an abort the router asked for after that dispatch
     flags: int = 0  # TrajectoryFlags so far, as the staleness certificate derives them
     result_instances: set[str] = field(default_factory=set)  # every instance that returned a result for it
+    # the dead router's counted finish of it, whose group.trajectory it never delivered (it held it for an
+    # unreachable coordinator): owed to the coordinator, with the group's winners if it completed the group
+    counted: FinishOutcome | None = None
 
 
 @dataclass
@@ -97,10 +108,12 @@ def rebuild_router(events: Iterable[Event[Any]], sizes: LedgerSizes, launch: int
     derivation = Derivation()
     gaps = GapTracker()
     for event in events:
-        ledger.observe(event)
+        outcome = ledger.observe(event)
         if launch_of(event.envelope.incarnation) == launch:
             gaps.observe(event.envelope)
             state.observe(event)
+            if isinstance(outcome, FinishOutcome) and outcome.verdict in COUNTED:
+                state.counted(outcome, sizes.redundant_rollout_n)
             derivation.observe(event.message, event.envelope.sender, event.envelope.incarnation)
     for rid, restored in state.requests.items():
         flags, instances = derivation.flags_so_far(rid)
@@ -138,6 +151,12 @@ class _Walk:
             restored = self.requests[msg.request_id]
             if restored.dispatch is not None and restored.instance == msg.instance:
                 restored.result = msg
+
+    def counted(self, outcome: FinishOutcome, n_per_prompt: int) -> None:
+        """The router counted a child's finish; until its ``group.trajectory`` is logged, it is owed."""
+        restored = self.requests.get(outcome.prompt_id * n_per_prompt + outcome.child)
+        if restored is not None:
+            restored.counted = outcome
 
     def _from_coordinator(self, event: Event[Any]) -> None:
         msg = event.message

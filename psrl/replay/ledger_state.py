@@ -19,7 +19,7 @@ from bus.messages import LedgerOp, RouterStatus, RoutingRecord
 from bus.schema import Event
 from psrl.routing.decision import RoutingDecision
 from psrl.staleness.ledger import StalenessLedger
-from psrl.staleness.oplog import apply_op
+from psrl.staleness.oplog import describe_op, run_op
 from psrl.staleness.types import LedgerSizes
 
 
@@ -53,7 +53,7 @@ class LedgerReplay:
         """Re-run one logged ledger call; its outcome (None: a routing decision that reserved nothing)."""
         msg = event.message
         if isinstance(msg, LedgerOp):
-            return apply_op(self.current(), msg.op, msg.prompt_id, msg.child, msg.reason)
+            return describe_op(msg.op, self.run(msg))
         decision = routing_decision(msg)
         if decision.reserved_buffer is None or decision.inputs is None:
             return None
@@ -64,10 +64,18 @@ class LedgerReplay:
         except Exception as exc:
             return f"error: {exc}"
 
-    def observe(self, event: Event[Any]) -> None:
-        """Follow any logged event: statuses start incarnations, ledger calls are re-run."""
+    def run(self, op: LedgerOp) -> object:
+        """Re-run one logged ``ledger.op``; its outcome as the ledger returns it."""
+        return run_op(self.current(), op.op, op.prompt_id, op.child, op.reason)
+
+    def observe(self, event: Event[Any]) -> object | None:
+        """Follow any logged event: statuses start incarnations, ledger calls are re-run. Returns a
+        ``ledger.op``'s outcome as the ledger returns it (what a restarted router reads), else None."""
         msg = event.message
         if isinstance(msg, RouterStatus):
             self.on_status(event)
-        elif isinstance(msg, LedgerOp | RoutingRecord):
+        elif isinstance(msg, LedgerOp):
+            return self.run(msg)
+        elif isinstance(msg, RoutingRecord):
             self.apply(event)
+        return None

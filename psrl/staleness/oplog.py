@@ -1,10 +1,13 @@
 """Ledger calls as loggable records: the router logs each call, a replay re-runs them in order.
 
 `describe_*` turn an outcome into the text a `ledger.op` event carries; `apply_op` re-runs one
-logged call on a ledger and returns the same text, so a replay compares strings.
+logged call on a ledger and returns the same text, so a replay compares strings; `run_op` re-runs
+it and returns the outcome itself (a restarted router reads what each finish decided).
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 from psrl.staleness.ledger import StalenessLedger
 from psrl.staleness.proactive import FilterMethod, RetryOutcome, TruncateOutcome, apply_proactive_filter
@@ -43,22 +46,42 @@ def describe_proactive(outcome: RetryOutcome | TruncateOutcome | None) -> str:
     return f"truncate buffer={outcome.buffer_id} groups={groups} ready={outcome.is_buffer_ready}"
 
 
-def apply_op(ledger: StalenessLedger, op: str, prompt_id: int, child: int, reason: str) -> str:
-    """Re-run one logged call; returns its outcome text (an exception's text if it raises)."""
+def run_op(ledger: StalenessLedger, op: str, prompt_id: int, child: int, reason: str) -> object:
+    """Re-run one logged call; returns its outcome as the ledger returns it (an exception's text if it raises)."""
     try:
         if op == "finish":
-            return describe_finish(ledger.finish_child(prompt_id, child))
+            return ledger.finish_child(prompt_id, child)
         if op == "occupy":
-            return describe_occupy(ledger.occupy(prompt_id))
+            return ledger.occupy(prompt_id)
         if op == "abort_child":
-            return describe_abort(ledger.abort_child(prompt_id, child, AbortReason[reason]))
+            return ledger.abort_child(prompt_id, child, AbortReason[reason])
         if op == "abort_group":
-            return describe_abort(ledger.abort_group(prompt_id, AbortReason[reason]))
+            return ledger.abort_group(prompt_id, AbortReason[reason])
         if op == "consume":
-            return describe_consume(ledger.consume(prompt_id))
+            return ledger.consume(prompt_id)
         if op == "proactive":
             method: FilterMethod = "retry" if reason == "retry" else "truncate"
-            return describe_proactive(apply_proactive_filter(ledger, method, child))
+            return apply_proactive_filter(ledger, method, child)
     except Exception as exc:
         return f"error: {type(exc).__name__}: {exc}"
     return f"error: unknown op {op!r}"
+
+
+_DESCRIBE: dict[str, Any] = {
+    "finish": describe_finish,
+    "occupy": describe_occupy,
+    "abort_child": describe_abort,
+    "abort_group": describe_abort,
+    "consume": describe_consume,
+    "proactive": describe_proactive,
+}
+
+
+def describe_op(op: str, outcome: object) -> str:
+    """The text a ``ledger.op`` of ``op`` carries for ``outcome`` (``run_op``'s)."""
+    return outcome if isinstance(outcome, str) else str(_DESCRIBE[op](outcome))
+
+
+def apply_op(ledger: StalenessLedger, op: str, prompt_id: int, child: int, reason: str) -> str:
+    """Re-run one logged call; returns its outcome text (an exception's text if it raises)."""
+    return describe_op(op, run_op(ledger, op, prompt_id, child, reason))
