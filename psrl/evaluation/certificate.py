@@ -115,7 +115,6 @@ class _Seen:
     is_continued: bool = False
     is_interrupted: bool = False
     instances: set[str] = field(default_factory=set)
-    done: TrajectoryDone | None = None
 
 
 class CertifiedTrajectory(NamedTuple):
@@ -128,54 +127,89 @@ class CertifiedTrajectory(NamedTuple):
     flags: int
 
 
+class _Logged(NamedTuple):
+    """A generation event of one request: when it was sent, its place in the log, and the router's launch."""
+
+    time_ns: int
+    order: int
+    message: GenerateRequest | GenerateResult
+    launch: int
+
+
 class Derivation:
-    """Rebuilds certificates from ``gen.request``, ``gen.result`` and ``group.trajectory`` events."""
+    """Rebuilds certificates from ``gen.request``, ``gen.result`` and ``group.trajectory`` events.
+
+    A request's events are replayed in the order they were sent (the envelopes' wall clock), not the
+    order the log received them: the log merges senders, so a session's next-turn request can be
+    logged after the instance's result for it, which read in log order looks like a re-send of the
+    finished turn continued from a longer prompt.
+    """
 
     def __init__(self) -> None:
-        self.seen: dict[int, _Seen] = defaultdict(_Seen)
+        self.events: dict[int, list[_Logged]] = defaultdict(list)
+        self.done: dict[int, TrajectoryDone] = {}
+        self._num_observed = 0
 
-    def observe(self, message: object, sender: str = "router.link", incarnation: int = 0) -> None:
-        """One generation event and its sender (a new router incarnation starts a request over). Only the
-        router's requests to instances count; the coordinator's to the router are the same request."""
-        if isinstance(message, GenerateRequest):
-            if not sender.startswith("router"):
-                return
-            seen = self.seen[message.request_id]
-            if seen.router_launch != launch_of(incarnation):
-                seen = self.seen[message.request_id] = _Seen(router_launch=launch_of(incarnation))
-            if seen.is_turn_done:  # a session's next turn, not a re-send of the finished one
-                seen.is_interrupted = seen.is_interrupted or _was_resent(seen)
-                seen.num_requests = seen.num_errors = 0
-                seen.first_prompt_length, seen.is_turn_done = -1, False
-            seen.num_requests += 1
-            if seen.first_prompt_length < 0:
-                seen.first_prompt_length = len(message.prompt_token_ids)
-            has_prior = message.generated_token_ids is not None and len(message.generated_token_ids) > 0
-            if has_prior or len(message.prompt_token_ids) > seen.first_prompt_length:  # interrupt_as_prompt
-                seen.is_continued = True
-        elif isinstance(message, GenerateResult):
-            seen = self.seen[message.request_id]
-            seen.instances.add(message.instance)
-            seen.is_turn_done = message.finish_reason in (FinishReason.STOP, FinishReason.LENGTH)
-            if message.finish_reason == FinishReason.ERROR:
-                seen.num_errors += 1
-            elif message.finish_reason == FinishReason.ABORT and message.error in INTERRUPTIONS:
-                seen.is_interrupted = True
+    def observe(self, message: object, sender: str = "router.link", incarnation: int = 0, time_ns: int = 0) -> None:
+        """One generation event, its sender (a new router incarnation starts a request over) and its send
+        time. Only the router's requests to instances count; the coordinator's to the router are the same."""
+        if isinstance(message, GenerateRequest) and not sender.startswith("router"):
+            return
+        if isinstance(message, GenerateRequest | GenerateResult):
+            self._num_observed += 1
+            logged = _Logged(time_ns, self._num_observed, message, launch_of(incarnation))
+            self.events[message.request_id].append(logged)
         elif isinstance(message, TrajectoryDone) and message.finish_reason in TRAINED:
-            self.seen[message.request_id].done = message
+            self.done[message.request_id] = message
 
     def trajectory(self, request_id: int) -> CertifiedTrajectory | None:
-        seen = self.seen.get(request_id)
-        if seen is None or seen.done is None:
+        done = self.done.get(request_id)
+        if done is None:
             return None
-        low, high = _version_range(seen.done.versions)
-        return CertifiedTrajectory(request_id, seen.done.v_traj, low, high, int(_flags(seen)))
+        low, high = _version_range(done.versions)
+        return CertifiedTrajectory(request_id, done.v_traj, low, high, int(_flags(self._seen(request_id))))
 
     def flags_so_far(self, request_id: int) -> tuple[TrajectoryFlags, set[str]]:
         """A trajectory's flags and the instances that returned results for it, from the events so far
         (what a restarted router continues the trajectory with)."""
-        seen = self.seen.get(request_id)
-        return (TrajectoryFlags(0), set()) if seen is None else (_flags(seen), set(seen.instances))
+        if request_id not in self.events:
+            return TrajectoryFlags(0), set()
+        seen = self._seen(request_id)
+        return _flags(seen), set(seen.instances)
+
+    def _seen(self, request_id: int) -> _Seen:
+        seen = _Seen()
+        for logged in sorted(self.events.get(request_id, ()), key=lambda e: (e.time_ns, e.order)):
+            if isinstance(logged.message, GenerateRequest):
+                seen = _on_request(seen, logged.message, logged.launch)
+            else:
+                _on_result(seen, logged.message)
+        return seen
+
+
+def _on_request(seen: _Seen, message: GenerateRequest, launch: int) -> _Seen:
+    if seen.router_launch != launch:
+        seen = _Seen(router_launch=launch)
+    if seen.is_turn_done:  # a session's next turn, not a re-send of the finished one
+        seen.is_interrupted = seen.is_interrupted or _was_resent(seen)
+        seen.num_requests = seen.num_errors = 0
+        seen.first_prompt_length, seen.is_turn_done = -1, False
+    seen.num_requests += 1
+    if seen.first_prompt_length < 0:
+        seen.first_prompt_length = len(message.prompt_token_ids)
+    has_prior = message.generated_token_ids is not None and len(message.generated_token_ids) > 0
+    if has_prior or len(message.prompt_token_ids) > seen.first_prompt_length:  # interrupt_as_prompt
+        seen.is_continued = True
+    return seen
+
+
+def _on_result(seen: _Seen, message: GenerateResult) -> None:
+    seen.instances.add(message.instance)
+    seen.is_turn_done = message.finish_reason in (FinishReason.STOP, FinishReason.LENGTH)
+    if message.finish_reason == FinishReason.ERROR:
+        seen.num_errors += 1
+    elif message.finish_reason == FinishReason.ABORT and message.error in INTERRUPTIONS:
+        seen.is_interrupted = True
 
 
 def _was_resent(seen: _Seen) -> bool:

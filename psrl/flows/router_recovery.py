@@ -114,7 +114,7 @@ def rebuild_router(events: Iterable[Event[Any]], sizes: LedgerSizes, launch: int
             state.observe(event)
             if isinstance(outcome, FinishOutcome) and outcome.verdict in COUNTED:
                 state.counted(outcome, sizes.redundant_rollout_n)
-            derivation.observe(event.message, event.envelope.sender, event.envelope.incarnation)
+            derivation.observe(event.message, event.envelope.sender, event.envelope.incarnation, event.envelope.wall_ns)
     for rid, restored in state.requests.items():
         flags, instances = derivation.flags_so_far(rid)
         restored.flags, restored.result_instances = int(flags), instances

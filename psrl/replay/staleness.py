@@ -36,7 +36,8 @@ class StalenessChecker(Checker):
         if isinstance(message, TrainBatch):
             self.batches[message.buffer] = sorted(message.prompt_ids)
         else:
-            self.derivation.observe(message, event.envelope.sender, event.envelope.incarnation)
+            envelope = event.envelope
+            self.derivation.observe(message, envelope.sender, envelope.incarnation, envelope.wall_ns)
 
     def recorded(self, event: Event[StalenessCertificate]) -> tuple[Any, ...]:
         cert = event.message

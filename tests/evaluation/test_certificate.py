@@ -116,6 +116,30 @@ def test_a_sessions_next_turn_is_neither_an_interruption_nor_a_continuation() ->
     assert derivation.flags_so_far(6)[0] & TrajectoryFlags.INTERRUPTED
 
 
+def test_a_next_turn_logged_after_its_own_result_is_still_a_new_turn() -> None:
+    """The log merges senders: the instance's result for a session's next turn can reach it before the
+    router's request for that turn. The events' send times order them as they happened (seen in a run,
+    where log order made a plain three-turn session look interrupted and continued)."""
+    sampling = SamplingParams(max_tokens=8)
+    derivation = Derivation()
+    sent = []
+    for turn, prompt_length in enumerate((3, 9, 15)):
+        request = GenerateRequest(request_id=6, prompt_id=3, prompt_token_ids=np.ones(prompt_length, I32),
+                                  sampling=sampling)  # fmt: skip
+        result = GenerateResult(request_id=6, prompt_id=3, token_ids=np.asarray([5, 6], I32),
+                                logprobs=np.zeros(2, np.float32), versions=np.asarray([turn, turn], I32),
+                                finish_reason=FinishReason.STOP, instance="a")  # fmt: skip
+        sent += [(request, "router.link", 100 * turn), (result, "a-router.link", 100 * turn + 50)]
+    sent[2], sent[3] = sent[3], sent[2]  # turn 1's result logged before turn 1's request
+    for message, sender, time_ns in sent:
+        derivation.observe(message, sender, time_ns=time_ns)
+    assert derivation.flags_so_far(6)[0] == TrajectoryFlags(0)
+    in_log_order = Derivation()
+    for message, sender, _ in sent:
+        in_log_order.observe(message, sender)
+    assert in_log_order.flags_so_far(6)[0] != TrajectoryFlags(0), "without send times the order misleads"
+
+
 def test_the_study_table_compares_with_synchronous_at_equal_steps() -> None:
     runs = [StudyRun("sync", s, {0: 0.2, 10: 0.4 + s / 100}, 0.5, 100.0, 0.0, 0.0, 4.0) for s in range(2)]
     runs += [StudyRun("s2_tis", s, {0: 0.2, 10: 0.38}, 0.5, 50.0, 2.0, 0.01, 4.0) for s in range(2)]
