@@ -11,18 +11,14 @@ router's messages it took from the log are dropped when its link delivers them t
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 from actors.flow_actor import FlowActor
-from bus.eventlog.reader import EventLogReader
 from psrl.evaluation.planner import EvalPlanner
 from psrl.flows.coordinator import ROUTER, CoordinatorFlow
 from psrl.flows.coordinator_recovery import replay_coordinator
 from psrl.flows.prompts import TaskPrompts
 from psrl.launches import launch_of
 from psrl.routing.cost_model import load_cost_model
-
-LOG_SETTLE_S = 0.5  # the logger flushes every 0.2 s: the dead coordinator's last events are on disk by then
 
 
 class CoordinatorActor(FlowActor):
@@ -57,12 +53,9 @@ class CoordinatorActor(FlowActor):
         return {}
 
     def _recover(self, flow: CoordinatorFlow) -> None:
-        if self.boot.run_dir is None:
-            raise RuntimeError("a restarted coordinator rebuilds from the event log: place it on the launcher host")
-        time.sleep(LOG_SETTLE_S)
-        events = (logged.event for logged in EventLogReader(Path(self.boot.run_dir) / "events").events())
+        events = self.logged_events()
         recovery = replay_coordinator(flow, events, launch_of(self.boot.incarnation), time.monotonic())
-        _refuse_a_torn_log(recovery.num_missing_events)
+        self.refuse_a_torn_log(recovery.num_missing_events)
         self.already_handled = recovery.seen_event_ids
         self.log.warning("coordinator restarted: state re-run from the event log", inputs=recovery.num_inputs,
                          effects=len(recovery.effects), resent_chunks=recovery.num_resent_chunks,
@@ -75,12 +68,3 @@ class CoordinatorActor(FlowActor):
         if getattr(self, "held_out", None) is not None:
             self.held_out.close()
         super().teardown()
-
-
-def _refuse_a_torn_log(num_missing: int) -> None:
-    """Continuing from a log that lost events would continue from a wrong state: stop with the reason."""
-    if num_missing:
-        raise RuntimeError(
-            f"the event log lost {num_missing} events of this launch (the logger died or dropped them): "
-            "the coordinator's state cannot be rebuilt from it"
-        )

@@ -11,14 +11,18 @@ message of those kinds goes to ``flow.handle(message, now)``, and the effects co
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import Any, ClassVar
 
 from actors.base import Actor, Inputs
+from bus.eventlog.reader import EventLogReader
 from bus.link import Link
 from bus.schema import Event
 from psrl.flows.base import Flow
 from psrl.flows.effects import Effect, Publish, Send, Timer
+
+LOG_SETTLE_S = 0.5  # the logger flushes every 0.2 s: a dead predecessor's last events are on disk by then
 
 
 class FlowActor(Actor):
@@ -41,6 +45,21 @@ class FlowActor(Actor):
             self.add_input(link.socket, lambda link=link: self._on_link(link))  # type: ignore[misc]
         for timer in flow.timers():
             self.every(timer.interval_s, lambda timer=timer: self._on_timer(timer))  # type: ignore[misc]
+
+    def logged_events(self) -> Iterator[Event[Any]]:
+        """The run's event log, for an actor restarted within its launch to rebuild its state from."""
+        if self.boot.run_dir is None:
+            raise RuntimeError(f"a restarted {self.ROLE} rebuilds from the event log: place it on the launcher host")
+        time.sleep(LOG_SETTLE_S)
+        return (logged.event for logged in EventLogReader(Path(self.boot.run_dir) / "events").events())
+
+    def refuse_a_torn_log(self, num_missing: int) -> None:
+        """Continuing from a log that lost events would continue from a wrong state: stop with the reason."""
+        if num_missing:
+            raise RuntimeError(
+                f"the event log lost {num_missing} events of this launch (the logger died or dropped them): "
+                f"the {self.ROLE}'s state cannot be rebuilt from it"
+            )
 
     def dispatch(self, event: Event[Any]) -> None:
         """Messages a restarted actor already took from the event log (``already_handled``) are dropped

@@ -13,17 +13,13 @@ router was listening) it is dropped here: each is handled once.
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 from actors.flow_actor import FlowActor
-from bus.eventlog.reader import EventLogReader
 from psrl.flows.router import RouterFlow
 from psrl.flows.router_recovery import RouterRecovery, rebuild_router
 from psrl.launches import launch_of
 from psrl.routing.cost_model import load_cost_model
 from psrl.staleness.types import LedgerSizes
-
-LOG_SETTLE_S = 0.5  # the logger flushes every 0.2 s: the dead router's last events are on disk by then
 
 
 class RouterActor(FlowActor):
@@ -49,12 +45,9 @@ class RouterActor(FlowActor):
         return {}
 
     def _rebuild(self) -> RouterRecovery:
-        if self.boot.run_dir is None:
-            raise RuntimeError("a restarted router rebuilds from the event log: place it on the launcher host")
-        time.sleep(LOG_SETTLE_S)
-        events = (logged.event for logged in EventLogReader(Path(self.boot.run_dir) / "events").events())
+        events = self.logged_events()
         recovery = rebuild_router(events, LedgerSizes.from_config(self.config), launch_of(self.boot.incarnation))
-        _refuse_a_torn_log(recovery.num_missing_events)
+        self.refuse_a_torn_log(recovery.num_missing_events)
         self.already_handled = set(recovery.seen_event_ids)
         self.log.info("rebuilt from the event log", requests=len(recovery.requests),
                       recalled=recovery.num_recalled, commands=len(recovery.commands),
@@ -76,12 +69,3 @@ class RouterActor(FlowActor):
         super().teardown()
         if hasattr(self, "flow") and self.flow.counters:
             self.log.info("router counters", **dict(self.flow.counters))
-
-
-def _refuse_a_torn_log(num_missing: int) -> None:
-    """Continuing from a log that lost events would continue from a wrong state: stop with the reason."""
-    if num_missing:
-        raise RuntimeError(
-            f"the event log lost {num_missing} events of this launch (the logger died or dropped them): "
-            "the router's state cannot be rebuilt from it"
-        )

@@ -1,8 +1,8 @@
 """Ledger calls as loggable records: the router logs each call, a replay re-runs them in order.
 
-`describe_*` turn an outcome into the text a `ledger.op` event carries; `apply_op` re-runs one
-logged call on a ledger and returns the same text, so a replay compares strings; `run_op` re-runs
-it and returns the outcome itself (a restarted router reads what each finish decided).
+`describe_*` turn an outcome into the text a `ledger.op` event carries; `run_op` re-runs one logged
+call on a ledger and returns the outcome itself (a restarted router reads what each finish decided),
+and `describe_op` gives its text, so a replay compares strings.
 """
 
 from __future__ import annotations
@@ -80,8 +80,3 @@ _DESCRIBE: dict[str, Any] = {
 def describe_op(op: str, outcome: object) -> str:
     """The text a ``ledger.op`` of ``op`` carries for ``outcome`` (``run_op``'s)."""
     return outcome if isinstance(outcome, str) else str(_DESCRIBE[op](outcome))
-
-
-def apply_op(ledger: StalenessLedger, op: str, prompt_id: int, child: int, reason: str) -> str:
-    """Re-run one logged call; returns its outcome text (an exception's text if it raises)."""
-    return describe_op(op, run_op(ledger, op, prompt_id, child, reason))
