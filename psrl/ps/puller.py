@@ -21,7 +21,6 @@ reconstruction is checked exactly.
 from __future__ import annotations
 
 import functools
-import os
 import time
 from collections.abc import Callable, Iterator, Sequence
 
@@ -42,7 +41,7 @@ from psrl.ps.pull_stream import PullResult, PullStream
 from psrl.ps.serving import is_intact
 from psrl.ps.shard_links import ShardLinks, VersionPlan
 from psrl.ps.transports import PullDataPlane, TransportError, pull_plane
-from psrl.ps.verify import Verifier
+from psrl.ps.verify import Verifier, host_threads
 from psrl.ps.versions import NONE
 
 LoadFn = Callable[[str, torch.Tensor], None]
@@ -69,9 +68,9 @@ class Puller:
         self.load_dtype = load_dtype
         self.timeout_s = timeout_s
         self.held_version = NONE
-        self.mirror = Mirror()
+        self.mirror = Mirror(pin_memory=pin_memory and torch.cuda.is_available())
         # Mapped (shared-memory) pulls land every entry at once: checking them is the pull's main cost.
-        self._verifier: Verifier[bool] = Verifier(num_threads=min(4, os.cpu_count() or 1))
+        self._verifier: Verifier[bool] = Verifier(num_threads=host_threads())
         self._log = get_logger("psrl.ps.puller")
         self._plane: PullDataPlane = pull_plane(transport, host=host, pin_memory=pin_memory)
         self._own_ctx = ctx is None
@@ -129,6 +128,7 @@ class Puller:
         self._verifier.close()
         self._plane.close()
         self._links.close()
+        self.mirror.close()
         if self._own_ctx:
             self._ctx.term()
 

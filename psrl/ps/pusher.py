@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import enum
 import functools
-import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -44,6 +43,7 @@ from psrl.ps.protocol import (
     StatusRequest,
 )
 from psrl.ps.transports import PushDataPlane, push_plane
+from psrl.ps.verify import host_threads
 
 MAX_ATTEMPTS_PER_SHARD = 8
 
@@ -107,7 +107,7 @@ class Pusher:
         self.with_checksums = with_checksums
         self.timeout_s = timeout_s
         self.probe_interval_s = probe_interval_s
-        self.num_hash_threads = min(4, os.cpu_count() or 1)
+        self.num_hash_threads = host_threads()
         self._log = get_logger("psrl.ps.pusher", incarnation=incarnation)
         self._plane: PushDataPlane = push_plane(transport, host=host)
         self._own_ctx = ctx is None

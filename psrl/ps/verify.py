@@ -7,6 +7,7 @@ order, so callers load tensors in the order their bytes arrived.
 
 from __future__ import annotations
 
+import os
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
@@ -15,6 +16,14 @@ from typing import Generic, TypeVar
 from psrl.ps.manifest import ManifestEntry
 
 ResultT = TypeVar("ResultT")
+# One thread hashes or copies about 10 GB/s of host memory; a 7B version is 15 GB, and a large host's
+# memory bandwidth takes several threads to reach.
+MAX_HOST_THREADS = 8
+
+
+def host_threads() -> int:
+    """Threads for one version's host-side checksums and copies (at most the CPUs)."""
+    return max(1, min(MAX_HOST_THREADS, os.cpu_count() or 1))
 
 
 class Verifier(Generic[ResultT]):
