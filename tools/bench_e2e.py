@@ -19,7 +19,9 @@ times, and a last line ``RESULT speedup_vs_sync=... rollout_busy=... trainer_idl
 response lengths (median 512, capped at 4096), 256 concurrent sequences per engine, trainer and
 rollout on one GPU, weights through shared memory. It also measures the engine alone (the same
 model, concurrency and length distribution, no actors) and prints the system's consumed tokens/s
-next to it, then ``RESULT speedup_vs_sync=... system_vs_engine_tok_s=...``.
+next to it; last, in a child process, the weight sync of a 1.5B and a 7B model against the
+machine's copy limits (``tools/bench_weight_sync.py``), then ``RESULT speedup_vs_sync=...
+system_vs_engine_tok_s=... sync_s_7b=... sync_vs_floor_7b=... delta_bytes_ratio=...``.
 
 ``--layout colocated`` (one CUDA device) runs the async settings twice instead: ``shared`` (trainer and
 rollout resident on the same GPU at once) and ``colocated`` (they take turns, ``psrl.tms.range=all``),
@@ -30,6 +32,8 @@ checks the colocated run's recorded decisions with ``psrl replay --check all``, 
 from __future__ import annotations
 
 import argparse
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -172,6 +176,9 @@ def main() -> None:
     parser.add_argument("--root", type=Path, default=None, help="where the two run directories go")
     parser.add_argument("--layout", choices=["sync-vs-async", "colocated"], default="sync-vs-async")
     parser.add_argument("--phases", default="sync,async", help="which phases to run (one alone prints no RESULT)")
+    parser.add_argument("--weight-sync", default=None, metavar="SHAPES",
+                        help="--scale gpu: also measure weight sync of these shapes (tools/bench_weight_sync.py; "
+                        "default qwen2.5-1.5b,qwen2.5-7b; '' skips it)")  # fmt: skip
     parser.add_argument("overrides", nargs="*", help="config overrides applied to both phases")
     args = parser.parse_args()
     configure("warning")
@@ -198,9 +205,28 @@ def main() -> None:
         system = _value(fast.tokens_per_s)
         print(f"engine alone: {solo:.0f} tok/s at 256 sequences; the async system consumed {system:.0f} tok/s")
         extra = f" system_vs_engine_tok_s={system / solo:.3f} engine_solo_tok_s={solo:.0f}"
+        shapes = "qwen2.5-1.5b,qwen2.5-7b" if args.weight_sync is None else args.weight_sync
+        extra += "".join(f" {k}={v}" for k, v in weight_sync_figures(shapes).items())
     print(f"RESULT speedup_vs_sync={speedup:.3f} rollout_busy={_value(fast.busy_fraction):.3f} "
           f"trainer_idle={_value(fast.trainer_idle_fraction):.3f} sync_rollout_busy={_value(sync.busy_fraction):.3f} "
           f"sync_trainer_idle={_value(sync.trainer_idle_fraction):.3f}{extra}")  # fmt: skip
+
+
+def weight_sync_figures(shapes: str) -> dict[str, str]:
+    """Push+pull+load of whole models of these shapes and the delta-sync bytes ratio, from
+    ``tools/bench_weight_sync.py`` in a child process (it needs the GPU to itself for its limits)."""
+    if not shapes:
+        return {}
+    tool = Path(__file__).with_name("bench_weight_sync.py")
+    command = [sys.executable, str(tool), "--shapes", shapes, "--rounds", "2", "--probe-gb", "1"]
+    completed = subprocess.run(command, capture_output=True, text=True, check=False)
+    print(completed.stdout, completed.stderr[-2000:] if completed.returncode else "", sep="")
+    lines = [line for line in completed.stdout.splitlines() if line.startswith("RESULT ")]
+    if completed.returncode or not lines:
+        return {"weight_sync_failed": str(completed.returncode or "no-result")}
+    pairs = dict(item.split("=", 1) for item in lines[-1].split()[1:])
+    wanted = ("sync_s_", "sync_vs_floor_", "delta_bytes_ratio", "delta_exact")
+    return {k: v for k, v in pairs.items() if k.startswith(wanted)}
 
 
 def colocated_layout(common: list[str], root: Path) -> None:
