@@ -77,7 +77,7 @@ def encode_sparse(base: memoryview, target: memoryview, dtype: str) -> memoryvie
         return None
     skips, long_skips = _encode_skips(changed, long_skip_width(new.size))
     new_values = new[changed]
-    diffs, wide = _encode_diffs(new_values - old[changed], new_values)
+    diffs, wide = _encode_diffs(new_values - old[changed], new_values)  # wraps
     size = HEADER_BYTES + skips.nbytes + long_skips.nbytes + diffs.nbytes + wide.nbytes
     if size > budget:
         return None
@@ -94,16 +94,21 @@ def encode_sparse(base: memoryview, target: memoryview, dtype: str) -> memoryvie
 
 def _encode_skips(changed: np.ndarray, width: int) -> tuple[np.ndarray, np.ndarray]:
     """uint8 gaps between consecutive changed indices, and the long gaps they escape to."""
-    gaps = np.diff(changed, prepend=-1) - 1
-    is_long = gaps >= SKIP_ESCAPE
-    skips = np.where(is_long, SKIP_ESCAPE, gaps).astype(np.uint8)
-    return skips, gaps[is_long].astype(np.uint32 if width == 4 else np.uint64)
+    gaps = np.empty_like(changed)
+    if changed.size:
+        gaps[0] = changed[0]
+        np.subtract(changed[1:], changed[:-1], out=gaps[1:])
+        gaps[1:] -= 1
+    long_skips = gaps[gaps >= SKIP_ESCAPE].astype(np.uint32 if width == 4 else np.uint64)
+    return np.minimum(gaps, SKIP_ESCAPE).astype(np.uint8), long_skips
 
 
 def _encode_diffs(differences: np.ndarray, new_values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """int8 wrapped differences, and the full new values of those that do not fit."""
-    is_wide = (differences < -127) | (differences > 127)
-    diffs = np.where(is_wide, DIFF_ESCAPE, differences).astype(np.int8)
+    """int8 wrapped differences, and the full new values of those that do not fit in -127..127."""
+    shifted = differences + np.array(127, dtype=differences.dtype)  # may wrap; then it is far above 254
+    is_wide = shifted.view(np.dtype(f"u{shifted.itemsize}")) > 2 * 127
+    diffs = differences.astype(np.int8)
+    diffs[is_wide] = DIFF_ESCAPE
     return diffs, new_values[is_wide]
 
 
@@ -129,7 +134,7 @@ def apply_sparse(destination: memoryview, payload: memoryview, dtype: str) -> in
     target = np.frombuffer(destination, dtype=ints)
     sections = _split(payload, ints, target.size)
     indices = _indices(sections, target.size)
-    values = _new_values(sections, target[indices], ints)
+    values = _new_values(sections, target[indices])
     target[indices] = values  # the only write, after every check
     return int(indices.size)
 
@@ -160,25 +165,32 @@ def _split(payload: memoryview, ints: type[np.signedinteger], num_elems: int) ->
 
 def _indices(sections: _Sections, num_elems: int) -> np.ndarray:
     """Changed indices (strictly increasing), checked to stay inside the entry."""
-    skips = sections.skips.astype(np.int64)
     is_long = sections.skips == SKIP_ESCAPE
-    if int(is_long.sum()) != sections.long_skips.size:
-        raise DeltaError(f"{int(is_long.sum())} long-skip escapes for {sections.long_skips.size} long skips")
+    num_long = int(np.count_nonzero(is_long))
+    if num_long != sections.long_skips.size:
+        raise DeltaError(f"{num_long} long-skip escapes for {sections.long_skips.size} long skips")
     # Bound the long skips in floating point first (with slack for rounding), so that the exact
     # integer sum below cannot overflow; the exact check follows.
     if float(sections.long_skips.sum(dtype=np.float64)) > 1.001 * num_elems + 1.0:
         raise DeltaError("sparse payload skips past the end of the entry")
-    skips[is_long] = sections.long_skips.astype(np.int64)
-    indices = np.cumsum(skips + 1) - 1
+    indices = sections.skips.astype(np.int64)
+    if num_long:
+        indices[is_long] = sections.long_skips
+    indices += 1  # each changed element advances one past its skip
+    np.cumsum(indices, out=indices)
+    indices -= 1
     if indices.size and int(indices[-1]) >= num_elems:
         raise DeltaError(f"sparse payload changes element {int(indices[-1])} of an entry of {num_elems}")
     return indices
 
 
-def _new_values(sections: _Sections, old_values: np.ndarray, ints: type[np.signedinteger]) -> np.ndarray:
+def _new_values(sections: _Sections, old_values: np.ndarray) -> np.ndarray:
+    """``old_values`` (a gathered copy) turned into the new ones in place."""
     is_wide = sections.diffs == DIFF_ESCAPE
-    if int(is_wide.sum()) != sections.wide.size:
-        raise DeltaError(f"{int(is_wide.sum())} wide-value escapes for {sections.wide.size} wide values")
-    values = old_values + sections.diffs.astype(ints)  # wraps, as the encoder's subtraction did
-    values[is_wide] = sections.wide
-    return values
+    num_wide = int(np.count_nonzero(is_wide))
+    if num_wide != sections.wide.size:
+        raise DeltaError(f"{num_wide} wide-value escapes for {sections.wide.size} wide values")
+    old_values += sections.diffs  # wraps, as the encoder's subtraction did
+    if num_wide:
+        old_values[is_wide] = sections.wide
+    return old_values
