@@ -3,6 +3,7 @@
 
     python3 tools/bench_weight_sync.py --shapes qwen2.5-1.5b,qwen2.5-7b      # one H200: ~3 minutes
     python3 tools/bench_weight_sync.py --shapes qwen2.5-0.5b --device cpu --rounds 2   # CPU check
+    python3 tools/bench_weight_sync.py --shapes qwen2.5-0.5b --device cpu --delta-only  # delta sync only
 
 What runs: K shard processes (spawned, ``--transport``, shm by default); this process is both the
 trainer (fp32 weights of the published shape on the device, an Adam-sized step per version) and a
@@ -169,12 +170,14 @@ def run_delta(args: argparse.Namespace, shape: str, device: torch.device, direct
     shards = LocalShards(directory, args.shards, transport="zmq").start()
     pusher = Pusher(shards.push_endpoints, incarnation=1, max_block_bytes=args.chunk_mb << 20)
     delta = Puller(shards.pull_endpoints, delta_sync=True)
-    ratios, seconds, exact = [], [], True
+    ratios, seconds, fractions, exact = [], [], [], True
     try:
         for version in range(1, WARMUP + args.rounds + 1):
             adam_like_step(trainer, version, args.lr)
             staged = staging.stage(trainer)
             pusher.push(version, staged)
+            if version > WARMUP:  # the mirror still holds the previous version
+                fractions.append(changed_fraction(delta.mirror.tensor, staged))
             start = time.perf_counter()
             pulled = delta.pull(version, lambda name, tensor: None)
             if version > WARMUP:
@@ -185,7 +188,18 @@ def run_delta(args: argparse.Namespace, shape: str, device: torch.device, direct
         pusher.close()
         delta.close()
         shards.stop()
-    return {"delta_bytes_ratio": statistics.median(ratios), "delta_pull_s": statistics.median(seconds), "exact": exact}
+    return {
+        "delta_bytes_ratio": statistics.median(ratios),
+        "delta_pull_s": statistics.median(seconds),
+        "changed_fraction": statistics.median(fractions),
+        "exact": exact,
+    }
+
+
+def changed_fraction(held: Callable[[str], torch.Tensor], staged: dict[str, torch.Tensor]) -> float:
+    """Fraction of served (bf16) elements whose bits differ between the held and the new version."""
+    changed = sum(int((held(n).view(torch.int16) != t.view(torch.int16)).sum()) for n, t in staged.items())
+    return changed / sum(t.numel() for t in staged.values())
 
 
 def sync_device(device: torch.device) -> None:
@@ -216,12 +230,17 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=1e-6)
     ap.add_argument("--probe-gb", type=float, default=2.0)
     ap.add_argument("--no-delta", dest="delta", action="store_false")
+    ap.add_argument("--delta-only", action="store_true", help="only the delta sync phase (no limits, no full syncs)")
     args = ap.parse_args()
+    if args.delta_only and not args.delta:
+        ap.error("--delta-only and --no-delta exclude each other")
     configure("warning")
     device = torch.device(args.device)
-    limits = measure_limits(device, int(args.probe_gb * GB))
     print(f"device {device}, transport {args.transport}, {args.shards} shards, {os.cpu_count()} CPUs")
-    print("limits GB/s: " + ", ".join(f"{k} {v:.1f}" for k, v in limits.items()))
+    limits: dict[str, float] = {}
+    if not args.delta_only:
+        limits = measure_limits(device, int(args.probe_gb * GB))
+        print("limits GB/s: " + ", ".join(f"{k} {v:.1f}" for k, v in limits.items()))
     shapes = args.shapes.split(",")
     out: list[str] = []
     with tempfile.TemporaryDirectory(dir="/tmp", prefix="bws") as directory:
@@ -229,8 +248,13 @@ def main() -> None:
             delta = run_delta(args, shapes[0], device, directory)
             ratio, pull_s = delta["delta_bytes_ratio"], delta["delta_pull_s"]
             print(f"\ndelta sync ({shapes[0]}, zmq, lr {args.lr:g}): {ratio:.1f}x fewer bytes than a full version,")
-            print(f"  {pull_s:.3f} s per pull, mirror bit-exact: {delta['exact']}")
+            print(f"  {pull_s:.3f} s per pull, {delta['changed_fraction']:.2%} of elements changed per step,")
+            print(f"  mirror bit-exact: {delta['exact']}")
             out.append(f"delta_bytes_ratio={delta['delta_bytes_ratio']:.2f} delta_exact={int(delta['exact'])}")
+            out.append(f"delta_pull_s={pull_s:.3f} delta_changed_fraction={delta['changed_fraction']:.4f}")
+        if args.delta_only:
+            print(f"RESULT shape={shapes[0]} lr={args.lr:g} " + " ".join(out))
+            return
         for shape in shapes:
             figures = report(shape, run_shape(args, shape, device, directory), limits)
             tag = shape.rsplit("-", 1)[-1]

@@ -5,9 +5,15 @@ tensor handed to the engine is a view of these buffers with no copy after the re
 buffers across pulls keeps their pages warm.
 
 For delta sync the mirror also knows, for every entry, the manifest entry whose bytes it holds, so
-the next pull fetches exactly the entries whose checksum (or layout) differs. A tensor whose bytes
-changed but which was not yet handed to the engine (a pull failed halfway through it) stays *dirty*
-and is loaded by the next successful pull even if nothing else in it changes.
+the next pull fetches exactly the entries whose checksum (or layout) differs. An entry is forgotten
+before the first byte of it is written (``destination``) and held again only once its new bytes
+are verified (``landed``), so a pull that fails halfway never leaves an entry that claims bytes it
+does not have. A tensor whose bytes changed but which was not yet handed to the engine stays
+*dirty* and is loaded by the next successful pull even if nothing else in it changes.
+
+Sparse deltas apply to the bytes of one version, the *base*: the last version the mirror held
+whole and verified (``settle``). Only entries still held exactly as in the base may come sparse
+(``base_for``, ``holds_base``); any other needed entry, such as one a failed pull rewrote, comes whole.
 
 For a CUDA engine (``pin_memory``) the buffers are page-locked once, so the engine's copies of
 assembled tensors run at pinned host-to-device speed: at 7B most bytes are in tensors split into
@@ -23,17 +29,19 @@ import torch
 from psrl.ps import pinning
 from psrl.ps.dtypes import byte_view, dtype_from_name
 from psrl.ps.manifest import ManifestEntry
+from psrl.ps.versions import NONE
+
+
+def _place(entry: ManifestEntry) -> tuple[object, ...]:
+    return entry.name, entry.shape, entry.dtype, entry.elem_start, entry.num_elems
+
+
+def _same_place(a: ManifestEntry, b: ManifestEntry) -> bool:
+    return _place(a) == _place(b)
 
 
 def _same_bytes(a: ManifestEntry, b: ManifestEntry) -> bool:
-    return (a.name, a.shape, a.dtype, a.elem_start, a.num_elems, a.checksum) == (
-        b.name,
-        b.shape,
-        b.dtype,
-        b.elem_start,
-        b.num_elems,
-        b.checksum,
-    )
+    return _same_place(a, b) and a.checksum == b.checksum
 
 
 class Mirror:
@@ -43,6 +51,8 @@ class Mirror:
         self._pinned: dict[str, int] = {}  # name -> registered address
         self._held: dict[int, ManifestEntry] = {}
         self._dirty: set[str] = set()
+        self._base_version = NONE
+        self._base: dict[int, ManifestEntry] = {}
 
     def prepare(self, entries: Sequence[ManifestEntry]) -> None:
         """Allocate (or re-allocate on a layout change) a tensor for every name in the version."""
@@ -81,6 +91,23 @@ class Mirror:
             if held is None or not _same_bytes(held, entry) or not self._fits(entry):
                 out.append(entry)
         return out
+
+    def settle(self, version: int, entries: Sequence[ManifestEntry]) -> None:
+        """The mirror now holds ``version`` whole, every entry verified: the base of the next deltas."""
+        self._base_version = version
+        self._base = {entry.index: entry for entry in entries}
+
+    def holds_base(self, entry: ManifestEntry) -> bool:
+        """Whether the bytes held where ``entry`` goes are exactly the base version's."""
+        held, base = self._held.get(entry.index), self._base.get(entry.index)
+        if held is None or base is None:
+            return False
+        return _same_bytes(held, base) and _same_place(base, entry) and self._fits(entry)
+
+    def base_for(self, entries: Sequence[ManifestEntry]) -> tuple[int, tuple[int, ...]]:
+        """(base version, indices of ``entries`` held exactly as in it), or (NONE, ()) without a base."""
+        indices = tuple(e.index for e in entries if self.holds_base(e))
+        return (self._base_version, indices) if indices else (NONE, ())
 
     def destination(self, entry: ManifestEntry) -> memoryview:
         """Where ``entry``'s bytes go (its slice of the tensor); the entry is untrusted until ``landed``."""

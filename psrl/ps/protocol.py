@@ -19,7 +19,10 @@ import msgspec
 
 from psrl.ps.manifest import ManifestEntry
 
-PROTOCOL_VERSION = 1
+# 2: sparse pull chunks in psrl.ps.delta's packed format (SPARSE=2, PullChunk.num_bytes) for the
+# entries a puller names as held at its base version (PullRequest.base_indices). A shard and a
+# puller of different versions refuse each other at the manifest exchange.
+PROTOCOL_VERSION = 2
 LATEST = -1  # ManifestRequest.version meaning "the newest version this shard has committed"
 
 
@@ -103,6 +106,7 @@ class Abort(_Msg, frozen=True, tag="abort"):
 class ManifestRequest(_Msg, frozen=True, tag="manifest_request"):
     request_id: int
     version: int
+    protocol: int = 1  # the puller's PROTOCOL_VERSION (peers before version 2 did not send it)
 
 
 class ManifestReply(_Msg, frozen=True, tag="manifest_reply"):
@@ -114,6 +118,7 @@ class ManifestReply(_Msg, frozen=True, tag="manifest_reply"):
     algorithm: str
     entries: tuple[ManifestEntry, ...]  # this shard's entries, in the dtype it serves
     offer: bytes = b""  # transport data a puller needs to read (NIXL descriptors)
+    protocol: int = 1  # the shard's PROTOCOL_VERSION (shards before version 2 did not send it)
 
 
 class Unavailable(_Msg, frozen=True, tag="unavailable"):
@@ -129,7 +134,8 @@ class PullRequest(_Msg, frozen=True, tag="pull_request"):
     version: int
     entry_indices: tuple[int, ...]
     peer: str = ""  # the puller's data-plane identity (out-of-band transports)
-    base_version: int = -1  # delta sync: the puller holds this version whole; sparse chunks may be sent
+    base_version: int = -1  # delta sync: the version the puller's mirror last held whole
+    base_indices: tuple[int, ...] = ()  # entries it holds exactly as in base_version: these may come sparse
 
 
 class PullChunk(_Msg, frozen=True, tag="pull_chunk"):
@@ -137,7 +143,7 @@ class PullChunk(_Msg, frozen=True, tag="pull_chunk"):
     version: int
     entry_index: int
     encoding: int = 0  # psrl.ps.delta.DENSE (the entry's bytes) or SPARSE (changes from base_version)
-    num_changed: int = 0  # SPARSE: number of changed elements in the payload
+    num_bytes: int = 0  # SPARSE: bytes of the payload frame
 
 
 class PullDone(_Msg, frozen=True, tag="pull_done"):

@@ -14,7 +14,8 @@ version or request is dropped, and a shard that no longer serves the version fai
 ``sync()`` retries until one version loads completely.
 
 Delta sync uses the mirror as the record of what was loaded and fetches only entries whose checksum
-changed; afterwards every entry of the mirror is re-hashed against the new manifest, so the
+changed, as sparse deltas (``psrl.ps.delta``) for entries the mirror holds exactly as in its base
+version; afterwards every entry of the mirror is re-hashed against the new manifest, so the
 reconstruction is checked exactly.
 """
 
@@ -31,7 +32,7 @@ from bus.security import CurveKeys
 from psrl.log import get_logger
 from psrl.ps import links
 from psrl.ps.checksum import checksum
-from psrl.ps.delta import SPARSE, DeltaError, apply_sparse, sparse_bytes
+from psrl.ps.delta import DENSE, SPARSE, DeltaError, apply_sparse
 from psrl.ps.dtypes import copy_bytes, tensor_from_buffer
 from psrl.ps.errors import PullFailedError
 from psrl.ps.manifest import NO_CHECKSUM, ManifestEntry
@@ -160,6 +161,8 @@ class Puller:
         finally:
             for request_id in request_ids.values():
                 self._plane.finish(request_id)
+        if self.delta_sync and plan.algorithm != NO_CHECKSUM:
+            self.mirror.settle(plan.version, plan.entries)  # re-hashed whole by _flush_dirty
         self.held_version = plan.version
         stream.finish(plan.version, plan.digest, plan.entries, len(needed), counts.num_loaded)
 
@@ -177,21 +180,30 @@ class Puller:
 
     def _request(self, plan: VersionPlan, needed: Sequence[ManifestEntry]) -> dict[int, int]:
         request_ids: dict[int, int] = {}
-        # Sparse deltas need the mirror to hold one whole version, the base they apply to.
-        is_whole = self.held_version not in (NONE, plan.version)
-        base_version = self.held_version if self.delta_sync and is_whole else NONE
         for shard, sock in enumerate(self._links.socks):
             part = [e for e in needed if e.shard == shard]
             if not part:
                 continue
             request_ids[shard] = self._links.next_request_id()
+            base_version, base_indices = self._sparse_base(plan, part)
+            indices = tuple(e.index for e in part)
             request = PullRequest(
-                request_ids[shard], plan.version, tuple(e.index for e in part), self._plane.peer, base_version
+                request_ids[shard], plan.version, indices, self._plane.peer, base_version, base_indices
             )
             # In-band transports receive each payload where it belongs when it arrives.
             destinations = [] if self._plane.is_in_band else [self._destination(e) for e in part]
             self._plane.request(sock, request, plan.parts[shard].offer, part, destinations)
         return request_ids
+
+    def _sparse_base(self, plan: VersionPlan, part: Sequence[ManifestEntry]) -> tuple[int, tuple[int, ...]]:
+        """The base version and the entries of ``part`` that may come as sparse deltas from it.
+
+        Only checksummed versions: a delta is trusted because the result is re-hashed.
+        """
+        if not self.delta_sync or plan.algorithm == NO_CHECKSUM or not self._plane.is_in_band:
+            return NONE, ()
+        base_version, indices = self.mirror.base_for(part)
+        return (NONE, ()) if base_version == plan.version else (base_version, indices)
 
     def _destination(self, entry: ManifestEntry) -> memoryview:
         return memoryview(b"") if self._is_zero_copy(entry) else self.mirror.destination(entry)
@@ -301,20 +313,30 @@ class Puller:
             return None
         try:
             if chunk.encoding == SPARSE:
-                return entry, self._apply_sparse(sock, entry, chunk.num_changed), None
+                return entry, self._apply_sparse(sock, entry, chunk.num_bytes), None
+            if chunk.encoding != DENSE:
+                links.discard_rest(sock)
+                raise ProtocolError(f"pull chunk of entry {entry.index} has unknown encoding {chunk.encoding}")
             if self._is_zero_copy(entry):
                 return entry, entry.num_bytes, links.recv_payload_frame(sock, entry.num_bytes)
-            links.recv_payload_into(sock, self.mirror.entry_view(entry))
+            links.recv_payload_into(sock, self.mirror.destination(entry))
         except (ProtocolError, DeltaError) as exc:
             self.mirror.forget(entry)
             raise PullFailedError(plan.version, str(exc)) from None
         return entry, entry.num_bytes, None
 
-    def _apply_sparse(self, sock: zmq.Socket[bytes], entry: ManifestEntry, num_changed: int) -> int:
-        payload = memoryview(bytearray(sparse_bytes(num_changed, entry.dtype)))
+    def _apply_sparse(self, sock: zmq.Socket[bytes], entry: ManifestEntry, num_bytes: int) -> int:
+        """Receive a sparse delta and apply it to the base bytes the mirror holds; bytes received."""
+        if not self.mirror.holds_base(entry):
+            links.discard_rest(sock)
+            raise DeltaError(f"sparse chunk of entry {entry.index} ({entry.name}), not held as in the base version")
+        if not 0 < num_bytes <= entry.num_bytes:
+            links.discard_rest(sock)
+            raise DeltaError(f"sparse chunk of {num_bytes} bytes for entry {entry.index} of {entry.num_bytes}")
+        payload = memoryview(bytearray(num_bytes))
         links.recv_payload_into(sock, payload)
-        apply_sparse(self.mirror.entry_view(entry), payload, entry.dtype, num_changed)
-        return len(payload)
+        apply_sparse(self.mirror.destination(entry), payload, entry.dtype)
+        return num_bytes
 
     def _flush_dirty(self, plan: VersionPlan, counts: _Counts) -> Iterator[tuple[str, torch.Tensor]]:
         """Delta sync: re-hash the whole mirror against the manifest, then load tensors left dirty."""

@@ -30,6 +30,7 @@ from psrl.ps import links
 from psrl.ps.delta import encode_sparse
 from psrl.ps.manifest import ManifestEntry
 from psrl.ps.protocol import (
+    PROTOCOL_VERSION,
     Abort,
     Commit,
     CommitRefused,
@@ -398,6 +399,14 @@ class ShardServer:
         return Unavailable(request_id, version, self.versions.latest_version, self.versions.previous_version, reason)
 
     def _on_manifest(self, ident: bytes, request: ManifestRequest) -> None:
+        if request.protocol != PROTOCOL_VERSION:
+            self.counters["pulls_refused"] += 1
+            reason = (
+                f"refused: the puller speaks PS protocol {request.protocol}, this shard {PROTOCOL_VERSION} "
+                "(run one psrl version on shards and rollout hosts)"
+            )
+            links.reply(self._pull_sock, ident, Unavailable(request.request_id, request.version, NONE, NONE, reason))
+            return
         held = self.versions.lookup(request.version)
         if held is None:
             links.reply(self._pull_sock, ident, self._unavailable(request.request_id, request.version))
@@ -411,6 +420,7 @@ class ShardServer:
             held.algorithm,
             held.entries,
             self._plane.pull_offer(held.buffers),
+            PROTOCOL_VERSION,
         )
         links.reply(self._pull_sock, ident, reply)
 
@@ -429,17 +439,21 @@ class ShardServer:
         def reply(message: Message, payload: memoryview | None) -> zmq.MessageTracker | None:
             return links.reply(self._pull_sock, ident, message, payload)
 
-        self._plane.serve(reply, request, entries, held.buffers, self._sparse_source(held, request.base_version))
+        self._plane.serve(reply, request, entries, held.buffers, self._sparse_source(held, request))
         self.counters["pulls_served"] += 1
         self.counters["bytes_served"] += sum(e.num_bytes for e in entries)
 
-    def _sparse_source(self, held: HeldVersion[EntryBuffers], base_version: int) -> SparseSource | None:
-        """Sparse deltas from ``base_version`` to ``held``, when the shard still holds the base."""
-        base = self.versions.lookup(base_version) if base_version >= 0 else None
-        if base is None or base.version == held.version:
+    def _sparse_source(self, held: HeldVersion[EntryBuffers], request: PullRequest) -> SparseSource | None:
+        """Sparse deltas from the request's base version to ``held``, when the shard still holds the
+        base, for the entries the puller holds exactly as in the base."""
+        base = self.versions.lookup(request.base_version) if request.base_version >= 0 else None
+        if base is None or base.version == held.version or not request.base_indices:
             return None
+        at_base = frozenset(request.base_indices)
 
-        def sparse(entry: ManifestEntry) -> tuple[memoryview, int] | None:
+        def sparse(entry: ManifestEntry) -> memoryview | None:
+            if entry.index not in at_base:
+                return None
             key = (base.version, entry.index)
             if key not in held.sparse_cache:
                 held.sparse_cache[key] = _encode_delta(base, held, entry)
@@ -475,7 +489,7 @@ class ShardServer:
 
 def _encode_delta(
     base: HeldVersion[EntryBuffers], held: HeldVersion[EntryBuffers], entry: ManifestEntry
-) -> tuple[memoryview, int] | None:
+) -> memoryview | None:
     old = base.by_index.get(entry.index)
     if old is None or (old.name, old.elem_start, old.num_elems, old.dtype) != (
         entry.name,

@@ -21,6 +21,7 @@ from psrl.ps.errors import PullFailedError
 from psrl.ps.manifest import ManifestEntry, ManifestError, validate_served_parts
 from psrl.ps.protocol import (
     LATEST,
+    PROTOCOL_VERSION,
     WITH_PAYLOAD,
     LiveCheck,
     LiveReply,
@@ -124,7 +125,7 @@ class ShardLinks:
         ids = {}
         for shard, sock in enumerate(self.socks):
             ids[shard] = self.next_request_id()
-            links.send(sock, ManifestRequest(ids[shard], version))
+            links.send(sock, ManifestRequest(ids[shard], version, PROTOCOL_VERSION))
         replies: dict[int, ManifestReply] = {}
         deadline = time.monotonic() + self.timeout_s
         while len(replies) < self.num_shards:
@@ -134,6 +135,7 @@ class ShardLinks:
                 if isinstance(message, Unavailable):
                     raise PullFailedError(version, f"shard {shard}: version {message.reason}", message.latest)
                 if isinstance(message, ManifestReply):
+                    _check_protocol(shard, message)
                     if message.version != version:
                         raise PullFailedError(version, f"shard {shard} answered for version {message.version}")
                     replies[shard] = message
@@ -141,12 +143,14 @@ class ShardLinks:
 
     def manifest_from(self, shard: int, version: int) -> ManifestReply | Unavailable:
         request_id = self.next_request_id()
-        links.send(self.socks[shard], ManifestRequest(request_id, version))
+        links.send(self.socks[shard], ManifestRequest(request_id, version, PROTOCOL_VERSION))
         deadline = time.monotonic() + self.timeout_s
         while True:
             for got_shard, message in self.control(deadline, version):
                 is_reply = isinstance(message, ManifestReply | Unavailable) and message.request_id == request_id
                 if got_shard == shard and is_reply:
+                    if isinstance(message, ManifestReply):
+                        _check_protocol(shard, message)
                     return message  # type: ignore[return-value]
 
     def confirm_live(self, version: int) -> None:
@@ -163,3 +167,12 @@ class ShardLinks:
                     live[shard] = message.is_live
         if not all(live.values()):
             raise PullFailedError(version, "version retired during the pull")
+
+
+def _check_protocol(shard: int, reply: ManifestReply) -> None:
+    if reply.protocol != PROTOCOL_VERSION:
+        raise PullFailedError(
+            reply.version,
+            f"shard {shard} speaks PS protocol {reply.protocol}, this puller {PROTOCOL_VERSION} "
+            "(run one psrl version on shards and rollout hosts)",
+        )

@@ -64,8 +64,8 @@ class HeldVersion(Generic[BuffersT]):
     entries: tuple[ManifestEntry, ...]
     buffers: BuffersT
     by_index: dict[int, ManifestEntry]
-    # Sparse deltas from an older version, computed on first request: (base version, entry) -> delta.
-    sparse_cache: dict[tuple[int, int], tuple[memoryview, int] | None] = field(default_factory=dict)
+    # Sparse deltas from an older version, computed on first request: (base version, entry) -> payload.
+    sparse_cache: dict[tuple[int, int], memoryview | None] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

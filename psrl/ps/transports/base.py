@@ -129,8 +129,8 @@ class BufferPool:
         return evicted
 
 
-# entry -> (payload, number of changed elements) of a sparse delta, or None to send it whole.
-SparseSource = Callable[[ManifestEntry], "tuple[memoryview, int] | None"]
+# entry -> the payload of its sparse delta (psrl.ps.delta), or None to send it whole.
+SparseSource = Callable[[ManifestEntry], "memoryview | None"]
 # (message, payload) -> tracker of the payload's send; raises psrl.ps.links.LinkError when the peer is gone.
 Replier = Callable[[Message, "memoryview | None"], "zmq.MessageTracker | None"]
 

@@ -51,9 +51,7 @@ class ZmqShardDataPlane(ShardDataPlane):
         for entry in entries:
             delta = sparse(entry) if sparse is not None else None
             if delta is not None:
-                payload, num_changed = delta
-                chunk = PullChunk(request.request_id, request.version, entry.index, SPARSE, num_changed)
-                reply(chunk, payload)
+                reply(PullChunk(request.request_id, request.version, entry.index, SPARSE, len(delta)), delta)
                 continue
             tracker = reply(PullChunk(request.request_id, request.version, entry.index), buffers.view(entry.index))
             buffers.track(tracker)
