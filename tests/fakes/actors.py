@@ -53,3 +53,16 @@ class FakeActor(Actor):
         if self.boot.options.get("ignore_sigterm") and reason.startswith(("SIGTERM", "shutdown")):
             return
         super().request_stop(reason)
+
+
+class TorchFakeActor(FakeActor):
+    """A FakeActor whose setup imports torch, as the tensor roles' does: a cold start pays the import,
+    a warm spare (which imports ``WARM_IMPORTS`` ahead of need) does not."""
+
+    WARM_IMPORTS = (*FakeActor.WARM_IMPORTS, "torch")
+
+    def setup(self) -> dict[str, int]:
+        import torch
+
+        capacity = super().setup()
+        return {**capacity, "threads": torch.get_num_threads()}
