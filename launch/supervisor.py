@@ -417,6 +417,19 @@ class Supervisor:
         for roles in STOP_STAGES:
             group = [s.name for s in reversed(self.specs) if s.role in roles and s.name in self.processes]
             self._stop_group(group, max(deadline, time.monotonic() + STAGE_GRACE_S))
+        self._check_log_complete()
+
+    def _check_log_complete(self) -> None:
+        """A logger that failed while the run stopped (its log's end unwritten: a full disk) fails the run."""
+        for spec in self.specs:
+            process = self.processes.get(spec.name)
+            code = process.poll() if spec.role == "logger" and process is not None else None
+            if code is not None and code > 0 and self.exit_code == EXIT_OK:
+                reason = self.dead_reasons.get(spec.name, f"exit code {code}")
+                self.exit_code = EXIT_FAILED
+                self.end_reason = (f"{self.end_reason}; but the event log is incomplete: {spec.name} failed "
+                                   f"while stopping ({reason}; see {self.run_dir.log_file(spec.name)})")  # fmt: skip
+                self.log.error("event log incomplete", actor=spec.name, code=code)
 
     def _stop_group(self, names: list[str], deadline: float) -> None:
         if not names:
