@@ -13,14 +13,12 @@ from psrl.log import configure
 
 
 def main() -> int:
-    boot = Boot.read()
-    threads = int(boot.options.get("torch_threads", 0))
-    if threads:  # before torch is imported: several actors share the machine's cores
-        os.environ["OMP_NUM_THREADS"] = str(threads)
-        os.environ["MKL_NUM_THREADS"] = str(threads)
-    gpus = boot.options.get("cuda_visible_devices")
-    if gpus is not None:  # before CUDA starts: the actor's device is then its cuda:0
-        os.environ["CUDA_VISIBLE_DEVICES"] = str(gpus)
+    return run_boot(Boot.read())
+
+
+def run_boot(boot: Boot) -> int:
+    """Become the actor ``boot`` names and run it: the one boot path of a cold start and a warm spare."""
+    prepare_process(boot)
     json_log = None
     if boot.run_dir is not None and boot.options.get("log_to_run_dir", True):
         json_log = os.path.join(boot.run_dir, "logs", f"{boot.name}.jsonl")
@@ -36,6 +34,27 @@ def main() -> int:
         sys.stderr.flush()
         os._exit(code)
     return code
+
+
+def prepare_process(boot: Boot) -> None:
+    """Thread counts and the visible GPUs, set before the actor's torch work starts.
+
+    A cold process sets them before torch is imported; a warm spare imported torch already, so
+    the thread count is also applied to torch itself, and the GPUs only while CUDA is untouched
+    (importing torch does not start CUDA: the device list is read when it first starts)."""
+    threads = int(boot.options.get("torch_threads", 0))
+    if threads:  # several actors share the machine's cores
+        os.environ["OMP_NUM_THREADS"] = str(threads)
+        os.environ["MKL_NUM_THREADS"] = str(threads)
+        torch = sys.modules.get("torch")
+        if torch is not None:
+            torch.set_num_threads(threads)
+    gpus = boot.options.get("cuda_visible_devices")
+    if gpus is not None:  # the actor's device is then its cuda:0
+        torch = sys.modules.get("torch")
+        if torch is not None and torch.cuda.is_initialized():
+            raise RuntimeError(f"{boot.name}: CUDA started before its devices ({gpus}) could be chosen")
+        os.environ["CUDA_VISIBLE_DEVICES"] = str(gpus)
 
 
 def _run(run: Callable[[], int], name: str) -> int:

@@ -95,6 +95,10 @@ class Actor:
     ROLE: ClassVar[str] = ""
     # whether setup binds a request socket at the actor's own endpoint (announced in Hello)
     SERVES_REQUESTS: ClassVar[bool] = False
+    # modules a warm spare imports ahead of need (actors.spare), beyond the actor's own module: what
+    # the actor's setup imports lazily (a tokenizer, a kernel), and the heavy ones (torch), so a
+    # replacement that becomes the spare pays only its own setup
+    WARM_IMPORTS: ClassVar[tuple[str, ...]] = ("numpy", "zmq", "msgspec", "yaml", "pydantic")
 
     def __init__(self, boot: Boot) -> None:
         self.boot = boot

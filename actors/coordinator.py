@@ -23,6 +23,9 @@ from psrl.routing.cost_model import load_cost_model
 
 class CoordinatorActor(FlowActor):
     ROLE = "coordinator"
+    # its task's tokenizer: transformers' AutoTokenizer loads torch and the model registry
+    WARM_IMPORTS = (*FlowActor.WARM_IMPORTS, "torch", "transformers", "transformers.models.auto.tokenization_auto",
+                    "psrl.engine", "psrl.data.prompts", "psrl.rewards.factory")  # fmt: skip
     FLOW = CoordinatorFlow
     flow: CoordinatorFlow
 

@@ -1,4 +1,9 @@
-"""The logger actor: writes every event of the run to the event log in the run directory."""
+"""The logger actor: writes every event of the run to the event log in the run directory.
+
+If the log cannot be written (a full disk), the actor dies (ActorDead, exit 1) within one loop
+turn: the supervisor restarts it under its restart policy, and a logger that fails while the run
+stops fails the run (launch.supervisor), so a truncated log is never reported as a finished run.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +12,8 @@ from pathlib import Path
 from actors.base import Actor
 from actors.boot import Boot
 from bus.eventlog.logger import EventLogger
+
+WRITER_CHECK_S = 0.1
 
 
 class LoggerActor(Actor):
@@ -26,6 +33,12 @@ class LoggerActor(Actor):
             fsync=self.bus.fsync,
         )
         self.event_logger.start()
+
+    def setup(self) -> dict[str, int]:
+        # a writer thread that died (a full disk) is fatal here, paused or not: heartbeating on
+        # beside a log that stopped growing would let the run end "finished" with a truncated log
+        self.every(WRITER_CHECK_S, self.event_logger.check)
+        return {}
 
     def drop_counts(self) -> dict[str, int]:
         counts = super().drop_counts()

@@ -21,6 +21,7 @@ from psrl.ps.from_config import shard_options
 
 class ParameterShardActor(Actor):
     ROLE = "ps"
+    WARM_IMPORTS = (*Actor.WARM_IMPORTS, "torch", "psrl.ps")
     SERVES_REQUESTS = True
 
     def setup(self) -> dict[str, int]:

@@ -22,6 +22,8 @@ from psrl.ps.supply import PsWeightSupply
 
 class RolloutActor(FlowActor):
     ROLE = "rollout"
+    WARM_IMPORTS = (*FlowActor.WARM_IMPORTS, "torch", "safetensors", "psrl.engine.engine", "psrl.models.llama",
+                    "psrl.models.loader", "psrl.kvcache.transfer")  # fmt: skip
     FLOW = InstanceFlow
     flow: InstanceFlow
 

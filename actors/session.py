@@ -18,6 +18,7 @@ from psrl.flows.session import ROUTER, SessionFlow
 
 class SessionActor(FlowActor):
     ROLE = "session"
+    WARM_IMPORTS = (*FlowActor.WARM_IMPORTS, "multiprocessing", "psrl.envs.registry")
     FLOW = SessionFlow
     flow: SessionFlow
 

@@ -32,6 +32,14 @@ from psrl.trainer import ParallelContext, TrainerCore, latest_checkpoint
 
 class TrainerActor(FlowActor):
     ROLE = "trainer"
+    WARM_IMPORTS = (
+        *FlowActor.WARM_IMPORTS,
+        "torch",
+        "safetensors",
+        "transformers",
+        "psrl.trainer",
+        "psrl.models.llama",
+    )
     SERVES_REQUESTS = True
     FLOW = TrainerFlow
     flow: TrainerFlow

@@ -120,12 +120,14 @@ class ActorStarted(Message, frozen=True):
     incarnation: incarnation number of this start (0 for the first).
     pid: process id.
     host: host it runs on.
+    warm: a warm spare (imports done ahead of need) became the actor, not a new process (added in 1.5).
     """
 
     actor: str
     incarnation: int
     pid: int
     host: str
+    warm: bool = False
 
 
 @message("sup.exited")

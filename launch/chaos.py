@@ -2,8 +2,11 @@
 
 The injector runs beside `Supervisor.run` (which needs the main thread for its signal
 handlers). Each fault waits for its gap, then for the target to be serving (a fault on an actor
-that is still restarting would test the restart budget, not recovery), then sends SIGKILL (a
-crash) or SIGSTOP (a hang, which only missed heartbeats reveal). The supervisor does the rest;
+that is still restarting would test the restart budget, not recovery), then for the run's warm
+spares to be ready (so a replacement's start is warm whenever the run keeps spares: what is
+measured is recovery with spares, not a race with the previous spare's imports; after
+SPARE_WAIT_S it goes ahead), then sends SIGKILL (a crash) or SIGSTOP (a hang, which only missed
+heartbeats reveal). The supervisor does the rest;
 the event log says afterwards whether every promise held (`psrl.reliability`).
 """
 
@@ -22,6 +25,7 @@ from launch.supervisor import Supervisor
 from psrl.reliability.faults import KILL, Fault, InjectedFault
 
 READY_WAIT_S = 240.0  # how long a fault waits for its target to serve before it is skipped (a loaded machine)
+SPARE_WAIT_S = 120.0  # how long it waits for the warm spares to be ready before it goes ahead anyway
 POLL_S = 0.05
 
 
@@ -49,6 +53,9 @@ class FaultInjector:
                     return
                 self.skipped.append(f"{fault.target}: not serving after {READY_WAIT_S:.0f} s")
                 continue
+            self._until(lambda: self.supervisor.spares_full, SPARE_WAIT_S)
+            if self.supervisor.is_stopping:
+                return
             self._inject(fault)
 
     def _serving(self, name: str) -> bool:

@@ -36,6 +36,7 @@ class ActorProcess:
     is_ready: bool = False
     last_heartbeat: float = field(default=0.0)
     saving_since: float | None = None  # when it reported saving a checkpoint while stopping
+    warm: bool = False  # a warm spare became this actor (launch.spares), rather than a fresh process
 
     @property
     def pid(self) -> int:

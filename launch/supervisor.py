@@ -3,7 +3,9 @@
     1. run directory + resolved config; bus proxy (in this process); CURVE keys across hosts
     2. logger first (so every later event is logged), then every other actor; wait for READY
     3. watch: process exits and missed heartbeats (a death is seen within ~2 s), restart policy,
-       every start / death / restart published as an event; progress shown on the console
+       every start / death / restart published as an event; progress shown on the console; once
+       every actor serves, warm spares are started (topology.warm_spares per host, low priority),
+       and a replacement becomes one when one is ready (launch.spares)
     4. stop in order (coordinator first, logger last) on RunFinished, Ctrl-C / SIGTERM or a fatal
        death; stragglers get SIGTERM then SIGKILL; remote ones are killed by pid over ssh
 
@@ -45,6 +47,8 @@ from launch.placement import memory_saver_preload, visible_gpus
 from launch.plan import ActorSpec, plan_actors, plan_endpoints
 from launch.policy import RestartPolicy, Verdict
 from launch.process import ActorProcess, run_on_host, start_actor
+from launch.spare_policy import SparePolicy
+from launch.spares import SparePool
 from psrl.config import Config, to_yaml
 from psrl.config.bus_settings import bus_settings
 from psrl.launches import INCARNATIONS_PER_LAUNCH, is_replacement
@@ -97,6 +101,7 @@ class Supervisor:
         self._in_stall = False
         self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
         self.dead_reasons: dict[str, str] = {}
+        self.spares: SparePool | None = None
 
     # ------------------------------------------------------------------ public
 
@@ -110,6 +115,7 @@ class Supervisor:
         try:
             self._start_bus()
             self._start_all()
+            self.spares = self._spare_pool()
             if not self.is_stopping:
                 self.run_dir.write_state(status="running")
                 self._watch()
@@ -220,7 +226,10 @@ class Supervisor:
         )
 
     def _start(self, spec: ActorSpec, incarnation: int, *, announce: bool = True) -> ActorProcess:
-        process = start_actor(spec, self._boot(spec, incarnation), self.run_dir.log_file(spec.name))
+        boot, log_file = self._boot(spec, incarnation), self.run_dir.log_file(spec.name)
+        process = self.spares.take(spec, boot, log_file) if self.spares is not None else None
+        if process is None:
+            process = start_actor(spec, boot, log_file)
         self.processes[spec.name] = process
         if announce:
             self._announce(process)
@@ -228,8 +237,11 @@ class Supervisor:
 
     def _announce(self, process: ActorProcess) -> None:
         spec = process.spec
-        self.publisher.publish(ActorStarted(spec.name, process.incarnation, process.popen.pid, spec.host_name))
-        self.log.info("started", actor=spec.name, incarnation=process.incarnation, host=spec.host_name)
+        self.publisher.publish(
+            ActorStarted(spec.name, process.incarnation, process.popen.pid, spec.host_name, warm=process.warm)
+        )
+        self.log.info("started", actor=spec.name, incarnation=process.incarnation, host=spec.host_name,
+                      warm=process.warm)  # fmt: skip
 
     def _start_all(self) -> None:
         logger = [s for s in self.specs if s.role == "logger"]
@@ -243,6 +255,25 @@ class Supervisor:
         for spec in others:
             self._start(spec, self.incarnation_base)
         self._await_ready([s.name for s in others])
+
+    def _spare_pool(self) -> SparePool | None:
+        """Warm spares on the launching host, warming the classes of the actors that run there."""
+        local = [s for s in self.specs if s.host is None or s.host.is_local]
+        per_host = self.config.topology.warm_spares
+        if not local or per_host == 0:
+            return None
+        classes: dict[str, list[str]] = {}
+        for spec in local:
+            target = str(self.actor_options.get(spec.name, {}).get("actor_class", spec.role))
+            if target not in classes.setdefault(spec.host_name, []):
+                classes[spec.host_name].append(target)
+        log_dir = self.run_dir.log_file("spares").parent
+        return SparePool(SparePolicy(per_host), classes, log_dir, self.config.topology.threads_per_actor)
+
+    @property
+    def spares_full(self) -> bool:
+        """Every warm spare the run keeps is ready (true when it keeps none)."""
+        return self.spares is None or self.spares.is_full()
 
     def _await_ready(self, names: list[str]) -> None:
         deadline = time.monotonic() + self.config.bus.handshake_timeout_s
@@ -271,6 +302,12 @@ class Supervisor:
         while not self.is_stopping:
             self._pump_events(WATCH_INTERVAL_S)
             self._check_processes()
+            if self.spares is not None:
+                self.spares.tend(run_settled=self._is_settled())
+
+    def _is_settled(self) -> bool:
+        """Every actor serving and the run going on: the time a spare's imports cost the run nothing."""
+        return not self.is_stopping and all(p.is_ready and p.poll() is None for p in self.processes.values())
 
     def _pump_events(self, timeout_s: float) -> None:
         poller = zmq.Poller()
@@ -374,10 +411,25 @@ class Supervisor:
         All stages share one grace period, but each stage gets at least STAGE_GRACE_S; whatever is
         left when its grace runs out is terminated."""
         self.is_stopping = True
+        if self.spares is not None:
+            self.spares.stop_all()
         deadline = time.monotonic() + SHUTDOWN_GRACE_S
         for roles in STOP_STAGES:
             group = [s.name for s in reversed(self.specs) if s.role in roles and s.name in self.processes]
             self._stop_group(group, max(deadline, time.monotonic() + STAGE_GRACE_S))
+        self._check_log_complete()
+
+    def _check_log_complete(self) -> None:
+        """A logger that failed while the run stopped (its log's end unwritten: a full disk) fails the run."""
+        for spec in self.specs:
+            process = self.processes.get(spec.name)
+            code = process.poll() if spec.role == "logger" and process is not None else None
+            if code is not None and code > 0 and self.exit_code == EXIT_OK:
+                reason = self.dead_reasons.get(spec.name, f"exit code {code}")
+                self.exit_code = EXIT_FAILED
+                self.end_reason = (f"{self.end_reason}; but the event log is incomplete: {spec.name} failed "
+                                   f"while stopping ({reason}; see {self.run_dir.log_file(spec.name)})")  # fmt: skip
+                self.log.error("event log incomplete", actor=spec.name, code=code)
 
     def _stop_group(self, names: list[str], deadline: float) -> None:
         if not names:

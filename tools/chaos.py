@@ -12,7 +12,13 @@ to the replacement's Ready.
     python tools/chaos.py --cases 25 --faults 8   # the full run: 200 faults (make chaos)
     python tools/chaos.py --roles router,coordinator   # the roles that own run state, rebuilt from the log
 
-Ends with ``RESULT faults=<n> lost=<n> duplicated=<n> mixed_versions=<n> max_recovery_s=<s> ...``.
+With ``topology.warm_spares`` > 0 (the default is 1) each fault waits for the spares to be ready,
+so replacements are warm; ``topology.warm_spares=0`` measures cold replacements.
+
+    python tools/chaos.py --quick topology.warm_spares=0   # cold replacements, for comparison
+
+Ends with ``RESULT faults=<n> lost=<n> duplicated=<n> mixed_versions=<n> max_recovery_s=<s> ...
+warm_restarts=<n> warm_recovery_p50_s=<s> warm_max_recovery_s=<s>``.
 """
 
 from __future__ import annotations
@@ -90,7 +96,7 @@ def run_case(
 
 
 def describe(case: CaseResult) -> str:
-    times = [f"{r.fault.kind} {r.fault.target} {_secs(r.seconds)}" for r in case.recoveries]
+    times = [f"{r.fault.kind} {r.fault.target} {_secs(r.seconds)}{' warm' if r.warm else ''}" for r in case.recoveries]
     verdict = "finished" if case.exit_code == EXIT_OK else f"exit {case.exit_code}: {case.reason}"
     bad = {k: v for k, v in case.report.violations.items() if v}
     return (
@@ -123,10 +129,13 @@ def role_lines(cases: list[CaseResult]) -> list[str]:
     for role, recs in sorted(by_role.items()):
         healed = [r.seconds for r in recs if r.seconds is not None]
         detect = [r.detect_s for r in recs if r.detect_s is not None]
+        warm = [r.seconds for r in recs if r.seconds is not None and r.warm]
+        cold = [r.seconds for r in recs if r.seconds is not None and not r.warm]
         lines.append(
             f"  {role:<12} faults={len(recs):<4} recovered={len(healed):<4} p50={percentile(healed, 0.5):6.2f}s "
             f"p90={percentile(healed, 0.9):6.2f}s max={max(healed, default=0.0):6.2f}s "
-            f"detect_p50={percentile(detect, 0.5):5.2f}s"
+            f"detect_p50={percentile(detect, 0.5):5.2f}s warm={len(warm)} warm_p50={percentile(warm, 0.5):6.2f}s "
+            f"cold={len(cold)} cold_p50={percentile(cold, 0.5):6.2f}s"
         )
     return lines
 
@@ -134,6 +143,7 @@ def role_lines(cases: list[CaseResult]) -> list[str]:
 def summary_line(cases: list[CaseResult]) -> str:
     recs = [r for c in cases for r in c.recoveries]
     healed = [r.seconds for r in recs if r.seconds is not None]
+    warm = [r.seconds for r in recs if r.seconds is not None and r.warm]
     ratios = [x for c in cases for x in recovery_ratios(c)]
     totals = {key: sum(c.report.violations[key] for c in cases) for key in cases[0].report.violations}
     by_kind = {kind: sum(1 for r in recs if r.fault.kind == kind) for kind in ("kill", "stop")}
@@ -146,7 +156,9 @@ def summary_line(cases: list[CaseResult]) -> str:
         f"checks={sum(c.report.num_checks for c in cases)} "
         f"recovery_p50_s={percentile(healed, 0.5):.2f} recovery_p90_s={percentile(healed, 0.9):.2f} "
         f"max_recovery_s={max(healed, default=0.0):.2f} "
-        f"recovery_vs_cold_start_p50={percentile(ratios, 0.5):.2f}"
+        f"recovery_vs_cold_start_p50={percentile(ratios, 0.5):.2f} "
+        f"warm_restarts={len(warm)} warm_recovery_p50_s={percentile(warm, 0.5):.2f} "
+        f"warm_max_recovery_s={max(warm, default=0.0):.2f}"
     )
 
 

@@ -5,12 +5,17 @@ malformed messages (counted) and to count events lost before they reached it (fr
 sequence numbers). Control events are taken first, as everywhere on the bus. Buffered records
 are flushed to the operating system whenever the bus goes quiet and at least every
 `flush_interval_s`, so a reader of a live run sees recent events.
+
+A write that fails (a full disk: OSError ENOSPC) ends the writer thread; the failure is kept, and
+`check` and `stop` raise it, so the process that owns the logger can die of it rather than live on
+beside a log that stopped growing.
 """
 
 from __future__ import annotations
 
 import threading
 import time
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +59,7 @@ class EventLogger:
         ]
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
+        self.failure: BaseException | None = None  # what ended the writer thread early
 
     def run(self, stop: threading.Event) -> None:
         """Log until `stop` is set, then take what is already queued, fsync (per policy) and close."""
@@ -72,8 +78,19 @@ class EventLogger:
                     last_flush = now
             while sum(self._drain(s) for s in self._sockets):
                 pass
+        except BaseException as exc:
+            self.failure = exc  # before the close below, which may fail the same way on a full disk
+            raise
         finally:
+            self._close(quiet=self.failure is not None)
+
+    def _close(self, *, quiet: bool) -> None:
+        try:
             self.writer.close()
+        except OSError:
+            if not quiet:
+                raise
+        finally:
             for socket in self._sockets:
                 socket.close(0)
 
@@ -111,8 +128,23 @@ class EventLogger:
         """Run in a background thread (sockets move to it; do not use them from here afterwards)."""
         if self._thread is not None:
             raise BusError("event logger already started")
-        self._thread = threading.Thread(target=self.run, args=(self._stop,), name="event-logger", daemon=True)
+        self._thread = threading.Thread(target=self._run_in_thread, name="event-logger", daemon=True)
         self._thread.start()
+
+    def _run_in_thread(self) -> None:
+        try:
+            self.run(self._stop)
+        except BaseException as exc:
+            if self.failure is None:
+                self.failure = exc
+            traceback.print_exc()  # the whole story for the owner's log; `check` and `stop` raise it
+
+    def check(self) -> None:
+        """Raise `EventLogFailedError` if the writer thread died (the log stopped growing)."""
+        if self.failure is not None:
+            raise EventLogFailedError(f"event log writer died: {self.failure!r}") from self.failure
+        if self._thread is not None and not self._thread.is_alive() and not self._stop.is_set():
+            raise EventLogFailedError("event log writer thread ended without being stopped")
 
     def stop(self, timeout_s: float = 10.0) -> None:
         if self._thread is None:
@@ -122,3 +154,8 @@ class EventLogger:
         if self._thread.is_alive():
             raise BusError(f"event logger did not stop within {timeout_s} s")
         self._thread = None
+        self.check()  # a log that ended early, or whose last records were never written, is a failure
+
+
+class EventLogFailedError(BusError):
+    """The event log's writer failed (a full disk, an I/O error): events after the failure are not logged."""

@@ -47,6 +47,12 @@ class Topology(Section):
         "GPU indices of the rollout instances (instance i sees only rollout_gpus[i % n], so instances may "
         "share a GPU); empty = every process sees all GPUs and uses the first.",
     )
+    warm_spares: int = field(
+        1,
+        "Idle actor processes per host with the heavy modules (torch, the actor modules) already imported; a "
+        "dead actor's replacement becomes one of them instead of a cold process (0 = always start cold).",
+        ge=0,
+    )
     colocate: bool = field(
         False,
         "Trainer ranks and rollout instances share the same GPUs and take turns: rollout releases its memory "

@@ -53,23 +53,28 @@ class Recovery:
     fault: InjectedFault
     seconds: float | None  # signal -> the replacement's Ready; None: never served again
     detect_s: float | None  # signal -> the supervisor saw the death (heartbeats, for a hang)
+    warm: bool = False  # the replacement was a warm spare (sup.started warm), not a new process
 
 
 def recoveries(faults: Iterable[InjectedFault], events: Iterable[Event[Any]]) -> list[Recovery]:
     """For each fault, the time from the signal to its actor's next incarnation reporting Ready."""
     readies: dict[str, list[tuple[float, int]]] = {}
     exits: dict[str, list[tuple[float, int]]] = {}
+    warm_starts: set[tuple[str, int]] = set()
     for event in events:
         msg, env = event.message, event.envelope
         if isinstance(msg, Ready):
             readies.setdefault(env.sender, []).append((env.wall_ns / 1e9, env.incarnation))
         elif isinstance(msg, ActorExited):
             exits.setdefault(msg.actor, []).append((env.wall_ns / 1e9, msg.incarnation))
+        elif isinstance(msg, ActorStarted) and msg.warm:
+            warm_starts.add((msg.actor, msg.incarnation))
     return [
         Recovery(
             fault,
             _first_after(readies.get(fault.target, []), fault, later_incarnation=True),
             _first_after(exits.get(fault.target, []), fault, later_incarnation=False),
+            (fault.target, fault.incarnation + 1) in warm_starts,  # the replacement is the next incarnation
         )
         for fault in faults
     ]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import time
 from pathlib import Path
@@ -15,6 +16,7 @@ from bus.addresses import BusAddresses
 from bus.codec import Encoder
 from bus.eventlog import EventLogger, EventLogReader, EventLogWriter
 from bus.eventlog.format import HEADER, RECORD_HEADER
+from bus.eventlog.logger import EventLogFailedError
 from bus.messages import Metrics, Pause, TokenChunk
 from bus.publisher import Publisher
 from bus.schema import Envelope
@@ -173,3 +175,34 @@ def _wait_until(condition: object, timeout_s: float = 20.0) -> None:
 
 def test_header_size_is_the_documented_24_bytes() -> None:
     assert HEADER.size == 24
+
+
+def _full_disk(*_args: object) -> None:
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+
+def test_a_writer_that_fails_on_a_full_disk_is_reported_not_left_dead(
+    ctx: zmq.Context, proxy: BusAddresses, tmp_path: Path
+) -> None:
+    logger = EventLogger(ctx, proxy, tmp_path / "events", flush_interval_s=0.05)
+    logger.start()
+    logger.check()  # a live writer: nothing to report
+    logger.writer.flush = _full_disk  # type: ignore[method-assign]  # the next idle flush hits a full disk
+    deadline = time.monotonic() + 30
+    while logger.failure is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    with pytest.raises(EventLogFailedError, match="No space left on device"):
+        logger.check()
+    with pytest.raises(EventLogFailedError, match="No space left on device"):
+        logger.stop()
+
+
+def test_a_log_whose_last_records_cannot_be_written_fails_its_stop(
+    ctx: zmq.Context, proxy: BusAddresses, tmp_path: Path
+) -> None:
+    logger = EventLogger(ctx, proxy, tmp_path / "events", flush_interval_s=0.05)
+    logger.start()
+    logger.writer.close = _full_disk  # type: ignore[method-assign]
+    with pytest.raises(EventLogFailedError, match="No space left on device"):
+        logger.stop()
+    EventLogWriter.close(logger.writer)  # the segment the failed close left open

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import errno
+import os
 import signal
 import time
 
 from actors.base import Actor, Inputs
+from actors.boot import Boot
+from actors.logger import LoggerActor
 from bus.messages import Metrics, RunFinished
 from bus.schema import Event
 
@@ -53,3 +57,41 @@ class FakeActor(Actor):
         if self.boot.options.get("ignore_sigterm") and reason.startswith(("SIGTERM", "shutdown")):
             return
         super().request_stop(reason)
+
+
+class TorchFakeActor(FakeActor):
+    """A FakeActor whose setup imports torch, as the tensor roles' does: a cold start pays the import,
+    a warm spare (which imports ``WARM_IMPORTS`` ahead of need) does not."""
+
+    WARM_IMPORTS = (*FakeActor.WARM_IMPORTS, "torch")
+
+    def setup(self) -> dict[str, int]:
+        import torch
+
+        capacity = super().setup()
+        return {**capacity, "threads": torch.get_num_threads()}
+
+
+class FullDiskLogger(LoggerActor):
+    """The real logger on a disk that fills: options ``disk_full_after_s`` (its writes then fail with
+    ENOSPC) or ``disk_full_on_close`` (only the log's last write, as the run stops, fails)."""
+
+    def __init__(self, boot: Boot) -> None:
+        super().__init__(boot)
+        writer = self.event_logger.writer
+        if boot.options.get("disk_full_on_close"):
+            writer.close = _full_disk  # type: ignore[method-assign]
+        full_after = boot.options.get("disk_full_after_s")
+        if full_after is not None:
+            full_at, flush = time.monotonic() + float(full_after), writer.flush
+
+            def flush_until_full() -> None:
+                if time.monotonic() >= full_at:
+                    _full_disk()
+                flush()
+
+            writer.flush = flush_until_full  # type: ignore[method-assign]
+
+
+def _full_disk() -> None:
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))

@@ -1,0 +1,59 @@
+"""Warm spares in a real run: a killed actor's replacement becomes a spare that imported torch ahead
+of need, and serves sooner than one started cold in the same run."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+
+from bus.messages import ActorStarted, Ready
+from tests.system.launch_helpers import Background, logged_events, make_supervisor
+
+pytestmark = pytest.mark.system
+
+TORCH_FAKE = "tests.fakes.actors:TorchFakeActor"
+VICTIMS = ("rollout-0", "rollout-1")
+
+
+def _wait(condition, timeout_s: float, what: str) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise TimeoutError(what)
+        time.sleep(0.05)
+
+
+def test_a_replacement_becomes_the_warm_spare_and_serves_sooner_than_a_cold_one(tmp_path) -> None:
+    options = {name: {"actor_class": TORCH_FAKE} for name in VICTIMS}
+    sup = make_supervisor(tmp_path, options, ["topology.warm_spares=1"])
+    bg = Background(sup).start()
+    bg.wait_ready(120)
+    _wait(lambda: sup.spares_full, 180, "no warm spare became ready")
+    killed_at = time.time()
+    for name in VICTIMS:  # at once: one spare, so one replacement is warm and the other starts cold
+        os.kill(sup.processes[name].pid, signal.SIGKILL)
+    _wait(lambda: all(sup.processes[n].incarnation == 1 and sup.processes[n].is_ready for n in VICTIMS), 180,
+          "the replacements did not serve")  # fmt: skip
+    _wait(lambda: sup.spares_full, 180, "no new spare after the first was used")
+    sup._end(0, "test done")
+    assert bg.join(60) == 0, sup.end_reason
+    events = logged_events(sup.run_dir)
+    starts = {
+        (e.message.actor, e.message.incarnation): e.message for e in events if isinstance(e.message, ActorStarted)
+    }
+    ready_at = {(e.envelope.sender, e.envelope.incarnation): e.envelope.wall_ns / 1e9
+                for e in events if isinstance(e.message, Ready)}  # fmt: skip
+    assert all(not starts[(name, 0)].warm for name in VICTIMS)  # launch starts are cold
+    warm = [n for n in VICTIMS if starts[(n, 1)].warm]
+    cold = [n for n in VICTIMS if not starts[(n, 1)].warm]
+    assert len(warm) == 1 and len(cold) == 1, starts
+    warm_s = ready_at[(warm[0], 1)] - killed_at
+    cold_s = ready_at[(cold[0], 1)] - killed_at
+    # the cold one pays the interpreter start and the torch import; the warm one its setup only
+    assert warm_s < 0.7 * cold_s, f"warm replacement served after {warm_s:.2f} s, cold after {cold_s:.2f} s"
+    spares_log = (sup.run_dir.path / "logs" / "spares.log").read_text()
+    assert f"becomes {warm[0]} (incarnation 1)" in spares_log
+    assert spares_log.count(": warm in ") >= 2  # the used spare was replaced
