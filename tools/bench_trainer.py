@@ -41,6 +41,7 @@ VARIANTS = {
     "base": [],
     "no_recompute": ["actor.gradient_checkpointing=False"],
     "no_recompute_8k": ["actor.gradient_checkpointing=False", "actor.ppo_max_token_len_per_gpu=8192"],
+    "cudnn_attention": ["actor.gradient_checkpointing=False"],
 }
 
 
@@ -83,6 +84,9 @@ def run_variant(name: str, args: argparse.Namespace, peak: float) -> dict[str, f
     config = load_config("demo", [*BASE, f"topology.device={device.type}", f"model.path={args.model}", *sizes,
                                   *VARIANTS[name]])  # fmt: skip
     core = TrainerCore(config, parallel=ParallelContext(device=device))
+    # the trainer keeps SDPA off cuDNN (psrl.trainer.models.use_low_overhead_attention); this variant
+    # measures what that saves
+    torch.backends.cuda.enable_cudnn_sdp(name == "cudnn_attention")
     vocab = core.policy.raw.config.vocab_size
     params = sum(p.numel() for p in core.policy.raw.parameters())
     rows = []
