@@ -16,6 +16,7 @@ from psrl.engine.args import EngineArgs
 from psrl.engine.protocol import RolloutEngine
 from psrl.flows.instance import ROUTER, InstanceFlow
 from psrl.flows.instance_kv import KvPort
+from psrl.launches import is_replacement
 from psrl.ps.from_config import make_puller
 from psrl.ps.supply import PsWeightSupply
 
@@ -41,7 +42,8 @@ class RolloutActor(FlowActor):
         self.kv = kv_port(self.config, engine)
         flow = InstanceFlow(self.name, self.config, engine, self.weights, log=self.log, kv=self.kv)
         self.attach(flow, peers={ROUTER: self.make_link(ROUTER, serve=False)})
-        self.perform(flow.start(time.monotonic()))
+        committed = self.weights.puller.latest_version() if is_replacement(self.boot.incarnation) else -1
+        self.perform(flow.start(time.monotonic(), committed_version=committed))
         return {"kv_blocks": engine.status().num_kv_blocks_total, "max_num_seqs": self.config.engine.max_num_seqs}
 
     @property

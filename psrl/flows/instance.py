@@ -152,8 +152,14 @@ class InstanceFlow(Flow):
             return []
         return [Timer("status", self.status_collection.engine_sync_interval_in_ms / 1000, self.status)]
 
-    def start(self, now: float) -> list[Effect]:
-        """One status report, always: it is how the router learns the instance exists."""
+    def start(self, now: float, *, committed_version: int = -1) -> list[Effect]:
+        """One status report, always: it is how the router learns the instance exists.
+
+        A replacement joins a run that is ahead of the initial weights: given the version the
+        parameter server has committed, it loads that version first, so a request continued here
+        never runs on older weights than the tokens it already holds."""
+        if committed_version > self.engine.weight_version:
+            self._sync(committed_version)
         return self.status(now)
 
     @property

@@ -129,6 +129,16 @@ def test_the_first_status_tells_the_router_the_instance_exists(instance) -> None
     assert isinstance(effect.message, InstanceStatus) and effect.message.instance == "rollout-0"
 
 
+def test_a_replacement_loads_the_committed_version_before_it_reports_itself(instance) -> None:  # type: ignore[no-untyped-def]
+    flow, puller, _ = instance
+    puller.gate.set()
+    effects = flow.start(0.0, committed_version=3)
+    [loaded] = _messages(effects, WeightsLoaded)
+    statuses = _messages(effects, InstanceStatus)
+    assert loaded.version == 3 and flow.engine.weight_version == 3
+    assert statuses and all(s.weight_version == 3 for s in statuses)  # the router never sees it at version 0
+
+
 def test_abort_and_migration_hand_requests_back_with_their_tokens(instance) -> None:  # type: ignore[no-untyped-def]
     flow, _, _ = instance
     _start_requests(flow, 3)
