@@ -115,7 +115,9 @@ def _check(decode: Sequence[ProfileSample]) -> None:
 
 def _search_breakpoint(n: np.ndarray, kv: np.ndarray, y: np.ndarray) -> tuple[float, tuple[float, float, float]]:
     sizes = np.unique(n)
-    grid = sorted({0.0, *sizes.tolist(), *((sizes[:-1] + sizes[1:]) / 2).tolist()})
+    # Every breakpoint at or below the smallest profiled batch fits the samples equally (each is then
+    # k3 * n): the smallest batch is the one of them that does not claim an empty step is free.
+    grid = sorted({*sizes.tolist(), *((sizes[:-1] + sizes[1:]) / 2).tolist()})
     scored = [(_sse(b, n, kv, y), b) for b in grid]
     _, best = min(scored)
     position = grid.index(best)

@@ -100,3 +100,12 @@ def test_profiled_steps_round_trip_through_json_lines(tmp_path) -> None:
     path.write_text(path.read_text() + '["four", 1, 1]\n')
     with pytest.raises(CostModelError, match=r"steps.jsonl:10"):
         load_samples(path)
+
+
+def test_steps_proportional_to_the_batch_fit_without_claiming_an_empty_step_is_free() -> None:
+    # y = k3 * n + k1 * kv exactly: any breakpoint up to the smallest batch fits; the fit takes that batch
+    samples = [ProfileSample(n, kv, 0.002 * n + 1e-7 * kv) for n in (4, 8, 16, 32) for kv in (1_000, 8_000)]
+    report = fit_cost_model(samples)
+    assert report.breakpoint == pytest.approx(4)
+    assert report.model.k2 == pytest.approx(0.008, rel=1e-3) and report.model.k2 + report.model.k4 > 0
+    assert report.model.step_time(16, 8_000) == pytest.approx(0.002 * 16 + 1e-7 * 8_000, rel=1e-3)
