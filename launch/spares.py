@@ -28,7 +28,6 @@ from launch.spare_policy import SpareInfo, SparePolicy
 from psrl.log import get_logger
 
 SPARE_NICE = 10  # niceness of a warming / waiting spare: its imports yield to the run's actors
-STOP_GRACE_S = 1.0
 
 
 @dataclass
@@ -163,13 +162,12 @@ class SparePool:
     # ------------------------------------------------------------------ stop
 
     def stop_all(self) -> None:
+        """An unused spare holds nothing to save: killed at once, so a stopping run never waits on one
+        (a spare still importing at low priority on a loaded host can take seconds to handle SIGTERM)."""
         spares = list(self.spares.values())
         for spare in spares:
-            self._signal(spare, signal.SIGTERM)
-        deadline = time.monotonic() + STOP_GRACE_S
+            self._signal(spare, signal.SIGKILL)
         for spare in spares:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                spare.popen.wait(max(0.0, deadline - time.monotonic()))
             self._stop(spare)
 
     def _stop(self, spare: SpareProcess) -> None:
