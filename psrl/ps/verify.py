@@ -50,8 +50,13 @@ class Verifier(Generic[ResultT]):
         return len(self._pending)
 
     def clear(self) -> None:
-        """Forget outstanding results (their pull or push was abandoned)."""
+        """Forget outstanding results (their pull or push was abandoned). Jobs not started are cancelled
+        and running ones waited for: a job may write into buffers (a puller's mirror) the next one reuses."""
+        futures = [future for _, _, future in self._pending]
         self._pending.clear()
+        for future in futures:
+            future.cancel()
+        wait(futures)
 
     def close(self) -> None:
         self._pending.clear()
