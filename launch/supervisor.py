@@ -397,6 +397,10 @@ class Supervisor:
     def _on_signal(self, signum: int, _frame: Any) -> None:
         self._end(EXIT_INTERRUPTED, f"interrupted by {signal.Signals(signum).name}")
 
+    def end(self, reason: str) -> None:
+        """Stop the run from outside its loop (a harness's deadline); it ends as failed, with ``reason``."""
+        self._end(EXIT_FAILED, reason)
+
     def _end(self, code: int, reason: str) -> None:
         if self.is_stopping:
             return

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,6 +56,7 @@ WORKLOAD = [
     "topology.n_ps_shards=2",
     "bus.handshake_timeout_s=180",
 ]
+CASE_DEADLINE_S = 900.0  # the slowest case seen took 300 s at load 9 on 2 cores
 DEFAULT_ROLES = ("rollout", "ps", "router", "coordinator")
 
 
@@ -71,8 +73,9 @@ class CaseResult:
 
 
 def run_case(
-    seed: int, config: Config, roles: tuple[str, ...], num_faults: int, gap_s: float, root: Path
-) -> CaseResult:
+    seed: int, config: Config, roles: tuple[str, ...], num_faults: int, gap_s: float, root: Path,
+    deadline_s: float = CASE_DEADLINE_S,
+) -> CaseResult:  # fmt: skip
     targets = [spec.name for spec in plan_actors(config) if spec.role in roles]
     plan = plan_faults(seed, targets, num_faults, mean_gap_s=gap_s)
     supervisor = Supervisor(config, RunDir.create(root, f"chaos-{seed}"))
@@ -81,7 +84,15 @@ def run_case(
     injector = FaultInjector(supervisor, plan)
     injector.start()
     started = time.monotonic()
-    code = supervisor.run()
+    # a run that stops making progress must end the case with the reason, never hang the harness
+    reason = f"chaos: the case did not finish within {deadline_s:.0f} s"
+    deadline = threading.Timer(deadline_s, supervisor.end, [reason])
+    deadline.daemon = True
+    deadline.start()
+    try:
+        code = supervisor.run()
+    finally:
+        deadline.cancel()
     events = [e.event for e in EventLogReader(supervisor.run_dir.events).events()]
     return CaseResult(
         seed,
@@ -168,6 +179,12 @@ def main() -> None:
     parser.add_argument("--cases", type=int, default=None, help="runs, one seed each")
     parser.add_argument("--faults", type=int, default=None, help="faults per run")
     parser.add_argument("--steps", type=int, default=None, help="training steps per run")
+    parser.add_argument(
+        "--case-deadline",
+        type=float,
+        default=CASE_DEADLINE_S,
+        help="seconds after which a case that has not finished is stopped (and counted as failed)",
+    )
     parser.add_argument("--gap", type=float, default=4.0, help="mean seconds between faults")
     parser.add_argument("--seed", type=int, default=1, help="seed of the first case")
     parser.add_argument("--roles", default=",".join(DEFAULT_ROLES), help="roles to fault, comma separated")
@@ -182,7 +199,7 @@ def main() -> None:
     config = checked(load_config("demo", [*WORKLOAD, f"trainer.total_steps={steps}", *args.overrides]))
     results = []
     for k in range(args.cases or cases):
-        case = run_case(args.seed + k, config, roles, args.faults or faults, args.gap, root)
+        case = run_case(args.seed + k, config, roles, args.faults or faults, args.gap, root, args.case_deadline)
         print(describe(case), flush=True)
         results.append(case)
     print(f"run directories: {root}")
