@@ -34,6 +34,7 @@ class ParameterShardActor(Actor):
             self.boot.endpoint(f"{self.name}.1"),
             engine_dtype,
             curve=self.bus.options.curve,
+            run_dir=self.boot.run_dir,
         )
         options = dataclasses.replace(options, host=self.boot.host)
         self.events: queue.SimpleQueue[tuple[str, VersionEvent]] = queue.SimpleQueue()

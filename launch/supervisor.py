@@ -53,6 +53,7 @@ from psrl.config import Config, to_yaml
 from psrl.config.bus_settings import bus_settings
 from psrl.launches import INCARNATIONS_PER_LAUNCH, is_replacement
 from psrl.log import get_logger
+from psrl.ps.snapshot import remove_snapshots
 from psrl.rundir import RunDir
 from psrl.trainer.checkpoint import latest_checkpoint, read_trainer_state
 
@@ -130,6 +131,8 @@ class Supervisor:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
         status = {EXIT_OK: "finished", EXIT_INTERRUPTED: "interrupted"}.get(self.exit_code, "failed")
+        if self.exit_code == EXIT_OK:  # a finished run needs no shard snapshots (each a whole model part)
+            remove_snapshots(self.run_dir.path / "ps")
         self.run_dir.write_state(status=status, ended_at=time.time(), exit_code=self.exit_code, reason=self.end_reason)
         return self.exit_code
 

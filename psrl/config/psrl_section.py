@@ -86,6 +86,11 @@ class ParameterServer(Section):
     serve_dtype: Literal["train", "engine"] = field(
         "engine", "Dtype shards serve: the trainer's as pushed, or engine.dtype (cast once per version at the shard)."
     )
+    snapshot: bool = field(
+        True,
+        "Each shard keeps its committed version in a file under the run directory (ps/, written as entries "
+        "land), so a restarted shard serves it again at once; off: it waits for the trainer's next push.",
+    )
     push_timeout_s: float = field(300.0, "A push (including refills of restarted shards) fails after this long.", gt=0)
     pull_timeout_s: float = field(60.0, "A pull fails after this long without progress.", gt=0)
     probe_interval_s: float = field(1.0, "A shard silent this long during a push gets a status probe.", gt=0)

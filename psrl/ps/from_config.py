@@ -8,6 +8,7 @@ run's CURVE keys when it spans hosts (the hosting actor's), so weight traffic is
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 
 import torch
 
@@ -28,7 +29,9 @@ def shard_options(
     pull_endpoint: str,
     engine_dtype: torch.dtype,
     curve: CurveKeys | None = None,
+    run_dir: str | None = None,
 ) -> ShardOptions:
+    """``run_dir``: where the shard keeps its snapshot (``psrl.ps.snapshot``); None keeps none."""
     ps = config.psrl.ps
     return ShardOptions(
         shard=shard,
@@ -39,6 +42,7 @@ def shard_options(
         serve_dtype=dtype_name(engine_dtype) if ps.serve_dtype == "engine" else None,
         host=config.bus.host,
         curve=curve,
+        snapshot_dir=str(Path(run_dir) / "ps") if ps.snapshot and run_dir is not None else None,
     )
 
 

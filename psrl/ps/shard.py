@@ -19,6 +19,7 @@ import uuid
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import zmq
@@ -54,6 +55,7 @@ from psrl.ps.protocol import (
     Unavailable,
 )
 from psrl.ps.serving import land_entry, needs_cast, served_layout
+from psrl.ps.snapshot import DataFile, ShardSnapshots
 from psrl.ps.transports import ShardDataPlane, shard_plane
 from psrl.ps.transports.base import EntryBuffers, Landed, SparseSource
 from psrl.ps.verify import Verifier
@@ -97,6 +99,7 @@ class ShardOptions:
     serve_dtype: str | None = None  # None: serve the training dtype as pushed
     host: str = "127.0.0.1"  # address out-of-band transports listen on
     curve: CurveKeys | None = None  # the run's CURVE keys: only authorized clients may push or pull
+    snapshot_dir: str | None = None  # keep the committed version in files here (psrl.ps.snapshot)
 
 
 class ShardServer:
@@ -147,7 +150,32 @@ class ShardServer:
             LiveCheck: self._on_live_check,
             StatusRequest: lambda ident, msg: self._reply_status(self._pull_sock, ident, msg),
         }
+        self._snapshots: ShardSnapshots | None = None
+        self._snapshot_file: DataFile | None = None
+        if options.snapshot_dir is not None:
+            self._snapshots = ShardSnapshots(Path(options.snapshot_dir), options.shard, options.num_shards)
+            self._restore(self._snapshots)
         self._closed = False
+
+    def _restore(self, snapshots: ShardSnapshots) -> None:
+        restored = snapshots.load(self._plane.allocate, self._plane.release)
+        if restored is None:
+            return
+        header = restored.header
+        held = HeldVersion(
+            version=header.version,
+            incarnation=header.incarnation,
+            digest=header.digest,
+            num_shards=header.num_shards,
+            num_entries=header.num_entries,
+            algorithm=header.algorithm,
+            entries=header.entries,
+            buffers=restored.buffers,
+            by_index={e.index: e for e in header.entries},
+        )
+        self.versions.restore(held)
+        self.counters["versions_restored"] += 1
+        self._log.info("ps.shard.restored", version=held.version, entries=len(held.entries))
 
     # loop ---------------------------------------------------------------------------------------
 
@@ -248,6 +276,8 @@ class ShardServer:
         self._drop_cast()
         self._cast = self._prepare_cast(begin.entries)
         self._served = {}
+        if self._snapshots is not None:
+            self._snapshot_file = self._snapshots.begin(begin.version, begin.incarnation, begin.attempt)
         self._incoming_key = next(self._push_keys)
         self._incoming_ident = ident
         offer = self._plane.push_offer(buffers, begin, self._incoming_key)
@@ -312,10 +342,17 @@ class ShardServer:
         if incoming is None:
             return
         cast_to = None
+        served_buffers = incoming.buffers
         if self._cast is not None:
-            drafts, cast_buffers = self._cast
-            cast_to = (drafts[entry.index], cast_buffers.view(entry.index))
-        job = functools.partial(land_entry, entry, view, incoming.algorithm, cast_to)
+            drafts, served_buffers = self._cast
+            cast_to = (drafts[entry.index], served_buffers.view(entry.index))
+        job: Callable[[], ManifestEntry | None] = functools.partial(
+            land_entry, entry, view, incoming.algorithm, cast_to
+        )
+        if self._snapshot_file is not None:
+            served_view = served_buffers.view(entry.index)
+            offset = served_buffers.offsets[entry.index]
+            job = functools.partial(_land_and_keep, job, self._snapshot_file, entry.index, served_view, offset)
         self._verifier.submit(self._incoming_key, entry, job)
 
     def _on_verified(self, key: int, entry: ManifestEntry, served: ManifestEntry | None) -> None:
@@ -359,6 +396,7 @@ class ShardServer:
         self.versions.abort(incoming.version, incoming.incarnation)
         self._plane.release(incoming.buffers)
         self._drop_cast()
+        self._drop_snapshot_file()
         self._push_reply(self._incoming_ident, PushAck(incoming.version, incoming.attempt, is_ok=False, reason=reason))
 
     def _nack(self, ident: bytes, key: tuple[int, int, int], reason: str) -> None:
@@ -379,6 +417,7 @@ class ShardServer:
             self._plane.release(outcome.retired.buffers)
             self.counters["versions_retired"] += 1
         if outcome.is_new:
+            self._keep_snapshot()
             self.counters["versions_committed"] += 1
             self._log.info("ps.shard.committed", version=commit.version)
             if self._on_commit is not None and self.versions.latest is not None:
@@ -391,6 +430,21 @@ class ShardServer:
         if dropped is not None:
             self._plane.release(dropped.buffers)
             self._drop_cast()
+            self._drop_snapshot_file()
+
+    def _drop_snapshot_file(self) -> None:
+        if self._snapshots is not None:
+            self._snapshots.drop_incoming()
+        self._snapshot_file = None
+
+    def _keep_snapshot(self) -> None:
+        """Before ``Committed`` goes out: a shard that acknowledged a commit can always restore it."""
+        held = self.versions.latest
+        if self._snapshots is None or held is None:
+            return
+        self._snapshot_file = None
+        if self._snapshots.commit(held):
+            self.counters["snapshots_kept"] += 1
 
     # pull ---------------------------------------------------------------------------------------
 
@@ -485,6 +539,16 @@ class ShardServer:
 
     def _reply_status(self, sock: zmq.Socket[bytes], ident: bytes, request: StatusRequest) -> None:
         links.reply(sock, ident, self.status(request.request_id))
+
+
+def _land_and_keep(
+    land: Callable[[], ManifestEntry | None], data: DataFile, index: int, served: memoryview, offset: int
+) -> ManifestEntry | None:
+    """Verify (and cast) a landed entry, then copy its served bytes into the push's snapshot file."""
+    result = land()
+    if result is not None:
+        data.write(index, offset, served)
+    return result
 
 
 def _encode_delta(

@@ -183,6 +183,13 @@ class ShardVersions(Generic[BuffersT]):
         self.previous, self.latest, self.incoming = self.latest, held, None
         return CommitOutcome(is_ok=True, retired=retired, is_new=True)
 
+    def restore(self, held: HeldVersion[BuffersT]) -> None:
+        """Serve ``held``, read back from a snapshot by a restarted shard that holds nothing yet."""
+        if self.latest is not None or self.incoming is not None:
+            raise RuntimeError("only an empty shard restores a snapshot")
+        self.latest = held
+        self.max_incarnation = max(self.max_incarnation, held.incarnation)
+
     # pull ---------------------------------------------------------------------------------------
 
     def lookup(self, version: int) -> HeldVersion[BuffersT] | None:

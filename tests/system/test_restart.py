@@ -1,5 +1,6 @@
-"""The router and the coordinator SIGKILLed mid-run: the supervisor restarts them, the new incarnation
-continues the same run from the event log, and the log proves nothing was lost or counted twice."""
+"""The router, the coordinator and every PS shard SIGKILLed mid-run: the supervisor restarts them, the
+new incarnations continue the same run (from the event log; shards from their snapshots), and the log
+proves nothing was lost or counted twice."""
 
 from __future__ import annotations
 
@@ -38,18 +39,22 @@ WORKLOAD = [
 ]
 
 
-def kill_once_trained(target: str, killed: dict[str, Any]) -> Any:
-    """SIGKILL ``target`` once the trainer has pushed its first version (buffers are then in every state)."""
+def kill_once_trained(targets: tuple[str, ...], killed: dict[str, Any]) -> Any:
+    """SIGKILL ``targets`` together once the trainer has pushed its first version (buffers are then in
+    every state)."""
 
     def kill(sup: Supervisor) -> None:
         deadline = time.monotonic() + 240
         while time.monotonic() < deadline and not sup.is_stopping:
             trained = any(isinstance(e.message, TrainerProgress) for e in _events(sup))
-            proc = sup.processes.get(target)
-            if trained and proc is not None and proc.is_ready:
+            procs = [sup.processes.get(target) for target in targets]
+            if trained and all(proc is not None and proc.is_ready for proc in procs):
                 time.sleep(1.0)
-                killed["at"], killed["incarnation"] = time.time(), proc.incarnation
-                os.kill(proc.pid, signal.SIGKILL)
+                killed["at"] = time.time()
+                for target, proc in zip(targets, procs, strict=True):
+                    assert proc is not None
+                    killed[target] = proc.incarnation
+                    os.kill(proc.pid, signal.SIGKILL)
                 return
             time.sleep(0.5)
 
@@ -60,17 +65,17 @@ def _events(sup: Supervisor) -> list[Any]:
     return [logged.event for logged in EventLogReader(sup.run_dir.events).events()]
 
 
-def run_with_kill(tmp_path: Any, target: str) -> tuple[Any, Supervisor, list[Any]]:
+def run_with_kill(tmp_path: Any, *targets: str) -> tuple[Any, Supervisor, list[Any]]:
     config = load_config("demo", WORKLOAD)
-    sup = Supervisor(config, RunDir.create(tmp_path / "runs", f"kill-{target}"))
+    sup = Supervisor(config, RunDir.create(tmp_path / "runs", f"kill-{'-'.join(targets)}"))
     killed: dict[str, Any] = {}
-    threading.Thread(target=kill_once_trained(target, killed), args=(sup,), daemon=True).start()
+    threading.Thread(target=kill_once_trained(targets, killed), args=(sup,), daemon=True).start()
     code = sup.run()
     assert code == EXIT_OK, sup.end_reason
-    assert "at" in killed, f"{target} was never killed"
+    assert "at" in killed, f"{targets} were never killed"
     events = _events(sup)
     restarts = [e.message for e in events if isinstance(e.message, ActorRestarted)]
-    assert [(r.actor, r.old_incarnation) for r in restarts] == [(target, killed["incarnation"])]
+    assert sorted((r.actor, r.old_incarnation) for r in restarts) == sorted((t, killed[t]) for t in targets)
     return config, sup, events
 
 
@@ -105,3 +110,20 @@ def test_a_coordinator_killed_mid_run_is_replaced_and_the_run_loses_nothing(tmp_
     assert len(ids) == len(set(ids)), "a request was sent twice"
     assert any(e.envelope.incarnation == 1 for e in requests), "the new coordinator dispatched nothing"
     check_nothing_lost(config, sup, events)
+
+
+def test_every_ps_shard_killed_after_a_publication_is_restored_and_the_run_loses_nothing(tmp_path) -> None:
+    # Without snapshots no shard would hold the published version any more: instances could not sync,
+    # the trainer would wait for rollouts that cannot start, and the run would stop making progress.
+    config, sup, events = run_with_kill(tmp_path, "ps-0", "ps-1")
+    restored = [line for line in _actor_log_lines(sup, "ps-") if "ps.shard.restored" in line]
+    assert len(restored) == 2, restored
+    check_nothing_lost(config, sup, events)
+    assert not list((sup.run_dir.path / "ps").glob("*.data")), "a finished run keeps no shard snapshots"
+
+
+def _actor_log_lines(sup: Supervisor, prefix: str) -> list[str]:
+    lines: list[str] = []
+    for path in sorted((sup.run_dir.path / "logs").glob(f"{prefix}*.jsonl")):
+        lines.extend(path.read_text(errors="replace").splitlines())
+    return lines
