@@ -57,7 +57,7 @@ WORKLOAD = [
     "bus.handshake_timeout_s=180",
 ]
 CASE_DEADLINE_S = 900.0  # the slowest case seen took 300 s at load 9 on 2 cores
-DEFAULT_ROLES = ("rollout", "ps", "router", "coordinator")
+DEFAULT_ROLES = ("rollout", "ps", "router", "coordinator", "trainer", "logger")
 
 
 @dataclass
