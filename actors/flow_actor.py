@@ -18,11 +18,13 @@ from typing import Any, ClassVar
 from actors.base import Actor, Inputs
 from bus.eventlog.reader import EventLogReader
 from bus.link import Link
+from bus.retainer import first_envelope
 from bus.schema import Event
 from psrl.flows.base import Flow
 from psrl.flows.effects import Effect, Publish, Send, Timer
 
-LOG_SETTLE_S = 0.5  # the logger flushes every 0.2 s: a dead predecessor's last events are on disk by then
+LOG_WAIT_S = 60.0  # how long a restarted actor waits for the event log to pass its own start
+LOG_POLL_S = 0.2
 
 
 class FlowActor(Actor):
@@ -50,8 +52,26 @@ class FlowActor(Actor):
         """The run's event log, for an actor restarted within its launch to rebuild its state from."""
         if self.boot.run_dir is None:
             raise RuntimeError(f"a restarted {self.ROLE} rebuilds from the event log: place it on the launcher host")
-        time.sleep(LOG_SETTLE_S)
+        self._wait_for_the_log(Path(self.boot.run_dir) / "events")
         return (logged.event for logged in EventLogReader(Path(self.boot.run_dir) / "events").events())
+
+    def _wait_for_the_log(self, events_dir: Path) -> None:
+        """Until the log holds an event sent after now. The predecessor died before now, so all it
+        sent is in the log by then, even when the logger was being replaced too (a restarted logger
+        first writes what it missed, then live events)."""
+        started_ns = time.time_ns()
+        deadline = time.monotonic() + LOG_WAIT_S
+        while True:
+            record = EventLogReader(events_dir).last_record()
+            envelope = first_envelope(list(record.frames)) if record is not None else None
+            if envelope is not None and envelope.wall_ns >= started_ns:
+                return
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"the event log has not been written for {LOG_WAIT_S:.0f} s (is the logger down?): "
+                    f"the {self.ROLE}'s state cannot be rebuilt from it"
+                )
+            time.sleep(LOG_POLL_S)
 
     def refuse_a_torn_log(self, num_missing: int) -> None:
         """Continuing from a log that lost events would continue from a wrong state: stop with the reason."""

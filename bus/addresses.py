@@ -32,6 +32,7 @@ class BusAddresses:
     control_in: str
     control_out: str
     curve_dir: str | None = None
+    catch_up: str | None = None  # the proxy's retainer (bus/retainer.py): a restarted logger's catch-up
 
     def save(self, run_dir: str | Path) -> Path:
         path = Path(run_dir) / BUS_FILE
@@ -75,9 +76,9 @@ def plan_addresses(
     if transport == "ipc":
         directory = ipc_dir(run_dir)
         directory.mkdir(parents=True, exist_ok=True)
-        names = {name: f"ipc://{directory}/{name}.sock" for name in _ENDPOINTS}
+        names = {name: f"ipc://{directory}/{name}.sock" for name in (*_ENDPOINTS, "catch_up")}
     elif transport == "tcp":
-        names = {name: f"tcp://{host}:*" for name in _ENDPOINTS}
+        names = {name: f"tcp://{host}:*" for name in (*_ENDPOINTS, "catch_up")}
     else:
         raise BusError(f"unknown bus transport {transport!r}; use ipc or tcp")
     return BusAddresses(**names, curve_dir=curve_dir)

@@ -5,6 +5,10 @@ released, so the proxy adds no Python work per message. The XPUB side drops a me
 subscriber whose queue is full (it never blocks), so one slow subscriber cannot stall the
 publishers or the other subscribers.
 
+Each proxy also hands a copy of every message to a capture socket read by the `Retainer`
+(``bus/retainer.py``), when the plan names a ``catch_up`` address: a restarted event logger gets
+back what it missed from there.
+
 In-process use: ``with BusProxy(plan) as proxy: addresses = proxy.addresses``. As its own
 process: ``python -m bus.proxy RUN_DIR [--transport tcp]`` binds, writes ``RUN_DIR/bus.json``
 and forwards until SIGTERM or SIGINT.
@@ -26,10 +30,12 @@ from zmq.auth.thread import ThreadAuthenticator
 
 from bus.addresses import BusAddresses, plan_addresses
 from bus.errors import BusError
+from bus.retainer import Retainer
 from bus.security import load_keys, start_authenticator
 from bus.sockets import DEFAULT_SOCKET_OPTIONS, SocketOptions, bound_address, make_socket
 
 _TERMINATE = b"TERMINATE"
+CAPTURE_HWM = 100_000  # copies queued for the retainer; beyond it copies drop, the proxy never waits
 
 
 @dataclass
@@ -51,6 +57,7 @@ class BusProxy:
         self.options = options
         self._ctx = ctx or zmq.Context.instance()
         self._forwarders: list[_Forwarder] = []
+        self._retainer: Retainer | None = None
         self._authenticator: ThreadAuthenticator | None = None
         self.addresses: BusAddresses | None = None
 
@@ -64,12 +71,20 @@ class BusProxy:
         if options.curve is not None:
             self._authenticator = start_authenticator(self._ctx, options.curve)
         try:
+            if self.plan.catch_up is not None:
+                self._retainer = Retainer(self._ctx, self.plan.catch_up, options)
             events_in, events_out = self._start_pair("events", self.plan.events_in, self.plan.events_out, options)
             control_in, control_out = self._start_pair("control", self.plan.control_in, self.plan.control_out, options)
         except BaseException:
             self.stop()
             raise
-        self.addresses = BusAddresses(events_in, events_out, control_in, control_out, self.plan.curve_dir)
+        catch_up = None
+        if self._retainer is not None:
+            self._retainer.start()
+            catch_up = self._retainer.address
+        self.addresses = BusAddresses(
+            events_in, events_out, control_in, control_out, self.plan.curve_dir, catch_up=catch_up
+        )
         return self.addresses
 
     def _start_pair(self, name: str, in_address: str, out_address: str, options: SocketOptions) -> tuple[str, str]:
@@ -82,9 +97,19 @@ class BusProxy:
         command_address = f"inproc://psrl-proxy-{name}-{uuid.uuid4().hex}"
         control = make_socket(self._ctx, zmq.PAIR, command_address)
         command = make_socket(self._ctx, zmq.PAIR, command_address, bind=False)
+        capture = None
+        if self._retainer is not None:
+            # Publishers send only what someone subscribed to: while no logger is subscribed, its
+            # kinds would never reach the proxy, so the proxy itself subscribes to everything.
+            frontend.send(b"\x01")
+            capture_address = f"inproc://psrl-capture-{name}-{uuid.uuid4().hex}"
+            capture = self._ctx.socket(zmq.PUB)
+            capture.setsockopt(zmq.SNDHWM, CAPTURE_HWM)
+            capture.bind(capture_address)
+            self._retainer.watch(capture_address)
         addresses = bound_address(frontend), bound_address(backend)
         thread = threading.Thread(
-            target=_forward, args=(frontend, backend, control), name=f"bus-proxy-{name}", daemon=True
+            target=_forward, args=(frontend, backend, control, capture), name=f"bus-proxy-{name}", daemon=True
         )
         thread.start()
         self._forwarders.append(_Forwarder(thread, command))
@@ -100,6 +125,9 @@ class BusProxy:
             if forwarder.thread.is_alive():
                 raise BusError(f"proxy thread {forwarder.thread.name} did not stop within {timeout_s} s")
         self._forwarders.clear()
+        if self._retainer is not None:
+            self._retainer.stop()
+            self._retainer = None
         if self._authenticator is not None:
             self._authenticator.stop()
             self._authenticator = None
@@ -114,15 +142,21 @@ class BusProxy:
         self.stop()
 
 
-def _forward(frontend: zmq.Socket[bytes], backend: zmq.Socket[bytes], control: zmq.Socket[bytes]) -> None:
+def _forward(
+    frontend: zmq.Socket[bytes],
+    backend: zmq.Socket[bytes],
+    control: zmq.Socket[bytes],
+    capture: zmq.Socket[bytes] | None,
+) -> None:
     try:
-        zmq.proxy_steerable(frontend, backend, None, control)
+        zmq.proxy_steerable(frontend, backend, capture, control)
     except zmq.ZMQError as exc:
         if exc.errno not in (zmq.ETERM, zmq.ENOTSOCK):  # those mean the context was shut down under us
             structlog.get_logger("bus.proxy").error("proxy stopped forwarding", error=str(exc))
     finally:
-        for socket in (frontend, backend, control):
-            socket.close(0)
+        for socket in (frontend, backend, control, capture):
+            if socket is not None:
+                socket.close(0)
 
 
 def main(argv: list[str] | None = None) -> None:

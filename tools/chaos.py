@@ -34,7 +34,7 @@ from bus.eventlog.reader import EventLogReader
 from launch.chaos import FaultInjector
 from launch.plan import plan_actors
 from launch.policy import RestartPolicy
-from launch.supervisor import EXIT_OK, Supervisor
+from launch.supervisor import EXIT_INTERRUPTED, EXIT_OK, Supervisor
 from psrl.config import Config, load_config
 from psrl.log import configure
 from psrl.preflight import checked
@@ -202,6 +202,8 @@ def main() -> None:
         case = run_case(args.seed + k, config, roles, args.faults or faults, args.gap, root, args.case_deadline)
         print(describe(case), flush=True)
         results.append(case)
+        if case.exit_code == EXIT_INTERRUPTED:  # Ctrl-C or SIGTERM stops the harness, not just a case
+            break
     print(f"run directories: {root}")
     print("recovery (signal -> replacement Ready) by role:")
     for line in role_lines(results):

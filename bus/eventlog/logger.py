@@ -6,6 +6,10 @@ sequence numbers). Control events are taken first, as everywhere on the bus. Buf
 are flushed to the operating system whenever the bus goes quiet and at least every
 `flush_interval_s`, so a reader of a live run sees recent events.
 
+A logger first catches up from the proxy's retainer (`bus.eventlog.catch_up`) when the bus has
+one: what was forwarded after the log's last record (for a new log, since the proxy started)
+while no logger was writing is appended in forwarding order before the live messages.
+
 A write that fails (a full disk: OSError ENOSPC) ends the writer thread; the failure is kept, and
 `check` and `stop` raise it, so the process that owns the logger can die of it rather than live on
 beside a log that stopped growing.
@@ -20,18 +24,22 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+import structlog
 import zmq
 
 from bus.addresses import BusAddresses
 from bus.drops import DropCounter
 from bus.errors import BusError, DecodeError, DropReason
+from bus.eventlog.catch_up import CatchUpResult, LiveDeduper, log_anchor, request_catch_up
 from bus.eventlog.writer import DEFAULT_SEGMENT_BYTES, EventLogWriter, FsyncPolicy
 from bus.gaps import GapTracker
 from bus.io import NOBLOCK, recv_event_frames
+from bus.retainer import MessageKey, message_key
 from bus.schema import Envelope
 from bus.sockets import DEFAULT_SOCKET_OPTIONS, SocketOptions, make_socket
 
 _MAX_BATCH = 1000  # messages taken from one socket before looking at the other again
+SUBSCRIBE_WAIT_S = 2.0  # a restarted logger waits this long for live traffic before catching up
 
 
 class EventLogger:
@@ -48,9 +56,17 @@ class EventLogger:
         fsync: FsyncPolicy = "segment",
         flush_interval_s: float = 0.2,
     ) -> None:
+        # read before the writer opens its segment: a restarted logger continues after this record
+        self._catch_up_address = addresses.catch_up
+        self._anchor = log_anchor(events_dir) if addresses.catch_up is not None else None
+        self._ctx = ctx
+        self._options = options
+        self._dedupe = LiveDeduper()
+        self.catch_up: CatchUpResult | None = None  # what the catch-up delivered, once it ran
         self.writer = EventLogWriter(events_dir, segment_bytes=segment_bytes, fsync=fsync)
         self.drops = DropCounter("event-logger")
-        self.gaps = GapTracker(from_first_seen=False)
+        # a restarted logger counts gaps from what it sees first (its catch-up), not from seq 1
+        self.gaps = GapTracker(from_first_seen=self._anchor is not None)
         self.flush_interval_s = flush_interval_s
         self._envelopes_only = msgspec.msgpack.Decoder(list[tuple[Envelope, msgspec.Raw]])
         self._sockets = [
@@ -69,6 +85,8 @@ class EventLogger:
         last_flush = time.monotonic()
         poll_ms = max(1, int(self.flush_interval_s * 1000))
         try:
+            if self._catch_up_address is not None:
+                self._catch_up(poller, self._catch_up_address, self._anchor)
             while not stop.is_set():
                 ready = dict(poller.poll(poll_ms))
                 num_taken = sum(self._drain(s) for s in self._sockets if s in ready)
@@ -94,15 +112,44 @@ class EventLogger:
             for socket in self._sockets:
                 socket.close(0)
 
-    def _drain(self, socket: zmq.Socket[bytes]) -> int:
+    def _drain(self, socket: zmq.Socket[bytes], held: list[list[Any]] | None = None) -> int:
+        """Take what ``socket`` has queued (or hold it in ``held``, during a catch-up)."""
         num_taken = 0
         try:  # one failed non-blocking receive ends a burst of up to _MAX_BATCH messages
             while num_taken < _MAX_BATCH:
-                self.take(recv_event_frames(socket, NOBLOCK))
+                frames = recv_event_frames(socket, NOBLOCK)
+                if held is not None:
+                    held.append(frames)
+                elif not self._dedupe.is_duplicate(frames):
+                    self.take(frames)
                 num_taken += 1
         except zmq.Again:
             pass
         return num_taken
+
+    def _catch_up(self, poller: zmq.Poller, address: str, anchor: MessageKey | None) -> None:
+        """Append what the proxy forwarded after ``anchor`` (all it kept, for a new log: events
+        sent before this logger subscribed), then the live messages held meanwhile."""
+        held: list[list[Any]] = []
+        deadline = time.monotonic() + SUBSCRIBE_WAIT_S
+        while not held and time.monotonic() < deadline:  # the subscription carries traffic now
+            ready = dict(poller.poll(50))
+            for socket in self._sockets:
+                if socket in ready:
+                    self._drain(socket, held)
+        self.catch_up = request_catch_up(self._ctx, address, anchor, self._options)
+        log = structlog.get_logger("bus.eventlog")
+        if self.catch_up is None:
+            log.warning("event log catch-up unanswered", address=address)
+        else:
+            keys = {key for frames in self.catch_up.messages if self.take(frames) and (key := message_key(frames))}
+            self._dedupe.remember(keys)
+            log.info(
+                "event log caught up", messages=len(self.catch_up.messages), anchor_found=self.catch_up.anchor_found
+            )
+        for frames in held:
+            if not self._dedupe.is_duplicate(frames):
+                self.take(frames)
 
     def take(self, frames: list[Any]) -> bool:
         """Append one received message if its envelopes are sound; False (counted) if dropped."""

@@ -8,6 +8,7 @@ tail too, and is gone once the writer flushes.
 
 from __future__ import annotations
 
+import collections
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -83,6 +84,14 @@ class EventLogReader:
                 continue
             for event in events:  # a record holds one message, which may be a batch of events
                 yield LoggedEvent(record.segment, record.offset, event)
+
+    def last_record(self) -> LogRecord | None:
+        """The last whole record of the log (reading back from the newest non-empty segment)."""
+        for path in reversed(self.segments()):
+            records = collections.deque(self._segment_records(path), maxlen=1)
+            if records:
+                return records[0]
+        return None
 
     def _segment_records(self, path: Path) -> Iterator[LogRecord]:
         data = memoryview(path.read_bytes())

@@ -2,19 +2,26 @@
 
 from __future__ import annotations
 
+import dataclasses
+from pathlib import Path
+
 import pytest
 import zmq
 from bus_helpers import recv_all
 
-from bus.addresses import BusAddresses
+from bus.addresses import BusAddresses, plan_addresses
 from bus.errors import BusError
 from bus.messages import Metrics, Pause
+from bus.proxy import BusProxy
 from bus.publisher import Publisher
 from bus.schema import Channel
 from bus.subscriber import Subscriber
 
 
-def test_wait_for_a_catch_all_subscription(ctx: zmq.Context, proxy: BusAddresses) -> None:
+def test_wait_for_a_catch_all_subscription(ctx: zmq.Context, tmp_path: Path) -> None:
+    # without a retainer: the proxy itself then subscribes to nothing (see the next test)
+    bus_proxy = BusProxy(dataclasses.replace(plan_addresses(tmp_path, "ipc"), catch_up=None), ctx=ctx)
+    proxy = bus_proxy.start()
     publisher = Publisher(ctx, proxy, "router")
     narrow = Subscriber(ctx, proxy.events_out, ["gen."])
     assert publisher.wait_subscribed(10, (Channel.EVENTS,))
@@ -23,6 +30,14 @@ def test_wait_for_a_catch_all_subscription(ctx: zmq.Context, proxy: BusAddresses
     assert publisher.wait_subscribed(10, (Channel.EVENTS,), prefix="")
     for closable in (publisher, narrow, everything):
         closable.close()
+    bus_proxy.stop()
+
+
+def test_a_retaining_proxy_takes_every_kind_even_without_subscribers(ctx: zmq.Context, proxy: BusAddresses) -> None:
+    # what nobody subscribes to still reaches the retainer, for a logger that is not there yet
+    publisher = Publisher(ctx, proxy, "router")
+    assert publisher.wait_subscribed(10, prefix="")
+    publisher.close()
 
 
 def test_publish_many_keeps_order_and_channels(ctx: zmq.Context, proxy: BusAddresses) -> None:

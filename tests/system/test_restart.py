@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from bus.eventlog.reader import EventLogReader
+from bus.gaps import GapTracker
 from bus.messages import ActorRestarted, GenerateRequest, RouterStatus, TrainerProgress
 from launch.supervisor import EXIT_OK, Supervisor
 from psrl.config import load_config
@@ -120,6 +121,19 @@ def test_every_ps_shard_killed_after_a_publication_is_restored_and_the_run_loses
     assert len(restored) == 2, restored
     check_nothing_lost(config, sup, events)
     assert not list((sup.run_dir.path / "ps").glob("*.data")), "a finished run keeps no shard snapshots"
+
+
+def test_a_logger_killed_mid_run_is_replaced_and_the_log_misses_nothing(tmp_path) -> None:
+    # The replacement catches up from the proxy's retainer: what was sent while no logger wrote is
+    # logged in order, so the log has no gaps and the router and coordinator could rebuild from it.
+    config, sup, events = run_with_kill(tmp_path, "logger")
+    gaps = GapTracker(from_first_seen=False)
+    for event in events:
+        gaps.observe(event.envelope)
+    assert gaps.num_missing == 0
+    ids = [e.envelope.event_id for e in events]
+    assert len(ids) == len(set(ids)), "an event was logged twice"
+    check_nothing_lost(config, sup, events)
 
 
 def _actor_log_lines(sup: Supervisor, prefix: str) -> list[str]:
