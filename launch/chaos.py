@@ -6,7 +6,9 @@ that is still restarting would test the restart budget, not recovery), then for 
 spares to be ready (so a replacement's start is warm whenever the run keeps spares: what is
 measured is recovery with spares, not a race with the previous spare's imports; after
 SPARE_WAIT_S it goes ahead), then sends SIGKILL (a crash) or SIGSTOP (a hang, which only missed
-heartbeats reveal). The supervisor does the rest;
+heartbeats reveal), and waits until the supervisor has launched the replacement, so faults come
+one at a time (a second one inside a hang's detection window would take its spare). The
+supervisor does the rest;
 the event log says afterwards whether every promise held (`psrl.reliability`).
 """
 
@@ -26,6 +28,7 @@ from psrl.reliability.faults import KILL, Fault, InjectedFault
 
 READY_WAIT_S = 240.0  # how long a fault waits for its target to serve before it is skipped (a loaded machine)
 SPARE_WAIT_S = 120.0  # how long it waits for the warm spares to be ready before it goes ahead anyway
+REPLACE_WAIT_S = 60.0  # how long the next fault waits for the previous one's replacement to be launched
 POLL_S = 0.05
 
 
@@ -57,6 +60,13 @@ class FaultInjector:
             if self.supervisor.is_stopping:
                 return
             self._inject(fault)
+            # one fault at a time: the next waits until this one's replacement is launched (a hang
+            # is seen only after the missed heartbeats), so it cannot take the spare first
+            self._until(functools.partial(self._replaced, self.injected[-1]), REPLACE_WAIT_S)
+
+    def _replaced(self, injected: InjectedFault) -> bool:
+        process = self.supervisor.processes.get(injected.target)
+        return process is not None and process.incarnation != injected.incarnation
 
     def _serving(self, name: str) -> bool:
         process = self.supervisor.processes.get(name)
