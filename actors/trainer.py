@@ -84,7 +84,7 @@ class TrainerActor(FlowActor):
         if self.core.version > max(committed, 0):  # a resumed run: the fresh parameter server needs it
             weights = dict(self.core.named_weights())
             if self.pusher is not None:
-                self.pusher.push(self.core.version, self.staging.stage(weights))
+                self.pusher.push(self.core.version, self.staging.stage(weights, wait=False), self.staging.wait_for)
         self.attach(
             TrainerFlow(cfg, self.core, name=self.name, log=self.log), serving=self.make_link(self.name, serve=True)
         )
@@ -117,7 +117,7 @@ class TrainerActor(FlowActor):
             return
         weights = dict(self.core.named_weights())  # a collective under FSDP2: every rank iterates
         if self.pusher is not None:
-            pushed = self.pusher.push(effect.version, self.staging.stage(weights))
+            pushed = self.pusher.push(effect.version, self.staging.stage(weights, wait=False), self.staging.wait_for)
             self.publisher.publish(
                 WeightsPushed(version=effect.version, rank=self.rank, num_bytes=pushed.num_bytes),
                 model_version=effect.version,

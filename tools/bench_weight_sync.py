@@ -41,7 +41,7 @@ from psrl.ps.pusher import Pusher
 from psrl.ps.staging import HostStaging
 
 GB = 1e9
-WARMUP = 2  # versions that fill the shards' buffers, the pools and the pinned mappings
+WARMUP = 3  # a shard rotates three buffers (incoming, latest, previous): each is first written in v1-v3
 
 
 def shaped_weights(shape: str, device: torch.device, dtype: torch.dtype) -> dict[str, torch.Tensor]:
@@ -131,9 +131,9 @@ def run_shape(args: argparse.Namespace, shape: str, device: torch.device, direct
             adam_like_step(trainer, version, args.lr)
             sync_device(device)
             started = time.perf_counter()
-            staged = staging.stage(trainer)
+            staged = staging.stage(trainer, wait=False)  # hashed tensor by tensor as copies land
             staged_at = time.perf_counter()
-            pushed = pusher.push(version, staged)
+            pushed = pusher.push(version, staged, staging.wait_for)
             pull_start = time.perf_counter()
             pulled = puller.pull(version, load)
             loaded = time.perf_counter()

@@ -8,7 +8,7 @@ puller refuses to combine shards that report different digests for the same vers
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 import msgspec
@@ -97,16 +97,24 @@ def entry_bytes(tensors: Mapping[str, torch.Tensor], entry: PlanEntry | Manifest
     return byte_view(tensor)[start : start + entry.num_elems * size]
 
 
+def _hash_when_ready(tensors: Mapping[str, torch.Tensor], entry: PlanEntry, ready: Callable[[str], None] | None) -> int:
+    if ready is not None:
+        ready(entry.name)
+    return checksum(entry_bytes(tensors, entry))
+
+
 def build_manifest(
     version: int,
     plan: ShardPlan,
     tensors: Mapping[str, torch.Tensor],
     with_checksums: bool = True,
     num_threads: int = 1,
+    ready: Callable[[str], None] | None = None,
 ) -> Manifest:
     """The push manifest of ``tensors`` laid out by ``plan``; checks that tensors match the plan.
 
-    Checksums run on ``num_threads`` threads (xxh3 releases the GIL).
+    Checksums run on ``num_threads`` threads (xxh3 releases the GIL); ``ready(name)`` blocks until a
+    tensor's bytes are there (staging copies still in flight), so hashing overlaps them.
     """
     _check_tensors(plan, tensors)
     offsets: dict[int, int] = {}
@@ -116,7 +124,7 @@ def build_manifest(
             offsets[entry.index] = offset
     if with_checksums:
         with ThreadPoolExecutor(max_workers=max(1, num_threads)) as pool:
-            sums = list(pool.map(lambda e: checksum(entry_bytes(tensors, e)), plan.entries))
+            sums = list(pool.map(lambda e: _hash_when_ready(tensors, e, ready), plan.entries))
     else:
         sums = [0] * len(plan.entries)
     entries = tuple(

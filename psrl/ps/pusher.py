@@ -125,13 +125,22 @@ class Pusher:
 
     # public -------------------------------------------------------------------------------------
 
-    def push(self, version: int, tensors: Mapping[str, torch.Tensor]) -> PushResult:
-        """Push ``tensors`` as ``version`` and commit it on every shard; raises a RequestError subclass."""
+    def push(
+        self, version: int, tensors: Mapping[str, torch.Tensor], ready: Callable[[str], None] | None = None
+    ) -> PushResult:
+        """Push ``tensors`` as ``version`` and commit it on every shard; raises a RequestError subclass.
+
+        ``ready(name)`` blocks until a tensor's bytes are there (``HostStaging.stage(wait=False)``):
+        each is hashed as soon as it landed, while the others are still being copied.
+        """
         start = time.perf_counter()
         plan = self.plan_for(tensors)
         manifest = build_manifest(
-            version, plan, tensors, with_checksums=self.with_checksums, num_threads=self.num_hash_threads
+            version, plan, tensors, with_checksums=self.with_checksums, num_threads=self.num_hash_threads, ready=ready
         )
+        if ready is not None:  # without checksums nothing waited yet; the sends read every tensor
+            for name in tensors:
+                ready(name)
         digest = manifest.digest()
         payloads = [[(e, entry_bytes(tensors, e)) for e in manifest.shard_part(s)] for s in range(self.num_shards)]
         serialized = time.perf_counter()

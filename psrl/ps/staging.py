@@ -23,11 +23,17 @@ class HostStaging:
     def __init__(self, cast_to: torch.dtype | None = None) -> None:
         self.cast_to = cast_to
         self._buffers: dict[str, torch.Tensor] = {}
+        self._landed: dict[str, torch.cuda.Event] = {}  # copies still in flight after stage(wait=False)
 
-    def stage(self, weights: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """Host copies of ``weights`` (same names, shapes and dtypes), valid until the next call."""
+    def stage(self, weights: Mapping[str, torch.Tensor], wait: bool = True) -> dict[str, torch.Tensor]:
+        """Host copies of ``weights`` (same names, shapes and dtypes), valid until the next call.
+
+        ``wait=False`` returns while device copies are still in flight: ``wait_for(name)`` before
+        reading a tensor (a push hashes each one as soon as it landed, overlapping the copies).
+        """
         staged: dict[str, torch.Tensor] = {}
         devices: set[torch.device] = set()
+        self._landed = {}
         for name, weight in weights.items():
             tensor = weight.detach().to(self.cast_to) if self._casts(weight) else weight
             if tensor.device.type == "cpu" and tensor.is_contiguous():
@@ -37,10 +43,19 @@ class HostStaging:
             buffer.copy_(tensor, non_blocking=tensor.device.type == "cuda")
             devices.add(tensor.device)
             staged[name] = buffer
+            if not wait and tensor.device.type == "cuda":
+                self._landed[name] = torch.cuda.Event()  # type: ignore[no-untyped-call]
+                self._landed[name].record(torch.cuda.current_stream(tensor.device))
         for device in devices:
-            if device.type == "cuda":
+            if wait and device.type == "cuda":
                 torch.cuda.synchronize(device)
         return staged
+
+    def wait_for(self, name: str) -> None:
+        """Block until the staged copy of ``name`` landed (a no-op once it has, or after a waiting stage)."""
+        event = self._landed.get(name)
+        if event is not None:
+            event.synchronize()
 
     def _casts(self, tensor: torch.Tensor) -> bool:
         return self.cast_to is not None and tensor.is_floating_point() and tensor.dtype != self.cast_to
