@@ -82,7 +82,7 @@ test-restart: install
 
 # >= 200 faults: 25 runs of 8 (an hour or more on 2 cores); figures in docs/reliability.md
 chaos-full: install
-	$(BIN)/python tools/chaos.py --cases 25 --faults 8
+	$(BIN)/python tools/chaos.py --cases 25 --faults 8 topology.warm_spares=2
 
 fuzz: install
 	$(BIN)/python tools/fuzz_bus.py

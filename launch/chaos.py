@@ -2,14 +2,14 @@
 
 The injector runs beside `Supervisor.run` (which needs the main thread for its signal
 handlers). Each fault waits for its gap, then for the target to be serving (a fault on an actor
-that is still restarting would test the restart budget, not recovery), then for the run's warm
-spares to be ready (so a replacement's start is warm whenever the run keeps spares: what is
-measured is recovery with spares, not a race with the previous spare's imports; after
-SPARE_WAIT_S it goes ahead), then sends SIGKILL (a crash) or SIGSTOP (a hang, which only missed
-heartbeats reveal), and waits until the supervisor has launched the replacement, so faults come
-one at a time (a second one inside a hang's detection window would take its spare). The
-supervisor does the rest;
-the event log says afterwards whether every promise held (`psrl.reliability`).
+that is still restarting would test the restart budget, not recovery), then for a warm spare to
+be ready (so a replacement's start is warm whenever the run keeps spares: what is measured is
+recovery with spares, not a race with the previous spare's imports; after SPARE_WAIT_S it goes
+ahead; with more than one spare the next fault need not wait for the used one's successor), then
+sends SIGKILL (a crash) or SIGSTOP (a hang, which only missed heartbeats reveal), and waits until
+the supervisor has launched the replacement, so faults come one at a time (a second one inside a
+hang's detection window would take its spare). The supervisor does the rest; the event log says
+afterwards whether every promise held (`psrl.reliability`).
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ class FaultInjector:
                     return
                 self.skipped.append(f"{fault.target}: not serving after {READY_WAIT_S:.0f} s")
                 continue
-            self._until(lambda: self.supervisor.spares_full, SPARE_WAIT_S)
+            self._until(lambda: self.supervisor.spare_ready, SPARE_WAIT_S)
             if self.supervisor.is_stopping:
                 return
             self._inject(fault)

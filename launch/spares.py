@@ -89,6 +89,9 @@ class SparePool:
         """Every host has its ready spares (or will get none): what a fault injector waits for."""
         return self.policy.is_full(self._infos(), self.warm_classes)
 
+    def num_ready(self) -> int:
+        return sum(1 for s in self.spares.values() if s.is_ready)
+
     def _infos(self) -> list[SpareInfo]:
         return [s.info() for s in self.spares.values()]
 

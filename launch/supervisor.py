@@ -278,6 +278,11 @@ class Supervisor:
         """Every warm spare the run keeps is ready (true when it keeps none)."""
         return self.spares is None or self.spares.is_full()
 
+    @property
+    def spare_ready(self) -> bool:
+        """A replacement now would be a warm spare (true when the run keeps none: nothing to wait for)."""
+        return self.spares is None or self.spares.num_ready() > 0 or self.spares.is_full()
+
     def _await_ready(self, names: list[str]) -> None:
         deadline = time.monotonic() + self.config.bus.handshake_timeout_s
         while not self.is_stopping:

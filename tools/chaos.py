@@ -9,7 +9,7 @@ own tokens and the trainer's versions stayed consecutive. Recovery is the time f
 to the replacement's Ready.
 
     python tools/chaos.py --quick                 # 2 cases, ~6 faults, a few minutes on 2 cores
-    python tools/chaos.py --cases 25 --faults 8   # the full run: 200 faults (make chaos)
+    python tools/chaos.py --cases 25 --faults 8 topology.warm_spares=2   # 200 faults (make chaos-full)
     python tools/chaos.py --roles router,coordinator   # the roles that own run state, rebuilt from the log
 
 With ``topology.warm_spares`` > 0 (the default is 1) each fault waits for the spares to be ready,
