@@ -35,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from psrl.log import configure
 from psrl.models.shapes import BODIES, VOCABULARIES
+from psrl.ps.from_config import block_mib
 from psrl.ps.local import LocalShards
 from psrl.ps.puller import Puller
 from psrl.ps.pusher import Pusher
@@ -119,7 +120,12 @@ def run_shape(args: argparse.Namespace, shape: str, device: torch.device, direct
     engine = {name: torch.empty(t.shape, dtype=torch.bfloat16, device=device) for name, t in trainer.items()}
     staging = HostStaging(cast_to=torch.bfloat16)
     shards = LocalShards(directory, args.shards, transport=args.transport).start()
-    pusher = Pusher(shards.push_endpoints, incarnation=1, transport=args.transport, max_block_bytes=args.chunk_mb << 20)
+    pusher = Pusher(
+        shards.push_endpoints,
+        incarnation=1,
+        transport=args.transport,
+        max_block_bytes=block_mib(args.transport, args.chunk_mb) << 20,
+    )
     puller = Puller(shards.pull_endpoints, transport=args.transport, pin_memory=device.type == "cuda")
 
     def load(name: str, tensor: torch.Tensor) -> None:
@@ -168,7 +174,7 @@ def run_delta(args: argparse.Namespace, shape: str, device: torch.device, direct
     trainer = shaped_weights(shape, device, torch.float32)
     staging = HostStaging(cast_to=torch.bfloat16)
     shards = LocalShards(directory, args.shards, transport="zmq").start()
-    pusher = Pusher(shards.push_endpoints, incarnation=1, max_block_bytes=args.chunk_mb << 20)
+    pusher = Pusher(shards.push_endpoints, incarnation=1, max_block_bytes=block_mib("zmq", args.chunk_mb) << 20)
     delta = Puller(shards.pull_endpoints, delta_sync=True)
     ratios, seconds, fractions, exact = [], [], [], True
     try:
@@ -226,7 +232,7 @@ def main() -> None:
     ap.add_argument("--transport", default="shm", choices=["shm", "zmq"])
     ap.add_argument("--shards", type=int, default=4)
     ap.add_argument("--rounds", type=int, default=3, help="measured versions per shape (after 2 warm-up ones)")
-    ap.add_argument("--chunk-mb", type=int, default=64)
+    ap.add_argument("--chunk-mb", type=int, default=0, help="largest entry; 0 = what psrl.ps.chunk_mb=0 picks")
     ap.add_argument("--lr", type=float, default=1e-6)
     ap.add_argument("--probe-gb", type=float, default=2.0)
     ap.add_argument("--no-delta", dest="delta", action="store_false")

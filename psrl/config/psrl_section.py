@@ -81,7 +81,13 @@ class ParameterServer(Section):
     delta_sync: bool = field(
         False, "Pull only entries whose checksum changed since the instance's version (keeps a host mirror)."
     )
-    chunk_mb: int = field(16, "Largest entry of a weight transfer in MiB; bigger tensors are split into blocks.", gt=0)
+    chunk_mb: int = field(
+        0,
+        "Largest entry of a weight transfer in MiB; bigger tensors are split into blocks. 0 = auto: 512 on "
+        "shared memory (a whole tensor is loaded straight from the shard's mapping, a block is copied first), "
+        "16 on the other transports.",
+        ge=0,
+    )
     checksum: bool = field(True, "Checksum every entry (xxh3) and verify it on every shard and puller.")
     serve_dtype: Literal["train", "engine"] = field(
         "engine", "Dtype shards serve: the trainer's as pushed, or engine.dtype (cast once per version at the shard)."

@@ -20,6 +20,8 @@ from psrl.ps.pusher import Pusher
 from psrl.ps.shard import ShardOptions
 
 MIB = 1 << 20
+AUTO_BLOCK_MIB = 16  # frames that pipeline over sockets
+AUTO_SHM_BLOCK_MIB = 512  # few tensors split: whole ones are read from the mapping, blocks are copied
 
 
 def shard_options(
@@ -46,6 +48,14 @@ def shard_options(
     )
 
 
+def block_mib(transport: str, chunk_mb: int = 0) -> int:
+    """``psrl.ps.chunk_mb``, or for 0 the size that suits ``transport``: on shared memory a 7B sync
+    took 1.83 s with 512 MiB blocks and 2.21 s with 64 MiB (an H200 host; docs/benchmarks.md)."""
+    if chunk_mb > 0:
+        return chunk_mb
+    return AUTO_SHM_BLOCK_MIB if transport == "shm" else AUTO_BLOCK_MIB
+
+
 def staging_dtype(config: Config, engine_dtype: torch.dtype) -> torch.dtype | None:
     """The dtype a trainer casts floating weights to before they leave its device: the one shards
     would serve anyway (``psrl.ps.serve_dtype=engine``), so half the bytes move for a bf16 engine."""
@@ -60,7 +70,7 @@ def make_pusher(
         push_endpoints,
         incarnation,
         transport=ps.transport,
-        max_block_bytes=ps.chunk_mb * MIB,
+        max_block_bytes=block_mib(ps.transport, ps.chunk_mb) * MIB,
         with_checksums=ps.checksum,
         timeout_s=ps.push_timeout_s,
         probe_interval_s=ps.probe_interval_s,

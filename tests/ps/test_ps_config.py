@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from psrl.config import load_config
+from psrl.errors import ConfigError
 from psrl.ps.from_config import make_puller, make_pusher, shard_options
 
 
@@ -27,3 +29,17 @@ def test_train_dtype_is_served_as_pushed(sockdir: str) -> None:
     config = load_config("demo", ["psrl.ps.serve_dtype=train"])
     options = shard_options(config, 0, f"ipc://{sockdir}/a", f"ipc://{sockdir}/b", torch.bfloat16)
     assert options.serve_dtype is None
+
+
+@pytest.mark.parametrize(("transport", "block_mib"), [("shm", 512), ("zmq", 16), ("torch_dist", 16)])
+def test_automatic_block_size_suits_the_transport(sockdir: str, transport: str, block_mib: int) -> None:
+    config = load_config("demo", [f"psrl.ps.transport={transport}"])
+    assert config.psrl.ps.chunk_mb == 0  # auto is the default
+    pusher = make_pusher(config, [f"ipc://{sockdir}/p{i}" for i in range(2)], incarnation=1)
+    assert pusher.max_block_bytes == block_mib << 20
+    pusher.close()
+
+
+def test_a_negative_block_size_is_refused_with_the_field() -> None:
+    with pytest.raises(ConfigError, match="chunk_mb"):
+        load_config("demo", ["psrl.ps.chunk_mb=-1"])
