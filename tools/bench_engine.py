@@ -16,6 +16,9 @@ the embedded engine, with the same dtype, threads and sampling; vLLM runs its KV
     python tools/bench_engine.py --random-init qwen2.5-0.5b --device cuda --dtype bfloat16 --compare-eager
 
     .venv-vllm/bin/python tools/bench_engine.py --backend both --model ~/.cache/psrl/models/SmolLM2-135M-Instruct
+    # on a shared 2-core box (about 14 minutes; docs/benchmarks.md):
+    OMP_NUM_THREADS=1 .venv-vllm/bin/python tools/bench_engine.py --backend both \
+        --model ~/.cache/psrl/models/SmolLM2-135M-Instruct --gen-len 64 --repeats 2 --threads 1
 
 The last line is `RESULT engine_vs_hf_b32=<ratio> ...` (with --backend both: `RESULT embedded_vs_vllm_b32=...`).
 
