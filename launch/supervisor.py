@@ -113,6 +113,8 @@ class Supervisor:
         launches = int(self.run_dir.read_state().get("launches", 0))
         self.incarnation_base = launches * INCARNATIONS_PER_LAUNCH
         self.run_dir.write_state(status="starting", started_at=time.time(), launcher_pid=_pid(), launches=launches + 1)
+        # shard snapshots serve restarts within a launch; a resumed run's trainer pushes from its checkpoint
+        remove_snapshots(self.run_dir.path / "ps")
         try:
             self._start_bus()
             self._start_all()

@@ -100,6 +100,9 @@ def test_sigterm_mid_run_checkpoints_and_the_run_resumes(tmp_path) -> None:
     saved = read_trainer_state(latest)["version"]
     assert saved >= 3 and saved >= max(progress) - 1
     assert (latest / "policy" / "tokenizer.json").is_file()
+    # the stopped launch's shards kept their snapshots; a new launch must not restore them (its
+    # trainer pushes from the checkpoint, which may be older than the snapshots' version)
+    assert list((run_dir.path / "ps").glob("*.committed"))
 
     resumed = load_config("demo", [*SMALL, f"trainer.total_steps={saved + 2}"])
     sup = Supervisor(resumed, run_dir)
