@@ -162,17 +162,7 @@ class ShardServer:
         if restored is None:
             return
         header = restored.header
-        held = HeldVersion(
-            version=header.version,
-            incarnation=header.incarnation,
-            digest=header.digest,
-            num_shards=header.num_shards,
-            num_entries=header.num_entries,
-            algorithm=header.algorithm,
-            entries=header.entries,
-            buffers=restored.buffers,
-            by_index={e.index: e for e in header.entries},
-        )
+        held = HeldVersion.of(header, header.entries, restored.buffers)
         self.versions.restore(held)
         self.counters["versions_restored"] += 1
         self._log.info("ps.shard.restored", version=held.version, entries=len(held.entries))

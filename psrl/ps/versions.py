@@ -20,13 +20,30 @@ Rules (each refusal carries a reason for the pusher):
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Generic, TypeVar
+from typing import Generic, Protocol, TypeVar
 
 from psrl.ps.manifest import ManifestEntry
 from psrl.ps.protocol import PushBegin
 
 BuffersT = TypeVar("BuffersT")
 NONE = -1  # version number reported when a slot is empty
+
+
+class VersionHeader(Protocol):
+    """What identifies a version's layout: an incoming push, or a snapshot's header."""
+
+    @property
+    def version(self) -> int: ...
+    @property
+    def incarnation(self) -> int: ...
+    @property
+    def digest(self) -> bytes: ...
+    @property
+    def num_shards(self) -> int: ...
+    @property
+    def num_entries(self) -> int: ...
+    @property
+    def algorithm(self) -> str: ...
 
 
 @dataclass
@@ -66,6 +83,20 @@ class HeldVersion(Generic[BuffersT]):
     by_index: dict[int, ManifestEntry]
     # Sparse deltas from an older version, computed on first request: (base version, entry) -> payload.
     sparse_cache: dict[tuple[int, int], memoryview | None] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, header: VersionHeader, entries: tuple[ManifestEntry, ...], buffers: BuffersT) -> HeldVersion[BuffersT]:
+        return cls(
+            version=header.version,
+            incarnation=header.incarnation,
+            digest=header.digest,
+            num_shards=header.num_shards,
+            num_entries=header.num_entries,
+            algorithm=header.algorithm,
+            entries=entries,
+            buffers=buffers,
+            by_index={e.index: e for e in entries},
+        )
 
 
 @dataclass(frozen=True)
@@ -168,17 +199,7 @@ class ShardVersions(Generic[BuffersT]):
             return CommitOutcome(is_ok=False, reason=f"version {version} is not prepared on shard {self.shard}")
         if not incoming.is_complete or incoming.served_entries is None or incoming.served_buffers is None:
             return CommitOutcome(is_ok=False, reason=f"version {version} is incomplete on shard {self.shard}")
-        held = HeldVersion(
-            version=incoming.version,
-            incarnation=incoming.incarnation,
-            digest=incoming.digest,
-            num_shards=incoming.num_shards,
-            num_entries=incoming.num_entries,
-            algorithm=incoming.algorithm,
-            entries=incoming.served_entries,
-            buffers=incoming.served_buffers,
-            by_index={e.index: e for e in incoming.served_entries},
-        )
+        held = HeldVersion.of(incoming, incoming.served_entries, incoming.served_buffers)
         retired = self.previous
         self.previous, self.latest, self.incoming = self.latest, held, None
         return CommitOutcome(is_ok=True, retired=retired, is_new=True)
