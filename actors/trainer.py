@@ -75,7 +75,8 @@ class TrainerActor(FlowActor):
             committed = self._catch_up_with_ps()
         self.saved_version = self.core.version
         self.pusher = None
-        # a GPU trainer's weights go to the PS from host memory, already in the dtype shards serve
+        # a GPU trainer's weights go to the PS in the dtype shards serve: straight into the shards' shared
+        # memory where the transport allows, else from host staging buffers
         engine_args = EngineArgs.from_config(cfg)
         self.staging = HostStaging(staging_dtype(cfg, engine_args.resolve_dtype(engine_args.resolve_device())))
         if self.rank == 0:
@@ -84,7 +85,7 @@ class TrainerActor(FlowActor):
         if self.core.version > max(committed, 0):  # a resumed run: the fresh parameter server needs it
             weights = dict(self.core.named_weights())
             if self.pusher is not None:
-                self.pusher.push(self.core.version, self.staging.stage(weights, wait=False), self.staging.wait_for)
+                self.pusher.push_weights(self.core.version, weights, self.staging)
         self.attach(
             TrainerFlow(cfg, self.core, name=self.name, log=self.log), serving=self.make_link(self.name, serve=True)
         )
@@ -117,7 +118,7 @@ class TrainerActor(FlowActor):
             return
         weights = dict(self.core.named_weights())  # a collective under FSDP2: every rank iterates
         if self.pusher is not None:
-            pushed = self.pusher.push(effect.version, self.staging.stage(weights, wait=False), self.staging.wait_for)
+            pushed = self.pusher.push_weights(effect.version, weights, self.staging)
             self.publisher.publish(
                 WeightsPushed(version=effect.version, rank=self.rank, num_bytes=pushed.num_bytes),
                 model_version=effect.version,

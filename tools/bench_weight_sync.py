@@ -28,6 +28,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -39,7 +40,7 @@ from psrl.ps.from_config import block_mib
 from psrl.ps.local import LocalShards
 from psrl.ps.puller import Puller
 from psrl.ps.pusher import Pusher
-from psrl.ps.staging import HostStaging
+from psrl.ps.staging import DeviceWeights, HostStaging
 
 GB = 1e9
 WARMUP = 3  # a shard rotates three buffers (incoming, latest, previous): each is first written in v1-v3
@@ -137,9 +138,13 @@ def run_shape(args: argparse.Namespace, shape: str, device: torch.device, direct
             adam_like_step(trainer, version, args.lr)
             sync_device(device)
             started = time.perf_counter()
-            staged = staging.stage(trainer, wait=False)  # hashed tensor by tensor as copies land
-            staged_at = time.perf_counter()
-            pushed = pusher.push(version, staged, staging.wait_for)
+            if args.host_staging or not pusher.copies_from_device or device.type != "cuda":
+                staged: Any = staging.stage(trainer, wait=False)  # hashed tensor by tensor as copies land
+                staged_at = time.perf_counter()
+                pushed = pusher.push(version, staged, staging.wait_for)
+            else:  # device to the shards' memory, hashed there (what the trainer actor does)
+                staged_at = time.perf_counter()
+                pushed = pusher.push(version, DeviceWeights(trainer, staging.cast_to))
             pull_start = time.perf_counter()
             pulled = puller.pull(version, load)
             loaded = time.perf_counter()
@@ -236,6 +241,8 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=1e-6)
     ap.add_argument("--probe-gb", type=float, default=2.0)
     ap.add_argument("--no-delta", dest="delta", action="store_false")
+    ap.add_argument("--host-staging", action="store_true",
+                    help="push from pinned host staging buffers (hashed there), not straight from the GPU")  # fmt: skip
     ap.add_argument("--delta-only", action="store_true", help="only the delta sync phase (no limits, no full syncs)")
     args = ap.parse_args()
     if args.delta_only and not args.delta:

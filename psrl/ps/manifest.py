@@ -110,13 +110,18 @@ def build_manifest(
     with_checksums: bool = True,
     num_threads: int = 1,
     ready: Callable[[str], None] | None = None,
+    deferred: bool = False,
 ) -> Manifest:
     """The push manifest of ``tensors`` laid out by ``plan``; checks that tensors match the plan.
 
     Checksums run on ``num_threads`` threads (xxh3 releases the GIL); ``ready(name)`` blocks until a
     tensor's bytes are there (staging copies still in flight), so hashing overlaps them.
+    ``deferred``: the checksums follow (0 here; ``with_sums`` fills them in): the transport hashes each
+    entry where it writes it. ``tensors`` may then live on a device (or be meta tensors).
     """
-    _check_tensors(plan, tensors)
+    _check_tensors(plan, tensors, need_host_bytes=with_checksums and not deferred)
+    if deferred:
+        with_checksums = False
     offsets: dict[int, int] = {}
     for shard in range(plan.num_shards):
         part = plan.shard_entries(shard)
@@ -142,11 +147,17 @@ def build_manifest(
         )
         for e, value in zip(plan.entries, sums, strict=True)
     )
-    algorithm = ALGORITHM if with_checksums else NO_CHECKSUM
+    algorithm = ALGORITHM if with_checksums or deferred else NO_CHECKSUM
     return Manifest(version=version, num_shards=plan.num_shards, algorithm=algorithm, entries=entries)
 
 
-def _check_tensors(plan: ShardPlan, tensors: Mapping[str, torch.Tensor]) -> None:
+def with_sums(manifest: Manifest, sums: Mapping[int, int]) -> Manifest:
+    """``manifest`` with the checksums of a deferred push (entry index -> checksum) filled in."""
+    entries = tuple(msgspec.structs.replace(e, checksum=sums[e.index]) for e in manifest.entries)
+    return msgspec.structs.replace(manifest, entries=entries)
+
+
+def _check_tensors(plan: ShardPlan, tensors: Mapping[str, torch.Tensor], need_host_bytes: bool = True) -> None:
     expected = {e.name: TensorSpec(e.name, e.shape, e.dtype) for e in plan.entries}
     missing = sorted(set(expected) - set(tensors))
     extra = sorted(set(tensors) - set(expected))
@@ -156,7 +167,7 @@ def _check_tensors(plan: ShardPlan, tensors: Mapping[str, torch.Tensor]) -> None
         got = TensorSpec.of(name, tensors[name])
         if got != spec:
             raise ManifestError(f"tensor {name}: plan has {spec.shape} {spec.dtype}, got {got.shape} {got.dtype}")
-        if not tensors[name].is_contiguous() or tensors[name].device.type != "cpu":
+        if need_host_bytes and (not tensors[name].is_contiguous() or tensors[name].device.type != "cpu"):
             raise ManifestError(f"tensor {name} must be a contiguous CPU tensor")
 
 

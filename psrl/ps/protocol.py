@@ -6,7 +6,10 @@ own sockets, never on the event bus; only ``WeightsPublished`` (emitted by the h
 there.
 
 Push (pusher DEALER -> shard ROUTER): PushBegin -> PushReady | PushRefused; PushChunk* or
-PushWritten -> PushAck; Commit -> Committed | CommitRefused; Abort.
+PushWritten* [PushSealed] -> PushAck; Commit -> Committed | CommitRefused; Abort. A push whose
+checksums follow the bytes (``PushBegin.checksums_follow``: shared memory, where the pusher hashes
+each entry in the shard's own pages as it writes them) carries them in ``PushWritten`` and the
+version's digest in ``PushSealed``, sent once every shard's entries are hashed.
 Pull (puller DEALER -> shard ROUTER): ManifestRequest -> ManifestReply | Unavailable;
 PullRequest -> PullChunk* | PullDone | PullError; LiveCheck -> LiveReply; StatusRequest -> ShardStatus.
 """
@@ -44,6 +47,8 @@ class PushBegin(_Msg, frozen=True, tag="push_begin"):
     algorithm: str
     entries: tuple[ManifestEntry, ...]
     peer: str = ""  # the pusher's data-plane identity (out-of-band transports rendezvous with it)
+    # entries' checksums (0 here) come with PushWritten and the digest (empty here) with PushSealed
+    checksums_follow: bool = False
 
 
 class PushReady(_Msg, frozen=True, tag="push_ready"):
@@ -75,6 +80,16 @@ class PushWritten(_Msg, frozen=True, tag="push_written"):
     incarnation: int
     attempt: int
     entry_indices: tuple[int, ...]
+    checksums: tuple[int, ...] = ()  # one per entry when the push's checksums follow the bytes
+
+
+class PushSealed(_Msg, frozen=True, tag="push_sealed"):
+    """The digest of a push whose checksums followed its bytes: nothing more will be written."""
+
+    version: int
+    incarnation: int
+    attempt: int
+    digest: bytes
 
 
 class PushAck(_Msg, frozen=True, tag="push_ack"):
@@ -189,6 +204,7 @@ Message = Union[  # noqa: UP007 (msgspec needs a typing.Union of the tagged stru
     PushRefused,
     PushChunk,
     PushWritten,
+    PushSealed,
     PushAck,
     Commit,
     Committed,

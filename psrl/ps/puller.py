@@ -1,7 +1,9 @@
 """Rollout side: pull one committed version from every shard in parallel, straight into the engine.
 
 A pull fetches the version's manifest from every shard (all must report the same digest), asks
-each shard for its entries, verifies every entry against its checksum as it lands, and hands each
+each shard for its entries, verifies every entry against its checksum as it lands (except pinned
+shared-memory pulls, which read the shard's verified pages read-only and confirm afterwards that the
+version stayed live: ``PullDataPlane.reads_verified_memory``), and hands each
 tensor to the engine as soon as it is complete: ``pull(version, load)`` calls ``load(name, tensor)``,
 and ``stream(version)`` is the same as an iterator for ``engine.load_weights(iterator, version)``.
 Entries are received straight into the puller's host buffers (the *mirror*, one tensor per name,
@@ -228,7 +230,8 @@ class Puller:
         stream: PullStream,
     ) -> Iterator[tuple[str, torch.Tensor]]:
         pending = {e.index: e for e in needed}
-        algorithm = plan.algorithm if self.verify else NO_CHECKSUM
+        checks = self.verify and not self._plane.reads_verified_memory
+        algorithm = plan.algorithm if checks else NO_CHECKSUM
         self._verifier.clear()
         frames: dict[int, memoryview] = {}  # zero-copy entries: the received frame, until it is loaded
         last_progress = time.monotonic()

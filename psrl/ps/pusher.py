@@ -26,7 +26,7 @@ from bus.security import CurveKeys
 from psrl.log import get_logger
 from psrl.ps import links
 from psrl.ps.errors import PushFailedError, PushRefusedError
-from psrl.ps.manifest import Manifest, ManifestEntry, build_manifest, entry_bytes
+from psrl.ps.manifest import Manifest, ManifestEntry, build_manifest, entry_bytes, with_sums
 from psrl.ps.plan import ShardPlan, TensorSpec, plan_shards
 from psrl.ps.protocol import (
     Abort,
@@ -39,9 +39,11 @@ from psrl.ps.protocol import (
     PushBegin,
     PushReady,
     PushRefused,
+    PushSealed,
     ShardStatus,
     StatusRequest,
 )
+from psrl.ps.staging import DeviceWeights, HostStaging, on_device
 from psrl.ps.transports import PushDataPlane, push_plane
 from psrl.ps.verify import host_threads
 
@@ -67,6 +69,7 @@ class _ShardLink:
     last_heard: float = 0.0
     last_probe: float = 0.0
     may_commit: bool = False
+    sealed: bool = False  # PushSealed sent for this attempt
 
 
 @dataclass(frozen=True)
@@ -126,25 +129,22 @@ class Pusher:
     # public -------------------------------------------------------------------------------------
 
     def push(
-        self, version: int, tensors: Mapping[str, torch.Tensor], ready: Callable[[str], None] | None = None
+        self,
+        version: int,
+        tensors: Mapping[str, torch.Tensor] | DeviceWeights,
+        ready: Callable[[str], None] | None = None,
     ) -> PushResult:
         """Push ``tensors`` as ``version`` and commit it on every shard; raises a RequestError subclass.
 
         ``ready(name)`` blocks until a tensor's bytes are there (``HostStaging.stage(wait=False)``):
         each is hashed as soon as it landed, while the others are still being copied.
+        ``DeviceWeights`` (transports that ``copies_from_device``): the transport copies each tensor from
+        its device straight into the shard's memory and hashes it there; the checksums follow the bytes.
         """
         start = time.perf_counter()
-        plan = self.plan_for(tensors)
-        manifest = build_manifest(
-            version, plan, tensors, with_checksums=self.with_checksums, num_threads=self.num_hash_threads, ready=ready
-        )
-        if ready is not None:  # without checksums nothing waited yet; the sends read every tensor
-            for name in tensors:
-                ready(name)
-        digest = manifest.digest()
-        payloads = [[(e, entry_bytes(tensors, e)) for e in manifest.shard_part(s)] for s in range(self.num_shards)]
+        job = self._prepare(version, tensors, ready)
         serialized = time.perf_counter()
-        job = _Job(version, digest, manifest, payloads, deadline=serialized + self.timeout_s)
+        job.deadline = serialized + self.timeout_s
         try:
             for link in self._links:
                 link.attempt, link.boot_id, link.may_commit = 0, "", False
@@ -156,18 +156,51 @@ class Pusher:
             self._abort(version)
             raise
         done = time.perf_counter()
-        self._log.info("ps.pushed", version=version, bytes=manifest.total_bytes, restarts=job.num_restarts)
+        self._log.info("ps.pushed", version=version, bytes=job.manifest.total_bytes, restarts=job.num_restarts)
         return PushResult(
             version=version,
-            digest=digest,
-            num_bytes=manifest.total_bytes,
-            num_entries=len(manifest.entries),
+            digest=job.digest,
+            num_bytes=job.manifest.total_bytes,
+            num_entries=len(job.manifest.entries),
             serialize_s=serialized - start,
             transfer_s=transferred - serialized,
             commit_s=done - transferred,
             num_restarts=job.num_restarts,
-            shard_bytes=plan.shard_bytes(),
+            shard_bytes=job.plan.shard_bytes(),
         )
+
+    def push_weights(self, version: int, weights: Mapping[str, torch.Tensor], staging: HostStaging) -> PushResult:
+        """Push a trainer's weights: straight from its GPU into the shards' memory where the transport
+        can (shared memory), else through ``staging``'s host buffers."""
+        if self.copies_from_device and on_device(weights):
+            return self.push(version, DeviceWeights(weights, staging.cast_to))
+        return self.push(version, staging.stage(weights, wait=False), staging.wait_for)
+
+    @property
+    def copies_from_device(self) -> bool:
+        """Whether ``push`` takes ``DeviceWeights`` (no host staging needed)."""
+        return self._plane.copies_from_device
+
+    def _prepare(
+        self, version: int, tensors: Mapping[str, torch.Tensor] | DeviceWeights, ready: Callable[[str], None] | None
+    ) -> _Job:
+        if isinstance(tensors, DeviceWeights):
+            if not self._plane.copies_from_device:
+                raise ValueError(f"the {self._plane.name} transport pushes from host memory: stage the weights")
+            plan = self.plan_for(tensors.meta)
+            deferred = self.with_checksums
+            manifest = build_manifest(version, plan, tensors.meta, with_checksums=False, deferred=deferred)
+            return _Job(version, b"" if deferred else manifest.digest(), plan, manifest, [], device=tensors,
+                        deferred=deferred)  # fmt: skip
+        plan = self.plan_for(tensors)
+        manifest = build_manifest(
+            version, plan, tensors, with_checksums=self.with_checksums, num_threads=self.num_hash_threads, ready=ready
+        )
+        if ready is not None:  # without checksums nothing waited yet; the sends read every tensor
+            for name in tensors:
+                ready(name)
+        payloads = [[(e, entry_bytes(tensors, e)) for e in manifest.shard_part(s)] for s in range(self.num_shards)]
+        return _Job(version, manifest.digest(), plan, manifest, payloads)
 
     def plan_for(self, tensors: Mapping[str, torch.Tensor]) -> ShardPlan:
         """The sharding plan of this layout (computed once, reused while the layout is unchanged)."""
@@ -197,6 +230,7 @@ class Pusher:
             self._plane.cancel(link.shard)
         link.attempt += 1
         link.stage = _Stage.BEGIN_SENT
+        link.sealed = False
         link.begin = PushBegin(
             version=job.version,
             incarnation=self.incarnation,
@@ -205,11 +239,25 @@ class Pusher:
             num_shards=self.num_shards,
             num_entries=len(job.manifest.entries),
             algorithm=job.manifest.algorithm,
-            entries=tuple(e for e, _ in job.payloads[link.shard]),
+            entries=job.manifest.shard_part(link.shard),
             peer=self._plane.peer,
+            checksums_follow=job.awaits_checksums,
         )
         link.last_heard = time.monotonic()
         links.send(link.sock, link.begin)
+
+    def _seal_all(self, job: _Job) -> None:
+        for link in self._links:
+            if link.stage == _Stage.SENDING:
+                self._seal(job, link)
+
+    def _seal(self, job: _Job, link: _ShardLink) -> None:
+        """Send the digest to a shard whose attempt started with its checksums to follow, once known."""
+        begin = link.begin
+        if job.awaits_checksums or link.sealed or begin is None or not begin.checksums_follow:
+            return
+        link.sealed = True
+        links.send(link.sock, PushSealed(job.version, self.incarnation, link.attempt, job.digest))
 
     def _commit_all(self, job: _Job) -> None:
         # Shard 0 last: its commit is the announcement, so every other shard must already serve v.
@@ -240,6 +288,8 @@ class Pusher:
             for shard in self._plane.progress():
                 self._log.warning("ps.pusher.transport_failed", shard=shard, version=job.version)
                 self._begin(job, self._links[shard])
+            if job.awaits_checksums and job.absorb(self._plane.take_checksums()):
+                self._seal_all(job)
             timeout_ms = 1 if self._plane.is_busy else 50
             for sock, _ in self._poller.poll(timeout_ms):
                 self._drain(job, self._by_sock[sock])
@@ -265,7 +315,11 @@ class Pusher:
             return  # a reply to an earlier attempt
         if isinstance(message, PushReady) and link.stage == _Stage.BEGIN_SENT and link.begin is not None:
             link.stage, link.boot_id = _Stage.SENDING, message.boot_id
-            self._plane.send(link.sock, link.begin, message.offer, job.payloads[link.shard])
+            if job.device is None:
+                self._plane.send(link.sock, link.begin, message.offer, job.payloads[link.shard])
+                return
+            self._plane.send_device(link.sock, link.begin, message.offer, link.begin.entries, job.device)
+            self._seal(job, link)  # an attempt begun before the push was sealed and answered after
         elif isinstance(message, PushRefused):
             raise PushRefusedError(job.version, message.reason, message.latest_version, message.max_incarnation)
         elif isinstance(message, PushAck) and link.stage in (_Stage.BEGIN_SENT, _Stage.SENDING):
@@ -325,8 +379,25 @@ def _all_committed(group: list[_ShardLink]) -> bool:
 @dataclass
 class _Job:
     version: int
-    digest: bytes
+    digest: bytes  # empty until every checksum is known (a deferred push)
+    plan: ShardPlan
     manifest: Manifest
-    payloads: list[list[tuple[ManifestEntry, memoryview]]]
-    deadline: float
+    payloads: list[list[tuple[ManifestEntry, memoryview]]]  # host bytes per shard (empty for device pushes)
+    device: DeviceWeights | None = None
+    deferred: bool = False  # the transport hashes each entry where it wrote it; checksums follow
+    deadline: float = 0.0
     num_restarts: int = 0
+    sums: dict[int, int] = field(default_factory=dict)
+
+    @property
+    def awaits_checksums(self) -> bool:
+        return self.deferred and not self.digest
+
+    def absorb(self, sums: Mapping[int, int]) -> bool:
+        """Take checksums hashed in place; True once the last one came (the manifest is then complete)."""
+        self.sums.update(sums)
+        if len(self.sums) < len(self.manifest.entries):
+            return False
+        self.manifest = with_sums(self.manifest, self.sums)
+        self.digest = self.manifest.digest()
+        return True

@@ -49,6 +49,7 @@ from psrl.ps.protocol import (
     PushChunk,
     PushReady,
     PushRefused,
+    PushSealed,
     PushWritten,
     ShardStatus,
     StatusRequest,
@@ -140,6 +141,7 @@ class ShardServer:
             PushBegin: self._on_begin,
             PushChunk: self._on_chunk,
             PushWritten: self._on_written,
+            PushSealed: self._on_sealed,
             Commit: self._on_commit_msg,
             Abort: self._on_abort,
             StatusRequest: lambda ident, msg: self._reply_status(self._push_sock, ident, msg),
@@ -272,7 +274,7 @@ class ShardServer:
         self._incoming_ident = ident
         offer = self._plane.push_offer(buffers, begin, self._incoming_key)
         self._push_reply(ident, PushReady(begin.version, begin.attempt, self.boot_id, offer))
-        if not begin.entries:
+        if not begin.entries and not begin.checksums_follow:
             self._finish_landing()
 
     def _on_chunk(self, ident: bytes, chunk: PushChunk) -> None:
@@ -293,14 +295,27 @@ class ShardServer:
         self._land(match, view)
 
     def _on_written(self, ident: bytes, written: PushWritten) -> None:
-        for index in written.entry_indices:
-            match = self.versions.match_chunk(written.version, written.incarnation, written.attempt, index)
+        key = (written.version, written.incarnation, written.attempt)
+        for position, index in enumerate(written.entry_indices):
+            match = self.versions.match_chunk(*key, index)
+            if not isinstance(match, str):
+                match = self.versions.take_checksum(match, written.checksums, position)
             if isinstance(match, str):
-                self._nack(ident, (written.version, written.incarnation, written.attempt), match)
+                self._nack(ident, key, match)
                 return
             incoming = self.versions.incoming
             if incoming is not None:
                 self._land(match, incoming.buffers.view(index))
+
+    def _on_sealed(self, ident: bytes, sealed: PushSealed) -> None:
+        key = (sealed.version, sealed.incarnation, sealed.attempt)
+        reason = self.versions.seal(*key, sealed.digest)
+        if reason is not None:
+            self._nack(ident, key, reason)
+            return
+        incoming = self.versions.incoming
+        if incoming is not None and incoming.is_landed and not incoming.is_complete:
+            self._finish_landing()
 
     def _on_landed(self, landed: Landed) -> None:
         incoming = self.versions.incoming

@@ -72,3 +72,31 @@ class HostStaging:
             buffer = torch.empty(tensor.shape, dtype=tensor.dtype, device="cpu", pin_memory=pin)
             self._buffers[name] = buffer
         return buffer
+
+
+class DeviceWeights:
+    """The trainer's device tensors as a push reads them, for transports that copy from the device
+    straight into the shard's memory (shared memory on one host): no host staging buffer, no host copy.
+
+    ``meta`` describes each tensor as pushed (cast to ``cast_to``); ``cast(name)`` makes the pushed form
+    on its device when a transport copies it, so at most one cast tensor is alive at a time.
+    """
+
+    def __init__(self, weights: Mapping[str, torch.Tensor], cast_to: torch.dtype | None = None) -> None:
+        self.weights = weights
+        self.cast_to = cast_to
+        self.meta = {name: torch.empty(w.shape, dtype=self._dtype(w), device="meta") for name, w in weights.items()}
+
+    def cast(self, name: str) -> torch.Tensor:
+        weight = self.weights[name].detach()
+        dtype = self._dtype(weight)
+        return (weight if weight.dtype == dtype else weight.to(dtype)).contiguous()
+
+    def _dtype(self, weight: torch.Tensor) -> torch.dtype:
+        floating = self.cast_to is not None and weight.is_floating_point()
+        return self.cast_to if floating and self.cast_to is not None else weight.dtype
+
+
+def on_device(weights: Mapping[str, torch.Tensor]) -> bool:
+    """Whether every tensor lives on a CUDA device (what ``DeviceWeights`` pushes are for)."""
+    return bool(weights) and all(w.device.type == "cuda" for w in weights.values())

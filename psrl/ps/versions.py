@@ -22,6 +22,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar
 
+import msgspec
+
 from psrl.ps.manifest import ManifestEntry
 from psrl.ps.protocol import PushBegin
 
@@ -60,10 +62,12 @@ class IncomingPush(Generic[BuffersT]):
     landed: set[int] = field(default_factory=set)
     served_entries: tuple[ManifestEntry, ...] | None = None
     served_buffers: BuffersT | None = None
+    checksums_follow: bool = False  # entries' checksums come with PushWritten, the digest with PushSealed
 
     @property
     def is_landed(self) -> bool:
-        return len(self.landed) == len(self.entries)
+        """Every entry verified and, when its checksums followed the bytes, the digest received."""
+        return len(self.landed) == len(self.entries) and bool(self.digest or not self.checksums_follow)
 
     @property
     def is_complete(self) -> bool:
@@ -150,8 +154,38 @@ class ShardVersions(Generic[BuffersT]):
             algorithm=begin.algorithm,
             entries={e.index: e for e in begin.entries},
             buffers=buffers,
+            checksums_follow=begin.checksums_follow,
         )
         return replaced
+
+    def take_checksum(self, entry: ManifestEntry, checksums: tuple[int, ...], position: int) -> ManifestEntry | str:
+        """The entry as verified: with the checksum its ``PushWritten`` brought when the push's checksums
+        follow the bytes (``checksums[position]``); the reason to refuse the message otherwise."""
+        incoming = self.incoming
+        follow = incoming is not None and incoming.checksums_follow
+        if not checksums:
+            return f"entry {entry.index} was written without its checksum" if follow else entry
+        if not follow or incoming is None:
+            return "checksums sent for a push whose begin carried them"
+        if len(checksums) <= position:
+            return f"{len(checksums)} checksums for more entries"
+        entry = msgspec.structs.replace(entry, checksum=checksums[position])
+        incoming.entries[entry.index] = entry
+        return entry
+
+    def seal(self, version: int, incarnation: int, attempt: int, digest: bytes) -> str | None:
+        """Record the digest of a push whose checksums followed its bytes; the reason to refuse, or None."""
+        incoming = self.incoming
+        if incoming is None or (version, incarnation, attempt) != (
+            incoming.version,
+            incoming.incarnation,
+            incoming.attempt,
+        ):
+            return f"seal of push {version}/{incarnation}/{attempt} does not match the incoming push"
+        if not incoming.checksums_follow or not digest:
+            return f"push {version}/{incarnation}/{attempt} is not sealed by a digest"
+        incoming.digest = digest
+        return None
 
     def match_chunk(self, version: int, incarnation: int, attempt: int, entry_index: int) -> ManifestEntry | str:
         """The entry a chunk fills, or the reason it is dropped."""

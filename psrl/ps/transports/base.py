@@ -220,6 +220,10 @@ class DirectAccessShardPlane(ShardDataPlane):
 
 class PushDataPlane(ABC):
     name: ClassVar[str]
+    # Copies a trainer's device tensors straight into the shard's memory (``send_device``) and hashes
+    # each entry there once it landed: such a push sends its checksums after the bytes
+    # (``PushBegin.checksums_follow``), so no host staging buffer and no host copy are needed.
+    copies_from_device: ClassVar[bool] = False
 
     @abstractmethod
     def send(
@@ -230,6 +234,17 @@ class PushDataPlane(ABC):
         payloads: Sequence[tuple[ManifestEntry, memoryview]],
     ) -> None:
         """Start sending one shard its entries (returns without waiting for the bytes to arrive)."""
+
+    def send_device(
+        self, sock: zmq.Socket[bytes], begin: PushBegin, offer: bytes, entries: Sequence[ManifestEntry], weights: Any
+    ) -> None:
+        """Start copying ``weights`` (``psrl.ps.staging.DeviceWeights``) straight into the shard's memory,
+        hashing each entry there when ``begin.checksums_follow`` (``take_checksums`` returns them)."""
+        raise NotImplementedError(f"the {self.name} transport pushes from host memory only")
+
+    def take_checksums(self) -> dict[int, int]:
+        """Checksums of entries hashed in place since the last call (entry index -> checksum)."""
+        return {}
 
     def progress(self) -> list[int]:
         """Drive asynchronous sends; returns the shards whose send failed (their attempt restarts)."""
@@ -284,6 +299,13 @@ class PullDataPlane(ABC):
     @property
     def needs_live_check(self) -> bool:
         """True when the shard cannot see the read (one-sided reads): the puller confirms the version after."""
+        return False
+
+    @property
+    def reads_verified_memory(self) -> bool:
+        """True when landed views are the shard's own pages, which it verified before committing and never
+        writes while the version is live, seen through a mapping no one can write (the live check after
+        the pull confirms the version stayed live): hashing them again would prove nothing new."""
         return False
 
     def finish(self, request_id: int) -> None:  # noqa: B027 (optional hook)

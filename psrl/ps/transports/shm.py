@@ -18,6 +18,7 @@ died without cleaning up are removed by the next shard that starts on the host.
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import mmap
 import os
@@ -27,14 +28,16 @@ from collections import OrderedDict, deque
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from pathlib import Path
-from typing import ClassVar, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 import msgspec
 import numpy as np
+import torch
 import zmq
 
 from psrl.log import get_logger
 from psrl.ps import links, pinning
+from psrl.ps.checksum import checksum
 from psrl.ps.manifest import ManifestEntry
 from psrl.ps.protocol import PullRequest, PushBegin, PushWritten
 from psrl.ps.transports.base import (
@@ -143,7 +146,7 @@ class _Mappings:
 
     def __init__(self, writable: bool, pin: bool = False) -> None:
         self.writable = writable
-        self.pin = pin and not writable
+        self.pin = pin
         self.num_pin_failures = 0
         self._maps: OrderedDict[str, memoryview] = OrderedDict()
         self._pinned: dict[str, int] = {}
@@ -170,7 +173,7 @@ class _Mappings:
             del self._maps[path]
 
     def _register(self, path: str, view: memoryview) -> None:
-        address = pinning.register(view, read_only=True)
+        address = pinning.register(view, read_only=not self.writable)
         if address is None:
             self.num_pin_failures += 1
             return
@@ -262,21 +265,29 @@ class ShmShardDataPlane(DirectAccessShardPlane):
 
 
 class _Bucket(NamedTuple):
-    copied: Future[None]
+    copied: Future[list[int]]  # the bucket's checksums when it hashes in place (else empty)
     written: PushWritten
 
 
 class ShmPushDataPlane(PushDataPlane):
     """Copies run on a pool of threads, every shard's buckets at once: one thread copies about 10 GB/s,
-    a large host's memory several times that. ``progress`` tells each shard about its buckets in order."""
+    a large host's memory several times that. ``progress`` tells each shard about its buckets in order.
+
+    From a CUDA device (``send_device``) there is no host copy at all: the shard's file is registered
+    with CUDA once (its pages are locked; shards reuse their files), each bucket is copied straight
+    into it by DMA, and a thread hashes the bucket in place as soon as its copies landed.
+    """
 
     name: ClassVar[str] = "shm"
+    copies_from_device: ClassVar[bool] = True
 
     def __init__(self, bucket_bytes: int = BUCKET_BYTES, num_threads: int | None = None) -> None:
         self.bucket_bytes = bucket_bytes
         self._maps = _Mappings(writable=True)
+        self._registered = _Mappings(writable=True, pin=True)  # targets of device copies
         self._pool = ThreadPoolExecutor(max_workers=num_threads or host_threads(), thread_name_prefix="ps-shm-push")
         self._sends: dict[int, tuple[zmq.Socket[bytes], deque[_Bucket]]] = {}
+        self._sums: dict[int, int] = {}
         self._log = get_logger("psrl.ps.shm")
 
     def send(
@@ -294,13 +305,31 @@ class ShmPushDataPlane(PushDataPlane):
         target = self._maps.view(remote.path, remote.size)
         buckets: deque[_Bucket] = deque()
         for part in _buckets(payloads, self.bucket_bytes):
-            copies = [
-                (target[offset : offset + size], view)
-                for (offset, size), view in ((_range(remote, e), v) for e, v in part)
-            ]
-            written = PushWritten(begin.version, begin.incarnation, begin.attempt, tuple(e.index for e, _ in part))
-            buckets.append(_Bucket(self._pool.submit(_copy_all, copies), written))
+            copies = [(_slice(target, _range(remote, e)), view) for e, view in part]
+            buckets.append(_Bucket(self._pool.submit(_copy_all, copies), _written(begin, part)))
         self._sends[shard] = (sock, buckets)
+
+    def send_device(
+        self, sock: zmq.Socket[bytes], begin: PushBegin, offer: bytes, entries: Sequence[ManifestEntry], weights: Any
+    ) -> None:
+        if not entries:
+            return
+        shard = entries[0].shard
+        self.cancel(shard)
+        remote = _decode(offer)
+        on_cuda = any(w.device.type == "cuda" for w in weights.weights.values())
+        target = (self._registered if on_cuda else self._maps).view(remote.path, remote.size)
+        copier = _DeviceCopier(weights)
+        buckets: deque[_Bucket] = deque()
+        for part in _buckets([(e, _slice(target, _range(remote, e))) for e in entries], self.bucket_bytes):
+            landed = copier.copy(part)  # DMA copies queued on the device's stream; returns at once
+            job = functools.partial(_hash_landed, landed, part, begin.checksums_follow)
+            buckets.append(_Bucket(self._pool.submit(job), _written(begin, part)))
+        self._sends[shard] = (sock, buckets)
+
+    def take_checksums(self) -> dict[int, int]:
+        sums, self._sums = self._sums, {}
+        return sums
 
     def progress(self) -> list[int]:
         failed = []
@@ -313,7 +342,11 @@ class ShmPushDataPlane(PushDataPlane):
                     self.cancel(shard)
                     failed.append(shard)
                     break
-                links.send(sock, bucket.written)
+                written, sums = bucket.written, bucket.copied.result()
+                if sums:
+                    written = msgspec.structs.replace(written, checksums=tuple(sums))
+                    self._sums.update(zip(written.entry_indices, sums, strict=True))
+                links.send(sock, written)
             if not buckets:
                 self._sends.pop(shard, None)
         return failed
@@ -333,11 +366,55 @@ class ShmPushDataPlane(PushDataPlane):
             self.cancel(shard)
         self._pool.shutdown(wait=True)
         self._maps.clear()
+        self._registered.clear()
+
+
+def _written(begin: PushBegin, part: Sequence[tuple[ManifestEntry, memoryview]]) -> PushWritten:
+    return PushWritten(begin.version, begin.incarnation, begin.attempt, tuple(e.index for e, _ in part))
+
+
+class _DeviceCopier:
+    """Queues copies of entries from the trainer's tensors (cast on their device, one tensor at a time)
+    into host memory; on a CPU the copies run at once."""
+
+    def __init__(self, weights: Any) -> None:
+        self.weights = weights
+        self._name = ""
+        self._source: torch.Tensor | None = None
+
+    def copy(self, part: Sequence[tuple[ManifestEntry, memoryview]]) -> Any:
+        """Queue ``part``'s copies; what to wait on for them (a CUDA event, or None when done)."""
+        device = None
+        for entry, destination in part:
+            source = self._bytes_of(entry)
+            start, end = entry.byte_range()
+            host = torch.frombuffer(destination, dtype=torch.uint8)
+            host.copy_(source[start:end], non_blocking=source.device.type == "cuda")
+            device = source.device
+        if device is None or device.type != "cuda":
+            return None
+        event = torch.cuda.Event()  # type: ignore[no-untyped-call]
+        event.record(torch.cuda.current_stream(device))
+        return event
+
+    def _bytes_of(self, entry: ManifestEntry) -> torch.Tensor:
+        if entry.name != self._name or self._source is None:  # a tensor's entries come one after another
+            # The previous cast tensor goes back to the allocator here: its copies are queued on the same
+            # stream, so nothing reuses that memory before they ran.
+            self._name, self._source = entry.name, self.weights.cast(entry.name).reshape(-1).view(torch.uint8)
+        return self._source
+
+
+def _hash_landed(landed: Any, part: Sequence[tuple[ManifestEntry, memoryview]], hashing: bool) -> list[int]:
+    if landed is not None:
+        landed.synchronize()
+    return [checksum(view) for _, view in part] if hashing else []
 
 
 def _buckets(
     payloads: Sequence[tuple[ManifestEntry, memoryview]], bucket_bytes: int
 ) -> Iterator[list[tuple[ManifestEntry, memoryview]]]:
+    """Consecutive payloads in groups of at least ``bucket_bytes`` (the last one smaller)."""
     bucket: list[tuple[ManifestEntry, memoryview]] = []
     filled = 0
     for entry, view in payloads:
@@ -355,12 +432,13 @@ def _slice(target: memoryview, byte_range: tuple[int, int]) -> memoryview:
     return target[offset : offset + size]
 
 
-def _copy_all(copies: list[tuple[memoryview, memoryview]]) -> None:
+def _copy_all(copies: list[tuple[memoryview, memoryview]]) -> list[int]:
     for destination, source in copies:
         if len(destination) != len(source):
             raise TransportError(f"shared-memory range of {len(destination)} bytes for {len(source)}")
         # numpy copies without the GIL and on this thread only: the pool, not torch's threads, sets the parallelism
         np.copyto(np.frombuffer(destination, dtype=np.uint8), np.frombuffer(source, dtype=np.uint8))
+    return []
 
 
 class ShmPullDataPlane(PullDataPlane):
@@ -375,6 +453,12 @@ class ShmPullDataPlane(PullDataPlane):
     @property
     def needs_live_check(self) -> bool:
         return True
+
+    @property
+    def reads_verified_memory(self) -> bool:
+        # Only read-only shared mappings (pinned pulls): a copy-on-write view an engine wrote to would
+        # keep its own pages, which only a checksum would catch.
+        return self._maps.pin
 
     def request(
         self,
