@@ -156,3 +156,28 @@ def test_checksums_must_come_exactly_when_the_begin_announced_them() -> None:
     assert "carried them" in str(plain.take_checksum(entry(0), (5,), 0))
     assert plain.take_checksum(entry(0), (), 0) == entry(0)
     assert plain.seal(1, 1, 1, b"d") is not None  # nothing to seal
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_gpu_push_is_copied_into_the_shards_files_and_pulled_bit_exact(make_shards: MakeShards) -> None:
+    model = {name: t.cuda() for name, t in small_model(11, scale=3.0).items()}
+    shards = make_shards(2, "shm")
+    pusher = Pusher(shards.push_endpoints, incarnation=1, transport="shm", max_block_bytes=BLOCK)
+    puller = Puller(shards.pull_endpoints, transport="shm", timeout_s=10, pin_memory=True)
+    try:
+        for version in (1, 2, 3):
+            for tensor in model.values():  # the trainer's step: the push must see this version's bytes
+                if tensor.is_floating_point():
+                    tensor.mul_(1.5)
+                else:
+                    tensor.add_(1)
+            pushed = pusher.push_weights(version, model, HostStaging(cast_to=torch.bfloat16))
+            got = Collector()
+            puller.pull(version, got)
+            assert_same(got.tensors, {n: t.cpu() for n, t in cast(model, torch.bfloat16).items()})
+            assert pushed.num_restarts == 0
+        assert sum(server.counters["checksum_failures"] for server in shards.servers) == 0
+    finally:
+        pusher.close()
+        puller.close()

@@ -267,6 +267,7 @@ class ShmShardDataPlane(DirectAccessShardPlane):
 class _Bucket(NamedTuple):
     copied: Future[list[int]]  # the bucket's checksums when it hashes in place (else empty)
     written: PushWritten
+    landed: Any = None  # device copies: the CUDA event after them (they run even if the hash is cancelled)
 
 
 class ShmPushDataPlane(PushDataPlane):
@@ -324,7 +325,7 @@ class ShmPushDataPlane(PushDataPlane):
         for part in _buckets([(e, _slice(target, _range(remote, e))) for e in entries], self.bucket_bytes):
             landed = copier.copy(part)  # DMA copies queued on the device's stream; returns at once
             job = functools.partial(_hash_landed, landed, part, begin.checksums_follow)
-            buckets.append(_Bucket(self._pool.submit(job), _written(begin, part)))
+            buckets.append(_Bucket(self._pool.submit(job), _written(begin, part), landed))
         self._sends[shard] = (sock, buckets)
 
     def take_checksums(self) -> dict[int, int]:
@@ -356,10 +357,14 @@ class ShmPushDataPlane(PushDataPlane):
         return bool(self._sends)
 
     def cancel(self, shard_key: int) -> None:
+        """Forget a shard's unfinished buckets; returns once none of them can write any more (a queued
+        device copy lands even when its hash is cancelled, so it is waited for)."""
         _, buckets = self._sends.pop(shard_key, (None, deque()))
         for bucket in buckets:
             if not bucket.copied.cancel():
                 wait([bucket.copied])
+            if bucket.landed is not None:
+                bucket.landed.synchronize()
 
     def close(self) -> None:
         for shard in list(self._sends):
