@@ -8,6 +8,13 @@ commit hook announces the version. A shard that lost the version before committi
 is refilled from the tensors still held here and committed again. Nothing is published unless every
 shard holds the version completely.
 
+A push of ``DeviceWeights`` on shared memory writes straight from the GPU into each shard's file
+and hashes every bucket there once its copies landed, so its checksums follow the bytes
+(``PushWritten.checksums``) and the digest comes last (``PushSealed``, once every shard's entries are
+hashed). The shards verify each bucket against those checksums as usual; a retry after sealing
+carries them in its begin. Checksums that do not match what a shard holds are never published: the
+push fails once its attempts are spent.
+
 The tensors must not change until ``push`` returns (the payload frames view them in place).
 """
 
