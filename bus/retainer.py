@@ -109,7 +109,9 @@ class Retainer:
                 frames = self._capture.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 return
-            if len(frames) >= 2:  # single frames are subscriptions flowing back through the proxy
+            # single frames are subscriptions flowing back through the proxy; frames that are no event
+            # message (a flood of garbage) would only push real history out of the ring
+            if len(frames) >= 2 and first_envelope(frames) is not None:
                 self.keep(tuple(frames))
 
     def keep(self, frames: tuple[bytes, ...]) -> None:

@@ -8,6 +8,7 @@ launcher would take longer to start than a short run lasts.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 
@@ -15,6 +16,9 @@ import zmq
 
 from psrl.reliability.hostile import HostileFrames
 
+# Senders yield the CPU to the run: the fuzzer tests how actors handle hostile input, not whether
+# nine busy senders on a 2-core machine can starve them of CPU (any local process could do that).
+SENDER_NICENESS = 19
 SEND_TIMEOUT_MS = 2000  # a peer that stops reading blocks a DEALER: give up on that frame instead
 CLOSE_LINGER_MS = 30_000
 
@@ -40,6 +44,7 @@ def send_hostile(address: str, socket_type: int, count: int, seed: int, max_mess
 
 
 def main() -> None:
+    os.nice(SENDER_NICENESS)
     address, kind, num, seed_arg, limit = sys.argv[1:6]
     print(json.dumps(send_hostile(address, int(kind), int(num), int(seed_arg), int(limit))))
 
