@@ -54,12 +54,16 @@ class ReplyBuffers:
 
 
 class KvServer:
-    def __init__(self, tier: KvTier, host: str = "127.0.0.1") -> None:
+    def __init__(self, tier: KvTier, host: str = "127.0.0.1", port: int = 0) -> None:
+        """``port`` 0: any free port (``address`` says which)."""
         self.tier = tier
         self._context: zmq.Context[Any] = zmq.Context.instance()
         self._socket = self._context.socket(zmq.ROUTER)
         self._socket.setsockopt(zmq.LINGER, 0)
-        port = self._socket.bind_to_random_port(f"tcp://{host}")
+        if port:
+            self._socket.bind(f"tcp://{host}:{port}")
+        else:
+            port = self._socket.bind_to_random_port(f"tcp://{host}")
         self.address = f"tcp://{host}:{port}"
         self._nixl: NixlWriter | None = None
         self._buffers = ReplyBuffers()
