@@ -163,10 +163,14 @@ def reroute(model: Path, args: argparse.Namespace) -> dict[str, float]:
             results[f"gbps_{channel}_{mode}"] = statistics.median(rates)
             results[f"loaded_tokens_{channel}_{mode}"] = statistics.median(loaded)
     results["block_bytes"] = float(outcome.num_bytes)
-    piece_bytes = PIECE_BLOCKS * int(outcome.num_bytes) // max(1, outcome.num_blocks)
-    results["raw_tcp_gbps"], results["raw_nixl_gbps"] = raw_rates(int(outcome.num_bytes), args.repeats, piece_bytes)
+    results["raw_tcp_gbps"], results["raw_nixl_gbps"] = toy_raw_rates(outcome, args.repeats)
     server.close()
     return results
+
+
+def toy_raw_rates(outcome: FetchOutcome, repeats: int) -> tuple[float, float]:
+    piece_bytes = PIECE_BLOCKS * outcome.num_bytes // max(1, outcome.num_blocks)
+    return raw_rates(outcome.num_bytes, repeats, piece_bytes)
 
 
 def main() -> None:
