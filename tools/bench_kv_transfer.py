@@ -3,9 +3,11 @@
 A source tier is filled directly with blocks of a model's KV geometry (the engine's block layout:
 [layers, block tokens, 2 (K, V), KV heads, head dim], bf16, 16 tokens a block) for a context, and a
 target fetches them all (sync) over each channel into its own tier, kept from one repeat to the next
-(cleared in between: a running instance's tier is warm). The raw baselines move the same bytes in
-one ZeroMQ message / one NIXL write between buffers that are reused (warm) too. Repeats after a
-warm-up; medians of both sides. Used by tools/bench_kv.py; runs on its own too:
+(cleared in between: a running instance's tier is warm). The raw baselines move the same bytes
+between buffers that are reused (warm) too: ZeroMQ in one message and in messages of a fetch's
+piece (the better of the two counts), NIXL in one write. Every round takes one fetch per channel
+and one of each raw move in turn, so both sides see the same load; medians over the rounds after a
+warm-up round. Used by tools/bench_kv.py; runs on its own too:
 
     .venv-kv/bin/python tools/bench_kv_transfer.py --repeats 5
 """
@@ -13,9 +15,11 @@ warm-up; medians of both sides. Used by tools/bench_kv.py; runs on its own too:
 from __future__ import annotations
 
 import argparse
+import itertools
 import statistics
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -45,21 +49,19 @@ def filled_tier(shape: tuple[int, ...], num_blocks: int, capacity: int) -> tuple
     return tier, keys
 
 
-def fetch_rates(
-    server: KvServer, target: KvTier, keys: list[tuple[int, int]], channel: str, repeats: int
-) -> list[float]:
-    """GB/s of whole sync fetches of ``keys`` into ``target`` (emptied before each), after a warm-up."""
+def fetch_moves(server: KvServer, target: KvTier, keys: list[tuple[int, int]], channel: str) -> Iterator[float]:
+    """GB/s of a whole sync fetch of ``keys`` into ``target`` (emptied before each), one per ``next``."""
     fetcher = KvFetcher(target, channel)  # type: ignore[arg-type]
     fetcher.fetch("warm", server.address, [], 30)
-    rates = []
-    for repeat in range(repeats + 1):
-        target.clear()
-        outcome = fetcher.fetch(f"{channel}{repeat}", server.address, keys, 60)
-        assert outcome.error == "" and outcome.num_blocks == len(keys), outcome
-        rates.append(outcome.num_bytes / outcome.seconds / 1e9)
-    fetcher.close()
-    fetcher.join(10.0)
-    return rates[1:]
+    try:
+        for repeat in itertools.count():
+            target.clear()
+            outcome = fetcher.fetch(f"{channel}{repeat}", server.address, keys, 60)
+            assert outcome.error == "" and outcome.num_blocks == len(keys), outcome
+            yield outcome.num_bytes / outcome.seconds / 1e9
+    finally:
+        fetcher.close()
+        fetcher.join(10.0)
 
 
 def same_blocks(source: KvTier, target: KvTier, keys: list[tuple[int, int]]) -> bool:
@@ -70,54 +72,79 @@ def same_blocks(source: KvTier, target: KvTier, keys: list[tuple[int, int]]) -> 
     return True
 
 
-def raw_tcp_rates(num_bytes: int, repeats: int, message_bytes: int) -> list[float]:
+def raw_tcp_moves(num_bytes: int, message_bytes: int) -> Iterator[float]:
     """GB/s of ``num_bytes`` in ZeroMQ messages of ``message_bytes`` from a PUSH to a PULL socket,
-    sent back to back until the last is received. The two sockets have a ZeroMQ context (an I/O
-    thread) each, as two processes would, and as the source's server and the target's fetcher do."""
+    sent back to back until the last is received, one per ``next``. The two sockets have a ZeroMQ
+    context (an I/O thread) each, as two processes would, and as the source's server and the
+    target's fetcher do."""
     payload = torch.randint(0, 255, (num_bytes,), dtype=torch.uint8)
     messages = [payload[i : i + message_bytes].numpy() for i in range(0, num_bytes, message_bytes)]
     receiving, sending = zmq.Context(), zmq.Context()
     pull, push = receiving.socket(zmq.PULL), sending.socket(zmq.PUSH)
     port = pull.bind_to_random_port("tcp://127.0.0.1")
     push.connect(f"tcp://127.0.0.1:{port}")
-    rates = []
-    for _ in range(repeats + 1):
-        started = time.perf_counter()
-        for message in messages:
-            push.send(message, copy=False)
-        for _ in messages:
-            pull.recv(copy=False)
-        rates.append(num_bytes / (time.perf_counter() - started) / 1e9)
-    push.close(0)
-    pull.close(0)
-    receiving.term()
-    sending.term()
-    return rates[1:]
+    try:
+        while True:
+            started = time.perf_counter()
+            for message in messages:
+                push.send(message, copy=False)
+            for _ in messages:
+                pull.recv(copy=False)
+            yield num_bytes / (time.perf_counter() - started) / 1e9
+    finally:
+        push.close(0)
+        pull.close(0)
+        receiving.term()
+        sending.term()
 
 
-def raw_nixl_rates(num_bytes: int, repeats: int) -> list[float]:
-    """GB/s of one NIXL WRITE of ``num_bytes`` from a registered buffer into a registered one."""
+def raw_nixl_moves(num_bytes: int) -> Iterator[float]:
+    """GB/s of one NIXL WRITE of ``num_bytes`` from a registered buffer into a registered one, one per ``next``."""
     target = torch.empty(num_bytes, dtype=torch.uint8)
     landing, writer = NixlLanding([target]), NixlWriter("raw")
-    request = FetchRequest(
-        "raw", [], "nixl", "", landing.agent.name, landing.metadata, [(target.data_ptr(), num_bytes)]
-    )
+    region = [(target.data_ptr(), num_bytes)]
+    request = FetchRequest("raw", [], "nixl", "", landing.agent.name, landing.metadata, region)
     writer.stage(num_bytes).copy_(torch.randint(0, 255, (num_bytes,), dtype=torch.uint8))
-    rates = []
-    for _ in range(repeats + 1):
-        started = time.perf_counter()
-        writer.write_staged(num_bytes, request)
-        rates.append(num_bytes / (time.perf_counter() - started) / 1e9)
-    landing.close()
-    writer.close()
-    return rates[1:]
+    try:
+        while True:
+            started = time.perf_counter()
+            writer.write_staged(num_bytes, request)
+            yield num_bytes / (time.perf_counter() - started) / 1e9
+    finally:
+        landing.close()
+        writer.close()
+
+
+def interleaved(moves: dict[str, Iterator[float]], repeats: int) -> dict[str, float]:
+    """Median GB/s of each kind of move over ``repeats`` rounds that take one of each in turn (after
+    one warm-up round), so that every kind sees the same load on the shared cores."""
+    rates: dict[str, list[float]] = {name: [] for name in moves}
+    try:
+        for round_ in range(repeats + 1):
+            for name, move in moves.items():
+                rate = next(move)
+                if round_:
+                    rates[name].append(rate)
+    finally:
+        for move in moves.values():
+            move.close()  # type: ignore[attr-defined]
+    return {name: statistics.median(values) for name, values in rates.items()}
+
+
+def raw_moves(num_bytes: int, message_bytes: int) -> dict[str, Iterator[float]]:
+    """Raw ZeroMQ in one message and in messages of a piece (the better counts), raw NIXL in one write."""
+    return {
+        "raw_tcp_one": raw_tcp_moves(num_bytes, num_bytes),
+        "raw_tcp_pieces": raw_tcp_moves(num_bytes, message_bytes),
+        "raw_nixl": raw_nixl_moves(num_bytes),
+    }
 
 
 def raw_rates(num_bytes: int, repeats: int, message_bytes: int) -> tuple[float, float]:
     """Median GB/s of raw ZeroMQ (the better of one message and messages of ``message_bytes``) and
     of one raw NIXL write, of ``num_bytes``."""
-    tcp = max(statistics.median(raw_tcp_rates(num_bytes, repeats, size)) for size in {num_bytes, message_bytes})
-    return tcp, statistics.median(raw_nixl_rates(num_bytes, repeats))
+    rates = interleaved(raw_moves(num_bytes, message_bytes), repeats)
+    return max(rates["raw_tcp_one"], rates["raw_tcp_pieces"]), rates["raw_nixl"]
 
 
 def one_size(model: str, tokens: int, repeats: int) -> dict[str, float]:
@@ -127,16 +154,18 @@ def one_size(model: str, tokens: int, repeats: int) -> dict[str, float]:
     block_bytes = torch.Size(shape).numel() * 2
     capacity = num_blocks * block_bytes
     source, keys = filled_tier(shape, num_blocks, capacity)
-    target = make_tier(capacity, shape, torch.bfloat16, "LRU")
+    targets = {channel: make_tier(capacity, shape, torch.bfloat16, "LRU") for channel in CHANNELS}
     server = KvServer(source)
-    row: dict[str, float] = {"mib": capacity / 2**20, "block_kib": block_bytes / 1024}
-    for channel in CHANNELS:
-        row[f"fetch_{channel}_gbps"] = statistics.median(fetch_rates(server, target, keys, channel, repeats))
-        assert same_blocks(source, target, keys), f"{model} {tokens}: {channel} landed other bytes"
+    moves = {f"fetch_{channel}": fetch_moves(server, targets[channel], keys, channel) for channel in CHANNELS}
+    rates = interleaved({**moves, **raw_moves(capacity, PIECE_BLOCKS * block_bytes)}, repeats)
     server.close()
-    del source, target
-    row["raw_tcp_gbps"], row["raw_nixl_gbps"] = raw_rates(capacity, repeats, PIECE_BLOCKS * block_bytes)
     for channel in CHANNELS:
+        assert same_blocks(source, targets[channel], keys), f"{model} {tokens}: {channel} landed other bytes"
+    row: dict[str, float] = {"mib": capacity / 2**20, "block_kib": block_bytes / 1024}
+    row["raw_tcp_gbps"] = max(rates["raw_tcp_one"], rates["raw_tcp_pieces"])
+    row["raw_nixl_gbps"] = rates["raw_nixl"]
+    for channel in CHANNELS:
+        row[f"fetch_{channel}_gbps"] = rates[f"fetch_{channel}"]
         row[f"{channel}_vs_raw"] = row[f"fetch_{channel}_gbps"] / row[f"raw_{channel}_gbps"]
     return row
 
