@@ -199,6 +199,7 @@ class Reservation:
         self.objs = objs
         self.regions = regions
         self.open = True
+        self.nbytes = 0  # room the tier's index holds for it
 
     def release(self, objs: list[Any]) -> None:
         for obj in objs:

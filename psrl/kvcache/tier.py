@@ -130,21 +130,38 @@ class KvTier:
             return held
 
     def reserve(self, count: int) -> Any:
-        """Room for ``count`` blocks that a peer writes in place (NIXL), outside the index until
-        ``land_reserved``; needs a store that reserves (LmcacheStore)."""
+        """Room for ``count`` blocks that a peer writes in place (NIXL): held in the index (evicting
+        for it, so that the store's allocations never exceed the capacity) and allocated in the
+        store, until ``land_reserved`` or ``release_reserved``. Needs a store that reserves (LmcacheStore)."""
         reserve = getattr(self.store, "reserve", None)
         if reserve is None:
             raise TypeError(f"{type(self.store).__name__} cannot reserve room for blocks written in place")
         with self._lock:
-            return reserve(count)
+            layout = self.peek_layout_locked()
+            nbytes = count * layout.numel() * layout.element_size()
+            evicted = self.index.reserve(nbytes)
+            if evicted is None:
+                raise MemoryError(f"no room in the tier for {count} blocks (the rest is pinned or reserved)")
+            for victim in evicted:
+                self._forget(victim)
+            try:
+                reservation = reserve(count)
+            except Exception:
+                self.index.unreserve(nbytes)
+                raise
+            reservation.nbytes = nbytes
+            return reservation
 
     def land_reserved(self, keys: list[TierKey], token_ids: list[tuple[int, ...]], reservation: Any) -> int:
         """``put_many`` for blocks already written into ``reservation`` (its first ``len(keys)``
-        allocations, in order); the allocations not kept go back. How many of ``keys`` the tier holds."""
-        objs, reservation.open = reservation.objs, False
+        allocations, in order); the room not kept goes back. How many of ``keys`` the tier holds."""
         kept: list[int] = []
         held = 0
         with self._lock:
+            if not reservation.open:
+                raise ValueError("this reservation has landed or been released already")
+            reservation.open = False
+            self.index.unreserve(reservation.nbytes)  # the blocks admitted now take its place
             for index, (key, tokens) in enumerate(zip(keys, token_ids, strict=True)):
                 if key in self.index:
                     self.index.touch(key)
@@ -159,11 +176,19 @@ class KvTier:
                     self._tokens[key] = tokens
                 held += 1
             if kept:
-                self.store.adopt([keys[i] for i in kept], [objs[i] for i in kept])  # type: ignore[attr-defined]
+                self.store.adopt([keys[i] for i in kept], [reservation.objs[i] for i in kept])  # type: ignore[attr-defined]
                 self.stats.num_stored += len(kept)
             adopted = set(kept)
-            reservation.release([obj for i, obj in enumerate(objs) if i not in adopted])
+            reservation.release([obj for i, obj in enumerate(reservation.objs) if i not in adopted])
         return held
+
+    def release_reserved(self, reservation: Any) -> None:
+        """Give back a reservation's room unused (its writes are done or will never come)."""
+        with self._lock:
+            if reservation.open:
+                reservation.open = False
+                self.index.unreserve(reservation.nbytes)
+                reservation.release(reservation.objs)
 
     def get_into(self, key: TierKey, token_ids: tuple[int, ...], out: torch.Tensor) -> bool:
         """Copy the entry into ``out`` (same shape) when the tier holds it for exactly these tokens."""
@@ -232,6 +257,13 @@ class KvTier:
                 if payload is not None:
                     return torch.empty(payload.shape, dtype=payload.dtype, device="meta")
         return None
+
+    def peek_layout_locked(self) -> torch.Tensor:
+        """One block's layout from a store with a fixed one (no lock taken: the caller may hold it)."""
+        shape, dtype = getattr(self.store, "block_shape", None), getattr(self.store, "dtype", None)
+        if shape is None or dtype is None:
+            raise TypeError(f"{type(self.store).__name__} has no fixed block shape")
+        return torch.empty(shape, dtype=dtype, device="meta")
 
     def pin(self, owner: str, keys: list[TierKey]) -> int:
         with self._lock:

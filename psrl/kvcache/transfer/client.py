@@ -321,10 +321,10 @@ class KvFetcher:
         reservation, piece.reservation = piece.reservation, None
         if reservation is None or not reservation.open:
             return
-        reservation.open = False
         if answered:
-            reservation.release(reservation.objs)
-        else:  # a late write may still land in them: never handed out again
+            self.tier.release_reserved(reservation)
+        else:  # a late write may still land in its allocations: never handed out again, room kept
+            reservation.open = False
             self.num_abandoned_blocks += len(reservation.objs)
 
     def _landing_pool(self) -> NixlLanding:

@@ -218,11 +218,10 @@ def test_a_kept_connection_reaches_a_source_restarted_at_its_address_and_fails_c
 
 
 @pytest.mark.parametrize("channel", channels())
-def test_a_target_tier_with_no_room_refuses_the_blocks_and_gives_their_room_back(
-    channel: str, fetchers: list[KvFetcher]
-) -> None:
-    """Everything in the target's tier is pinned: nothing lands, without an error, and the room
-    reserved for the blocks (NIXL writes them in place first) goes back, fetch after fetch."""
+def test_a_target_tier_with_no_room_takes_nothing_and_keeps_nothing(channel: str, fetchers: list[KvFetcher]) -> None:
+    """Everything in the target's tier is pinned: nothing lands (ZeroMQ: the tier refuses each
+    block; NIXL: no room can be reserved to write into, an error), fetch after fetch, and no room
+    is left held (more fetches than LMCache's buffer holds blocks)."""
     server = KvServer(filled(ADJACENT))
     block_bytes = torch.Size(ADJACENT).numel() * 4
     target = make_tier(2 * block_bytes, ADJACENT, torch.float32, "LRU")
@@ -233,9 +232,34 @@ def test_a_target_tier_with_no_room_refuses_the_blocks_and_gives_their_room_back
     fetcher = KvFetcher(target, channel, piece_blocks=4)  # type: ignore[arg-type]
     fetchers.append(fetcher)
     try:
-        for attempt in range(20):  # more blocks than LMCache's buffer holds, were any room kept
+        for attempt in range(20):
             outcome = fetcher.fetch(f"full{attempt}", server.address, keys_of(NUM_BLOCKS), 30)
-            assert outcome.error == "" and outcome.num_blocks == 0
-        assert target.keys() == pinned and target.stats.num_refused == 20
+            assert outcome.num_blocks == 0
+            assert outcome.error == "" if channel == "tcp" else "no room" in outcome.error
+        assert target.keys() == pinned and target.index.reserved_bytes == 0
+    finally:
+        server.close()
+
+
+@pytest.mark.parametrize("channel", channels())
+def test_a_full_target_tier_makes_room_for_a_fetch(channel: str, fetchers: list[KvFetcher]) -> None:
+    """A target tier full of other (unpinned) blocks evicts them for the fetched ones, NIXL's
+    reservations included: every block lands, the tier never holds more than its capacity."""
+    server = KvServer(filled(ADJACENT))
+    block_bytes = torch.Size(ADJACENT).numel() * 4
+    target = make_tier(8 * block_bytes, ADJACENT, torch.float32, "LRU")
+    for index in range(8):
+        assert target.put((9, index), (index,), torch.zeros(ADJACENT))
+    fetcher = KvFetcher(target, channel, piece_blocks=2, pieces_in_flight=2)  # type: ignore[arg-type]
+    fetchers.append(fetcher)
+    try:
+        for attempt in range(3):
+            outcome = fetcher.fetch(f"evicting{attempt}", server.address, keys_of(NUM_BLOCKS), 30)
+            assert outcome.error == "" and outcome.num_blocks == NUM_BLOCKS
+            assert target.keys() == keys_of(NUM_BLOCKS)[-8:] and target.used_bytes == 8 * block_bytes
+            assert target.index.reserved_bytes == 0
+            target.clear()
+            for index in range(8):
+                assert target.put((9, index), (index,), torch.zeros(ADJACENT))
     finally:
         server.close()
