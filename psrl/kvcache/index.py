@@ -65,6 +65,7 @@ class TierIndex:
         self.policy = policy
         self.pin_budget = pin_budget
         self.used_bytes = 0
+        self.reserved_bytes = 0  # room held for blocks on their way in (written in place), in no entry yet
         self._sizes: OrderedDict[TierKey, int] = OrderedDict()  # oldest (next victim) first
         self._pins: dict[str, set[TierKey]] = {}
         self._pin_counts: dict[TierKey, int] = {}
@@ -93,7 +94,7 @@ class TierIndex:
             return []
         if nbytes > self.capacity_bytes:
             return None
-        victims = self._victims(self.used_bytes + nbytes - self.capacity_bytes)
+        victims = self._victims(self.used_bytes + self.reserved_bytes + nbytes - self.capacity_bytes)
         if victims is None:
             return None
         for victim in victims:
@@ -103,6 +104,21 @@ class TierIndex:
         self.used_bytes += nbytes
         self._journal.admitted(key)
         return victims
+
+    def reserve(self, nbytes: int) -> list[TierKey] | None:
+        """Hold ``nbytes`` of room for blocks that will be admitted later (evicting for it, as
+        ``admit`` would); the evicted keys, or None when it cannot be had. ``unreserve`` gives it back."""
+        victims = self._victims(self.used_bytes + self.reserved_bytes + nbytes - self.capacity_bytes)
+        if victims is None:
+            return None
+        for victim in victims:
+            self._drop(victim)
+        self.num_evicted += len(victims)
+        self.reserved_bytes += nbytes
+        return victims
+
+    def unreserve(self, nbytes: int) -> None:
+        self.reserved_bytes -= nbytes
 
     def remove(self, key: TierKey) -> bool:
         if key not in self._sizes or self._pin_counts.get(key):

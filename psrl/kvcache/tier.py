@@ -10,9 +10,11 @@ reads entries for a peer.
 
 from __future__ import annotations
 
+import itertools
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 
@@ -22,6 +24,14 @@ from psrl.kvcache.index import EvictionPolicy, TierChanges, TierIndex, TierKey
 class PayloadStore(Protocol):
     def put(self, key: TierKey, kv: torch.Tensor) -> None:
         """Keep a copy of ``kv`` under ``key`` (replacing nothing: the index admits each key once)."""
+        ...
+
+    def put_many(self, keys: list[TierKey], kvs: torch.Tensor) -> None:
+        """``put`` for each key and row of ``kvs`` (one block per row); a store may do it in one go."""
+        ...
+
+    def read_many_into(self, keys: list[TierKey], out: torch.Tensor) -> int:
+        """Copy the entries of ``keys`` into the rows of ``out`` up to the first one missing; how many."""
         ...
 
     def get(self, key: TierKey) -> torch.Tensor | None:
@@ -87,6 +97,99 @@ class KvTier:
             self.stats.num_stored += 1
             return True
 
+    def put_many(self, keys: list[TierKey], token_ids: list[tuple[int, ...]], kvs: torch.Tensor) -> int:
+        """``put`` for a run of blocks (``kvs``: one per row) under one lock, as a peer's piece lands;
+        stops at the first refused block (only a gapless prefix is of use) and returns how many of
+        ``keys`` the tier holds now."""
+        block_bytes = kvs[0].numel() * kvs.element_size() if len(kvs) else 0
+        with self._lock:
+            admitted: list[int] = []
+            held = 0
+            for index, (key, tokens) in enumerate(zip(keys, token_ids, strict=True)):
+                if key in self.index:
+                    self.index.touch(key)
+                else:
+                    evicted = self.index.admit(key, block_bytes)
+                    if evicted is None:
+                        self.stats.num_refused += 1
+                        break
+                    for victim in evicted:
+                        self._forget(victim)
+                    admitted.append(index)
+                    self._tokens[key] = tokens
+                held += 1
+            try:
+                for start, count in index_runs(admitted):
+                    self.store.put_many(keys[start : start + count], kvs[start : start + count])
+            except Exception:
+                for index in admitted:  # the index must not claim what the store does not hold
+                    self.index.remove(keys[index])
+                    self._tokens.pop(keys[index], None)
+                raise
+            self.stats.num_stored += len(admitted)
+            return held
+
+    def reserve(self, count: int) -> Any:
+        """Room for ``count`` blocks that a peer writes in place (NIXL): held in the index (evicting
+        for it, so that the store's allocations never exceed the capacity) and allocated in the
+        store, until ``land_reserved`` or ``release_reserved``. Needs a store that reserves (LmcacheStore)."""
+        reserve = getattr(self.store, "reserve", None)
+        if reserve is None:
+            raise TypeError(f"{type(self.store).__name__} cannot reserve room for blocks written in place")
+        with self._lock:
+            layout = self.peek_layout_locked()
+            nbytes = count * layout.numel() * layout.element_size()
+            evicted = self.index.reserve(nbytes)
+            if evicted is None:
+                raise MemoryError(f"no room in the tier for {count} blocks (the rest is pinned or reserved)")
+            for victim in evicted:
+                self._forget(victim)
+            try:
+                reservation = reserve(count)
+            except Exception:
+                self.index.unreserve(nbytes)
+                raise
+            reservation.nbytes = nbytes
+            return reservation
+
+    def land_reserved(self, keys: list[TierKey], token_ids: list[tuple[int, ...]], reservation: Any) -> int:
+        """``put_many`` for blocks already written into ``reservation`` (its first ``len(keys)``
+        allocations, in order); the room not kept goes back. How many of ``keys`` the tier holds."""
+        kept: list[int] = []
+        held = 0
+        with self._lock:
+            if not reservation.open:
+                raise ValueError("this reservation has landed or been released already")
+            reservation.open = False
+            self.index.unreserve(reservation.nbytes)  # the blocks admitted now take its place
+            for index, (key, tokens) in enumerate(zip(keys, token_ids, strict=True)):
+                if key in self.index:
+                    self.index.touch(key)
+                else:
+                    evicted = self.index.admit(key, reservation.regions[index][1])
+                    if evicted is None:
+                        self.stats.num_refused += 1
+                        break
+                    for victim in evicted:
+                        self._forget(victim)
+                    kept.append(index)
+                    self._tokens[key] = tokens
+                held += 1
+            if kept:
+                self.store.adopt([keys[i] for i in kept], [reservation.objs[i] for i in kept])  # type: ignore[attr-defined]
+                self.stats.num_stored += len(kept)
+            adopted = set(kept)
+            reservation.release([obj for i, obj in enumerate(reservation.objs) if i not in adopted])
+        return held
+
+    def release_reserved(self, reservation: Any) -> None:
+        """Give back a reservation's room unused (its writes are done or will never come)."""
+        with self._lock:
+            if reservation.open:
+                reservation.open = False
+                self.index.unreserve(reservation.nbytes)
+                reservation.release(reservation.objs)
+
     def get_into(self, key: TierKey, token_ids: tuple[int, ...], out: torch.Tensor) -> bool:
         """Copy the entry into ``out`` (same shape) when the tier holds it for exactly these tokens."""
         with self._lock:
@@ -113,6 +216,36 @@ class KvTier:
             out.copy_(payload.view(out.shape))
             return tokens
 
+    def read_many_into(self, keys: list[TierKey], out: torch.Tensor) -> list[tuple[int, ...]]:
+        """Copy the entries of ``keys`` into the rows of ``out`` (one block each) under one lock, up
+        to the first one the tier lacks; their token ids (a gapless prefix of ``keys``)."""
+        with self._lock:
+            known = list(itertools.takewhile(lambda key: key in self._tokens, keys[: len(out)]))
+            count = self.store.read_many_into(known, out) if known else 0
+            for key in known[:count]:
+                self.index.touch(key)
+            self.stats.num_hits += count
+            if count < len(known):  # the store lost it: forget the entry rather than serve a gap
+                self.index.remove(known[count])
+                self._tokens.pop(known[count], None)
+                self.stats.num_misses += 1
+            return [self._tokens[key] for key in known[:count]]
+
+    def lend_many(self, keys: list[TierKey]) -> tuple[list[tuple[int, ...]], list[torch.Tensor], Callable[[], None]]:
+        """``read_many_into`` without the copy, for a sender: (token ids of the gapless prefix held,
+        views of their bytes in order, release). The views stay valid, even past an eviction,
+        until ``release`` is called; needs a store that lends (``lend_many``)."""
+        lend = getattr(self.store, "lend_many", None)
+        if lend is None:
+            raise TypeError(f"{type(self.store).__name__} does not lend its bytes; use read_many_into")
+        with self._lock:
+            known = list(itertools.takewhile(lambda key: key in self._tokens, keys))
+            count, views, release = lend(known)
+            for key in known[:count]:
+                self.index.touch(key)
+            self.stats.num_hits += count
+            return [self._tokens[key] for key in known[:count]], views, release
+
     def peek_layout(self) -> torch.Tensor | None:
         """A storage-less tensor with one block's shape and dtype (None while unknown)."""
         shape, dtype = getattr(self.store, "block_shape", None), getattr(self.store, "dtype", None)
@@ -124,6 +257,13 @@ class KvTier:
                 if payload is not None:
                     return torch.empty(payload.shape, dtype=payload.dtype, device="meta")
         return None
+
+    def peek_layout_locked(self) -> torch.Tensor:
+        """One block's layout from a store with a fixed one (no lock taken: the caller may hold it)."""
+        shape, dtype = getattr(self.store, "block_shape", None), getattr(self.store, "dtype", None)
+        if shape is None or dtype is None:
+            raise TypeError(f"{type(self.store).__name__} has no fixed block shape")
+        return torch.empty(shape, dtype=dtype, device="meta")
 
     def pin(self, owner: str, keys: list[TierKey]) -> int:
         with self._lock:
@@ -174,3 +314,14 @@ class KvTier:
     def _forget(self, key: TierKey) -> None:
         self._tokens.pop(key, None)
         self.store.delete(key)
+
+
+def index_runs(indices: list[int]) -> list[tuple[int, int]]:
+    """(first, length) of each run of consecutive integers in ``indices`` (ascending)."""
+    runs: list[tuple[int, int]] = []
+    for index in indices:
+        if runs and index == runs[-1][0] + runs[-1][1]:
+            runs[-1] = (runs[-1][0], runs[-1][1] + 1)
+        else:
+            runs.append((index, 1))
+    return runs

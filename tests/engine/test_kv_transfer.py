@@ -105,7 +105,7 @@ def reprefilled(checkpoint: Checkpoint, started: dict) -> tuple[list[int], list[
 def test_continuing_from_transferred_kv_matches_a_reprefill(
     qwen2: Checkpoint, source: tuple[subprocess.Popen[str], dict], channel: str, piece_blocks: int
 ) -> None:
-    """In one piece or several (each landing in the tier on its own, through a reused NIXL slot)."""
+    """In one piece or several (each landing in the tier on its own, NIXL writing it in place)."""
     if channel == "nixl":
         pytest.importorskip("nixl")
     _proc, started = source
@@ -228,7 +228,7 @@ def test_a_failed_nixl_write_is_answered_and_the_server_keeps_serving(qwen2: Che
     sock = zmq.Context.instance().socket(zmq.DEALER)
     try:
         sock.connect(server.address)
-        sock.send(ENCODER.encode(FetchRequest("bad", keys, "nixl", "", "nobody", b"not metadata", 4096, 1 << 20)))
+        sock.send(ENCODER.encode(FetchRequest("bad", keys, "nixl", "", "nobody", b"not metadata", [(4096, 1 << 20)])))
         assert sock.poll(60_000)
         reply = REPLY_DECODER.decode(sock.recv_multipart()[0])
         assert reply.error.startswith("nixl write failed") and reply.keys == []

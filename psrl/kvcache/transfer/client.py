@@ -5,16 +5,31 @@ in the tier, under the source's version tags), or why none did. A source that di
 late costs only the re-prefill the target would have done anyway.
 
 A fetch asks for its blocks in pieces of ``PIECE_BLOCKS``, in prefix order, and each piece goes
-into the tier as soon as it lands: a target that started prefilling at once (async mode) takes the
-leading blocks while later ones are still on their way. NIXL fetches land in slots of a pool
-registered once (psrl.kvcache.transfer.nixl_channel), so fetches run side by side.
+into the tier as soon as it lands (all of its blocks under one tier lock): a target that started
+prefilling at once (async mode) takes the leading blocks while later ones are still on their way.
+Up to ``PIECES_IN_FLIGHT`` pieces are asked for at once, so the source copies the next piece out
+of its tier while this one crosses the wire and lands; pieces still land strictly in order, and a
+piece that comes back short ends the fetch (what was asked past it is dropped: only a gapless
+prefix is of use).
+
+The connection to a source is kept for later fetches from it (``Connections``): a new one costs a
+TCP and ZeroMQ handshake, a round trip as long as a small piece's. Replies carry the number of the
+request they answer, so one left over from a fetch that gave up is recognised and dropped. A fetch
+that fails (timeout, closing) closes its connection instead of handing it back.
+
+NIXL fetches land in place: the tier's buffer is registered once (psrl.kvcache.transfer.nixl_channel)
+and each piece asks the source to write its blocks into allocations reserved for them, which the
+tier adopts when the reply comes. Allocations whose write may still come (the request was never
+answered) are abandoned, never handed out again.
 """
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 import warnings
+from collections import OrderedDict, deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -28,7 +43,23 @@ from psrl.kvcache.transfer.wire import ENCODER, REPLY_DECODER, Channel, FetchRep
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 PIECE_BLOCKS = 16
+PIECES_IN_FLIGHT = 2
+IDLE_CONNECTIONS = 8  # kept across fetches, the least recently used source's first to go
 ANSWER_POLL_MS = 50
+
+
+_CONTEXT: list[zmq.Context[Any]] = []
+_CONTEXT_LOCK = threading.Lock()
+
+
+def fetch_context() -> zmq.Context[Any]:
+    """The process's ZeroMQ context for KV fetches, apart from ``Context.instance()``: its own I/O
+    thread, so KV bytes queue neither behind nor ahead of the bus's messages, and a source served
+    from the same process sends on another thread. Made once, kept for the process's life."""
+    with _CONTEXT_LOCK:
+        if not _CONTEXT:
+            _CONTEXT.append(zmq.Context())
+        return _CONTEXT[0]
 
 
 class FetchFailedError(Exception):
@@ -46,19 +77,90 @@ class FetchOutcome:
     error: str = ""  # "" = the source answered every piece (possibly with fewer blocks than asked)
 
 
+@dataclass(slots=True)
+class Asked:
+    """A piece asked for and not yet landed."""
+
+    seq: int
+    keys: list[tuple[int, int]]
+    reservation: Any = None  # NIXL: the tier's allocations the source writes into
+
+
+class Connections:
+    """Idle DEALER sockets by source address; a fetch takes one and hands it back when done with it."""
+
+    def __init__(self, context: zmq.Context[Any], keep: int = IDLE_CONNECTIONS) -> None:
+        self._context = context
+        self.keep = keep
+        self._idle: OrderedDict[str, list[zmq.Socket[Any]]] = OrderedDict()
+        self._lock = threading.Lock()
+        self._closed = False
+        self.num_opened = 0
+
+    def take(self, address: str) -> zmq.Socket[Any]:
+        with self._lock:
+            idle = self._idle.get(address)
+            if idle:
+                return idle.pop()
+            self.num_opened += 1
+        sock: zmq.Socket[Any] = self._context.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(address)
+        return sock
+
+    def give_back(self, address: str, sock: zmq.Socket[Any], reusable: bool) -> None:
+        with self._lock:
+            if reusable and not self._closed:
+                self._idle.setdefault(address, []).append(sock)
+                self._idle.move_to_end(address)
+                sock = self._trim()
+        if sock is not None:
+            sock.close(0)
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            idle, self._idle = self._idle, OrderedDict()
+        for socks in idle.values():
+            for sock in socks:
+                sock.close(0)
+
+    def _trim(self) -> Any:
+        """The oldest idle socket once more than ``keep`` are idle (None otherwise)."""
+        if sum(len(socks) for socks in self._idle.values()) <= self.keep:
+            return None
+        address, socks = next(iter(self._idle.items()))
+        sock = socks.pop(0)
+        if not socks:
+            del self._idle[address]
+        return sock
+
+
 class KvFetcher:
     def __init__(
-        self, tier: KvTier, channel: Channel = "tcp", max_workers: int = 2, piece_blocks: int = PIECE_BLOCKS
+        self,
+        tier: KvTier,
+        channel: Channel = "tcp",
+        max_workers: int = 2,
+        piece_blocks: int = PIECE_BLOCKS,
+        pieces_in_flight: int = PIECES_IN_FLIGHT,
     ) -> None:
+        if pieces_in_flight < 1:
+            raise ValueError(f"pieces_in_flight={pieces_in_flight}: at least 1 piece must be in flight")
         self.tier = tier
         self.channel = channel
         self.piece_blocks = piece_blocks
+        self.pieces_in_flight = pieces_in_flight
         self.max_workers = max_workers
-        self._context: zmq.Context[Any] = zmq.Context.instance()
+        self._context = fetch_context()
+        self.connections = Connections(self._context)
+        self._seq = itertools.count(1)
         self._pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="kv-fetch")
         self._landing: NixlLanding | None = None
-        self._landing_lock = threading.Lock()  # guards the pool's creation only
+        self._landing_lock = threading.Lock()  # guards its creation only
         self._closed = threading.Event()
+        self.num_stale_replies = 0
+        self.num_abandoned_blocks = 0
 
     def start(
         self, transfer_id: str, address: str, keys: list[tuple[int, int]], timeout_s: float, release_pin: str = ""
@@ -71,22 +173,38 @@ class KvFetcher:
         """Fetch ``keys`` piece by piece until one comes back short; ``timeout_s`` bounds the whole fetch."""
         started = time.monotonic()
         deadline = started + timeout_s
-        landed, num_bytes = 0, 0
         pieces = [keys[i : i + self.piece_blocks] for i in range(0, len(keys), self.piece_blocks)] or [[]]
-        for piece in pieces:
-            try:  # the source unpins what each piece served (all of it once a piece comes back short)
-                count, size = self._fetch_piece(transfer_id, address, piece, deadline, release_pin)
-            except FetchFailedError as failed:
-                return FetchOutcome(transfer_id, landed, num_bytes, time.monotonic() - started, failed.reason)
-            landed, num_bytes = landed + count, num_bytes + size
-            if count < len(piece):
-                break
-        return FetchOutcome(transfer_id, landed, num_bytes, time.monotonic() - started)
+        landed, num_bytes, error = 0, 0, ""
+        asked: deque[Asked] = deque()
+        sock = self.connections.take(address)
+        try:
+            self._ask_ahead(sock, transfer_id, pieces, 0, asked, deadline, release_pin)
+            for index in range(len(pieces)):
+                piece = asked[0]
+                answer = self._receive(sock, address, piece, deadline)
+                asked.popleft()
+                try:  # the source serves the pieces after this one while it lands
+                    self._ask_ahead(sock, transfer_id, pieces, index + 1, asked, deadline, release_pin)
+                    count, size = self._land(answer, piece)
+                finally:
+                    self._end_reservation(piece, answered=True)
+                landed, num_bytes = landed + count, num_bytes + size
+                if count < len(piece.keys):
+                    break
+            self._settle(sock, address, asked, deadline)  # asked past a short piece: dropped once answered
+        except FetchFailedError as failed:
+            error = failed.reason
+        finally:
+            for piece in asked:  # never answered: the source may still write into its allocations
+                self._end_reservation(piece, answered=False)
+            self.connections.give_back(address, sock, reusable=not error)
+        return FetchOutcome(transfer_id, landed, num_bytes, time.monotonic() - started, error)
 
     def close(self) -> None:
-        """Stop: queued fetches are cancelled, running ones end at their next piece; nothing waits."""
+        """Stop: queued fetches are cancelled, running ones end at their next wait; nothing waits."""
         self._closed.set()
         self._pool.shutdown(wait=False, cancel_futures=True)
+        self.connections.close()
 
     def join(self, timeout_s: float) -> bool:
         """Wait up to ``timeout_s`` for the fetch threads to end (after ``close``); then free the
@@ -101,91 +219,127 @@ class KvFetcher:
             self._landing.close()
         return True
 
-    def _fetch_piece(
-        self, transfer_id: str, address: str, keys: list[tuple[int, int]], deadline: float, release_pin: str
-    ) -> tuple[int, int]:
-        """One round trip; (blocks put in the tier, their bytes)."""
+    def _ask_ahead(
+        self,
+        sock: zmq.Socket[Any],
+        transfer_id: str,
+        pieces: list[list[tuple[int, int]]],
+        first: int,
+        asked: deque[Asked],
+        deadline: float,
+        release_pin: str,
+    ) -> None:
+        """Ask for the pieces from ``first`` on that are not asked for yet, up to ``pieces_in_flight``."""
+        while len(asked) < self.pieces_in_flight and first + len(asked) < len(pieces):
+            asked.append(self._ask(sock, transfer_id, pieces[first + len(asked)], deadline, release_pin))
+
+    def _ask(
+        self, sock: zmq.Socket[Any], transfer_id: str, keys: list[tuple[int, int]], deadline: float, release_pin: str
+    ) -> Asked:
         if self._closed.is_set():
             raise FetchFailedError("the fetcher is closing")
-        timeout_s = max(0.0, deadline - time.monotonic())
+        seq = next(self._seq)
+        piece = Asked(seq, keys)
         try:
             if self.channel == "nixl":
-                return self._fetch_nixl(transfer_id, address, keys, timeout_s, release_pin)
-            request = FetchRequest(transfer_id, keys, "tcp", release_pin)
-            reply, payloads = self._round_trip(address, request, timeout_s, None)
-            return self._land(reply, payloads)
-        except FetchFailedError:
-            raise
+                landing = self._landing_pool()
+                piece.reservation = self.tier.reserve(len(keys)) if keys else None
+                regions = piece.reservation.regions if keys else []
+                request = FetchRequest(transfer_id, keys, "nixl", release_pin, landing.agent.name, landing.metadata,
+                                       regions, seq)  # fmt: skip
+            else:
+                request = FetchRequest(transfer_id, keys, "tcp", release_pin, seq=seq)
+            sock.send(ENCODER.encode(request))
         except Exception as exc:  # NIXL's errors subclass Exception only: a fetch ends in an outcome, never raises
+            self._end_reservation(piece, answered=True)  # not sent: nothing will be written into it
             raise FetchFailedError(f"{type(exc).__name__}: {exc}") from exc
+        return piece
 
-    def _land(self, reply: FetchReply, payloads: list[torch.Tensor]) -> tuple[int, int]:
+    def _receive(
+        self, sock: zmq.Socket[Any], address: str, piece: Asked, deadline: float
+    ) -> tuple[FetchReply, list[Any]]:
+        """The reply to ``piece`` (and its frames of blocks); replies to other requests are dropped."""
+        while True:
+            self._await_answer(sock, address, deadline)
+            head, *frames = sock.recv_multipart(copy=False)
+            try:
+                reply = REPLY_DECODER.decode(head.buffer)
+            except Exception as exc:
+                raise FetchFailedError(f"malformed reply from {address}: {exc}") from exc
+            if reply.seq == piece.seq:
+                return reply, frames
+            self.num_stale_replies += 1
+
+    def _land(self, answer: tuple[FetchReply, list[Any]], piece: Asked) -> tuple[int, int]:
+        """Put the piece's blocks in the tier, a run at a time; (blocks it holds now, their bytes)."""
+        reply, frames = answer
         if reply.error:
             raise FetchFailedError(reply.error)
-        landed = 0
-        for key, tokens, payload in zip(reply.keys, reply.token_ids, payloads, strict=True):
-            if not self.tier.put((key[0], key[1]), tuple(tokens), payload):
-                break
-            landed += 1
-        return landed, sum(p.numel() * p.element_size() for p in payloads[:landed])
-
-    def _fetch_nixl(
-        self, transfer_id: str, address: str, keys: list[tuple[int, int]], timeout_s: float, release_pin: str
-    ) -> tuple[int, int]:
-        landing = self._landing_pool()
-        slot = landing.acquire(len(keys) * self._block_bytes(), timeout_s)
+        if not reply.keys:
+            return 0, 0
+        keys, tokens = [(k[0], k[1]) for k in reply.keys], [tuple(t) for t in reply.token_ids]
+        if list(reply.keys) != [tuple(k) for k in piece.keys[: len(reply.keys)]]:
+            raise FetchFailedError("the reply names keys that were not asked for")
+        if piece.reservation is not None:
+            count = self.tier.land_reserved(keys, tokens, piece.reservation)
+            return count, count * piece.reservation.regions[0][1]
         try:
-            request = FetchRequest(transfer_id, keys, "nixl", release_pin, landing.agent.name, landing.metadata,
-                                   slot.address, slot.size)  # fmt: skip
-            reply, payloads = self._round_trip(address, request, timeout_s, slot.buffer)
-            return self._land(reply, payloads)  # copied into the tier before the slot is reused
-        finally:
-            landing.release(slot)
+            runs = self._blocks(reply, frames)
+        except ValueError as exc:
+            raise FetchFailedError(str(exc)) from exc
+        landed = 0
+        for run in runs:
+            count = self.tier.put_many(keys[landed : landed + len(run)], tokens[landed : landed + len(run)], run)
+            landed += count
+            if count < len(run):
+                break
+        return landed, landed * runs[0][0].numel() * runs[0].element_size()
+
+    def _blocks(self, reply: FetchReply, frames: list[Any]) -> list[torch.Tensor]:
+        """The reply's blocks as [blocks, *block shape] tensors over its frames (a run of blocks each)."""
+        if reply.dtype not in DTYPES:
+            raise ValueError(f"a reply of dtype {reply.dtype!r}")
+        shape, dtype = torch.Size(reply.block_shape), DTYPES[reply.dtype]
+        block_bytes = shape.numel() * dtype.itemsize
+        sizes = [len(frame.buffer) for frame in frames]
+        if sum(sizes) != len(reply.keys) * block_bytes or any(size % block_bytes for size in sizes):
+            raise ValueError(f"{len(reply.keys)} blocks of {tuple(shape)} announced, frames of {sizes} bytes received")
+        with warnings.catch_warnings():  # read-only frames: the tier copies out of them before they go
+            warnings.simplefilter("ignore", UserWarning)
+            return [torch.frombuffer(f.buffer, dtype=dtype).view(-1, *shape) for f in frames]
+
+    def _settle(self, sock: zmq.Socket[Any], address: str, asked: deque[Asked], deadline: float) -> None:
+        """NIXL pieces asked past a short one: wait for their replies (their writes are done then) so
+        their allocations can go back. ZeroMQ replies are simply dropped when they come."""
+        while asked and asked[0].reservation is not None:
+            piece = asked[0]
+            self._receive(sock, address, piece, deadline)
+            asked.popleft()
+            self._end_reservation(piece, answered=True)
+
+    def _end_reservation(self, piece: Asked, answered: bool) -> None:
+        reservation, piece.reservation = piece.reservation, None
+        if reservation is None or not reservation.open:
+            return
+        if answered:
+            self.tier.release_reserved(reservation)
+        else:  # a late write may still land in its allocations: never handed out again, room kept
+            reservation.open = False
+            self.num_abandoned_blocks += len(reservation.objs)
 
     def _landing_pool(self) -> NixlLanding:
         with self._landing_lock:
-            if self._landing is None:  # a slot per worker, each the size of a piece
-                self._landing = NixlLanding(self.piece_blocks * self._block_bytes(), self.max_workers)
+            if self._landing is None:  # the tier's buffer, registered once: blocks land in place
+                memory = getattr(self.tier.store, "memory", None)
+                if memory is None:
+                    raise ValueError("a NIXL fetch needs a tier store whose blocks live in one buffer (LmcacheStore)")
+                self._landing = NixlLanding([memory])
             return self._landing
 
-    def _block_bytes(self) -> int:
-        store = self.tier.store
-        shape = getattr(store, "block_shape", None)
-        dtype = getattr(store, "dtype", None)
-        if shape is None or dtype is None:
-            raise ValueError("a NIXL fetch needs a tier store with a fixed block shape")
-        return int(torch.Size(shape).numel()) * int(dtype.itemsize)
-
-    def _await_answer(self, sock: zmq.Socket[Any], address: str, timeout_s: float) -> None:
+    def _await_answer(self, sock: zmq.Socket[Any], address: str, deadline: float) -> None:
         """Wait for the source's answer in short slices, so that ``close`` ends a fetch promptly."""
-        deadline = time.monotonic() + timeout_s
         while not sock.poll(ANSWER_POLL_MS):
             if self._closed.is_set():
-                raise RuntimeError("the fetcher is closing")
+                raise FetchFailedError("the fetcher is closing")
             if time.monotonic() >= deadline:
-                raise TimeoutError(f"no answer from {address} within {timeout_s:.1f} s")
-
-    def _round_trip(
-        self, address: str, request: FetchRequest, timeout_s: float, landing: torch.Tensor | None
-    ) -> tuple[FetchReply, list[torch.Tensor]]:
-        sock = self._context.socket(zmq.DEALER)
-        sock.setsockopt(zmq.LINGER, 0)
-        try:
-            sock.connect(address)
-            sock.send(ENCODER.encode(request))
-            self._await_answer(sock, address, timeout_s)
-            head, *frames = sock.recv_multipart(copy=False)
-        finally:
-            sock.close(0)
-        reply = REPLY_DECODER.decode(head.buffer)
-        if not reply.keys:
-            return reply, []
-        shape, dtype = torch.Size(reply.block_shape), DTYPES[reply.dtype]
-        if landing is not None:
-            flat = landing[: len(reply.keys) * shape.numel() * dtype.itemsize].view(dtype)
-            return reply, list(flat.view(len(reply.keys), *shape).unbind(0))
-        if len(frames) != len(reply.keys):
-            raise ValueError(f"{len(reply.keys)} blocks announced, {len(frames)} frames received")
-        with warnings.catch_warnings():  # read-only frames: the tier copies out of them before they go
-            warnings.simplefilter("ignore", UserWarning)
-            return reply, [torch.frombuffer(f.buffer, dtype=dtype).view(shape) for f in frames]
+                raise FetchFailedError(f"TimeoutError: no answer from {address} in time")

@@ -5,20 +5,20 @@ UCX supports it. Needs the optional ``nixl`` package (extra ``kv``).
 
 What costs time is set-up, not bytes: a NIXL agent, a remote agent's metadata and its UCX
 connection each take from a few hundred milliseconds to seconds on a loaded 2-core machine, a
-memory registration tens of microseconds. So both sides keep what they set up: the target's
-landing buffers are registered once, up front, and reused (a slot per fetch in flight), the
-source connects to a target the first time it asks (even for nothing: that is how a fetcher warms
-up) and keeps one registered staging buffer that the tier's blocks are copied into once. The
+memory registration tens of microseconds. So both sides keep what they set up: the target
+registers its tier's buffer once, up front, and sources write each block straight into an
+allocation of it reserved for that block; the source registers its tier's buffer too and writes
+from the blocks where they lie (lent by the tier until the write is done), or, for a store that
+does not lend, from one registered staging buffer the blocks are copied into. The source connects
+to a target the first time it asks (even for nothing: that is how a fetcher warms up). The
 source waits for a WRITE by polling with a growing sleep, not a busy loop: on two shared cores a
 spinning writer takes the CPU the transfer and the engine need.
 """
 
 from __future__ import annotations
 
-import threading
 import time
 import uuid
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -29,7 +29,7 @@ from psrl.kvcache.transfer.wire import FetchRequest
 DRAM = "DRAM"
 WRITE_TIMEOUT_S = 30.0
 POLL_SLEEP_MIN_S = 20e-6  # the first waits are short: a small WRITE is done in tens of microseconds
-POLL_SLEEP_MAX_S = 1e-3
+POLL_SLEEP_MAX_S = 2e-4  # a piece's write takes about a millisecond: a longer sleep would add half of it
 
 
 def make_agent(prefix: str) -> Any:
@@ -40,67 +40,33 @@ def make_agent(prefix: str) -> Any:
     return nixl_agent(f"{prefix}-{uuid.uuid4().hex[:12]}", nixl_agent_config(backends=["UCX"]))
 
 
-@dataclass(slots=True)
-class LandingSlot:
-    """One registered region of the target's landing pool; held by one fetch at a time."""
-
-    buffer: torch.Tensor
-    handle: Any
-
-    @property
-    def address(self) -> int:
-        return int(self.buffer.data_ptr())
-
-    @property
-    def size(self) -> int:
-        return int(self.buffer.numel())
-
-
 class NixlLanding:
-    """The target's registered buffers that sources write blocks into: ``num_slots`` slots of
-    ``slot_bytes``, all registered before the agent's metadata is first handed out, so a source
-    that loaded it once can write into any of them (a later registration would need new metadata)."""
+    """The target's memory that sources write blocks into: the tier's own buffer, so blocks land in
+    place, in allocations reserved for them (psrl.kvcache.lmcache_store.Reservation). Registered
+    once, before the agent's metadata is first handed out (a later registration would need new
+    metadata at every source)."""
 
-    def __init__(self, slot_bytes: int, num_slots: int) -> None:
+    def __init__(self, buffers: list[torch.Tensor]) -> None:
         self.agent = make_agent("kv-target")
-        self.slot_bytes = slot_bytes
-        self._slots: list[LandingSlot] = []
-        for _ in range(num_slots):
-            buffer = torch.empty(slot_bytes, dtype=torch.uint8)
-            self._slots.append(LandingSlot(buffer, self.agent.register_memory(buffer)))
-        self._idle = list(self._slots)
-        self._ready = threading.Condition()
+        self._handles = [self.agent.register_memory(buffer) for buffer in buffers]
+        self._buffers = buffers  # registered memory must outlive its registration
         self.metadata = bytes(self.agent.get_agent_metadata())
 
-    def acquire(self, nbytes: int, timeout_s: float) -> LandingSlot:
-        """A free slot (waits up to ``timeout_s`` while every slot is in use)."""
-        if nbytes > self.slot_bytes:
-            raise ValueError(f"a landing slot holds {self.slot_bytes} bytes, the fetch needs {nbytes}")
-        with self._ready:
-            if not self._ready.wait_for(lambda: bool(self._idle), timeout_s):
-                raise TimeoutError("no free NIXL landing slot")
-            return self._idle.pop()
-
-    def release(self, slot: LandingSlot) -> None:
-        with self._ready:
-            self._idle.append(slot)
-            self._ready.notify()
-
     def close(self) -> None:
-        with self._ready:
-            slots, self._slots, self._idle = self._slots, [], []
-        for slot in slots:
-            self.agent.deregister_memory(slot.handle)
+        handles, self._handles = self._handles, []
+        for handle in handles:
+            self.agent.deregister_memory(handle)
 
 
 class NixlWriter:
-    """The source's agent: connects to targets once and writes staged blocks into their slots."""
+    """The source's agent: connects to targets once and writes blocks into the regions they reserved."""
 
     def __init__(self, prefix: str) -> None:
         self.agent = make_agent(prefix)
         self.staging = torch.empty(0, dtype=torch.uint8)
         self._handle: Any = None
         self._peers: set[str] = set()
+        self._sources: dict[int, tuple[torch.Tensor, Any]] = {}
         self.num_polls = 0
 
     def connect(self, request: FetchRequest) -> None:
@@ -120,25 +86,24 @@ class NixlWriter:
             self._handle = self.agent.register_memory(self.staging)
         return self.staging[:nbytes]
 
-    def write(self, payloads: list[torch.Tensor], request: FetchRequest) -> None:
-        """Stage ``payloads`` back to back and write them into the target's slot."""
-        nbytes = sum(p.numel() * p.element_size() for p in payloads)
-        staging = self.stage(nbytes)
-        offset = 0
-        for payload in payloads:  # one contiguous region: one descriptor, one transfer
-            size = payload.numel() * payload.element_size()
-            staging[offset : offset + size].copy_(payload.contiguous().view(-1).view(torch.uint8))
-            offset += size
-        self.write_staged(nbytes, request)
+    def register(self, buffer: torch.Tensor) -> None:
+        """Register memory that blocks are written from as they lie (the tier's buffer), once."""
+        if buffer.data_ptr() not in self._sources:
+            self._sources[buffer.data_ptr()] = (buffer, self.agent.register_memory(buffer))
 
     def write_staged(self, nbytes: int, request: FetchRequest) -> None:
-        """Write the staging buffer's first ``nbytes`` into the target's slot and wait until done."""
-        if nbytes > request.dst_bytes:
-            raise ValueError(f"the target's buffer holds {request.dst_bytes} bytes, the blocks need {nbytes}")
+        """Write the staging buffer's first ``nbytes`` into the target's regions, in order."""
+        self.write_regions([(int(self.staging.data_ptr()), nbytes)], request)
+
+    def write_regions(self, local: list[tuple[int, int]], request: FetchRequest) -> None:
+        """Write the bytes of ``local`` (address, length), back to back, into the target's regions
+        (``request.dst_regions``, in order) and wait until done."""
+        remote = [(int(address), int(size)) for address, size in request.dst_regions]
+        pairs = match_regions(local, remote)
         self.connect(request)
-        local = self.agent.get_xfer_descs([(int(self.staging.data_ptr()), nbytes, 0)], DRAM)
-        remote = self.agent.get_xfer_descs([(request.dst_address, nbytes, 0)], DRAM)
-        handle = self.agent.initialize_xfer("WRITE", local, remote, request.nixl_agent)
+        src = self.agent.get_xfer_descs([(a, n, 0) for a, _, n in pairs], DRAM)
+        dst = self.agent.get_xfer_descs([(b, n, 0) for _, b, n in pairs], DRAM)
+        handle = self.agent.initialize_xfer("WRITE", src, dst, request.nixl_agent)
         try:
             if self.agent.transfer(handle) == "ERR":
                 raise RuntimeError(f"NIXL WRITE to {request.nixl_agent} failed to start")
@@ -162,3 +127,30 @@ class NixlWriter:
         if self._handle is not None:
             self.agent.deregister_memory(self._handle)
             self._handle = None
+        sources, self._sources = self._sources, {}
+        for _buffer, handle in sources.values():
+            self.agent.deregister_memory(handle)
+
+
+def match_regions(local: list[tuple[int, int]], remote: list[tuple[int, int]]) -> list[tuple[int, int, int]]:
+    """(local address, remote address, length) pieces that copy ``local`` back to back into
+    ``remote`` back to back, as few as adjacency on both sides allows; the local bytes must fit."""
+    pairs: list[tuple[int, int, int]] = []
+    targets = iter(remote)
+    dst, room = 0, 0
+    for start, length in local:
+        src, left = start, length
+        while left:
+            if room == 0:
+                nxt = next(targets, None)
+                if nxt is None:
+                    raise ValueError("the target's regions hold fewer bytes than the blocks need")
+                dst, room = nxt
+                continue
+            step = min(left, room)
+            if pairs and pairs[-1][0] + pairs[-1][2] == src and pairs[-1][1] + pairs[-1][2] == dst:
+                pairs[-1] = (pairs[-1][0], pairs[-1][1], pairs[-1][2] + step)  # adjacent on both sides: one
+            else:
+                pairs.append((src, dst, step))
+            src, dst, left, room = src + step, dst + step, left - step, room - step
+    return pairs

@@ -1,9 +1,14 @@
 """What a KV fetch says on the wire (msgspec, never pickle).
 
 The target asks the source's KV server for blocks by key, in prefix order; the source answers
-with the keys it had (a prefix of those asked), their token ids and the bytes: in ZeroMQ frames
-after the reply (channel ``tcp``), or written by NIXL straight into the buffer the target
-registered (channel ``nixl``) before the reply is sent.
+with the keys it had (a prefix of those asked), their token ids and the bytes: in one ZeroMQ frame
+after the reply, the blocks back to back (channel ``tcp``), or written by NIXL straight into the
+buffer the target registered (channel ``nixl``) before the reply is sent.
+
+A target keeps its connection to a source for later fetches and asks for the next piece before the
+current one has landed, so every request carries a number (``seq``) that its reply repeats: a reply
+to a request the target gave up on (timed out, or asked ahead past a short piece) is told apart and
+dropped.
 """
 
 from __future__ import annotations
@@ -22,8 +27,8 @@ class FetchRequest(msgspec.Struct, array_like=True, frozen=True):
     release_pin: str = ""  # the source drops this pin owner once served (pin_sync)
     nixl_agent: str = ""
     nixl_metadata: bytes = b""
-    dst_address: int = 0  # registered destination buffer of the target (nixl)
-    dst_bytes: int = 0
+    dst_regions: list[tuple[int, int]] = []  # (address, bytes) the target registered, a block each (nixl)
+    seq: int = 0  # repeated in the reply
 
 
 class FetchReply(msgspec.Struct, array_like=True, frozen=True):
@@ -33,6 +38,7 @@ class FetchReply(msgspec.Struct, array_like=True, frozen=True):
     block_shape: list[int]
     dtype: str
     error: str = ""
+    seq: int = 0
 
 
 ENCODER = msgspec.msgpack.Encoder()

@@ -20,6 +20,17 @@ class DictStore:
     def put(self, key: TierKey, kv: torch.Tensor) -> None:
         self.data[key] = kv.clone()
 
+    def put_many(self, keys: list[TierKey], kvs: torch.Tensor) -> None:
+        for key, kv in zip(keys, kvs, strict=True):
+            self.put(key, kv)
+
+    def read_many_into(self, keys: list[TierKey], out: torch.Tensor) -> int:
+        for count, key in enumerate(keys):
+            if key not in self.data:
+                return count
+            out[count].copy_(self.data[key].view(out[count].shape))
+        return len(keys)
+
     def get(self, key: TierKey) -> torch.Tensor | None:
         return self.data.get(key)
 

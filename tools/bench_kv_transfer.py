@@ -1,0 +1,198 @@
+"""KV transfer at real models' KV sizes, against raw ZeroMQ / NIXL moves of the same bytes (same run).
+
+A source tier is filled directly with blocks of a model's KV geometry (the engine's block layout:
+[layers, block tokens, 2 (K, V), KV heads, head dim], bf16, 16 tokens a block) for a context, and a
+target fetches them all (sync) over each channel into its own tier, kept from one repeat to the next
+(cleared in between: a running instance's tier is warm). The raw baselines move the same bytes
+between buffers that are reused (warm) too: ZeroMQ in one message and in messages of a fetch's
+piece (the better of the two counts), NIXL in one write. Every round takes one fetch per channel
+and one of each raw move in turn, so both sides see the same load; medians over the rounds after a
+warm-up round. Used by tools/bench_kv.py; runs on its own too:
+
+    .venv-kv/bin/python tools/bench_kv_transfer.py --repeats 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import statistics
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+import zmq
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from psrl.engine.kv_offload import make_tier
+from psrl.kvcache.tier import KvTier
+from psrl.kvcache.transfer import KvFetcher, KvServer
+from psrl.kvcache.transfer.client import PIECE_BLOCKS
+from psrl.kvcache.transfer.nixl_channel import NixlLanding, NixlWriter
+from psrl.kvcache.transfer.wire import FetchRequest
+
+BLOCK_TOKENS = 16
+GEOMETRIES = {"Qwen2.5-0.5B": (24, 2, 64), "Qwen2.5-7B": (28, 4, 128)}  # layers, KV heads, head dim
+CONTEXTS = (1024, 4096)
+CHANNELS = ("tcp", "nixl")
+
+
+def filled_tier(shape: tuple[int, ...], num_blocks: int, capacity: int) -> tuple[KvTier, list[tuple[int, int]]]:
+    tier = make_tier(capacity, shape, torch.bfloat16, "LRU")
+    keys = [(3, 7_000_000 + i) for i in range(num_blocks)]  # weight version 3, chained hashes
+    for i, key in enumerate(keys):
+        tokens = tuple(range(i * BLOCK_TOKENS, (i + 1) * BLOCK_TOKENS))
+        assert tier.put(key, tokens, torch.randn(shape).to(torch.bfloat16))
+    return tier, keys
+
+
+def fetch_moves(server: KvServer, target: KvTier, keys: list[tuple[int, int]], channel: str) -> Iterator[float]:
+    """GB/s of a whole sync fetch of ``keys`` into ``target`` (emptied before each), one per ``next``."""
+    fetcher = KvFetcher(target, channel)  # type: ignore[arg-type]
+    fetcher.fetch("warm", server.address, [], 30)
+    try:
+        for repeat in itertools.count():
+            target.clear()
+            outcome = fetcher.fetch(f"{channel}{repeat}", server.address, keys, 60)
+            assert outcome.error == "" and outcome.num_blocks == len(keys), outcome
+            yield outcome.num_bytes / outcome.seconds / 1e9
+    finally:
+        fetcher.close()
+        fetcher.join(10.0)
+
+
+def same_blocks(source: KvTier, target: KvTier, keys: list[tuple[int, int]]) -> bool:
+    for key in (keys[0], keys[len(keys) // 2], keys[-1]):
+        mine, theirs = source.read(key), target.read(key)
+        if mine is None or theirs is None or mine[0] != theirs[0] or not torch.equal(mine[1], theirs[1]):
+            return False
+    return True
+
+
+def raw_tcp_moves(num_bytes: int, message_bytes: int) -> Iterator[float]:
+    """GB/s of ``num_bytes`` in ZeroMQ messages of ``message_bytes`` from a PUSH to a PULL socket,
+    sent back to back until the last is received, one per ``next``. The two sockets have a ZeroMQ
+    context (an I/O thread) each, as two processes would, and as the source's server and the
+    target's fetcher do."""
+    payload = torch.randint(0, 255, (num_bytes,), dtype=torch.uint8)
+    messages = [payload[i : i + message_bytes].numpy() for i in range(0, num_bytes, message_bytes)]
+    receiving, sending = zmq.Context(), zmq.Context()
+    pull, push = receiving.socket(zmq.PULL), sending.socket(zmq.PUSH)
+    port = pull.bind_to_random_port("tcp://127.0.0.1")
+    push.connect(f"tcp://127.0.0.1:{port}")
+    try:
+        while True:
+            started = time.perf_counter()
+            for message in messages:
+                push.send(message, copy=False)
+            for _ in messages:
+                pull.recv(copy=False)
+            yield num_bytes / (time.perf_counter() - started) / 1e9
+    finally:
+        push.close(0)
+        pull.close(0)
+        receiving.term()
+        sending.term()
+
+
+def raw_nixl_moves(num_bytes: int) -> Iterator[float]:
+    """GB/s of one NIXL WRITE of ``num_bytes`` from a registered buffer into a registered one, one per ``next``."""
+    target = torch.empty(num_bytes, dtype=torch.uint8)
+    landing, writer = NixlLanding([target]), NixlWriter("raw")
+    region = [(target.data_ptr(), num_bytes)]
+    request = FetchRequest("raw", [], "nixl", "", landing.agent.name, landing.metadata, region)
+    writer.stage(num_bytes).copy_(torch.randint(0, 255, (num_bytes,), dtype=torch.uint8))
+    try:
+        while True:
+            started = time.perf_counter()
+            writer.write_staged(num_bytes, request)
+            yield num_bytes / (time.perf_counter() - started) / 1e9
+    finally:
+        landing.close()
+        writer.close()
+
+
+def interleaved(moves: dict[str, Iterator[float]], repeats: int) -> dict[str, float]:
+    """Median GB/s of each kind of move over ``repeats`` rounds that take one of each in turn (after
+    one warm-up round), so that every kind sees the same load on the shared cores."""
+    rates: dict[str, list[float]] = {name: [] for name in moves}
+    try:
+        for round_ in range(repeats + 1):
+            for name, move in moves.items():
+                rate = next(move)
+                if round_:
+                    rates[name].append(rate)
+    finally:
+        for move in moves.values():
+            move.close()  # type: ignore[attr-defined]
+    return {name: statistics.median(values) for name, values in rates.items()}
+
+
+def raw_moves(num_bytes: int, message_bytes: int) -> dict[str, Iterator[float]]:
+    """Raw ZeroMQ in one message and in messages of a piece (the better counts), raw NIXL in one write."""
+    return {
+        "raw_tcp_one": raw_tcp_moves(num_bytes, num_bytes),
+        "raw_tcp_pieces": raw_tcp_moves(num_bytes, message_bytes),
+        "raw_nixl": raw_nixl_moves(num_bytes),
+    }
+
+
+def raw_rates(num_bytes: int, repeats: int, message_bytes: int) -> tuple[float, float]:
+    """Median GB/s of raw ZeroMQ (the better of one message and messages of ``message_bytes``) and
+    of one raw NIXL write, of ``num_bytes``."""
+    rates = interleaved(raw_moves(num_bytes, message_bytes), repeats)
+    return max(rates["raw_tcp_one"], rates["raw_tcp_pieces"]), rates["raw_nixl"]
+
+
+def one_size(model: str, tokens: int, repeats: int) -> dict[str, float]:
+    layers, heads, head_dim = GEOMETRIES[model]
+    shape = (layers, BLOCK_TOKENS, 2, heads, head_dim)
+    num_blocks = tokens // BLOCK_TOKENS
+    block_bytes = torch.Size(shape).numel() * 2
+    capacity = num_blocks * block_bytes
+    source, keys = filled_tier(shape, num_blocks, capacity)
+    targets = {channel: make_tier(capacity, shape, torch.bfloat16, "LRU") for channel in CHANNELS}
+    server = KvServer(source)
+    moves = {f"fetch_{channel}": fetch_moves(server, targets[channel], keys, channel) for channel in CHANNELS}
+    rates = interleaved({**moves, **raw_moves(capacity, PIECE_BLOCKS * block_bytes)}, repeats)
+    server.close()
+    for channel in CHANNELS:
+        assert same_blocks(source, targets[channel], keys), f"{model} {tokens}: {channel} landed other bytes"
+    row: dict[str, float] = {"mib": capacity / 2**20, "block_kib": block_bytes / 1024}
+    row["raw_tcp_gbps"] = max(rates["raw_tcp_one"], rates["raw_tcp_pieces"])
+    row["raw_nixl_gbps"] = rates["raw_nixl"]
+    for channel in CHANNELS:
+        row[f"fetch_{channel}_gbps"] = rates[f"fetch_{channel}"]
+        row[f"{channel}_vs_raw"] = row[f"fetch_{channel}_gbps"] / row[f"raw_{channel}_gbps"]
+    return row
+
+
+def transfer_table(repeats: int) -> dict[str, dict[str, float]]:
+    table = {}
+    for model in GEOMETRIES:
+        for tokens in CONTEXTS:
+            table[f"{model} {tokens // 1024}k"] = row = one_size(model, tokens, repeats)
+            print(f"transfer  {model} {tokens // 1024}k: " + ", ".join(f"{k}={v:.3g}" for k, v in row.items()),
+                  flush=True)  # fmt: skip
+    return table
+
+
+def best_vs_raw(table: dict[str, dict[str, float]]) -> float:
+    """The median over sizes of the better channel's fetch / raw ratio."""
+    return statistics.median(max(row[f"{channel}_vs_raw"] for channel in CHANNELS) for row in table.values())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    table = transfer_table(args.repeats)
+    print(f"RESULT transfer_vs_raw={best_vs_raw(table):.3f}")
+
+
+if __name__ == "__main__":
+    main()
