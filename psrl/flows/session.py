@@ -14,6 +14,10 @@ decision (``psrl.coordination.session.schedule_sessions``) runs over the instanc
 is ever aborted) until a later tick continues it. Each tick with live sessions is published
 (``SessionTick``) with its inputs, so ``psrl replay --check sessions`` re-runs it.
 
+A scheduler restarted within its launch continues the sessions its predecessor left, rebuilt from
+the event log (``psrl.flows.session_recovery``: the rule per session is there); ``restore`` runs
+once, before any message of the new scheduler is handled.
+
 The environment is a port (``EnvRunner``): env worker processes in the actor, an in-process
 runner in the in-process driver and tests. Its answers come back as ``EnvStepDone`` messages.
 """
@@ -49,6 +53,7 @@ from psrl.coordination.session import (
 )
 from psrl.flows.base import Flow
 from psrl.flows.effects import Effect, Handler, Timer
+from psrl.flows.session_recovery import SessionRecovery
 
 ROUTER = "router"
 
@@ -116,6 +121,27 @@ class SessionFlow(Flow):
     @property
     def num_inflight(self) -> int:
         return len(self.sessions)
+
+    # ------------------------------------------------------------------ restart
+
+    def restore(self, recovery: SessionRecovery, now: float) -> list[Effect]:
+        """Take over the sessions a dead scheduler left (the rule: ``psrl.flows.session_recovery``)."""
+        for restored in recovery.sessions.values():
+            session = Session(restored.request_id, restored.prompt_id, restored.instance)
+            session.status = "env" if restored.status == "env" else "generate"
+            session.num_tokens, session.turn = restored.num_tokens, restored.turn
+            session.actions = list(restored.actions)
+            self.sessions[session.request_id] = session
+            self.counters["restored_sessions"] += 1
+            if session.status != "env":
+                continue
+            if restored.answer is not None:
+                self.counters["restored_answers"] += 1
+                self._on_env_step(restored.answer, now)  # held or unsent: it goes on from exactly that answer
+            else:
+                self.counters["restored_steps_rerun"] += 1
+                self.env.submit(session.request_id, session.prompt_id, session.turn, session.actions)
+        return self.take()
 
     # ------------------------------------------------------------------ turns
 

@@ -9,6 +9,8 @@
                   a response's tokens go back to an older version / predate their trajectory's
     continuation  an interrupted request whose next result does not start with its tokens
     versions      the trainer's versions not consecutive (a restarted trainer renumbering)
+    sessions      multi-turn sessions lost, a turn or environment step applied twice, or a finished
+                  session's response not exactly its turns and answers (``session_invariants``)
 
 Pure: it takes decoded events in log order, so the chaos harness, tests and replay share it.
 """
@@ -38,6 +40,7 @@ from bus.messages import (
     WeightsPublished,
 )
 from bus.schema import Event
+from psrl.reliability.session_invariants import SessionFacts, SessionReport, check_sessions
 from psrl.routing.trajectories import INTERRUPTIONS
 
 
@@ -59,6 +62,7 @@ class InvariantReport:
     num_buffers_consumed: int = 0
     num_continuations: int = 0
     num_missing_events: int = 0  # per-sender sequence gaps: events the log never got
+    sessions: SessionReport = field(default_factory=SessionReport)
 
     @property
     def mixed_versions(self) -> int:
@@ -73,6 +77,9 @@ class InvariantReport:
             "mixed_versions": self.mixed_versions,
             "continuations": len(self.broken_continuations),
             "versions": len(self.version_jumps),
+            "sessions_lost": len(self.sessions.lost),
+            "sessions_applied_twice": len(self.sessions.applied_twice),
+            "sessions_broken": len(self.sessions.broken),
         }
 
     @property
@@ -91,6 +98,7 @@ class _Facts:
     stored: dict[int, dict[int, str]] = field(default_factory=dict)  # version -> shard -> digest
     published: list[WeightsPublished] = field(default_factory=list)
     loaded: list[WeightsLoaded] = field(default_factory=list)
+    sessions: SessionFacts = field(default_factory=SessionFacts)
 
 
 def check_invariants(events: Iterable[Event[Any]], staleness: int) -> InvariantReport:
@@ -100,6 +108,7 @@ def check_invariants(events: Iterable[Event[Any]], staleness: int) -> InvariantR
     for event in events:
         gaps.observe(event.envelope)
         _collect(event.message, facts)
+        facts.sessions.observe(event.message)
     report.num_missing_events = gaps.num_missing
     _check_weights(facts, report)
     _check_groups(facts, report)
@@ -107,6 +116,9 @@ def check_invariants(events: Iterable[Event[Any]], staleness: int) -> InvariantR
     _check_tokens(facts, report)
     _check_continuations(facts, report)
     _check_versions(facts, report)
+    last_buffer = max((batch.buffer for batch in facts.batches), default=-1)
+    report.sessions = check_sessions(facts.sessions, facts.reserved, last_buffer)
+    report.num_checks += report.sessions.num_checks
     return report
 
 

@@ -10,13 +10,13 @@ from bus.messages import (
     FinishReason,
     GenerateRequest,
     SessionEnd,
-    SessionGone,
     TrajectoryDone,
     TurnDone,
     TurnNext,
     TurnStarted,
 )
 from psrl.config import load_config
+from psrl.flows.effects import Send
 from psrl.flows.router import RouterFlow
 from tests.flows.flow_helpers import destinations, request, result, sent, status
 
@@ -62,15 +62,27 @@ def test_a_turn_goes_to_the_scheduler_and_the_next_turn_returns_sticky_with_the_
     assert traj.loss_mask.tolist() == [1] * 3 + [0] * 3 + [1] * 2
 
 
-def test_a_failed_session_fails_its_trajectory_and_a_lost_scheduler_fails_the_waiting_ones() -> None:
+def test_a_failed_session_fails_its_trajectory() -> None:
     flow = _router()
     _first_turn(flow)
     out = flow.handle(SessionEnd(request_id=0, reward=0.0, acc=0.0, num_turns=1, error="tool exploded"), 2.0)
     [traj] = sent(out, TrajectoryDone)
     assert traj.finish_reason == FinishReason.ERROR and "tool exploded" in traj.error
+
+
+def test_a_lost_scheduler_keeps_its_sessions_waiting_and_its_replacement_gets_what_it_missed_in_order() -> None:
     flow = _router()
-    _first_turn(flow)
+    _, where, out = _first_turn(flow)
+    [done] = sent(out, TurnDone)
     out = flow.handle(ActorExited(actor="session", incarnation=0, returncode=-9), 2.0)
-    [traj] = sent(out, TrajectoryDone)
-    assert traj.finish_reason == FinishReason.ERROR and "session scheduler" in traj.error
-    assert sent(out, SessionGone)  # the restarted scheduler learns to forget it
+    assert not sent(out, TrajectoryDone) and flow.tracker.live[0].in_env  # the replacement rebuilds it
+    assert flow.undeliverable(Send("session", done, request_id=0), 2.1) == []  # nobody listening: held
+    effects = flow.handle(request(1, 2), 2.2) + flow.route(2.2)
+    assert sent(effects, GenerateRequest) and not sent(effects, TurnStarted)  # held behind the TurnDone
+    out = flow.status(3.0)
+    held = [e for e in out if isinstance(e, Send) and e.to == "session"]
+    assert [type(e.message) for e in held] == [TurnDone, TurnStarted]  # sent again, in order
+    assert flow.held_sessions == []
+    flow.handle(TurnNext(request_id=0, turn=1, observation_token_ids=np.asarray([4], np.int32), max_tokens=5), 4.0)
+    effects = flow.route(4.0)
+    assert sent(effects, GenerateRequest)[0].request_id == 0 and destinations(effects, GenerateRequest)[0] == where
