@@ -67,7 +67,7 @@ from psrl.config import Config
 from psrl.config.coordination import RoutingStrategy
 from psrl.flows.effects import Effect, Handler, Send, Timer
 from psrl.flows.router_ledger import COORDINATOR, RouterLedgerFlow
-from psrl.flows.router_recovery import RECALL, RestoredRequest, RouterRecovery
+from psrl.flows.router_recovery import RECALL, SESSION_NOT_REBUILT, RestoredRequest, RouterRecovery
 from psrl.flows.status import snapshot_from_status
 from psrl.routing.core import RouterCore
 from psrl.routing.cost_model import CostModel
@@ -194,6 +194,11 @@ class RouterFlow(RouterLedgerFlow):
         recalls: dict[str, list[int]] = {}
         for restored in recovery.requests.values():
             traj = self._restored_trajectory(restored)
+            if self.has_sessions and restored.next_turns and restored.counted is None:
+                traj.error = SESSION_NOT_REBUILT  # the rule in router_recovery
+                self.counters["sessions_not_rebuilt"] += 1
+                self.ended(traj.request_id, FinishReason.ERROR)
+                continue
             if restored.dispatch is None:
                 self.core.submit(self._routing_request(traj))
                 continue

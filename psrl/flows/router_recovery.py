@@ -9,6 +9,14 @@ handed back (``TrajectoryDone``), and the commands as the coordinator's link tra
 which names, as the ``parent`` of whatever the router logged while handling it, whether it was
 handled.
 
+A multi-turn session (``env.enable``) is rebuilt only while it is in its first turn: its response is
+that turn's tokens, as above. When it finishes (or its logged result is handled now) the turn goes
+to the session scheduler again; the scheduler takes a turn it already has once and answers it
+again with the next turn it had sent, if any (``SessionFlow``). A session past its first turn
+(the scheduler's ``TurnNext`` is logged) is failed with that reason (``SESSION_NOT_REBUILT``): its
+earlier turns' log-probs and versions are not rebuilt; its group is refilled like any failed
+trajectory's, and the scheduler is told to forget it.
+
 Only this launch counts (a resumed run's router starts from its checkpoint): events whose
 incarnation belongs to the router's launch. A log with gaps in that launch (the logger lost
 events, e.g. it died too) cannot be rebuilt from: ``num_missing_events`` says so, and the actor
@@ -48,6 +56,7 @@ from bus.messages import (
     GroupDrop,
     RoutingRecord,
     TrajectoryDone,
+    TurnNext,
     WeightsPublished,
 )
 from bus.schema import Event
@@ -62,6 +71,8 @@ COORDINATOR = "coordinator"
 COMMANDS = (GroupComplete, GroupDrop, Consume, Abort)  # coordinator -> router, besides requests
 COUNTED = (FinishVerdict.ACCEPTED, FinishVerdict.GROUP_COMPLETE)  # finishes the ledger counts
 RECALL = "router_restart"  # the interruption a restarted router asks for to get a request back
+SESSION = "session"
+SESSION_NOT_REBUILT = "router restarted: a session past its first turn is not rebuilt"
 
 
 @dataclass
@@ -78,6 +89,7 @@ class RestoredRequest:
     # the dead router's counted finish of it, whose group.trajectory it never delivered (it held it for an
     # unreachable coordinator): owed to the coordinator, with the group's winners if it completed the group
     counted: FinishOutcome | None = None
+    next_turns: int = 0  # a session's turns after its first that the scheduler sent (TurnNext)
 
 
 @dataclass
@@ -147,6 +159,8 @@ class _Walk:
         elif actor == COORDINATOR and env.sender.endswith(".link"):
             self.seen.add(env.event_id)
             self._from_coordinator(event)
+        elif actor == SESSION and isinstance(msg, TurnNext) and msg.request_id in self.requests:
+            self.requests[msg.request_id].next_turns += 1
         elif isinstance(msg, GenerateResult) and msg.request_id in self.requests:
             restored = self.requests[msg.request_id]
             if restored.dispatch is not None and restored.instance == msg.instance:

@@ -51,11 +51,13 @@ class RestoredSession:
     num_tokens: int = 0
     actions: list[np.ndarray] = field(default_factory=list)
     answer: EnvStepDone | None = None  # the logged environment answer to its last handed-over turn
+    last_next: TurnNext | None = None  # the last next turn sent for it
 
 
 @dataclass
 class SessionRecovery:
     sessions: dict[int, RestoredSession] = field(default_factory=dict)  # alive at the crash, in order
+    ended: dict[int, SessionEnd] = field(default_factory=dict)  # every session the scheduler ended
     seen_event_ids: set[str] = field(default_factory=set)  # the router's messages for the scheduler in the log
     num_missing_events: int = 0
 
@@ -78,6 +80,8 @@ def rebuild_sessions(events: Iterable[Event[Any]], launch: int) -> SessionRecove
         gaps.observe(event.envelope)
         if event.envelope.sender == ROUTER_LINK and isinstance(event.message, ROUTER_TO_SESSION):
             recovery.seen_event_ids.add(event.envelope.event_id)
+        if isinstance(event.message, SessionEnd):
+            recovery.ended[event.message.request_id] = event.message
         _observe(recovery.sessions, event.message)
     recovery.num_missing_events = gaps.num_missing
     return recovery
@@ -96,7 +100,7 @@ def _observe(sessions: dict[int, RestoredSession], msg: Any) -> None:
     elif isinstance(msg, TurnNext):
         continued = sessions.get(msg.request_id)
         if continued is not None and msg.turn == continued.turn + 1:
-            continued.status, continued.answer = "generate", None
+            continued.status, continued.answer, continued.last_next = "generate", None, msg
             continued.num_tokens += len(msg.observation_token_ids)
     elif isinstance(msg, (SessionEnd, SessionGone, TrajectoryDone)):
         sessions.pop(msg.request_id, None)

@@ -3,10 +3,12 @@
     lost          a session the scheduler took over (its first turn handed over, ``TurnDone``) that
                   never ended, although its prompt group's buffer was consumed: no ``SessionEnd``
                   (done, or failed with its reason), no ``SessionGone`` and no ``TrajectoryDone``
-    applied twice a session's turn answered twice (two ``TurnNext`` for one turn), a session ended
-                  twice (two ``SessionEnd``), or one environment step answered twice
-                  (two successful ``EnvStepDone`` for one turn: the step ran again after its answer
-                  was already recorded)
+    applied twice a session's turn answered twice (two different ``TurnNext`` for one turn), a
+                  session ended twice differently (two different ``SessionEnd``), or one
+                  environment step answered twice (two successful ``EnvStepDone`` for one turn: the
+                  step ran again after its answer was already recorded). The same answer sent
+                  again (to a restarted router, which takes each once) is no second application:
+                  the response check below proves the router took it once.
     broken        a finished session whose trained response is not exactly its turns' tokens
                   (``TurnDone``) and the environment's answers (``TurnNext``) in order, or whose next
                   turn's observation is not the recorded environment answer: a continuation after a
@@ -110,12 +112,13 @@ def _check_twice(facts: SessionFacts, report: SessionReport) -> None:
     for rid, by_turn in facts.nexts.items():
         for turn, observations in by_turn.items():
             report.num_checks += 1
-            if len(observations) > 1:
-                report.applied_twice.append(f"{rid}: turn {turn} started {len(observations)} times")
+            answers = {tuple(o.tolist()) for o in observations}
+            if len(answers) > 1:
+                report.applied_twice.append(f"{rid}: turn {turn} answered {len(answers)} different ways")
     for rid, ends in facts.ends.items():
         report.num_checks += 1
-        if len(ends) > 1:
-            report.applied_twice.append(f"{rid}: ended {len(ends)} times")
+        if len(set(ends)) > 1:
+            report.applied_twice.append(f"{rid}: ended {len(set(ends))} different ways")
     for (rid, turn), count in facts.answers.items():
         report.num_checks += 1
         if count > 1:

@@ -169,7 +169,9 @@ def test_a_session_that_never_ended_while_its_group_was_trained_is_lost() -> Non
 
 
 def test_a_turn_or_an_environment_step_applied_twice_is_caught() -> None:
-    assert check_invariants(session_log(nexts=2).events, STALENESS).violations["sessions_applied_twice"] == 1
+    assert check_invariants(session_log(nexts=2).events, STALENESS).ok  # the same answer sent again
+    log = session_log().add("session.link", TurnNext(0, 1, np.asarray([6], np.int32), 4))
+    assert check_invariants(log.events, STALENESS).violations["sessions_applied_twice"] == 1
     assert check_invariants(session_log(answers=2).events, STALENESS).violations["sessions_applied_twice"] == 1
 
 

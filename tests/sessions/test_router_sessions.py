@@ -3,6 +3,8 @@ the environment's tokens as prompt, the end finishes the trajectory with the env
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from bus.messages import (
@@ -10,6 +12,7 @@ from bus.messages import (
     FinishReason,
     GenerateRequest,
     SessionEnd,
+    SessionGone,
     TrajectoryDone,
     TurnDone,
     TurnNext,
@@ -18,14 +21,21 @@ from bus.messages import (
 from psrl.config import load_config
 from psrl.flows.effects import Send
 from psrl.flows.router import RouterFlow
+from psrl.flows.router_recovery import SESSION_NOT_REBUILT, rebuild_router
+from psrl.staleness.types import LedgerSizes
 from tests.flows.flow_helpers import destinations, request, result, sent, status
+from tests.flows.test_router_recovery import Log as RecoveryLog
 
 CONFIG = ["env.enable=true", "task.name=digit_chain", "psrl.staleness_buffer_entries=2", "psrl.rollout_n=2",
           "psrl.staleness=1", "actor.ppo_mini_batch_size=2"]  # fmt: skip
 
 
+def flow_config() -> Any:
+    return load_config("agentic", CONFIG)
+
+
 def _router() -> RouterFlow:
-    flow = RouterFlow(load_config("agentic", CONFIG))
+    flow = RouterFlow(flow_config())
     flow.start(0.0)
     for name in ("rollout-0", "rollout-1"):
         flow.handle(status(name), 0.0)
@@ -86,3 +96,27 @@ def test_a_lost_scheduler_keeps_its_sessions_waiting_and_its_replacement_gets_wh
     flow.handle(TurnNext(request_id=0, turn=1, observation_token_ids=np.asarray([4], np.int32), max_tokens=5), 4.0)
     effects = flow.route(4.0)
     assert sent(effects, GenerateRequest)[0].request_id == 0 and destinations(effects, GenerateRequest)[0] == where
+
+
+def test_a_restarted_router_hands_a_first_turn_over_again_and_fails_sessions_past_it_by_the_rule() -> None:
+    log, flow = RecoveryLog(), _router()
+    for rid in (0, 1):
+        log.add("coordinator-router.link", request(rid, 2))
+        log.router(flow.handle(request(rid, 2), 0.0))
+    dispatched = {r.request_id: r for r in sent(log.router(flow.route(0.0)), GenerateRequest)}
+    for rid, req in dispatched.items():
+        where = flow.core.routed_instance(rid) or ""
+        log.add(f"{where}-router.link", finished := result(req, where, num_tokens=3))
+        log.router(flow.handle(finished, 1.0))
+    nxt = TurnNext(request_id=0, turn=1, observation_token_ids=np.asarray([4], np.int32), max_tokens=5)
+    log.add("session.link", nxt)  # session 0 went on to its second turn; session 1 waits at its environment
+    log.router(flow.handle(nxt, 2.0) + flow.route(2.0))
+    recovery = rebuild_router(log.events, LedgerSizes.from_config(flow_config()), launch=0)
+    restarted = RouterFlow(flow_config(), recovery=recovery)
+    effects = restarted.start(3.0)
+    [gone] = sent(effects, SessionGone)
+    assert gone.request_id == 0 and gone.reason == SESSION_NOT_REBUILT
+    [again] = sent(effects, TurnDone)  # the first turn's logged result, handed over again
+    assert again.request_id == 1 and again.turn == 0 and again.token_ids.tolist() == [10, 11, 12]
+    [failed] = sent(restarted.status(3.5), TrajectoryDone)  # to the coordinator once it can be reached
+    assert failed.request_id == 0 and failed.finish_reason == FinishReason.ERROR and failed.error == SESSION_NOT_REBUILT

@@ -80,3 +80,24 @@ def test_a_session_whose_trajectory_ended_is_not_restored() -> None:
     done = TrajectoryDone(3, 0, 0, np.zeros(2, np.int32), np.zeros(2, np.float32), np.zeros(2, np.int32), 4, "i0")
     log.add("router.link", done)
     assert 3 not in rebuild_sessions(log.events, launch=0).sessions
+
+
+def test_a_turn_handed_over_again_is_taken_once_and_answered_as_before() -> None:
+    flow, env = make()
+    flow.handle(turn_done(1, 0, [1, 7]), 0.0)
+    [first] = sent(flow.handle(step(1, 0, [15]), 0.1), TurnNext)
+    again = flow.handle(turn_done(1, 0, [1, 7]), 0.2)  # a restarted router hands the turn over again
+    assert sent(again, TurnNext) == [first] and len(env.submitted) == 1  # the same answer; no second step
+    flow.handle(turn_done(2, 0, [2]), 0.3)
+    assert flow.handle(turn_done(2, 0, [2]), 0.4) == [] and len(env.submitted) == 2  # its step still runs
+    [end] = sent(flow.handle(step(2, 0, done=True, reward=1.0), 0.5), SessionEnd)
+    assert sent(flow.handle(turn_done(2, 0, [2]), 0.6), SessionEnd) == [end]  # ended: the end again
+    assert len(env.submitted) == 2 and flow.counters["repeated_turns"] == 3
+
+
+def test_a_restored_scheduler_answers_a_repeated_turn_with_the_logged_next_turn() -> None:
+    flow, env = make()
+    flow.restore(rebuild_sessions(crashed_log().events, launch=0), 5.0)
+    assert sent(flow.handle(turn_done(1, 0, [1, 7]), 6.0), TurnNext)[0].observation_token_ids.tolist() == [15]
+    assert sent(flow.handle(turn_done(4, 0, [4, 7]), 6.1), SessionEnd)[0].reward == 1.0  # ended before the crash
+    assert all(rid != 4 for rid, _, _ in env.submitted)
