@@ -194,7 +194,7 @@ class RouterFlow(RouterLedgerFlow):
         recalls: dict[str, list[int]] = {}
         for restored in recovery.requests.values():
             traj = self._restored_trajectory(restored)
-            if self.has_sessions and restored.next_turns and restored.counted is None:
+            if self.has_sessions and not restored.session.exact and restored.counted is None:
                 traj.error = SESSION_NOT_REBUILT  # the rule in router_recovery
                 self.counters["sessions_not_rebuilt"] += 1
                 self.ended(traj.request_id, FinishReason.ERROR)
@@ -233,6 +233,8 @@ class RouterFlow(RouterLedgerFlow):
                 traj.logprobs = np.asarray(dispatch.generated_logprobs, np.float32)
                 traj.versions = np.asarray(dispatch.generated_versions, np.int32)
                 traj.loss_mask = np.ones(len(traj.token_ids), np.uint8)
+            if self.has_sessions and restored.session.turn > 0 and restored.session.exact:
+                _continue_session(traj, restored, dispatch)
         return traj
 
     def _recall_expired(self, now: float) -> None:
@@ -593,3 +595,15 @@ class RouterFlow(RouterLedgerFlow):
         for send in held:  # the first that cannot be delivered holds the rest again, in order
             self.emit(send)
         return self.take()
+
+
+def _continue_session(traj: Trajectory, restored: RestoredRequest, dispatch: GenerateRequest) -> None:
+    """A session past its first turn: its earlier turns and answers (``router_recovery.SessionPrefix``)
+    go before the current turn's tokens, sent as prompt, as the dead router held them."""
+    ids, logprobs, versions, mask = restored.session.arrays(restored.session.turn)
+    traj.token_ids = np.concatenate([ids, traj.token_ids])
+    traj.logprobs = np.concatenate([logprobs, traj.logprobs])
+    traj.versions = np.concatenate([versions, traj.versions])
+    traj.loss_mask = np.concatenate([mask, traj.loss_mask])
+    traj.turn, traj.turn_start, traj.num_sent_as_prompt = restored.session.turn, len(ids), len(ids)
+    traj.sampling = dispatch.sampling

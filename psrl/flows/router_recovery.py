@@ -9,13 +9,17 @@ handed back (``TrajectoryDone``), and the commands as the coordinator's link tra
 which names, as the ``parent`` of whatever the router logged while handling it, whether it was
 handled.
 
-A multi-turn session (``env.enable``) is rebuilt only while it is in its first turn: its response is
-that turn's tokens, as above. When it finishes (or its logged result is handled now) the turn goes
-to the session scheduler again; the scheduler takes a turn it already has once and answers it
-again with the next turn it had sent, if any (``SessionFlow``). A session past its first turn
-(the scheduler's ``TurnNext`` is logged) is failed with that reason (``SESSION_NOT_REBUILT``): its
-earlier turns' log-probs and versions are not rebuilt; its group is refilled like any failed
-trajectory's, and the scheduler is told to forget it.
+A multi-turn session (``env.enable``) is rebuilt at the turn of the router's last dispatch
+(``SessionPrefix``): its response before that turn is, turn by turn, the instance's finished result
+of each earlier turn (the one the dead router handed over as ``TurnDone``: tokens, log-probs,
+versions) and the environment's answer to it (the scheduler's ``TurnNext``: log-prob 0, untrained);
+the dispatch's prompt must be exactly the request's prompt and that prefix. The current turn then
+goes by the rule above (queued, its logged result handled, or recalled). When a turn finishes the
+router hands it to the session scheduler again; the scheduler takes a turn it already has once and
+answers it again with the next turn or end it had sent (``SessionFlow``), which the dead router
+may have taken with it. A session whose prefix the log does not give exactly (a result missing,
+or a dispatch whose prompt is not that prefix) is failed with the reason ``SESSION_NOT_REBUILT``:
+its group is refilled like any failed trajectory's, and the scheduler is told to forget it.
 
 Only this launch counts (a resumed run's router starts from its checkpoint): events whose
 incarnation belongs to the router's launch. A log with gaps in that launch (the logger lost
@@ -46,6 +50,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from bus.gaps import GapTracker
 from bus.messages import (
     Abort,
@@ -56,6 +62,7 @@ from bus.messages import (
     GroupDrop,
     RoutingRecord,
     TrajectoryDone,
+    TurnDone,
     TurnNext,
     WeightsPublished,
 )
@@ -72,7 +79,48 @@ COMMANDS = (GroupComplete, GroupDrop, Consume, Abort)  # coordinator -> router, 
 COUNTED = (FinishVerdict.ACCEPTED, FinishVerdict.GROUP_COMPLETE)  # finishes the ledger counts
 RECALL = "router_restart"  # the interruption a restarted router asks for to get a request back
 SESSION = "session"
-SESSION_NOT_REBUILT = "router restarted: a session past its first turn is not rebuilt"
+SESSION_NOT_REBUILT = "router restarted: the session's earlier turns are not in the log exactly"
+
+
+@dataclass
+class SessionPrefix:
+    """A session's response before its current turn, as the dead router held it."""
+
+    turn: int = 0  # the turn being generated (or handed over) at the crash
+    turns: dict[int, GenerateResult] = field(default_factory=dict)  # each handed-over turn's finished result
+    answers: dict[int, np.ndarray] = field(default_factory=dict)  # turn -> the environment's answer before it
+    exact: bool = True  # every dispatch's prompt was the request's prompt and this prefix
+
+    def arrays(self, upto: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(token ids, log-probs, versions, loss mask) of the response before turn ``upto``."""
+        ids, logprobs, versions, mask = [], [], [], []
+        last_version = 0
+        for turn in range(upto):
+            result = self.turns[turn]
+            ids.append(np.asarray(result.token_ids, np.int32))
+            logprobs.append(np.asarray(result.logprobs, np.float32))
+            versions.append(np.asarray(result.versions, np.int32))
+            mask.append(np.ones(len(result.token_ids), np.uint8))
+            last_version = int(versions[-1][-1]) if len(versions[-1]) else last_version
+            answer = self.answers[turn + 1]
+            ids.append(np.asarray(answer, np.int32))
+            logprobs.append(np.zeros(len(answer), np.float32))
+            versions.append(np.full(len(answer), last_version, np.int32))
+            mask.append(np.zeros(len(answer), np.uint8))
+        if not ids:
+            return np.zeros(0, np.int32), np.zeros(0, np.float32), np.zeros(0, np.int32), np.zeros(0, np.uint8)
+        return np.concatenate(ids), np.concatenate(logprobs), np.concatenate(versions), np.concatenate(mask)
+
+    def turn_of(self, prompt_len: int, dispatch: GenerateRequest) -> int | None:
+        """The turn a dispatch generates: the one whose prefix it carries as prompt after ``prompt_len``."""
+        carried = np.asarray(dispatch.prompt_token_ids)[prompt_len:]
+        for turn in range(len(self.turns) + 1):
+            if turn > 0 and (turn - 1 not in self.turns or turn not in self.answers):
+                return None
+            prefix = self.arrays(turn)[0]
+            if len(prefix) == len(carried) and np.array_equal(prefix, carried):
+                return turn
+        return None
 
 
 @dataclass
@@ -89,7 +137,7 @@ class RestoredRequest:
     # the dead router's counted finish of it, whose group.trajectory it never delivered (it held it for an
     # unreachable coordinator): owed to the coordinator, with the group's winners if it completed the group
     counted: FinishOutcome | None = None
-    next_turns: int = 0  # a session's turns after its first that the scheduler sent (TurnNext)
+    session: SessionPrefix = field(default_factory=SessionPrefix)  # multi-turn sessions: the turns so far
 
 
 @dataclass
@@ -160,7 +208,7 @@ class _Walk:
             self.seen.add(env.event_id)
             self._from_coordinator(event)
         elif actor == SESSION and isinstance(msg, TurnNext) and msg.request_id in self.requests:
-            self.requests[msg.request_id].next_turns += 1
+            self.requests[msg.request_id].session.answers[msg.turn] = np.asarray(msg.observation_token_ids)
         elif isinstance(msg, GenerateResult) and msg.request_id in self.requests:
             restored = self.requests[msg.request_id]
             if restored.dispatch is not None and restored.instance == msg.instance:
@@ -185,6 +233,7 @@ class _Walk:
         elif isinstance(msg, GenerateRequest) and msg.request_id in self.requests:
             restored = self.requests[msg.request_id]
             restored.dispatch = msg
+            _dispatched_turn(restored)
             restored.instance = self.instance_of.get(msg.request_id, "")
             restored.result, restored.abort_reason = None, None
         elif isinstance(msg, Abort) and msg.reason != RECALL:  # a recall is not an end
@@ -193,3 +242,25 @@ class _Walk:
                     self.requests[rid].abort_reason = msg.reason or "requested"
         elif isinstance(msg, TrajectoryDone):
             self.requests.pop(msg.request_id, None)
+        elif isinstance(msg, TurnDone) and msg.request_id in self.requests:
+            _handed_over(self.requests[msg.request_id], msg)
+
+
+def _dispatched_turn(restored: RestoredRequest) -> None:
+    """A session's dispatch: which turn it generates, read from the prefix it carries as prompt."""
+    if restored.dispatch is None or not restored.session.turns:
+        return  # a first turn (or not a session): the prompt is the request's
+    turn = restored.session.turn_of(len(restored.request.prompt_token_ids), restored.dispatch)
+    if turn is None:
+        restored.session.exact = False
+    else:
+        restored.session.turn = turn
+
+
+def _handed_over(restored: RestoredRequest, done: TurnDone) -> None:
+    """The dead router handed a finished turn to the scheduler: that turn's result is part of the prefix."""
+    result = restored.result
+    if result is None or not np.array_equal(np.asarray(result.token_ids), np.asarray(done.token_ids)):
+        restored.session.exact = False
+        return
+    restored.session.turns[done.turn] = result

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
 import numpy as np
 
 from bus.messages import (
@@ -18,6 +19,7 @@ from bus.messages import (
     TurnNext,
     TurnStarted,
 )
+from bus.schema import Event
 from psrl.config import load_config
 from psrl.flows.effects import Send
 from psrl.flows.router import RouterFlow
@@ -98,7 +100,8 @@ def test_a_lost_scheduler_keeps_its_sessions_waiting_and_its_replacement_gets_wh
     assert sent(effects, GenerateRequest)[0].request_id == 0 and destinations(effects, GenerateRequest)[0] == where
 
 
-def test_a_restarted_router_hands_a_first_turn_over_again_and_fails_sessions_past_it_by_the_rule() -> None:
+def _first_life() -> tuple[RecoveryLog, RouterFlow, dict[int, GenerateRequest]]:
+    """Sessions 0 and 1 finish their first turn; 0 goes on to its second turn, 1 waits at its environment."""
     log, flow = RecoveryLog(), _router()
     for rid in (0, 1):
         log.add("coordinator-router.link", request(rid, 2))
@@ -109,14 +112,49 @@ def test_a_restarted_router_hands_a_first_turn_over_again_and_fails_sessions_pas
         log.add(f"{where}-router.link", finished := result(req, where, num_tokens=3))
         log.router(flow.handle(finished, 1.0))
     nxt = TurnNext(request_id=0, turn=1, observation_token_ids=np.asarray([4], np.int32), max_tokens=5)
-    log.add("session.link", nxt)  # session 0 went on to its second turn; session 1 waits at its environment
-    log.router(flow.handle(nxt, 2.0) + flow.route(2.0))
+    log.add("session.link", nxt)
+    dispatched.update(
+        (r.request_id, r) for r in sent(log.router(flow.handle(nxt, 2.0) + flow.route(2.0)), GenerateRequest)
+    )
+    return log, flow, dispatched
+
+
+def _restart(log: RecoveryLog) -> tuple[RouterFlow, list]:
     recovery = rebuild_router(log.events, LedgerSizes.from_config(flow_config()), launch=0)
     restarted = RouterFlow(flow_config(), recovery=recovery)
-    effects = restarted.start(3.0)
+    return restarted, restarted.start(3.0)
+
+
+def test_a_restarted_router_rebuilds_each_session_at_its_turn_and_hands_a_finished_turn_over_again() -> None:
+    log, dead, dispatched = _first_life()
+    where = dead.core.routed_instance(0) or ""
+    restarted, effects = _restart(log)
+    assert not sent(effects, SessionGone)
+    [again] = sent(effects, TurnDone)  # session 1's first turn, from its logged result, handed over again
+    assert again.request_id == 1 and again.turn == 0 and again.token_ids.tolist() == [10, 11, 12]
+    session = restarted.tracker.live[0]  # session 0: its first turn and the answer, then its second turn
+    assert session.turn == 1 and session.turn_start == 4 and session.token_ids.tolist() == [10, 11, 12, 4]
+    assert session.loss_mask.tolist() == [1, 1, 1, 0] and session.logprobs[3] == 0.0
+    restarted.handle(status(where, seq=2), 3.1)  # recalled from its instance once that is connected
+    second = dispatched[0]
+    assert second.prompt_token_ids.tolist()[-4:] == [10, 11, 12, 4]
+    out = restarted.handle(result(second, where, num_tokens=2), 3.2)
+    [done] = sent(out, TurnDone)
+    assert done.turn == 1 and done.token_ids.tolist() == result(second, where, num_tokens=2).token_ids.tolist()
+    out = restarted.handle(SessionEnd(request_id=0, reward=1.0, acc=1.0, num_turns=2), 3.3)
+    out += restarted.status(3.4)
+    [traj] = [t for t in sent(out, TrajectoryDone) if t.request_id == 0]
+    assert traj.token_ids.tolist() == [10, 11, 12, 4, *done.token_ids.tolist()]
+    assert traj.loss_mask.tolist() == [1, 1, 1, 0, 1, 1] and traj.num_turns == 2
+
+
+def test_a_session_whose_turns_the_log_does_not_give_exactly_fails_by_the_rule() -> None:
+    log, _, _ = _first_life()
+    for k, event in enumerate(log.events):  # the handed-over turn is not the instance's result
+        if isinstance(event.message, TurnDone) and event.message.request_id == 0:
+            log.events[k] = Event(event.envelope, msgspec.structs.replace(event.message, token_ids=np.asarray([9])))
+    restarted, effects = _restart(log)
     [gone] = sent(effects, SessionGone)
     assert gone.request_id == 0 and gone.reason == SESSION_NOT_REBUILT
-    [again] = sent(effects, TurnDone)  # the first turn's logged result, handed over again
-    assert again.request_id == 1 and again.turn == 0 and again.token_ids.tolist() == [10, 11, 12]
     [failed] = sent(restarted.status(3.5), TrajectoryDone)  # to the coordinator once it can be reached
     assert failed.request_id == 0 and failed.finish_reason == FinishReason.ERROR and failed.error == SESSION_NOT_REBUILT
