@@ -156,9 +156,9 @@ class RouterRecovery:
 
 def actor_of(sender: str) -> str:
     """The actor behind an envelope's sender: ``router.link`` -> router, ``coordinator-router.link``
-    -> coordinator, ``rollout-0/hb`` -> rollout-0."""
+    -> coordinator, ``session-router.link`` -> session, ``rollout-0/hb`` -> rollout-0."""
     name = sender.split("/", 1)[0].split(".", 1)[0]
-    return COORDINATOR if name == f"{COORDINATOR}-{ROUTER}" else name
+    return name.removesuffix(f"-{ROUTER}") if name in (f"{COORDINATOR}-{ROUTER}", f"{SESSION}-{ROUTER}") else name
 
 
 def rebuild_router(events: Iterable[Event[Any]], sizes: LedgerSizes, launch: int) -> RouterRecovery:

@@ -37,7 +37,6 @@ from bus.schema import Event
 from psrl.launches import launch_of
 
 ROUTER_LINK = "router.link"
-SESSION_LINK = "session.link"
 ROUTER_TO_SESSION = (TurnStarted, TurnDone, SessionGone)
 
 

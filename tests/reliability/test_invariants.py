@@ -145,11 +145,11 @@ def session_log(*, response: list[int] | None = None, answers: int = 1, nexts: i
     for _ in range(answers):
         log.add("session", EnvStepDone(0, 0, np.asarray([5], np.int32)))
     for _ in range(nexts):
-        log.add("session.link", TurnNext(0, 1, np.asarray([5], np.int32), 4))
+        log.add("session-router.link", TurnNext(0, 1, np.asarray([5], np.int32), 4))
     log.add("router.link", TurnDone(0, 0, "rollout-0", 1, np.asarray([3], np.int32), 14, FinishReason.STOP))
     log.add("session", EnvStepDone(0, 1, np.zeros(0, np.int32), reward=1.0, done=True))
     if end:
-        log.add("session.link", SessionEnd(0, 1.0, 1.0, 2))
+        log.add("session-router.link", SessionEnd(0, 1.0, 1.0, 2))
         ids = np.asarray(response if response is not None else [1, 2, 5, 3], np.int32)
         done = TrajectoryDone(0, 0, 0, ids, np.zeros(len(ids), np.float32), np.zeros(len(ids), np.int32),
                               FinishReason.STOP, "rollout-0", num_turns=2)  # fmt: skip
@@ -170,7 +170,7 @@ def test_a_session_that_never_ended_while_its_group_was_trained_is_lost() -> Non
 
 def test_a_turn_or_an_environment_step_applied_twice_is_caught() -> None:
     assert check_invariants(session_log(nexts=2).events, STALENESS).ok  # the same answer sent again
-    log = session_log().add("session.link", TurnNext(0, 1, np.asarray([6], np.int32), 4))
+    log = session_log().add("session-router.link", TurnNext(0, 1, np.asarray([6], np.int32), 4))
     assert check_invariants(log.events, STALENESS).violations["sessions_applied_twice"] == 1
     assert check_invariants(session_log(answers=2).events, STALENESS).violations["sessions_applied_twice"] == 1
 
@@ -182,6 +182,6 @@ def test_a_session_that_did_not_continue_from_exactly_its_tokens_is_broken() -> 
 
 def test_a_session_failed_by_its_environment_is_counted_not_lost() -> None:
     log = session_log(end=False)
-    log.add("session.link", SessionEnd(0, 0.0, 0.0, 2, error="environment step timed out after 30 s"))
+    log.add("session-router.link", SessionEnd(0, 0.0, 0.0, 2, error="environment step timed out after 30 s"))
     report = check_invariants(log.events, STALENESS)
     assert report.ok and dict(report.sessions.failed) == {"environment step timed out": 1}

@@ -112,7 +112,7 @@ def _first_life() -> tuple[RecoveryLog, RouterFlow, dict[int, GenerateRequest]]:
         log.add(f"{where}-router.link", finished := result(req, where, num_tokens=3))
         log.router(flow.handle(finished, 1.0))
     nxt = TurnNext(request_id=0, turn=1, observation_token_ids=np.asarray([4], np.int32), max_tokens=5)
-    log.add("session.link", nxt)
+    log.add("session-router.link", nxt)
     dispatched.update(
         (r.request_id, r) for r in sent(log.router(flow.handle(nxt, 2.0) + flow.route(2.0)), GenerateRequest)
     )

@@ -40,10 +40,10 @@ def crashed_log() -> Log:
     log = Log()
     for rid in (1, 2, 3, 4, 5):
         log.add("router.link", started(rid)).add("router.link", turn_done(rid, 0, [rid, 7]))
-    log.add("session", step(1, 0, [15])).add("session.link", nxt(1, 1, [15]))
+    log.add("session", step(1, 0, [15])).add("session-router.link", nxt(1, 1, [15]))
     log.add("router.link", started(1, turn=1))
     log.add("session", step(2, 0, [16]))  # the scheduler died before sending its next turn
-    log.add("session", step(4, 0, done=True, reward=1.0)).add("session.link", SessionEnd(4, 1.0, 1.0, 1))
+    log.add("session", step(4, 0, done=True, reward=1.0)).add("session-router.link", SessionEnd(4, 1.0, 1.0, 1))
     log.add("router.link", SessionGone(5, "surplus"))
     return log
 
