@@ -1,8 +1,9 @@
 """The multi-turn sessions' promises, checked from the event log alone (pure).
 
     lost          a session the scheduler took over (its first turn handed over, ``TurnDone``) that
-                  never ended, although its prompt group's buffer was consumed: no ``SessionEnd``
-                  (done, or failed with its reason), no ``SessionGone`` and no ``TrajectoryDone``
+                  never ended, although the run is done with its prompt group (consumed, given up,
+                  or its staleness window passed): no ``SessionEnd`` (done, or failed with its
+                  reason), no ``SessionGone`` and no ``TrajectoryDone``
     applied twice a session's turn answered twice (two different ``TurnNext`` for one turn), a
                   session ended twice differently (two different ``SessionEnd``), or one
                   environment step answered twice (two successful ``EnvStepDone`` for one turn: the
@@ -73,13 +74,13 @@ class SessionFacts:
             self.trajectories[msg.request_id] = msg
 
 
-def check_sessions(facts: SessionFacts, reserved: dict[int, int], last_buffer: int) -> SessionReport:
-    """``reserved``: prompt id -> the buffer it was reserved into; ``last_buffer``: the last one consumed."""
+def check_sessions(facts: SessionFacts, settled: set[int]) -> SessionReport:
+    """``settled``: the prompt groups the run is done with (``invariants._settled``)."""
     report = SessionReport(num_sessions=len(facts.prompt_of))
     for rid, prompt_id in facts.prompt_of.items():
         report.num_checks += 1
         ended = rid in facts.ends or rid in facts.gone or rid in facts.trajectories
-        if not ended and reserved.get(prompt_id, last_buffer + 1) <= last_buffer:
+        if not ended and prompt_id in settled:
             report.lost.append(rid)
         _count_failure(facts, rid, report)
     _check_twice(facts, report)
