@@ -168,15 +168,16 @@ def _collect(msg: Any, facts: _Facts) -> None:
 
 
 def _settled(facts: _Facts, staleness: int, last_buffer: int) -> set[int]:
-    """The groups the run is done with: consumed, given up, or reserved into a consumed buffer with
-    their staleness window passed (they can no longer be trained)."""
+    """The groups the run is done with: consumed, or reserved into a consumed buffer with their
+    staleness window passed (they can no longer be trained). A given-up group is not: its other
+    sessions may still run to their (wasted) end when the run stops."""
     consumed = {p for batch in facts.batches for p in batch.prompt_ids}
     closed = {
         p
         for p, buffer in facts.reserved.items()
         if buffer <= last_buffer and facts.newest_version[p] + staleness <= last_buffer
     }
-    return consumed | facts.given_up | closed
+    return consumed | closed
 
 
 def _check_groups(facts: _Facts, staleness: int, report: InvariantReport) -> None:

@@ -1,9 +1,9 @@
 """The multi-turn sessions' promises, checked from the event log alone (pure).
 
     lost          a session the scheduler took over (its first turn handed over, ``TurnDone``) that
-                  never ended, although the run is done with its prompt group (consumed, given up,
-                  or its staleness window passed): no ``SessionEnd`` (done, or failed with its
-                  reason), no ``SessionGone`` and no ``TrajectoryDone``
+                  never ended, although the run is done with its prompt group (consumed, or its
+                  staleness window passed): no ``SessionEnd`` (done, or failed with its reason),
+                  no ``SessionGone`` and no ``TrajectoryDone``
     applied twice a session's turn answered twice (two different ``TurnNext`` for one turn), a
                   session ended twice differently (two different ``SessionEnd``), or one
                   environment step answered twice (two successful ``EnvStepDone`` for one turn: the
