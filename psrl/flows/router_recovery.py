@@ -90,6 +90,25 @@ class SessionPrefix:
     turns: dict[int, GenerateResult] = field(default_factory=dict)  # each handed-over turn's finished result
     answers: dict[int, np.ndarray] = field(default_factory=dict)  # turn -> the environment's answer before it
     exact: bool = True  # every dispatch's prompt was the request's prompt and this prefix
+    handed: dict[int, np.ndarray] = field(default_factory=dict)  # turn -> the tokens handed over (TurnDone)
+    results: list[GenerateResult] = field(default_factory=list)  # every result for it, any order
+
+    def resolve(self, prompt_len: int, dispatch: GenerateRequest | None) -> None:
+        """Match each handed-over turn with the instance's result of those very tokens (the router's
+        and the instances' events reach the log in any order), then find the last dispatch's turn."""
+        for turn, tokens in self.handed.items():
+            found = [r for r in self.results if np.array_equal(np.asarray(r.token_ids), tokens)]
+            if not found:
+                self.exact = False
+                return
+            self.turns[turn] = found[-1]
+        if dispatch is None or not self.handed:
+            return  # not a session, or in its first turn: the prompt is the request's
+        current = self.turn_of(prompt_len, dispatch)
+        if current is None:
+            self.exact = False
+        else:
+            self.turn = current
 
     def arrays(self, upto: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """(token ids, log-probs, versions, loss mask) of the response before turn ``upto``."""
@@ -178,6 +197,7 @@ def rebuild_router(events: Iterable[Event[Any]], sizes: LedgerSizes, launch: int
     for rid, restored in state.requests.items():
         flags, instances = derivation.flags_so_far(rid)
         restored.flags, restored.result_instances = int(flags), instances
+        restored.session.resolve(len(restored.request.prompt_token_ids), restored.dispatch)
     recovery = RouterRecovery(
         ledger.current(), state.requests, seen_event_ids=state.seen, ps_version=state.ps_version,
         num_missing_events=gaps.num_missing,
@@ -211,6 +231,7 @@ class _Walk:
             self.requests[msg.request_id].session.answers[msg.turn] = np.asarray(msg.observation_token_ids)
         elif isinstance(msg, GenerateResult) and msg.request_id in self.requests:
             restored = self.requests[msg.request_id]
+            restored.session.results.append(msg)
             if restored.dispatch is not None and restored.instance == msg.instance:
                 restored.result = msg
 
@@ -233,7 +254,6 @@ class _Walk:
         elif isinstance(msg, GenerateRequest) and msg.request_id in self.requests:
             restored = self.requests[msg.request_id]
             restored.dispatch = msg
-            _dispatched_turn(restored)
             restored.instance = self.instance_of.get(msg.request_id, "")
             restored.result, restored.abort_reason = None, None
         elif isinstance(msg, Abort) and msg.reason != RECALL:  # a recall is not an end
@@ -243,24 +263,4 @@ class _Walk:
         elif isinstance(msg, TrajectoryDone):
             self.requests.pop(msg.request_id, None)
         elif isinstance(msg, TurnDone) and msg.request_id in self.requests:
-            _handed_over(self.requests[msg.request_id], msg)
-
-
-def _dispatched_turn(restored: RestoredRequest) -> None:
-    """A session's dispatch: which turn it generates, read from the prefix it carries as prompt."""
-    if restored.dispatch is None or not restored.session.turns:
-        return  # a first turn (or not a session): the prompt is the request's
-    turn = restored.session.turn_of(len(restored.request.prompt_token_ids), restored.dispatch)
-    if turn is None:
-        restored.session.exact = False
-    else:
-        restored.session.turn = turn
-
-
-def _handed_over(restored: RestoredRequest, done: TurnDone) -> None:
-    """The dead router handed a finished turn to the scheduler: that turn's result is part of the prefix."""
-    result = restored.result
-    if result is None or not np.array_equal(np.asarray(result.token_ids), np.asarray(done.token_ids)):
-        restored.session.exact = False
-        return
-    restored.session.turns[done.turn] = result
+            self.requests[msg.request_id].session.handed[msg.turn] = np.asarray(msg.token_ids)

@@ -12,6 +12,7 @@ from bus.messages import (
     ActorExited,
     FinishReason,
     GenerateRequest,
+    GenerateResult,
     SessionEnd,
     SessionGone,
     TrajectoryDone,
@@ -158,3 +159,14 @@ def test_a_session_whose_turns_the_log_does_not_give_exactly_fails_by_the_rule()
     assert gone.request_id == 0 and gone.reason == SESSION_NOT_REBUILT
     [failed] = sent(restarted.status(3.5), TrajectoryDone)  # to the coordinator once it can be reached
     assert failed.request_id == 0 and failed.finish_reason == FinishReason.ERROR and failed.error == SESSION_NOT_REBUILT
+
+
+def test_a_handed_over_turn_logged_before_the_instances_result_is_still_rebuilt() -> None:
+    log, _, _ = _first_life()
+    kinds = [(type(e.message), getattr(e.message, "request_id", None)) for e in log.events]
+    done, result_at = kinds.index((TurnDone, 0)), kinds.index((GenerateResult, 0))
+    assert result_at < done
+    log.events.insert(result_at, log.events.pop(done))  # the events of two senders meet at the proxy in any order
+    restarted, effects = _restart(log)
+    assert not sent(effects, SessionGone)
+    assert restarted.tracker.live[0].turn == 1 and restarted.tracker.live[0].token_ids.tolist() == [10, 11, 12, 4]
