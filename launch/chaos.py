@@ -13,7 +13,8 @@ afterwards whether every promise held (`psrl.reliability`).
 
 A target ``<session actor>/env`` is one of that actor's env worker processes (``num_env_workers``
 of them, found under /proc): the fault kills the next one in turn, and the next fault waits until
-the pool has replaced it (the killed process gone, as many workers as before).
+the pool's replacement reported ready (``session.env_worker`` naming the killed pid; ``on_event``
+is the supervisor listener that sees it).
 """
 
 from __future__ import annotations
@@ -26,7 +27,10 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
+from bus.messages import EnvWorkerReady
+from bus.schema import Event
 from launch.env_workers import env_workers
 from launch.supervisor import Supervisor
 from psrl.reliability.faults import ENV_WORKERS, KILL, Fault, InjectedFault, is_env_target
@@ -44,6 +48,12 @@ class FaultInjector:
     injected: list[InjectedFault] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
     num_env_workers: int = 0  # env.num_workers of the run (env worker targets)
+    replaced_pids: set[int] = field(default_factory=set)  # env workers whose replacement reported ready
+
+    def on_event(self, event: Event[Any]) -> None:
+        """A supervisor listener (its thread): env worker replacements."""
+        if isinstance(event.message, EnvWorkerReady) and event.message.replaced_pid:
+            self.replaced_pids.add(event.message.replaced_pid)
 
     def start(self) -> threading.Thread:
         thread = threading.Thread(target=self._run, name="chaos", daemon=True)
@@ -75,10 +85,7 @@ class FaultInjector:
         process = self.supervisor.processes.get(_actor(injected.target))
         if process is None or process.incarnation != injected.incarnation:
             return process is not None
-        if not is_env_target(injected.target):
-            return False
-        workers = env_workers(process.pid)
-        return injected.pid not in workers and len(workers) >= self.num_env_workers
+        return is_env_target(injected.target) and injected.pid in self.replaced_pids
 
     def _serving(self, name: str) -> bool:
         process = self.supervisor.processes.get(_actor(name))

@@ -113,6 +113,7 @@ def run_case(
     # the harness measures recovery, so the restart budget must not be what ends a run
     supervisor.policy = RestartPolicy(max_restarts=num_faults + 1)
     injector = FaultInjector(supervisor, plan, num_env_workers=config.env.num_workers if config.env.enable else 0)
+    supervisor.listeners = (*supervisor.listeners, injector.on_event)
     injector.start()
     started = time.monotonic()
     # a run that stops making progress must end the case with the reason, never hang the harness
