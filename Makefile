@@ -10,7 +10,7 @@ KV_VENV := .venv-kv
 KV_BIN := $(KV_VENV)/bin
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: install install-kv install-vllm check lint imports types test test-gpu test-slow test-kv bench-kv test-restart chaos chaos-full fuzz test-multihost test-wheel test-vllm test-all demo docs bench clean
+.PHONY: install install-kv install-vllm check lint imports types test test-gpu test-slow test-kv bench-kv test-restart chaos chaos-full chaos-agentic fuzz test-multihost test-wheel test-vllm test-all demo docs bench clean
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -83,6 +83,10 @@ test-restart: install
 # >= 200 faults: 25 runs of 8 (an hour or more on 2 cores); figures in docs/reliability.md
 chaos-full: install
 	$(BIN)/python tools/chaos.py --cases 25 --faults 8 topology.warm_spares=2
+
+# the agentic workload (session scheduler, env workers and every other role faulted): 48 faults
+chaos-agentic: install
+	$(BIN)/python tools/chaos.py --workload agentic --cases 6 --faults 8
 
 fuzz: install
 	$(BIN)/python tools/fuzz_bus.py

@@ -6,7 +6,9 @@ time; more steps wait in a queue (bounded concurrency). A step running past ``en
 is answered with a timeout error and its worker is killed and replaced (its environment may be
 stuck for good). A worker that dies (a crash, SIGKILL) is replaced and the step it was running is
 run again on a fresh worker, which rebuilds the episode by replay, up to ``env.worker_retry_limit``
-times; then the step fails with that reason. Failed steps fail only their session.
+times; then the step fails with that reason. Failed steps fail only their session. Each worker's
+ready is reported (``EnvWorkerReady``, naming the process it replaces and why, taken with
+``take_readies``), so the event log shows when a replacement serves.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from typing import Any
 import msgspec
 import numpy as np
 
-from bus.messages import EnvStepDone
+from bus.messages import EnvStepDone, EnvWorkerReady
 from psrl.config.system import Env
 from psrl.envs.host import StepReply, StepRequest, reply_message, serve
 from psrl.envs.latency import step_delay_s
@@ -37,8 +39,12 @@ class _Step:
 
 
 class _Worker:
-    def __init__(self, index: int, context: Any, target_args: tuple[Any, ...]) -> None:
+    def __init__(
+        self, index: int, context: Any, target_args: tuple[Any, ...], replaced_pid: int = 0, reason: str = ""
+    ) -> None:
         self.index = index
+        self.replaced_pid, self.reason = replaced_pid, reason
+        self.started = time.monotonic()
         parent, child = context.Pipe()
         self.process = context.Process(
             target=serve, args=(child, *target_args), name=f"env-worker-{index}", daemon=True
@@ -48,6 +54,14 @@ class _Worker:
         self.connection = parent
         self.is_ready = False
         self.step: _Step | None = None
+
+    def ready(self, data: bytes) -> EnvWorkerReady | None:
+        """The worker's first message: its ready (anything else leaves it not ready)."""
+        self.is_ready = data == b"ready"
+        if not self.is_ready:
+            return None
+        startup_ms = (time.monotonic() - self.started) * 1000
+        return EnvWorkerReady(self.index, self.process.pid or 0, self.replaced_pid, self.reason, startup_ms)
 
     def kill(self) -> None:
         if self.process.is_alive():
@@ -79,11 +93,12 @@ class EnvPool:
         self._encoder = msgspec.msgpack.Encoder()
         self.queue: deque[_Step] = deque()
         self.replies: list[EnvStepDone] = []
+        self.readies: list[EnvWorkerReady] = []
         self.num_restarts = 0
         self.workers = [self._start(i) for i in range(settings.num_workers)]
 
-    def _start(self, index: int) -> _Worker:
-        worker = _Worker(index, self._context, self._args)
+    def _start(self, index: int, replaced_pid: int = 0, reason: str = "") -> _Worker:
+        worker = _Worker(index, self._context, self._args, replaced_pid, reason)
         if self.on_pipe is not None:
             self.on_pipe(worker.connection, True)
         return worker
@@ -119,7 +134,7 @@ class EnvPool:
             while worker.connection.poll():
                 data = worker.connection.recv_bytes()
                 if not worker.is_ready:
-                    worker.is_ready = data == b"ready"
+                    self._ready(worker, data)
                     continue
                 self._answered(worker, data, now)
         except (EOFError, OSError):
@@ -144,6 +159,16 @@ class EnvPool:
             return
         self.replies.append(reply_message(reply, worker=worker.index, latency_ms=(now - step.started) * 1000))
 
+    def _ready(self, worker: _Worker, data: bytes) -> None:
+        ready = worker.ready(data)
+        if ready is not None:
+            self.readies.append(ready)
+
+    def take_readies(self) -> list[EnvWorkerReady]:
+        """The workers that reported ready since the last call."""
+        out, self.readies = self.readies, []
+        return out
+
     def _lost(self, worker: _Worker, reason: str) -> None:
         step, worker.step = worker.step, None
         self._replace(worker, reason)
@@ -166,7 +191,7 @@ class EnvPool:
         self.num_restarts += 1
         if self.log is not None:
             self.log.warning("env worker replaced", worker=worker.index, reason=reason)
-        self.workers[self.workers.index(worker)] = self._start(worker.index)
+        self.workers[self.workers.index(worker)] = self._start(worker.index, worker.process.pid or 0, reason)
 
     def _dispatch(self) -> None:
         for worker in self.workers:
@@ -190,7 +215,7 @@ class EnvPool:
                 raise RuntimeError(f"env workers not ready after {timeout_s:g} s")
             for worker in self.workers:
                 if not worker.is_ready and worker.connection.poll(0.05):
-                    worker.is_ready = worker.connection.recv_bytes() == b"ready"
+                    self._ready(worker, worker.connection.recv_bytes())
 
     def close(self) -> None:
         for worker in self.workers:

@@ -1175,6 +1175,24 @@ class EnvStepDone(Message, frozen=True):
     latency_ms: float = 0.0
 
 
+@message("session.env_worker")
+class EnvWorkerReady(Message, frozen=True):
+    """An env worker process of the session scheduler reported ready (added in 1.6).
+
+    worker: the worker's index in the pool.
+    pid: its process id.
+    replaced_pid: the process it replaces (died, killed or timed out); 0 = one of the pool's first workers.
+    reason: why the one it replaces was replaced; empty for a first worker.
+    startup_ms: wall time from starting the process to its ready.
+    """
+
+    worker: int
+    pid: int
+    replaced_pid: int = 0
+    reason: str = ""
+    startup_ms: float = 0.0
+
+
 @message("session.tick")
 class SessionTick(Message, frozen=True):
     """One ThunderAgent hang/continue decision with its inputs, for `psrl replay --check sessions`.

@@ -10,6 +10,11 @@ sends SIGKILL (a crash) or SIGSTOP (a hang, which only missed heartbeats reveal)
 the supervisor has launched the replacement, so faults come one at a time (a second one inside a
 hang's detection window would take its spare). The supervisor does the rest; the event log says
 afterwards whether every promise held (`psrl.reliability`).
+
+A target ``<session actor>/env`` is one of that actor's env worker processes (``num_env_workers``
+of them, found under /proc): the fault kills the next one in turn, and the next fault waits until
+the pool's replacement reported ready (``session.env_worker`` naming the killed pid; ``on_event``
+is the supervisor listener that sees it).
 """
 
 from __future__ import annotations
@@ -22,9 +27,13 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
+from bus.messages import EnvWorkerReady
+from bus.schema import Event
+from launch.env_workers import env_workers
 from launch.supervisor import Supervisor
-from psrl.reliability.faults import KILL, Fault, InjectedFault
+from psrl.reliability.faults import ENV_WORKERS, KILL, Fault, InjectedFault, is_env_target
 
 READY_WAIT_S = 240.0  # how long a fault waits for its target to serve before it is skipped (a loaded machine)
 SPARE_WAIT_S = 120.0  # how long it waits for the warm spares to be ready before it goes ahead anyway
@@ -38,6 +47,13 @@ class FaultInjector:
     plan: list[Fault]
     injected: list[InjectedFault] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
+    num_env_workers: int = 0  # env.num_workers of the run (env worker targets)
+    replaced_pids: set[int] = field(default_factory=set)  # env workers whose replacement reported ready
+
+    def on_event(self, event: Event[Any]) -> None:
+        """A supervisor listener (its thread): env worker replacements."""
+        if isinstance(event.message, EnvWorkerReady) and event.message.replaced_pid:
+            self.replaced_pids.add(event.message.replaced_pid)
 
     def start(self) -> threading.Thread:
         thread = threading.Thread(target=self._run, name="chaos", daemon=True)
@@ -59,25 +75,38 @@ class FaultInjector:
             self._until(lambda: self.supervisor.spare_ready, SPARE_WAIT_S)
             if self.supervisor.is_stopping:
                 return
-            self._inject(fault)
+            if not self._inject(fault):
+                continue
             # one fault at a time: the next waits until this one's replacement is launched (a hang
             # is seen only after the missed heartbeats), so it cannot take the spare first
             self._until(functools.partial(self._replaced, self.injected[-1]), REPLACE_WAIT_S)
 
     def _replaced(self, injected: InjectedFault) -> bool:
-        process = self.supervisor.processes.get(injected.target)
-        return process is not None and process.incarnation != injected.incarnation
+        process = self.supervisor.processes.get(_actor(injected.target))
+        if process is None or process.incarnation != injected.incarnation:
+            return process is not None
+        return is_env_target(injected.target) and injected.pid in self.replaced_pids
 
     def _serving(self, name: str) -> bool:
-        process = self.supervisor.processes.get(name)
-        return process is not None and process.is_ready and process.poll() is None
+        process = self.supervisor.processes.get(_actor(name))
+        if process is None or not process.is_ready or process.poll() is not None:
+            return False
+        return not is_env_target(name) or len(env_workers(process.pid)) >= self.num_env_workers
 
-    def _inject(self, fault: Fault) -> None:
-        process = self.supervisor.processes[fault.target]
+    def _inject(self, fault: Fault) -> bool:
+        process = self.supervisor.processes[_actor(fault.target)]
         signum = signal.SIGKILL if fault.kind == KILL else signal.SIGSTOP
-        self.injected.append(InjectedFault(fault.target, fault.kind, time.time(), process.incarnation))
+        pid = process.pid
+        if is_env_target(fault.target):
+            workers = env_workers(process.pid)
+            if not workers:
+                self.skipped.append(f"{fault.target}: no env worker to kill")
+                return False
+            pid = workers[sum(is_env_target(f.target) for f in self.injected) % len(workers)]
+        self.injected.append(InjectedFault(fault.target, fault.kind, time.time(), process.incarnation, pid))
         with contextlib.suppress(ProcessLookupError):
-            os.kill(process.pid, signum)
+            os.kill(pid, signum)
+        return True
 
     def _until(self, condition: Callable[[], bool], timeout_s: float) -> bool:
         """Whether ``condition()`` came true within ``timeout_s`` (False at once when the run stops)."""
@@ -87,3 +116,8 @@ class FaultInjector:
                 return True
             time.sleep(POLL_S)
         return False
+
+
+def _actor(target: str) -> str:
+    """The actor a target names: an env worker target names its session scheduler."""
+    return target.removesuffix(ENV_WORKERS)

@@ -175,7 +175,8 @@ class Supervisor:
         self.watcher = Subscriber(
             self.ctx,
             self.addresses.events_out,
-            ["actor.", "run.", "train.progress", "obs.metrics", "inst.status", "sup."],
+            # session.env_worker: env worker replacements, for listeners (the chaos harness waits on them)
+            ["actor.", "run.", "train.progress", "obs.metrics", "inst.status", "sup.", "session.env_worker"],
             options=self.settings.options,
             name="supervisor",
         )

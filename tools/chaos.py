@@ -8,6 +8,16 @@ version the PS had not verified on every shard, every interrupted request contin
 own tokens and the trainer's versions stayed consecutive. Recovery is the time from the signal
 to the replacement's Ready.
 
+``--workload agentic`` runs multi-turn sessions (the ``agentic`` preset: a session scheduler and
+its env worker processes) and adds two targets: ``session`` (the scheduler, which rebuilds its
+sessions from the event log) and ``env`` (an env worker process, killed; it heals when the pool's
+replacement reports ready, ``session.env_worker``). The log check then also proves that no session
+was lost, no turn or environment step applied twice, and every finished session's response is
+exactly its turns and the environment's answers.
+
+    python tools/chaos.py --workload agentic --quick            # 2 cases, 8 faults, session and env included
+    python tools/chaos.py --workload agentic --cases 6 --faults 8   # 48 faults (make chaos-agentic)
+
     python tools/chaos.py --quick                 # 2 cases, ~6 faults, a few minutes on 2 cores
     python tools/chaos.py --cases 25 --faults 8 topology.warm_spares=2   # 200 faults (make chaos-full)
     python tools/chaos.py --roles router,coordinator   # the roles that own run state, rebuilt from the log
@@ -38,7 +48,7 @@ from launch.supervisor import EXIT_INTERRUPTED, EXIT_OK, Supervisor
 from psrl.config import Config, load_config
 from psrl.log import configure
 from psrl.preflight import checked
-from psrl.reliability.faults import Recovery, cold_starts, percentile, plan_faults, recoveries
+from psrl.reliability.faults import ENV_WORKERS, Recovery, cold_starts, percentile, plan_faults, recoveries
 from psrl.reliability.invariants import InvariantReport, check_invariants
 from psrl.rundir import RunDir
 
@@ -56,8 +66,30 @@ WORKLOAD = [
     "topology.n_ps_shards=2",
     "bus.handshake_timeout_s=180",
 ]
+# Multi-turn sessions with slow tools: a fault lands while sessions wait at their environment, run
+# a step in an env worker or generate a turn. Small groups, so a case trains its steps in minutes.
+AGENTIC_WORKLOAD = [
+    "psrl.staleness_buffer_entries=8",
+    "psrl.rollout_n=4",
+    "engine.cpu_kernels=off",
+    "env.latency_ms=300",
+    "env.step_timeout_s=30",  # a loaded 2-core machine: a step is not stuck after the preset's 10 s
+    "topology.n_ps_shards=2",
+    "bus.handshake_timeout_s=180",
+]
+WORKLOADS = {"demo": ("demo", WORKLOAD), "agentic": ("agentic", AGENTIC_WORKLOAD)}
 CASE_DEADLINE_S = 900.0  # the slowest case seen took 300 s at load 9 on 2 cores
 DEFAULT_ROLES = ("rollout", "ps", "router", "coordinator", "trainer", "logger")
+SESSION_ROLES = ("session", "env")  # the agentic workload's: the session scheduler, an env worker
+
+
+def fault_targets(config: Config, roles: tuple[str, ...]) -> list[str]:
+    """The actors of ``roles``; ``env`` names each session scheduler's env workers (``session/env``)."""
+    specs = plan_actors(config)
+    targets = [spec.name for spec in specs if spec.role in roles]
+    if "env" in roles:
+        targets += [spec.name + ENV_WORKERS for spec in specs if spec.role == "session"]
+    return targets
 
 
 @dataclass
@@ -76,12 +108,12 @@ def run_case(
     seed: int, config: Config, roles: tuple[str, ...], num_faults: int, gap_s: float, root: Path,
     deadline_s: float = CASE_DEADLINE_S,
 ) -> CaseResult:  # fmt: skip
-    targets = [spec.name for spec in plan_actors(config) if spec.role in roles]
-    plan = plan_faults(seed, targets, num_faults, mean_gap_s=gap_s)
+    plan = plan_faults(seed, fault_targets(config, roles), num_faults, mean_gap_s=gap_s)
     supervisor = Supervisor(config, RunDir.create(root, f"chaos-{seed}"))
     # the harness measures recovery, so the restart budget must not be what ends a run
     supervisor.policy = RestartPolicy(max_restarts=num_faults + 1)
-    injector = FaultInjector(supervisor, plan)
+    injector = FaultInjector(supervisor, plan, num_env_workers=config.env.num_workers if config.env.enable else 0)
+    supervisor.listeners = (*supervisor.listeners, injector.on_event)
     injector.start()
     started = time.monotonic()
     # a run that stops making progress must end the case with the reason, never hang the harness
@@ -110,11 +142,19 @@ def describe(case: CaseResult) -> str:
     times = [f"{r.fault.kind} {r.fault.target} {_secs(r.seconds)}{' warm' if r.warm else ''}" for r in case.recoveries]
     verdict = "finished" if case.exit_code == EXIT_OK else f"exit {case.exit_code}: {case.reason}"
     bad = {k: v for k, v in case.report.violations.items() if v}
+    sessions = case.report.sessions
     return (
         f"seed {case.seed}: {verdict} in {case.wall_s:.0f} s; {len(case.recoveries)} faults ({', '.join(times)}); "
         f"{case.report.num_buffers_consumed} buffers, {case.report.num_groups_consumed} groups, "
         f"{case.report.num_continuations} continuations, {case.report.num_checks} checks; "
-        f"violations {bad or 'none'}" + (f"; skipped {case.skipped}" if case.skipped else "")
+        + (
+            f"{sessions.num_sessions} sessions, {sessions.num_finished} finished, "
+            f"failed by rule {dict(sessions.failed) or 'none'}; "
+            if sessions.num_sessions
+            else ""
+        )
+        + f"violations {bad or 'none'}"
+        + (f"; skipped {case.skipped}" if case.skipped else "")
     )
 
 
@@ -162,7 +202,11 @@ def summary_line(cases: list[CaseResult]) -> str:
         f"RESULT faults={len(recs)} kills={by_kind['kill']} stops={by_kind['stop']} lost={totals['lost']} "
         f"duplicated={totals['duplicated']} mixed_versions={totals['mixed_versions']} "
         f"staleness_violations={totals['staleness']} broken_continuations={totals['continuations']} "
-        f"version_jumps={totals['versions']} unrecovered={len(recs) - len(healed)} "
+        f"version_jumps={totals['versions']} sessions_lost={totals['sessions_lost']} "
+        f"sessions_applied_twice={totals['sessions_applied_twice']} sessions_broken={totals['sessions_broken']} "
+        f"sessions={sum(c.report.sessions.num_sessions for c in cases)} "
+        f"sessions_failed={sum(sum(c.report.sessions.failed.values()) for c in cases)} "
+        f"unrecovered={len(recs) - len(healed)} "
         f"runs_ok={sum(c.exit_code == EXIT_OK for c in cases)}/{len(cases)} "
         f"checks={sum(c.report.num_checks for c in cases)} "
         f"recovery_p50_s={percentile(healed, 0.5):.2f} recovery_p90_s={percentile(healed, 0.9):.2f} "
@@ -187,16 +231,22 @@ def main() -> None:
     )
     parser.add_argument("--gap", type=float, default=4.0, help="mean seconds between faults")
     parser.add_argument("--seed", type=int, default=1, help="seed of the first case")
-    parser.add_argument("--roles", default=",".join(DEFAULT_ROLES), help="roles to fault, comma separated")
+    parser.add_argument("--workload", choices=sorted(WORKLOADS), default="demo", help="what each case trains")
+    parser.add_argument(
+        "--roles", default=None, help="roles to fault, comma separated (default: every restartable one of the workload)"
+    )
     parser.add_argument("--root", type=Path, default=None, help="where the run directories go")
     parser.add_argument("overrides", nargs="*", help="config overrides for every case")
     args = parser.parse_args()
     configure("warning")
-    cases, faults = (2, 3) if args.quick else (25, 8)
+    agentic = args.workload == "agentic"
+    cases, faults = (2, 4 if agentic else 3) if args.quick else (25, 8)
     steps = args.steps or (4 if args.quick else 12)
-    roles = tuple(r.strip() for r in args.roles.split(",") if r.strip())
+    default_roles = (*DEFAULT_ROLES, *SESSION_ROLES) if agentic else DEFAULT_ROLES
+    roles = tuple(r.strip() for r in args.roles.split(",") if r.strip()) if args.roles else default_roles
     root = args.root or Path(tempfile.mkdtemp(prefix="psrl-chaos-"))
-    config = checked(load_config("demo", [*WORKLOAD, f"trainer.total_steps={steps}", *args.overrides]))
+    preset, workload = WORKLOADS[args.workload]
+    config = checked(load_config(preset, [*workload, f"trainer.total_steps={steps}", *args.overrides]))
     results = []
     for k in range(args.cases or cases):
         case = run_case(args.seed + k, config, roles, args.faults or faults, args.gap, root, args.case_deadline)

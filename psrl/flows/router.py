@@ -16,6 +16,9 @@ scheduler (``TurnDone``) and the trajectory waits, keeping its ledger reservatio
 version, until the scheduler sends the environment's reply (``TurnNext``: route the next turn,
 sticky to the session's instance) or the end (``SessionEnd``: finish with the environment's
 reward, or fail). Each placed turn is reported (``TurnStarted``) so the scheduler knows the pin.
+When the scheduler dies its sessions keep waiting: its replacement rebuilds them from the event
+log (``psrl.flows.session_recovery``), and what could not be delivered to it meanwhile is held
+here and sent, in order, from the status tick once it is back (``held_sessions``).
 
 The ledger lives here so a routing decision never waits on the network; the coordinator drives
 Occupy (GroupComplete), drops (GroupDrop) and Consume, and learns every ledger outcome. The
@@ -64,7 +67,7 @@ from psrl.config import Config
 from psrl.config.coordination import RoutingStrategy
 from psrl.flows.effects import Effect, Handler, Send, Timer
 from psrl.flows.router_ledger import COORDINATOR, RouterLedgerFlow
-from psrl.flows.router_recovery import RECALL, RestoredRequest, RouterRecovery
+from psrl.flows.router_recovery import RECALL, SESSION_NOT_REBUILT, RestoredRequest, RouterRecovery
 from psrl.flows.status import snapshot_from_status
 from psrl.routing.core import RouterCore
 from psrl.routing.cost_model import CostModel
@@ -143,6 +146,7 @@ class RouterFlow(RouterLedgerFlow):
         # messages for the coordinator while it cannot be reached (a restarted router's link waits for
         # it to reconnect): sent in order on the next status tick
         self.held: list[Send] = []
+        self.held_sessions: list[Send] = []  # for a session scheduler being restarted, in order
         self.is_holding = recovery is not None  # until the first status tick
         self.instances = instances
         self.num_expected_instances = config.topology.n_rollout_instances
@@ -190,6 +194,11 @@ class RouterFlow(RouterLedgerFlow):
         recalls: dict[str, list[int]] = {}
         for restored in recovery.requests.values():
             traj = self._restored_trajectory(restored)
+            if self.has_sessions and not restored.session.exact and restored.counted is None:
+                traj.error = SESSION_NOT_REBUILT  # the rule in router_recovery
+                self.counters["sessions_not_rebuilt"] += 1
+                self.ended(traj.request_id, FinishReason.ERROR)
+                continue
             if restored.dispatch is None:
                 self.core.submit(self._routing_request(traj))
                 continue
@@ -224,6 +233,8 @@ class RouterFlow(RouterLedgerFlow):
                 traj.logprobs = np.asarray(dispatch.generated_logprobs, np.float32)
                 traj.versions = np.asarray(dispatch.generated_versions, np.int32)
                 traj.loss_mask = np.ones(len(traj.token_ids), np.uint8)
+            if self.has_sessions and restored.session.turn > 0 and restored.session.exact:
+                _continue_session(traj, restored, dispatch)
         return traj
 
     def _recall_expired(self, now: float) -> None:
@@ -238,6 +249,9 @@ class RouterFlow(RouterLedgerFlow):
     def send(self, to: str, message: Message, **ids: Any) -> None:
         if to == COORDINATOR and (self.is_holding or self.held) and not isinstance(message, RouterStatus):
             self.held.append(Send(to, message, **ids))  # after what is already waiting, in order
+            return
+        if to == SESSION and self.held_sessions:
+            self.held_sessions.append(Send(to, message, **ids))
             return
         super().send(to, message, **ids)
 
@@ -367,14 +381,6 @@ class RouterFlow(RouterLedgerFlow):
         traj.env_reward, traj.env_acc = end.reward, end.acc
         self.finished(traj, FinishReason.STOP, traj.instance or "")
 
-    def _sessions_lost(self) -> None:
-        """The session scheduler died: the sessions waiting for it at their environment cannot go on
-        (their history went with it); they fail and their groups are refilled."""
-        for traj in [t for t in self.tracker.live.values() if t.in_env]:
-            traj.in_env = False
-            traj.error = "session scheduler exited"
-            self.ended(traj.request_id, FinishReason.ERROR)
-
     def left(self, traj: Trajectory) -> None:
         """A trajectory ended at the router (abort, failure, truncation): its session is over too."""
         if self.has_sessions:
@@ -454,7 +460,9 @@ class RouterFlow(RouterLedgerFlow):
     def _on_exited(self, exited: ActorExited, now: float) -> None:
         name = exited.actor
         if name == SESSION and self.has_sessions:
-            self._sessions_lost()
+            # its sessions wait: the replacement rebuilds them from the log (or, if the scheduler
+            # cannot be restarted, the supervisor ends the run)
+            self.counters["session_scheduler_exits"] += 1
             return
         if name not in self.instances:
             return
@@ -555,8 +563,9 @@ class RouterFlow(RouterLedgerFlow):
         elif isinstance(message, Abort) and message.reason == RECALL:  # the instance is gone
             for request_id in message.request_ids:
                 self._recall_lost(request_id)
-        elif isinstance(message, TurnDone) and message.request_id in self.tracker.live:
-            self._sessions_lost()  # the session scheduler is gone (it is being restarted)
+        elif send.to == SESSION:  # the session scheduler is being restarted: it gets these once back
+            self.counters["session_messages_held"] += 1
+            self.held_sessions.append(send)
         return self.take()
 
     # ------------------------------------------------------------------ status
@@ -582,4 +591,19 @@ class RouterFlow(RouterLedgerFlow):
         held, self.held, self.is_holding = self.held, [], False
         for send in held:  # the status went first: if it cannot be delivered, these come back in order
             self.emit(send)
+        held, self.held_sessions = self.held_sessions, []
+        for send in held:  # the first that cannot be delivered holds the rest again, in order
+            self.emit(send)
         return self.take()
+
+
+def _continue_session(traj: Trajectory, restored: RestoredRequest, dispatch: GenerateRequest) -> None:
+    """A session past its first turn: its earlier turns and answers (``router_recovery.SessionPrefix``)
+    go before the current turn's tokens, sent as prompt, as the dead router held them."""
+    ids, logprobs, versions, mask = restored.session.arrays(restored.session.turn)
+    traj.token_ids = np.concatenate([ids, traj.token_ids])
+    traj.logprobs = np.concatenate([logprobs, traj.logprobs])
+    traj.versions = np.concatenate([versions, traj.versions])
+    traj.loss_mask = np.concatenate([mask, traj.loss_mask])
+    traj.turn, traj.turn_start, traj.num_sent_as_prompt = restored.session.turn, len(ids), len(ids)
+    traj.sampling = dispatch.sampling

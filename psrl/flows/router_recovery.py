@@ -9,6 +9,18 @@ handed back (``TrajectoryDone``), and the commands as the coordinator's link tra
 which names, as the ``parent`` of whatever the router logged while handling it, whether it was
 handled.
 
+A multi-turn session (``env.enable``) is rebuilt at the turn of the router's last dispatch
+(``SessionPrefix``): its response before that turn is, turn by turn, the instance's finished result
+of each earlier turn (the one the dead router handed over as ``TurnDone``: tokens, log-probs,
+versions) and the environment's answer to it (the scheduler's ``TurnNext``: log-prob 0, untrained);
+the dispatch's prompt must be exactly the request's prompt and that prefix. The current turn then
+goes by the rule above (queued, its logged result handled, or recalled). When a turn finishes the
+router hands it to the session scheduler again; the scheduler takes a turn it already has once and
+answers it again with the next turn or end it had sent (``SessionFlow``), which the dead router
+may have taken with it. A session whose prefix the log does not give exactly (a result missing,
+or a dispatch whose prompt is not that prefix) is failed with the reason ``SESSION_NOT_REBUILT``:
+its group is refilled like any failed trajectory's, and the scheduler is told to forget it.
+
 Only this launch counts (a resumed run's router starts from its checkpoint): events whose
 incarnation belongs to the router's launch. A log with gaps in that launch (the logger lost
 events, e.g. it died too) cannot be rebuilt from: ``num_missing_events`` says so, and the actor
@@ -38,6 +50,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from bus.gaps import GapTracker
 from bus.messages import (
     Abort,
@@ -48,6 +62,8 @@ from bus.messages import (
     GroupDrop,
     RoutingRecord,
     TrajectoryDone,
+    TurnDone,
+    TurnNext,
     WeightsPublished,
 )
 from bus.schema import Event
@@ -62,6 +78,68 @@ COORDINATOR = "coordinator"
 COMMANDS = (GroupComplete, GroupDrop, Consume, Abort)  # coordinator -> router, besides requests
 COUNTED = (FinishVerdict.ACCEPTED, FinishVerdict.GROUP_COMPLETE)  # finishes the ledger counts
 RECALL = "router_restart"  # the interruption a restarted router asks for to get a request back
+SESSION = "session"
+SESSION_NOT_REBUILT = "router restarted: the session's earlier turns are not in the log exactly"
+
+
+@dataclass
+class SessionPrefix:
+    """A session's response before its current turn, as the dead router held it."""
+
+    turn: int = 0  # the turn being generated (or handed over) at the crash
+    turns: dict[int, GenerateResult] = field(default_factory=dict)  # each handed-over turn's finished result
+    answers: dict[int, np.ndarray] = field(default_factory=dict)  # turn -> the environment's answer before it
+    exact: bool = True  # every dispatch's prompt was the request's prompt and this prefix
+    handed: dict[int, np.ndarray] = field(default_factory=dict)  # turn -> the tokens handed over (TurnDone)
+    results: list[GenerateResult] = field(default_factory=list)  # every result for it, any order
+
+    def resolve(self, prompt_len: int, dispatch: GenerateRequest | None) -> None:
+        """Match each handed-over turn with the instance's result of those very tokens (the router's
+        and the instances' events reach the log in any order), then find the last dispatch's turn."""
+        for turn, tokens in self.handed.items():
+            found = [r for r in self.results if np.array_equal(np.asarray(r.token_ids), tokens)]
+            if not found:
+                self.exact = False
+                return
+            self.turns[turn] = found[-1]
+        if dispatch is None or not self.handed:
+            return  # not a session, or in its first turn: the prompt is the request's
+        current = self.turn_of(prompt_len, dispatch)
+        if current is None:
+            self.exact = False
+        else:
+            self.turn = current
+
+    def arrays(self, upto: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(token ids, log-probs, versions, loss mask) of the response before turn ``upto``."""
+        ids, logprobs, versions, mask = [], [], [], []
+        last_version = 0
+        for turn in range(upto):
+            result = self.turns[turn]
+            ids.append(np.asarray(result.token_ids, np.int32))
+            logprobs.append(np.asarray(result.logprobs, np.float32))
+            versions.append(np.asarray(result.versions, np.int32))
+            mask.append(np.ones(len(result.token_ids), np.uint8))
+            last_version = int(versions[-1][-1]) if len(versions[-1]) else last_version
+            answer = self.answers[turn + 1]
+            ids.append(np.asarray(answer, np.int32))
+            logprobs.append(np.zeros(len(answer), np.float32))
+            versions.append(np.full(len(answer), last_version, np.int32))
+            mask.append(np.zeros(len(answer), np.uint8))
+        if not ids:
+            return np.zeros(0, np.int32), np.zeros(0, np.float32), np.zeros(0, np.int32), np.zeros(0, np.uint8)
+        return np.concatenate(ids), np.concatenate(logprobs), np.concatenate(versions), np.concatenate(mask)
+
+    def turn_of(self, prompt_len: int, dispatch: GenerateRequest) -> int | None:
+        """The turn a dispatch generates: the one whose prefix it carries as prompt after ``prompt_len``."""
+        carried = np.asarray(dispatch.prompt_token_ids)[prompt_len:]
+        for turn in range(len(self.turns) + 1):
+            if turn > 0 and (turn - 1 not in self.turns or turn not in self.answers):
+                return None
+            prefix = self.arrays(turn)[0]
+            if len(prefix) == len(carried) and np.array_equal(prefix, carried):
+                return turn
+        return None
 
 
 @dataclass
@@ -78,6 +156,7 @@ class RestoredRequest:
     # the dead router's counted finish of it, whose group.trajectory it never delivered (it held it for an
     # unreachable coordinator): owed to the coordinator, with the group's winners if it completed the group
     counted: FinishOutcome | None = None
+    session: SessionPrefix = field(default_factory=SessionPrefix)  # multi-turn sessions: the turns so far
 
 
 @dataclass
@@ -96,9 +175,9 @@ class RouterRecovery:
 
 def actor_of(sender: str) -> str:
     """The actor behind an envelope's sender: ``router.link`` -> router, ``coordinator-router.link``
-    -> coordinator, ``rollout-0/hb`` -> rollout-0."""
+    -> coordinator, ``session-router.link`` -> session, ``rollout-0/hb`` -> rollout-0."""
     name = sender.split("/", 1)[0].split(".", 1)[0]
-    return COORDINATOR if name == f"{COORDINATOR}-{ROUTER}" else name
+    return name.removesuffix(f"-{ROUTER}") if name in (f"{COORDINATOR}-{ROUTER}", f"{SESSION}-{ROUTER}") else name
 
 
 def rebuild_router(events: Iterable[Event[Any]], sizes: LedgerSizes, launch: int) -> RouterRecovery:
@@ -118,6 +197,7 @@ def rebuild_router(events: Iterable[Event[Any]], sizes: LedgerSizes, launch: int
     for rid, restored in state.requests.items():
         flags, instances = derivation.flags_so_far(rid)
         restored.flags, restored.result_instances = int(flags), instances
+        restored.session.resolve(len(restored.request.prompt_token_ids), restored.dispatch)
     recovery = RouterRecovery(
         ledger.current(), state.requests, seen_event_ids=state.seen, ps_version=state.ps_version,
         num_missing_events=gaps.num_missing,
@@ -147,8 +227,11 @@ class _Walk:
         elif actor == COORDINATOR and env.sender.endswith(".link"):
             self.seen.add(env.event_id)
             self._from_coordinator(event)
+        elif actor == SESSION and isinstance(msg, TurnNext) and msg.request_id in self.requests:
+            self.requests[msg.request_id].session.answers[msg.turn] = np.asarray(msg.observation_token_ids)
         elif isinstance(msg, GenerateResult) and msg.request_id in self.requests:
             restored = self.requests[msg.request_id]
+            restored.session.results.append(msg)
             if restored.dispatch is not None and restored.instance == msg.instance:
                 restored.result = msg
 
@@ -179,3 +262,5 @@ class _Walk:
                     self.requests[rid].abort_reason = msg.reason or "requested"
         elif isinstance(msg, TrajectoryDone):
             self.requests.pop(msg.request_id, None)
+        elif isinstance(msg, TurnDone) and msg.request_id in self.requests:
+            self.requests[msg.request_id].session.handed[msg.turn] = np.asarray(msg.token_ids)

@@ -14,6 +14,15 @@ decision (``psrl.coordination.session.schedule_sessions``) runs over the instanc
 is ever aborted) until a later tick continues it. Each tick with live sessions is published
 (``SessionTick``) with its inputs, so ``psrl replay --check sessions`` re-runs it.
 
+A turn the scheduler already has arrives again when the router restarted (its rebuild hands over a
+first turn whose handover the dead router had logged): it is taken once; the next turn already sent
+for it (``Session.last_next``) or the session's end (``ended``) is sent again, since the dead router
+may have taken it with it. The router takes each turn and each end once.
+
+A scheduler restarted within its launch continues the sessions its predecessor left, rebuilt from
+the event log (``psrl.flows.session_recovery``: the rule per session is there); ``restore`` runs
+once, before any message of the new scheduler is handled.
+
 The environment is a port (``EnvRunner``): env worker processes in the actor, an in-process
 runner in the in-process driver and tests. Its answers come back as ``EnvStepDone`` messages.
 """
@@ -49,6 +58,7 @@ from psrl.coordination.session import (
 )
 from psrl.flows.base import Flow
 from psrl.flows.effects import Effect, Handler, Timer
+from psrl.flows.session_recovery import SessionRecovery
 
 ROUTER = "router"
 
@@ -76,6 +86,7 @@ class Session:
     actions: list[np.ndarray] = field(default_factory=list)
     held: TurnNext | None = None  # the next turn, held while the session is hung
     pin_next: str = ""  # continue_force_pin: the instance the next turn goes to, once
+    last_next: TurnNext | None = None  # the last next turn sent, sent again if its turn comes again
 
     def info(self) -> SessionInfo:
         hung = self.hang_state == "hung" or self.marked_for_hang
@@ -94,6 +105,7 @@ class SessionFlow(Flow):
         self.settings = config.env
         self.thunder = config.psrl.rollout_coordination.session_strategy.thunder_agent
         self.sessions: dict[int, Session] = {}
+        self.ended: dict[int, SessionEnd] = {}  # every session ended here, sent again if asked again
         self.capacity: dict[str, InstanceCapacity] = {}
         self.counters: Counter[str] = Counter()
         self.num_hung_s = 0.0  # session-seconds spent hung (summed over ticks)
@@ -117,6 +129,28 @@ class SessionFlow(Flow):
     def num_inflight(self) -> int:
         return len(self.sessions)
 
+    # ------------------------------------------------------------------ restart
+
+    def restore(self, recovery: SessionRecovery, now: float) -> list[Effect]:
+        """Take over the sessions a dead scheduler left (the rule: ``psrl.flows.session_recovery``)."""
+        self.ended.update(recovery.ended)
+        for restored in recovery.sessions.values():
+            session = Session(restored.request_id, restored.prompt_id, restored.instance)
+            session.status = "env" if restored.status == "env" else "generate"
+            session.num_tokens, session.turn = restored.num_tokens, restored.turn
+            session.actions, session.last_next = list(restored.actions), restored.last_next
+            self.sessions[session.request_id] = session
+            self.counters["restored_sessions"] += 1
+            if session.status != "env":
+                continue
+            if restored.answer is not None:
+                self.counters["restored_answers"] += 1
+                self._on_env_step(restored.answer, now)  # held or unsent: it goes on from exactly that answer
+            else:
+                self.counters["restored_steps_rerun"] += 1
+                self.env.submit(session.request_id, session.prompt_id, session.turn, session.actions)
+        return self.take()
+
     # ------------------------------------------------------------------ turns
 
     def _on_started(self, started: TurnStarted, now: float) -> None:
@@ -126,6 +160,8 @@ class SessionFlow(Flow):
         session.num_tokens = started.num_tokens
 
     def _on_turn_done(self, done: TurnDone, now: float) -> None:
+        if self._repeated(done):
+            return
         if done.turn == 0:  # the first turn needs no history (its TurnStarted may have been missed)
             self.sessions.setdefault(done.request_id, Session(done.request_id, done.prompt_id))
         session = self.sessions.get(done.request_id)
@@ -167,14 +203,29 @@ class SessionFlow(Flow):
             else:
                 self._send_turn(session, nxt)
 
+    def _repeated(self, done: TurnDone) -> bool:
+        """A turn already taken (a restarted router handed it over again): answer as before, once more."""
+        end = self.ended.get(done.request_id)
+        session = self.sessions.get(done.request_id)
+        if end is None and (session is None or len(session.actions) <= done.turn):
+            return False
+        self.counters["repeated_turns"] += 1
+        if end is not None:
+            self.send(ROUTER, end, request_id=done.request_id, prompt_id=done.prompt_id)
+        elif session is not None and session.last_next is not None and session.last_next.turn == done.turn + 1:
+            self.send(ROUTER, session.last_next, request_id=done.request_id, prompt_id=done.prompt_id)
+        return True  # otherwise its answer is still to come (the step runs, or the session is hung)
+
     def _send_turn(self, session: Session, turn: TurnNext) -> None:
         if session.pin_next:
             turn, session.pin_next = _pinned(turn, session.pin_next), ""
+        session.last_next = turn
         self.send(ROUTER, turn, request_id=session.request_id, prompt_id=session.prompt_id)
 
     def _end(self, request_id: int, reward: float, acc: float, num_turns: int, error: str) -> None:
         session = self.sessions.pop(request_id, None)
         end = SessionEnd(request_id=request_id, reward=reward, acc=acc, num_turns=num_turns, error=error)
+        self.ended[request_id] = end
         prompt_id = session.prompt_id if session is not None else None
         self.send(ROUTER, end, request_id=request_id, prompt_id=prompt_id)
         if error and self.log is not None:

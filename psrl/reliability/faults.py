@@ -2,7 +2,9 @@
 
 A plan is drawn from a seed, so a failing case is re-run exactly: the same targets, the same
 kinds and the same gaps between faults. Recovery is read back from the event log: a fault is
-healed when its actor's next incarnation reports Ready (it serves again).
+healed when its actor's next incarnation reports Ready (it serves again). An env worker is no
+actor: its faults target ``<session actor>/env`` (one of that actor's env worker processes) and
+heal when the pool's replacement of the killed process reports ready (``EnvWorkerReady``).
 """
 
 from __future__ import annotations
@@ -13,10 +15,15 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from bus.messages import ActorExited, ActorStarted, Ready
+from bus.messages import ActorExited, ActorStarted, EnvWorkerReady, Ready
 from bus.schema import Event
 
 KILL, STOP = "kill", "stop"  # SIGKILL (a crash), SIGSTOP (a hung process: only heartbeats reveal it)
+ENV_WORKERS = "/env"  # a target ``session/env``: an env worker process of that session scheduler
+
+
+def is_env_target(target: str) -> bool:
+    return target.endswith(ENV_WORKERS)
 
 
 @dataclass(frozen=True)
@@ -32,19 +39,24 @@ class InjectedFault:
     kind: str
     wall_s: float  # when the signal was sent
     incarnation: int  # the incarnation it hit
+    pid: int = 0  # the process it hit (an env worker's, which has no incarnation)
 
 
 def plan_faults(
     seed: int, targets: Sequence[str], num_faults: int, *, mean_gap_s: float, stop_share: float = 0.25
 ) -> list[Fault]:
-    """``num_faults`` faults on random ``targets``, exponential gaps of mean ``mean_gap_s``."""
+    """``num_faults`` faults on random ``targets``, exponential gaps of mean ``mean_gap_s``. An env
+    worker is only killed: a hung one is found by the step timeout, which fails that step's
+    session by its documented rule, so a hang there measures the timeout, not a recovery."""
     if not targets:
         raise ValueError("a fault plan needs at least one target actor")
     rng = random.Random(seed)
     plan = []
     for _ in range(num_faults):
         kind = STOP if rng.random() < stop_share else KILL
-        plan.append(Fault(round(rng.expovariate(1.0 / mean_gap_s), 3), rng.choice(list(targets)), kind))
+        gap = round(rng.expovariate(1.0 / mean_gap_s), 3)  # drawn before the target: seeds keep their plans
+        target = rng.choice(list(targets))
+        plan.append(Fault(gap, target, KILL if is_env_target(target) else kind))
     return plan
 
 
@@ -61,16 +73,21 @@ def recoveries(faults: Iterable[InjectedFault], events: Iterable[Event[Any]]) ->
     readies: dict[str, list[tuple[float, int]]] = {}
     exits: dict[str, list[tuple[float, int]]] = {}
     warm_starts: set[tuple[str, int]] = set()
+    replaced: dict[int, float] = {}  # env worker pid -> when its replacement reported ready
     for event in events:
         msg, env = event.message, event.envelope
-        if isinstance(msg, Ready):
+        if isinstance(msg, EnvWorkerReady) and msg.replaced_pid:
+            replaced.setdefault(msg.replaced_pid, env.wall_ns / 1e9)
+        elif isinstance(msg, Ready):
             readies.setdefault(env.sender, []).append((env.wall_ns / 1e9, env.incarnation))
         elif isinstance(msg, ActorExited):
             exits.setdefault(msg.actor, []).append((env.wall_ns / 1e9, msg.incarnation))
         elif isinstance(msg, ActorStarted) and msg.warm:
             warm_starts.add((msg.actor, msg.incarnation))
     return [
-        Recovery(
+        _env_recovery(fault, replaced)
+        if is_env_target(fault.target)
+        else Recovery(
             fault,
             _first_after(readies.get(fault.target, []), fault, later_incarnation=True),
             _first_after(exits.get(fault.target, []), fault, later_incarnation=False),
@@ -78,6 +95,13 @@ def recoveries(faults: Iterable[InjectedFault], events: Iterable[Event[Any]]) ->
         )
         for fault in faults
     ]
+
+
+def _env_recovery(fault: InjectedFault, replaced: dict[int, float]) -> Recovery:
+    """An env worker's fault heals when its replacement reports ready (the pool saw the death then too)."""
+    ready = replaced.get(fault.pid)
+    seconds = round(ready - fault.wall_s, 3) if ready is not None and ready >= fault.wall_s else None
+    return Recovery(fault, seconds, None)
 
 
 def _first_after(stamps: list[tuple[float, int]], fault: InjectedFault, *, later_incarnation: bool) -> float | None:

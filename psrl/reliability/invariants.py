@@ -1,7 +1,11 @@
 """The run's promises, checked from its event log alone (no actor's own counters are trusted).
 
     lost          a prompt group reserved into a buffer the trainer consumed, yet neither in any
-                  consumed batch nor given up by a documented rule (GroupDrop, Refill)
+                  consumed batch nor given up by a documented rule (GroupDrop, Refill), once its
+                  staleness window has passed (the last consumed buffer is at least its reserved
+                  version + ``staleness``): a group still inside its window at the run's end may
+                  occupy a later buffer (a complete group takes the earliest free slot, so after
+                  refills a buffer can be filled by groups reserved after it)
     duplicated    a prompt group in two consumed batches (or twice in one), a buffer consumed twice
     staleness     a consumed trajectory older than ``eta`` versions at its buffer
     mixed         an instance loaded a version no PS had published (not verified on every shard),
@@ -9,6 +13,8 @@
                   a response's tokens go back to an older version / predate their trajectory's
     continuation  an interrupted request whose next result does not start with its tokens
     versions      the trainer's versions not consecutive (a restarted trainer renumbering)
+    sessions      multi-turn sessions lost, a turn or environment step applied twice, or a finished
+                  session's response not exactly its turns and answers (``session_invariants``)
 
 Pure: it takes decoded events in log order, so the chaos harness, tests and replay share it.
 """
@@ -38,6 +44,7 @@ from bus.messages import (
     WeightsPublished,
 )
 from bus.schema import Event
+from psrl.reliability.session_invariants import SessionFacts, SessionReport, check_sessions
 from psrl.routing.trajectories import INTERRUPTIONS
 
 
@@ -59,6 +66,7 @@ class InvariantReport:
     num_buffers_consumed: int = 0
     num_continuations: int = 0
     num_missing_events: int = 0  # per-sender sequence gaps: events the log never got
+    sessions: SessionReport = field(default_factory=SessionReport)
 
     @property
     def mixed_versions(self) -> int:
@@ -73,6 +81,9 @@ class InvariantReport:
             "mixed_versions": self.mixed_versions,
             "continuations": len(self.broken_continuations),
             "versions": len(self.version_jumps),
+            "sessions_lost": len(self.sessions.lost),
+            "sessions_applied_twice": len(self.sessions.applied_twice),
+            "sessions_broken": len(self.sessions.broken),
         }
 
     @property
@@ -83,6 +94,7 @@ class InvariantReport:
 @dataclass
 class _Facts:
     reserved: dict[int, int] = field(default_factory=dict)  # prompt id -> earliest reserved buffer
+    newest_version: dict[int, int] = field(default_factory=dict)  # prompt id -> newest version reserved at
     given_up: set[int] = field(default_factory=set)
     batches: list[TrainBatch] = field(default_factory=list)
     trajectories: dict[int, TrajectoryDone] = field(default_factory=dict)
@@ -91,6 +103,7 @@ class _Facts:
     stored: dict[int, dict[int, str]] = field(default_factory=dict)  # version -> shard -> digest
     published: list[WeightsPublished] = field(default_factory=list)
     loaded: list[WeightsLoaded] = field(default_factory=list)
+    sessions: SessionFacts = field(default_factory=SessionFacts)
 
 
 def check_invariants(events: Iterable[Event[Any]], staleness: int) -> InvariantReport:
@@ -100,13 +113,17 @@ def check_invariants(events: Iterable[Event[Any]], staleness: int) -> InvariantR
     for event in events:
         gaps.observe(event.envelope)
         _collect(event.message, facts)
+        facts.sessions.observe(event.message)
     report.num_missing_events = gaps.num_missing
     _check_weights(facts, report)
-    _check_groups(facts, report)
+    _check_groups(facts, staleness, report)
     _check_staleness(facts, staleness, report)
     _check_tokens(facts, report)
     _check_continuations(facts, report)
     _check_versions(facts, report)
+    last_buffer = max((batch.buffer for batch in facts.batches), default=-1)
+    report.sessions = check_sessions(facts.sessions, _settled(facts, staleness, last_buffer))
+    report.num_checks += report.sessions.num_checks
     return report
 
 
@@ -135,6 +152,7 @@ def _collect(msg: Any, facts: _Facts) -> None:
         facts.loaded.append(msg)
     elif isinstance(msg, Reserve):
         facts.reserved[msg.prompt_id] = min(msg.buffer, facts.reserved.get(msg.prompt_id, msg.buffer))
+        facts.newest_version[msg.prompt_id] = max(msg.version, facts.newest_version.get(msg.prompt_id, msg.version))
     elif isinstance(msg, GroupDrop):
         facts.given_up.add(msg.prompt_id)
     elif isinstance(msg, Refill):
@@ -149,7 +167,20 @@ def _collect(msg: Any, facts: _Facts) -> None:
         facts.progress.append(msg)
 
 
-def _check_groups(facts: _Facts, report: InvariantReport) -> None:
+def _settled(facts: _Facts, staleness: int, last_buffer: int) -> set[int]:
+    """The groups the run is done with: consumed, or reserved into a consumed buffer with their
+    staleness window passed (they can no longer be trained). A given-up group is not: its other
+    sessions may still run to their (wasted) end when the run stops."""
+    consumed = {p for batch in facts.batches for p in batch.prompt_ids}
+    closed = {
+        p
+        for p, buffer in facts.reserved.items()
+        if buffer <= last_buffer and facts.newest_version[p] + staleness <= last_buffer
+    }
+    return consumed | closed
+
+
+def _check_groups(facts: _Facts, staleness: int, report: InvariantReport) -> None:
     consumed = Counter(p for batch in facts.batches for p in batch.prompt_ids)
     buffers = Counter(batch.buffer for batch in facts.batches)
     report.num_groups_consumed = len(consumed)
@@ -159,7 +190,8 @@ def _check_groups(facts: _Facts, report: InvariantReport) -> None:
     last_buffer = max(buffers, default=-1)
     for prompt_id, buffer in facts.reserved.items():
         report.num_checks += 1
-        if buffer <= last_buffer and prompt_id not in consumed and prompt_id not in facts.given_up:
+        window_passed = facts.newest_version[prompt_id] + staleness <= last_buffer
+        if buffer <= last_buffer and window_passed and prompt_id not in consumed and prompt_id not in facts.given_up:
             report.lost.append(prompt_id)
     report.lost.sort()
 

@@ -7,14 +7,18 @@ from typing import Any
 import numpy as np
 
 from bus.messages import (
+    EnvStepDone,
     FinishReason,
     GenerateResult,
     GroupDrop,
     Reserve,
+    SessionEnd,
     ShardStored,
     TrainBatch,
     TrainerProgress,
     TrajectoryDone,
+    TurnDone,
+    TurnNext,
     WeightsLoaded,
     WeightsPublished,
 )
@@ -76,8 +80,13 @@ def test_a_healthy_log_keeps_every_promise() -> None:
 
 
 def test_a_group_reserved_into_a_consumed_buffer_but_never_trained_is_lost() -> None:
-    log = healthy().add("router", Reserve(7, 0, 0, -1))
+    log = healthy().add("router", Reserve(7, 0, 0, -1)).add("coordinator", TrainBatch(2, 1, [9], 1, 3, 0))
     assert check_invariants(log.events, STALENESS).lost == [7]
+
+
+def test_a_group_inside_its_staleness_window_at_the_end_may_still_occupy_a_later_buffer() -> None:
+    log = healthy().add("router", Reserve(7, 0, 0, -1))  # buffer 0 went to other groups; 7 may take buffer 1
+    assert check_invariants(log.events, STALENESS).ok
 
 
 def test_a_group_reserved_into_a_buffer_not_consumed_yet_is_in_flight_not_lost() -> None:
@@ -131,3 +140,53 @@ def test_a_continuation_that_drops_its_tokens_is_broken() -> None:
 def test_a_trainer_that_skips_a_version_breaks_the_numbering() -> None:
     log = healthy().add("trainer-0", TrainerProgress(3, 4, 2))
     assert check_invariants(log.events, STALENESS).version_jumps == ["2->4"]
+
+
+def session_log(*, response: list[int] | None = None, answers: int = 1, nexts: int = 1, end: bool = True) -> Log:
+    """Session 0 of group 0: turn [1, 2], the environment answers [5], turn [3], done; group 0 trained."""
+    log = Log()
+    log.add("router", Reserve(0, 0, 0, -1))
+    log.add("router.link", TurnDone(0, 0, "rollout-0", 0, np.asarray([1, 2], np.int32), 12, FinishReason.STOP))
+    for _ in range(answers):
+        log.add("session", EnvStepDone(0, 0, np.asarray([5], np.int32)))
+    for _ in range(nexts):
+        log.add("session-router.link", TurnNext(0, 1, np.asarray([5], np.int32), 4))
+    log.add("router.link", TurnDone(0, 0, "rollout-0", 1, np.asarray([3], np.int32), 14, FinishReason.STOP))
+    log.add("session", EnvStepDone(0, 1, np.zeros(0, np.int32), reward=1.0, done=True))
+    if end:
+        log.add("session-router.link", SessionEnd(0, 1.0, 1.0, 2))
+        ids = np.asarray(response if response is not None else [1, 2, 5, 3], np.int32)
+        done = TrajectoryDone(0, 0, 0, ids, np.zeros(len(ids), np.float32), np.zeros(len(ids), np.int32),
+                              FinishReason.STOP, "rollout-0", num_turns=2)  # fmt: skip
+        log.add("router.link", done)
+    log.add("coordinator", TrainBatch(1, 0, [0], 1, 4, 0))
+    return log
+
+
+def test_a_session_finished_from_exactly_its_turns_and_answers_keeps_every_promise() -> None:
+    report = check_invariants(session_log().events, STALENESS)
+    assert report.ok, report.violations
+    assert (report.sessions.num_sessions, report.sessions.num_finished) == (1, 1)
+
+
+def test_a_session_that_never_ended_while_its_group_was_trained_is_lost() -> None:
+    assert check_invariants(session_log(end=False).events, STALENESS).sessions.lost == [0]
+
+
+def test_a_turn_or_an_environment_step_applied_twice_is_caught() -> None:
+    assert check_invariants(session_log(nexts=2).events, STALENESS).ok  # the same answer sent again
+    log = session_log().add("session-router.link", TurnNext(0, 1, np.asarray([6], np.int32), 4))
+    assert check_invariants(log.events, STALENESS).violations["sessions_applied_twice"] == 1
+    assert check_invariants(session_log(answers=2).events, STALENESS).violations["sessions_applied_twice"] == 1
+
+
+def test_a_session_that_did_not_continue_from_exactly_its_tokens_is_broken() -> None:
+    assert check_invariants(session_log(response=[1, 2, 3]).events, STALENESS).sessions.broken == [0]
+    assert check_invariants(session_log(response=[1, 2, 5, 3, 3]).events, STALENESS).sessions.broken == [0]
+
+
+def test_a_session_failed_by_its_environment_is_counted_not_lost() -> None:
+    log = session_log(end=False)
+    log.add("session-router.link", SessionEnd(0, 0.0, 0.0, 2, error="environment step timed out after 30 s"))
+    report = check_invariants(log.events, STALENESS)
+    assert report.ok and dict(report.sessions.failed) == {"environment step timed out": 1}

@@ -97,7 +97,11 @@ def test_a_worker_killed_mid_step_is_replaced_and_the_step_runs_again(pool: EnvP
         time.sleep(0.02)
     victim = next(w for w in pool.workers if w.step is not None)
     time.sleep(0.5)
+    pool.take_readies()
     os.kill(victim.process.pid, signal.SIGKILL)
     reply = collect(pool, 1)[7]
     assert reply.error == ""
     assert reply.observation_token_ids.tolist() == ids("fine slow").tolist()  # the episode was rebuilt
+    [ready] = [r for r in pool.take_readies() if r.replaced_pid == victim.process.pid]  # reported once
+    assert ready.worker == victim.index and ready.pid == pool.workers[victim.index].process.pid
+    assert ready.reason.startswith("env worker") and ready.startup_ms > 0

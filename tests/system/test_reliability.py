@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import pytest
 
+from bus.eventlog.reader import EventLogReader
+from bus.messages import SessionEnd, TurnDone
 from launch.supervisor import EXIT_OK
 from psrl.config import load_config
+from psrl.rundir import RunDir
 from tools import chaos, fuzz_bus
 
 pytestmark = pytest.mark.system
@@ -30,3 +33,35 @@ def test_killed_and_hung_instances_shards_and_trainer_keep_every_promise(tmp_pat
     assert case.exit_code == EXIT_OK, case.reason
     assert case.report.ok, case.report.violations
     assert len(case.recoveries) == 3 and all(r.seconds is not None for r in case.recoveries)
+
+
+@pytest.mark.chaos
+def test_killed_and_hung_session_scheduler_and_killed_env_workers_lose_no_session(tmp_path) -> None:
+    config = load_config("agentic", [*chaos.AGENTIC_WORKLOAD, "trainer.total_steps=4"])
+    case = chaos.run_case(2, config, ("session", "env"), 4, 4.0, tmp_path / "runs")
+    assert case.exit_code == EXIT_OK, case.reason
+    assert case.report.ok, case.report.violations
+    assert {r.fault.target for r in case.recoveries} == {"session", "session/env"}
+    assert len(case.recoveries) == 4 and all(r.seconds is not None for r in case.recoveries)
+    sessions = case.report.sessions
+    assert not [reason for reason in sessions.failed if "scheduler" in reason or "history" in reason]
+    # sessions the scheduler had taken over when it died went on to their end in its replacement
+    events = [e.event for e in EventLogReader(RunDir(tmp_path / "runs" / "chaos-2").events).events()]
+    assert _sessions_across(events, [r.fault.wall_s for r in case.recoveries if r.fault.target == "session"])
+
+
+def _sessions_across(events: list, fault_times: list[float]) -> set[int]:
+    """Sessions with a turn handed over before a fault and their end after it."""
+    handed: dict[int, float] = {}
+    across = set()
+    for event in events:
+        wall_s, msg = event.envelope.wall_ns / 1e9, event.message
+        if isinstance(msg, TurnDone):
+            handed.setdefault(msg.request_id, wall_s)
+        elif (
+            isinstance(msg, SessionEnd)
+            and not msg.error
+            and any(handed.get(msg.request_id, wall_s) < t < wall_s for t in fault_times)
+        ):
+            across.add(msg.request_id)
+    return across

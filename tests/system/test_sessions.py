@@ -7,9 +7,19 @@ from collections import Counter, defaultdict
 
 import pytest
 
-from bus.messages import FinishReason, SessionEnd, SessionTick, TrajectoryDone, TurnDone, TurnNext, TurnStarted
+from bus.messages import (
+    EnvWorkerReady,
+    FinishReason,
+    SessionEnd,
+    SessionTick,
+    TrajectoryDone,
+    TurnDone,
+    TurnNext,
+    TurnStarted,
+)
 from launch.supervisor import Supervisor
 from psrl.config import load_config
+from psrl.reliability.invariants import check_invariants
 from psrl.replay.runner import replay_run
 from psrl.rundir import RunDir
 from tests.system.run_checks import read_run
@@ -104,6 +114,11 @@ def test_sessions_pile_up_hang_continue_and_survive_failing_environments(tmp_pat
     assert any("timed out" in e for e in failures)
     died = [m for m in messages if isinstance(m, SessionEnd) and not m.error and m.request_id // 4 % 10 == 8]
     assert died, "sessions whose env worker was killed were not retried to their end"
+    replaced = [m for m in messages if isinstance(m, EnvWorkerReady) and m.replaced_pid]
+    assert replaced and all(m.pid != m.replaced_pid for m in replaced)  # each replacement said it was ready
+    sessions = check_invariants(events, config.psrl.staleness).sessions
+    assert not (sessions.lost or sessions.applied_twice or sessions.broken), sessions
+    assert sessions.num_finished and sum(sessions.failed.values())  # failures counted by their reason
     failed_groups = {m.request_id // 4 for m in messages if isinstance(m, SessionEnd) and m.error}
     assert not failed_groups & {m.request_id // 4 for m in trained}  # a failed session's group is never trained
 
