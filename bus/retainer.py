@@ -99,6 +99,8 @@ class Retainer:
                     self._keep_available()
                 if self._serve in ready:
                     self._answer()
+        except zmq.ContextTerminated:
+            pass  # the proxy's context went first (a process shutting down): nothing left to serve
         finally:
             self._capture.close(0)
             self._serve.close(0)
