@@ -94,12 +94,9 @@ class TierIndex:
             return []
         if nbytes > self.capacity_bytes:
             return None
-        victims = self._victims(self.used_bytes + self.reserved_bytes + nbytes - self.capacity_bytes)
+        victims = self._make_room(nbytes)
         if victims is None:
             return None
-        for victim in victims:
-            self._drop(victim)
-        self.num_evicted += len(victims)
         self._sizes[key] = nbytes
         self.used_bytes += nbytes
         self._journal.admitted(key)
@@ -108,13 +105,20 @@ class TierIndex:
     def reserve(self, nbytes: int) -> list[TierKey] | None:
         """Hold ``nbytes`` of room for blocks that will be admitted later (evicting for it, as
         ``admit`` would); the evicted keys, or None when it cannot be had. ``unreserve`` gives it back."""
+        victims = self._make_room(nbytes)
+        if victims is None:
+            return None
+        self.reserved_bytes += nbytes
+        return victims
+
+    def _make_room(self, nbytes: int) -> list[TierKey] | None:
+        """Evict until ``nbytes`` more fit; the evicted keys, or None when pins leave too little."""
         victims = self._victims(self.used_bytes + self.reserved_bytes + nbytes - self.capacity_bytes)
         if victims is None:
             return None
         for victim in victims:
             self._drop(victim)
         self.num_evicted += len(victims)
-        self.reserved_bytes += nbytes
         return victims
 
     def unreserve(self, nbytes: int) -> None:

@@ -103,21 +103,7 @@ class KvTier:
         ``keys`` the tier holds now."""
         block_bytes = kvs[0].numel() * kvs.element_size() if len(kvs) else 0
         with self._lock:
-            admitted: list[int] = []
-            held = 0
-            for index, (key, tokens) in enumerate(zip(keys, token_ids, strict=True)):
-                if key in self.index:
-                    self.index.touch(key)
-                else:
-                    evicted = self.index.admit(key, block_bytes)
-                    if evicted is None:
-                        self.stats.num_refused += 1
-                        break
-                    for victim in evicted:
-                        self._forget(victim)
-                    admitted.append(index)
-                    self._tokens[key] = tokens
-                held += 1
+            admitted, held = self._admit_prefix(keys, token_ids, lambda index: block_bytes)
             try:
                 for start, count in index_runs(admitted):
                     self.store.put_many(keys[start : start + count], kvs[start : start + count])
@@ -155,26 +141,12 @@ class KvTier:
     def land_reserved(self, keys: list[TierKey], token_ids: list[tuple[int, ...]], reservation: Any) -> int:
         """``put_many`` for blocks already written into ``reservation`` (its first ``len(keys)``
         allocations, in order); the room not kept goes back. How many of ``keys`` the tier holds."""
-        kept: list[int] = []
-        held = 0
         with self._lock:
             if not reservation.open:
                 raise ValueError("this reservation has landed or been released already")
             reservation.open = False
             self.index.unreserve(reservation.nbytes)  # the blocks admitted now take its place
-            for index, (key, tokens) in enumerate(zip(keys, token_ids, strict=True)):
-                if key in self.index:
-                    self.index.touch(key)
-                else:
-                    evicted = self.index.admit(key, reservation.regions[index][1])
-                    if evicted is None:
-                        self.stats.num_refused += 1
-                        break
-                    for victim in evicted:
-                        self._forget(victim)
-                    kept.append(index)
-                    self._tokens[key] = tokens
-                held += 1
+            kept, held = self._admit_prefix(keys, token_ids, lambda index: reservation.regions[index][1])
             if kept:
                 self.store.adopt([keys[i] for i in kept], [reservation.objs[i] for i in kept])  # type: ignore[attr-defined]
                 self.stats.num_stored += len(kept)
@@ -310,6 +282,28 @@ class KvTier:
         self.index.touch(key)
         self.stats.num_hits += 1
         return payload
+
+    def _admit_prefix(
+        self, keys: list[TierKey], token_ids: list[tuple[int, ...]], size_of: Callable[[int], int]
+    ) -> tuple[list[int], int]:
+        """Admit ``keys`` in order up to the first the index refuses (under the lock): the positions
+        newly admitted (their payloads still to be stored) and how many of ``keys`` the tier holds."""
+        admitted: list[int] = []
+        held = 0
+        for index, (key, tokens) in enumerate(zip(keys, token_ids, strict=True)):
+            if key in self.index:
+                self.index.touch(key)
+            else:
+                evicted = self.index.admit(key, size_of(index))
+                if evicted is None:
+                    self.stats.num_refused += 1
+                    break
+                for victim in evicted:
+                    self._forget(victim)
+                admitted.append(index)
+                self._tokens[key] = tokens
+            held += 1
+        return admitted, held
 
     def _forget(self, key: TierKey) -> None:
         self._tokens.pop(key, None)
