@@ -9,6 +9,12 @@ XPUB, request ROUTERs) bind, the actors' ends (publishers, subscribers, DEALERs)
 Back-pressure: every send on the event path is non-blocking by construction. PUB/XPUB sockets
 drop a message for a subscriber whose queue is at its high-water mark instead of waiting, so a
 slow subscriber loses events (and detects it from sequence numbers), but never slows anyone else.
+
+Memory: a queue holds at most its high-water mark in messages, and with ``max_frame_bytes`` set
+libzmq cuts a peer whose frame is larger before it allocates the frame (ZMQ_MAXMSGSIZE), so no
+peer can make a receiver hold more than high-water mark x frame limit per connection. Without the
+limit an oversized frame would be received whole and only then dropped by the codec: a flood of
+them, fanned out by the proxies to every subscriber, grew every actor by gigabytes.
 """
 
 from __future__ import annotations
@@ -39,6 +45,8 @@ class SocketOptions:
     hwm: int = 100_000
     linger_ms: int = 0
     curve: CurveKeys | None = None
+    max_frame_bytes: int = -1  # ZMQ_MAXMSGSIZE: a peer sending a larger frame is disconnected; -1: no limit
+    rcvhwm: int | None = None  # a receive high-water mark apart from ``hwm`` (None: the same)
 
 
 DEFAULT_SOCKET_OPTIONS = SocketOptions()
@@ -64,7 +72,8 @@ def make_socket(
     socket = ctx.socket(socket_type)
     try:
         socket.sndhwm = options.hwm
-        socket.rcvhwm = options.hwm
+        socket.rcvhwm = options.hwm if options.rcvhwm is None else options.rcvhwm
+        socket.setsockopt(zmq.MAXMSGSIZE, options.max_frame_bytes)
         socket.linger = options.linger_ms if linger_ms is None else linger_ms
         if identity is not None:
             socket.identity = identity

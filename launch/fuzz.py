@@ -40,6 +40,8 @@ class TargetResult:
     target: Target
     sent: int = 0
     unsent: int = 0  # frames the socket would not take within SEND_TIMEOUT_MS (backpressure)
+    oversized: int = 0  # frames over the run's message limit, each sent on a connection of its own
+    cut: int = 0  # of those, the ones whose connection the receiver cut (never reaching its counters)
     seconds: float = 0.0
     rss_growth: int = 0  # the owner's resident memory after the frames (drained) minus before
 
@@ -114,7 +116,11 @@ class BusFuzzer:
             if sender.returncode != 0:
                 raise RuntimeError(f"fuzz sender for {target.owner}:{target.label} failed: {err[-500:]}")
             counts = json.loads(out.strip().splitlines()[-1])
-            results.append(TargetResult(target, counts["sent"], counts["unsent"], counts["seconds"]))
+            results.append(
+                TargetResult(
+                    target, counts["sent"], counts["unsent"], counts["oversized"], counts["cut"], counts["seconds"]
+                )
+            )
         time.sleep(DRAIN_S)
         for result in results:  # the owner's growth while all of its sockets were fuzzed
             result.rss_growth = self._rss(result.target.owner) - before[result.target.owner]

@@ -93,16 +93,19 @@ def counted_by(outcome: FuzzOutcome, result: TargetResult) -> int:
 
 def uncounted(outcome: FuzzOutcome) -> int:
     """Frames sent to links and PS sockets that their owner did not count (the proxies fan out and
-    may shed load at their high-water marks, so they are reported, not held to the count)."""
+    may shed load at their high-water marks, so they are reported, not held to the count). An
+    oversized frame whose connection the owner's socket cut never reaches the owner: it is not
+    held to the count (the sender saw the cut)."""
     missing = 0
     ps_sent: dict[str, int] = {}
     for result in outcome.results:
         if result.target.owner == "proxy":
             continue
+        expected = result.sent - result.cut
         if result.target.label in ("push", "pull"):  # one counter for both sockets of a shard
-            ps_sent[result.target.owner] = ps_sent.get(result.target.owner, 0) + result.sent
+            ps_sent[result.target.owner] = ps_sent.get(result.target.owner, 0) + expected
         else:
-            missing += max(0, result.sent - counted_by(outcome, result))
+            missing += max(0, expected - counted_by(outcome, result))
     for owner, sent in ps_sent.items():
         counted = sum(n for key, n in outcome.drops.get(owner, {}).items() if key.startswith(f"{owner}:ps:"))
         missing += max(0, sent - counted)
@@ -110,12 +113,14 @@ def uncounted(outcome: FuzzOutcome) -> int:
 
 
 def print_outcome(outcome: FuzzOutcome) -> None:
-    print(f"{'socket':<22}{'sent':>9}{'unsent':>8}{'frames/s':>10}{'counted':>10}{'rss MiB':>10}")
+    print(f"{'socket':<22}{'sent':>9}{'unsent':>8}{'cut':>9}{'frames/s':>10}{'counted':>10}{'rss MiB':>10}")
     for r in outcome.results:
         name = f"{r.target.owner}:{r.target.label}"
         rate = r.sent / r.seconds if r.seconds else 0.0
         growth = r.rss_growth / MIB
-        print(f"{name:<22}{r.sent:>9}{r.unsent:>8}{rate:>10.0f}{counted_by(outcome, r):>10}{growth:>+10.1f}")
+        cut = f"{r.cut}/{r.oversized}"
+        counted = counted_by(outcome, r)
+        print(f"{name:<22}{r.sent:>9}{r.unsent:>8}{cut:>9}{rate:>10.0f}{counted:>10}{growth:>+10.1f}")
     print(f"replay agreement: {outcome.replay}")
     verdict = "finished" if outcome.exit_code == EXIT_OK else f"exit {outcome.exit_code}"
     print(
@@ -131,6 +136,7 @@ def result_line(outcome: FuzzOutcome) -> str:
         f"RESULT frames={sum(r.sent for r in outcome.results)} sockets={len(outcome.results)} "
         f"sockets_bound={outcome.num_targets} "
         f"crashes={outcome.deaths} restarts={outcome.restarts} uncounted={uncounted(outcome)} "
+        f"oversized={sum(r.oversized for r in outcome.results)} cut={sum(r.cut for r in outcome.results)} "
         f"max_rss_growth_mib={max((r.rss_growth for r in outcome.results), default=0) / MIB:.1f} "
         f"run_ok={int(outcome.exit_code == EXIT_OK)} replay_agreement={agree / total if total else float('nan'):.4f}"
     )

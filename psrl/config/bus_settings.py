@@ -13,10 +13,13 @@ _MIB = 1024 * 1024
 def bus_settings(config: Config, curve: CurveKeys | None = None) -> BusSettings:
     """Settings of ``config``; ``curve`` is given by the launcher when the run spans hosts."""
     bus = config.bus
+    max_message_bytes = bus.max_message_mib * _MIB
+    # no frame of a message the codec accepts is larger than the message: cut larger ones at the socket
+    options = SocketOptions(hwm=bus.hwm, curve=curve, max_frame_bytes=max_message_bytes)
     return BusSettings(
-        options=SocketOptions(hwm=bus.hwm, curve=curve),
+        options=options,
         array_frame_bytes=bus.array_frame_bytes,
-        max_message_bytes=bus.max_message_mib * _MIB,
+        max_message_bytes=max_message_bytes,
         segment_bytes=bus.log_segment_mib * _MIB,
         fsync=config.run.fsync,
     )

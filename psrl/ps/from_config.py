@@ -45,6 +45,7 @@ def shard_options(
         host=config.bus.host,
         curve=curve,
         snapshot_dir=str(Path(run_dir) / "ps") if ps.snapshot and run_dir is not None else None,
+        max_frame_bytes=max(block_mib(ps.transport, ps.chunk_mb), config.bus.max_message_mib) * MIB,
     )
 
 

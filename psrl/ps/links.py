@@ -2,11 +2,14 @@
 
 Weight bytes never share a socket with the control bus, but the sockets come from the bus's socket
 factory (``bus.sockets.make_socket``): with the run's CURVE keys (across hosts) a shard refuses any
-client whose key is not authorized, as every other socket of the run does. High-water marks are off
-on these sockets: payloads are sent without copies, so a queued frame costs a reference to memory
-that exists anyway, and dropping a frame (a ROUTER's reaction to a full queue) would stall a
-transfer. ROUTERs are mandatory-routing so that a reply to a peer that went away fails loudly
-instead of vanishing.
+client whose key is not authorized, as every other socket of the run does. Sending high-water marks
+are off on these sockets: payloads are sent without copies, so a queued frame costs a reference to
+memory that exists anyway, and dropping a frame (a ROUTER's reaction to a full queue) would stall a
+transfer. What a shard receives is bounded instead: at most ``SHARD_RCVHWM`` messages queued per
+client (past it libzmq stops reading that client, which then waits: backpressure, nothing dropped)
+and no frame larger than the shard's limit (its client is cut before the frame is allocated), so a
+flood of frames cannot grow a shard's memory without bound. ROUTERs are mandatory-routing so that
+a reply to a peer that went away fails loudly instead of vanishing.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from psrl.ps import protocol
 from psrl.ps.protocol import Message
 
 LINGER_MS = 0
+SHARD_RCVHWM = 1024
 _RECONNECT: dict[int, int] = {zmq.RECONNECT_IVL: 50, zmq.RECONNECT_IVL_MAX: 500}
 
 
@@ -31,12 +35,16 @@ def _options(curve: CurveKeys | None) -> SocketOptions:
 
 
 def make_router(
-    ctx: zmq.Context[zmq.Socket[bytes]], endpoint: str, curve: CurveKeys | None = None
+    ctx: zmq.Context[zmq.Socket[bytes]], endpoint: str, curve: CurveKeys | None = None, max_frame_bytes: int = -1
 ) -> zmq.Socket[bytes]:
-    """A shard's socket. With ``curve``, ``ctx`` needs a running authenticator (``start_authenticator``)."""
-    return make_socket(
-        ctx, zmq.ROUTER, endpoint, options=_options(curve), bind=True, sockopts={zmq.ROUTER_MANDATORY: 1}
+    """A shard's socket. With ``curve``, ``ctx`` needs a running authenticator (``start_authenticator``).
+
+    ``max_frame_bytes``: the largest frame a client may send (a larger one cuts the client); -1: any.
+    """
+    options = SocketOptions(
+        hwm=0, rcvhwm=SHARD_RCVHWM, linger_ms=LINGER_MS, curve=curve, max_frame_bytes=max_frame_bytes
     )
+    return make_socket(ctx, zmq.ROUTER, endpoint, options=options, bind=True, sockopts={zmq.ROUTER_MANDATORY: 1})
 
 
 def make_dealer(

@@ -101,6 +101,7 @@ class ShardOptions:
     host: str = "127.0.0.1"  # address out-of-band transports listen on
     curve: CurveKeys | None = None  # the run's CURVE keys: only authorized clients may push or pull
     snapshot_dir: str | None = None  # keep the committed version in files here (psrl.ps.snapshot)
+    max_frame_bytes: int = -1  # the largest frame a client may send (a payload: one block); -1: any
 
 
 class ShardServer:
@@ -128,8 +129,9 @@ class ShardServer:
         # A hosting actor's context has the authenticator already; a context of our own needs its own.
         curve = options.curve if self._own_ctx else None
         self._authenticator = start_authenticator(self._ctx, curve) if curve is not None else None
-        self._push_sock = links.make_router(self._ctx, options.push_endpoint, options.curve)
-        self._pull_sock = links.make_router(self._ctx, options.pull_endpoint, options.curve)
+        limit = options.max_frame_bytes
+        self._push_sock = links.make_router(self._ctx, options.push_endpoint, options.curve, limit)
+        self._pull_sock = links.make_router(self._ctx, options.pull_endpoint, options.curve, limit)
         self._poller = zmq.Poller()
         self._poller.register(self._push_sock, zmq.POLLIN)
         self._poller.register(self._pull_sock, zmq.POLLIN)

@@ -91,6 +91,9 @@ class HostileFrames:
     def oversized(self) -> Frames:
         return [self.good[0], self.good[1] + b"\0" * self.max_message_bytes]
 
+    def is_oversized(self, frames: Frames) -> bool:
+        return sum(len(f) for f in frames) > self.max_message_bytes
+
     def replayed(self) -> Frames:
         """A well-formed heartbeat of no actor, its sequence number going backwards."""
         self.seq = self.seq - 1 if self.seq > 1 else 1000

@@ -1,8 +1,14 @@
 """Send hostile frames to one socket, from a process of its own: ``python -m psrl.reliability.sender
-ADDRESS SOCKET_TYPE COUNT SEED MAX_MESSAGE_BYTES`` prints ``{"sent", "unsent", "seconds"}`` as JSON.
+ADDRESS SOCKET_TYPE COUNT SEED MAX_MESSAGE_BYTES`` prints ``{"sent", "unsent", "oversized", "cut",
+"seconds"}`` as JSON.
 
 Light on purpose (zmq, msgspec and the bus's codec only): under load, a sender that imported the
 launcher would take longer to start than a short run lasts.
+
+An oversized frame goes on a connection of its own: the receiver's socket cuts a peer that sends
+one (ZMQ_MAXMSGSIZE) before it allocates the frame, so the frame never reaches the receiver's
+counters. The sender instead watches that connection and counts it ``cut`` once the receiver
+closed it; an oversized frame not cut must be counted by the receiver like every other bad frame.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ import sys
 import time
 
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
 from psrl.reliability.hostile import HostileFrames
 
@@ -21,18 +28,25 @@ from psrl.reliability.hostile import HostileFrames
 SENDER_NICENESS = 19
 SEND_TIMEOUT_MS = 2000  # a peer that stops reading blocks a DEALER: give up on that frame instead
 CLOSE_LINGER_MS = 30_000
+CONNECT_WAIT_S = 0.2  # the connection (and, for a PUB, the proxy's subscriptions) comes up
+CUT_WAIT_S = 5.0  # how long a receiver may take to read an oversized frame's header and cut it
+
+Context = zmq.Context[zmq.Socket[bytes]]
 
 
 def send_hostile(address: str, socket_type: int, count: int, seed: int, max_message_bytes: int) -> dict[str, float]:
     """Connect to ``address`` as a peer would and send ``count`` hostile frames (the sender process)."""
-    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
-    sock = ctx.socket(socket_type)
-    sock.sndtimeo = SEND_TIMEOUT_MS
-    sock.connect(address)
-    time.sleep(0.2)  # the connection (and, for a PUB, the proxy's subscriptions) comes up
-    sent = unsent = 0
+    ctx: Context = zmq.Context()
+    sock = _connect(ctx, socket_type, address)
+    sent = unsent = oversized = cut = 0
     started = time.monotonic()
-    for message in HostileFrames(seed, max_message_bytes=max_message_bytes).frames(count):
+    frames = HostileFrames(seed, max_message_bytes=max_message_bytes)
+    for message in frames.frames(count):
+        if frames.is_oversized(message):
+            oversized += 1
+            delivered, was_cut = _send_alone(ctx, socket_type, address, message)
+            sent, unsent, cut = sent + delivered, unsent + (not delivered), cut + was_cut
+            continue
         try:
             sock.send_multipart(message)
             sent += 1
@@ -40,7 +54,39 @@ def send_hostile(address: str, socket_type: int, count: int, seed: int, max_mess
             unsent += 1
     sock.close(linger=CLOSE_LINGER_MS)  # deliver what is queued: a frame never sent is not the receiver's to count
     ctx.term()
-    return {"sent": sent, "unsent": unsent, "seconds": time.monotonic() - started}
+    seconds = time.monotonic() - started
+    return {"sent": sent, "unsent": unsent, "oversized": oversized, "cut": cut, "seconds": seconds}
+
+
+def _connect(ctx: Context, socket_type: int, address: str) -> zmq.Socket[bytes]:
+    sock = ctx.socket(socket_type)
+    sock.sndtimeo = SEND_TIMEOUT_MS
+    sock.connect(address)
+    time.sleep(CONNECT_WAIT_S)
+    return sock
+
+
+def _send_alone(ctx: Context, socket_type: int, address: str, message: list[bytes]) -> tuple[bool, bool]:
+    """Send ``message`` on a fresh connection; (sent, cut by the receiver)."""
+    sock = ctx.socket(socket_type)
+    monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+    sock.sndtimeo = SEND_TIMEOUT_MS
+    sock.connect(address)
+    time.sleep(CONNECT_WAIT_S)
+    try:
+        sock.send_multipart(message)
+    except zmq.Again:
+        sock.disable_monitor()
+        monitor.close(0)
+        sock.close(0)
+        return False, False
+    was_cut = bool(monitor.poll(int(CUT_WAIT_S * 1000)))
+    if was_cut:
+        recv_monitor_message(monitor)
+    sock.disable_monitor()
+    monitor.close(0)
+    sock.close(0 if was_cut else CLOSE_LINGER_MS)
+    return True, was_cut
 
 
 def main() -> None:
