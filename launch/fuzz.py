@@ -54,6 +54,7 @@ class BusFuzzer:
     results: list[TargetResult] = field(default_factory=list)
     done: threading.Event = field(default_factory=threading.Event)
     error: str | None = None
+    outlasted: bool = False  # the run was still running when the last sender finished
 
     def start(self) -> threading.Thread:
         thread = threading.Thread(target=self._run, name="fuzz", daemon=True)
@@ -121,6 +122,7 @@ class BusFuzzer:
                     target, counts["sent"], counts["unsent"], counts["oversized"], counts["cut"], counts["seconds"]
                 )
             )
+        self.outlasted = self.supervisor.run_dir.read_state().get("status") == "running"
         time.sleep(DRAIN_S)
         for result in results:  # the owner's growth while all of its sockets were fuzzed
             result.rss_growth = self._rss(result.target.owner) - before[result.target.owner]

@@ -48,6 +48,7 @@ class FuzzOutcome:
     restarts: int
     replay: dict[str, tuple[int, int]]  # checker -> (agree, decisions)
     error: str | None
+    outlasted: bool  # the run went on until every sender finished (else later frames hit no one)
     run_dir: Path
     num_targets: int
 
@@ -73,6 +74,7 @@ def run_fuzz(config: Config, frames: int, seed: int, root: Path) -> FuzzOutcome:
         sum(isinstance(e.message, ActorRestarted) for e in events),
         {c.name: (c.agreement.num_agree, c.agreement.num_decisions - c.agreement.num_skipped) for c in report.checkers},
         fuzzer.error,
+        fuzzer.outlasted,
         supervisor.run_dir.path,
         len(fuzzer.targets()),
     )
@@ -126,6 +128,7 @@ def print_outcome(outcome: FuzzOutcome) -> None:
     print(
         f"run {verdict}: {outcome.reason} ({outcome.run_dir})"
         + (f"; fuzzer error {outcome.error}" if outcome.error else "")
+        + ("" if outcome.outlasted else "; the run ended before the senders did: raise --steps")
     )
 
 
@@ -138,13 +141,14 @@ def result_line(outcome: FuzzOutcome) -> str:
         f"crashes={outcome.deaths} restarts={outcome.restarts} uncounted={uncounted(outcome)} "
         f"oversized={sum(r.oversized for r in outcome.results)} cut={sum(r.cut for r in outcome.results)} "
         f"max_rss_growth_mib={max((r.rss_growth for r in outcome.results), default=0) / MIB:.1f} "
-        f"run_ok={int(outcome.exit_code == EXIT_OK)} replay_agreement={agree / total if total else float('nan'):.4f}"
+        f"run_ok={int(outcome.exit_code == EXIT_OK)} fuzzed_live={int(outcome.outlasted)} "
+        f"replay_agreement={agree / total if total else float('nan'):.4f}"
     )
 
 
 def main(argv: Any = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="2k frames per socket, 8 training steps")
+    parser.add_argument("--quick", action="store_true", help="2k frames per socket, 24 training steps")
     parser.add_argument("--frames", type=int, default=None, help="frames per socket")
     parser.add_argument("--steps", type=int, default=None, help="training steps of the run")
     parser.add_argument("--seed", type=int, default=1)
@@ -153,7 +157,7 @@ def main(argv: Any = None) -> None:
     args = parser.parse_args(argv)
     configure("warning")
     frames = args.frames or (2000 if args.quick else 100_000)
-    steps = args.steps or (8 if args.quick else 30)  # the run must outlast the fuzzing
+    steps = args.steps or (24 if args.quick else 300)  # the run must outlast the fuzzing (fuzzed_live=1)
     config = checked(load_config("demo", [*WORKLOAD, f"trainer.total_steps={steps}", *args.overrides]))
     outcome = run_fuzz(config, frames, args.seed, args.root or Path(tempfile.mkdtemp(prefix="psrl-fuzz-")))
     print_outcome(outcome)

@@ -18,7 +18,7 @@ def test_every_bound_socket_survives_hostile_frames_and_the_run_completes(tmp_pa
     config = load_config("demo", [*fuzz_bus.WORKLOAD, "trainer.total_steps=10"])  # outlives the senders
     outcome = fuzz_bus.run_fuzz(config, frames=500, seed=5, root=tmp_path / "runs")
     assert outcome.exit_code == EXIT_OK, outcome.reason
-    assert outcome.error is None
+    assert outcome.error is None and outcome.outlasted
     assert len(outcome.results) == outcome.num_targets == 9  # 2 links, 2 shards x 2, 3 proxy sockets
     assert all(r.sent + r.unsent == 500 for r in outcome.results)
     assert outcome.deaths == 0 and outcome.restarts == 0
