@@ -9,7 +9,9 @@ Push (pusher DEALER -> shard ROUTER): PushBegin -> PushReady | PushRefused; Push
 PushWritten* [PushSealed] -> PushAck; Commit -> Committed | CommitRefused; Abort. A push whose
 checksums follow the bytes (``PushBegin.checksums_follow``: shared memory, where the pusher hashes
 each entry in the shard's own pages as it writes them) carries them in ``PushWritten`` and the
-version's digest in ``PushSealed``, sent once every shard's entries are hashed.
+version's digest in ``PushSealed``, sent once every shard's entries are hashed. When the pusher also
+checked every landed entry against a word sum taken on its source device (``source_checked``), the
+shard adopts those checksums without reading the bytes again.
 Pull (puller DEALER -> shard ROUTER): ManifestRequest -> ManifestReply | Unavailable;
 PullRequest -> PullChunk* | PullDone | PullError; LiveCheck -> LiveReply; StatusRequest -> ShardStatus.
 """
@@ -49,6 +51,8 @@ class PushBegin(_Msg, frozen=True, tag="push_begin"):
     peer: str = ""  # the pusher's data-plane identity (out-of-band transports rendezvous with it)
     # entries' checksums (0 here) come with PushWritten and the digest (empty here) with PushSealed
     checksums_follow: bool = False
+    # the pusher checked each entry's landed bytes against a word sum of its source (a device copy)
+    source_checked: bool = False
 
 
 class PushReady(_Msg, frozen=True, tag="push_ready"):

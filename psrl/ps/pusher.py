@@ -11,9 +11,11 @@ shard holds the version completely.
 A push of ``DeviceWeights`` on shared memory writes straight from the GPU into each shard's file
 and hashes every bucket there once its copies landed, so its checksums follow the bytes
 (``PushWritten.checksums``) and the digest comes last (``PushSealed``, once every shard's entries are
-hashed). The shards verify each bucket against those checksums as usual; a retry after sealing
-carries them in its begin. Checksums that do not match what a shard holds are never published: the
-push fails once its attempts are spent.
+hashed). In the same pass over the landed bytes it checks each entry against a word sum taken on the
+GPU from the tensor it was copied from (``source_checked``: an end-to-end check of the copy, so the
+shards adopt the checksums instead of reading every byte again); a retry after sealing carries the
+checksums in its begin and is verified by the shards as usual. Checksums that do not match what a
+shard holds are never published: the push fails once its attempts are spent.
 
 The tensors must not change until ``push`` returns (the payload frames view them in place).
 """
@@ -249,6 +251,7 @@ class Pusher:
             entries=job.manifest.shard_part(link.shard),
             peer=self._plane.peer,
             checksums_follow=job.awaits_checksums,
+            source_checked=job.awaits_checksums,  # send_device checks what it hashes (ShmPushDataPlane)
         )
         link.last_heard = time.monotonic()
         links.send(link.sock, link.begin)

@@ -46,9 +46,11 @@ def land_entry(
     source: memoryview,
     algorithm: str,
     cast_to: tuple[ManifestEntry, memoryview] | None,
+    verify: bool = True,
 ) -> ManifestEntry | None:
-    """Check a pushed entry and, when the shard serves another dtype, cast it: the served entry, or None."""
-    if not is_intact(entry, source, algorithm):
+    """Check a pushed entry (its size only, without ``verify``) and, when the shard serves another dtype,
+    cast it: the served entry, or None."""
+    if not is_intact(entry, source, algorithm if verify else NO_CHECKSUM):
         return None
     if cast_to is None:
         return entry

@@ -353,8 +353,10 @@ class ShardServer:
         if self._cast is not None:
             drafts, served_buffers = self._cast
             cast_to = (drafts[entry.index], served_buffers.view(entry.index))
+        # bytes the pusher checked against their source were hashed there: no second read of them
+        verify = not incoming.source_checked
         job: Callable[[], ManifestEntry | None] = functools.partial(
-            land_entry, entry, view, incoming.algorithm, cast_to
+            land_entry, entry, view, incoming.algorithm, cast_to, verify
         )
         if self._snapshot_file is not None:
             served_view = served_buffers.view(entry.index)

@@ -18,6 +18,8 @@ from collections.abc import Mapping
 
 import torch
 
+from psrl.ps.checksum import WORD_BYTES
+
 
 class HostStaging:
     def __init__(self, cast_to: torch.dtype | None = None) -> None:
@@ -100,3 +102,18 @@ class DeviceWeights:
 def on_device(weights: Mapping[str, torch.Tensor]) -> bool:
     """Whether every tensor lives on a CUDA device (what ``DeviceWeights`` pushes are for)."""
     return bool(weights) and all(w.device.type == "cuda" for w in weights.values())
+
+
+def word_sum_on_device(source: torch.Tensor, start: int, end: int) -> torch.Tensor:
+    """The word sum (``psrl.ps.checksum``) of the flat bytes ``source[start:end]``, computed where they lie:
+    a 0-d int64 tensor (integer addition wraps, so it equals the host's sum modulo 2**64 in any order)."""
+    whole = start + (end - start) // WORD_BYTES * WORD_BYTES
+    head = source[start:whole]
+    if head.storage_offset() % WORD_BYTES:
+        head = head.clone()
+    total = head.view(torch.int64).sum()
+    if whole < end:  # the tail, zero-padded to a word: byte i weighs 256**i
+        tail = source[whole:end].to(torch.int64)
+        shifts = torch.arange(end - whole, device=source.device, dtype=torch.int64) * 8
+        total = total + (tail << shifts).sum()
+    return total

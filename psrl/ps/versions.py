@@ -63,6 +63,7 @@ class IncomingPush(Generic[BuffersT]):
     served_entries: tuple[ManifestEntry, ...] | None = None
     served_buffers: BuffersT | None = None
     checksums_follow: bool = False  # entries' checksums come with PushWritten, the digest with PushSealed
+    source_checked: bool = False  # the pusher checked the landed bytes against their source: no re-hash
 
     @property
     def is_landed(self) -> bool:
@@ -155,6 +156,7 @@ class ShardVersions(Generic[BuffersT]):
             entries={e.index: e for e in begin.entries},
             buffers=buffers,
             checksums_follow=begin.checksums_follow,
+            source_checked=begin.checksums_follow and begin.source_checked,
         )
         return replaced
 

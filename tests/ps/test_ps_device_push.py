@@ -18,7 +18,9 @@ from psrl.ps import LATEST, Puller, PullFailedError, Pusher
 from psrl.ps.local import LocalShards
 from psrl.ps.manifest import ManifestEntry, build_manifest
 from psrl.ps.protocol import PushBegin
-from psrl.ps.staging import DeviceWeights, HostStaging
+from psrl.ps.checksum import WORD_SUM_MASK, checksum_and_word_sum
+from psrl.ps.staging import DeviceWeights, HostStaging, word_sum_on_device
+from psrl.ps.transports import shm
 from psrl.ps.transports.shm import ShmPushDataPlane
 from psrl.ps.versions import ShardVersions
 
@@ -89,6 +91,53 @@ class HalfSendingPlane(ShmPushDataPlane):
             entries = entries[: len(entries) // 2]
             self.halted.set()
         super().send_device(sock, begin, offer, entries, weights)
+
+
+def test_a_device_copy_that_lands_unlike_its_source_is_caught_and_sent_again(
+    make_shards: MakeShards, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    corrupted: set[int] = set()
+    copy = shm._DeviceCopier.copy
+
+    def copy_one_byte_wrong(self: Any, part: Sequence[tuple[ManifestEntry, memoryview]]) -> Any:
+        """Test edge: the first bucket to each shard lands with one byte wrong (stale or misplaced bytes)."""
+        landing = copy(self, part)
+        entry, destination = part[0]
+        if entry.shard not in corrupted:
+            corrupted.add(entry.shard)
+            destination[0] ^= 0xFF
+        return landing
+
+    monkeypatch.setattr(shm._DeviceCopier, "copy", copy_one_byte_wrong)
+    model = small_model(5)
+    shards = make_shards(2, "shm")
+    pusher = Pusher(shards.push_endpoints, incarnation=1, transport="shm", max_block_bytes=BLOCK)
+    puller = Puller(shards.pull_endpoints, transport="shm", timeout_s=10)
+    try:
+        pushed = pusher.push(1, DeviceWeights(model))
+        assert corrupted == {0, 1} and pushed.num_restarts == 2  # each shard's first attempt failed
+        got = Collector()
+        puller.pull(1, got)
+        assert_same(got.tensors, model)
+    finally:
+        pusher.close()
+        puller.close()
+
+
+@pytest.mark.parametrize("start,end", [(0, 64), (0, 61), (3, 64), (5, 6), (8, 8), (1, 4099)])
+def test_a_word_sum_taken_on_the_device_equals_the_hosts(start: int, end: int) -> None:
+    source = torch.randint(0, 256, (4100,), dtype=torch.uint8)
+    on_device = int(word_sum_on_device(source, start, end)) & WORD_SUM_MASK
+    assert on_device == checksum_and_word_sum(source[start:end].numpy().tobytes())[1]
+
+
+def test_a_shard_adopts_checksums_only_from_a_push_checked_at_its_source() -> None:
+    checked: ShardVersions[str] = ShardVersions(0, 1)
+    checked.begin(msgspec.structs.replace(deferred_begin(), source_checked=True), "buf")
+    assert checked.incoming is not None and checked.incoming.source_checked
+    plain: ShardVersions[str] = ShardVersions(0, 1)
+    plain.begin(msgspec.structs.replace(deferred_begin(), checksums_follow=False, source_checked=True), "buf")
+    assert plain.incoming is not None and not plain.incoming.source_checked  # its bytes came without checksums
 
 
 def test_a_shard_killed_mid_device_push_is_refilled_before_publication(sockdir: str) -> None:

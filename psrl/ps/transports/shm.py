@@ -37,9 +37,10 @@ import zmq
 
 from psrl.log import get_logger
 from psrl.ps import links, pinning
-from psrl.ps.checksum import checksum
+from psrl.ps.checksum import WORD_SUM_MASK, checksum_and_word_sum
 from psrl.ps.manifest import ManifestEntry
 from psrl.ps.protocol import PullRequest, PushBegin, PushWritten
+from psrl.ps.staging import word_sum_on_device
 from psrl.ps.transports.base import (
     BufferPool,
     DirectAccessShardPlane,
@@ -267,7 +268,7 @@ class ShmShardDataPlane(DirectAccessShardPlane):
 class _Bucket(NamedTuple):
     copied: Future[list[int]]  # the bucket's checksums when it hashes in place (else empty)
     written: PushWritten
-    landed: Any = None  # device copies: the CUDA event after them (they run even if the hash is cancelled)
+    landing: _Landing | None = None  # device copies (they run even if the hash is cancelled)
 
 
 class ShmPushDataPlane(PushDataPlane):
@@ -320,12 +321,12 @@ class ShmPushDataPlane(PushDataPlane):
         remote = _decode(offer)
         on_cuda = any(w.device.type == "cuda" for w in weights.weights.values())
         target = (self._registered if on_cuda else self._maps).view(remote.path, remote.size)
-        copier = _DeviceCopier(weights)
+        copier = _DeviceCopier(weights, take_sums=begin.checksums_follow)
         buckets: deque[_Bucket] = deque()
         for part in _buckets([(e, _slice(target, _range(remote, e))) for e in entries], self.bucket_bytes):
-            landed = copier.copy(part)  # DMA copies queued on the device's stream; returns at once
-            job = functools.partial(_hash_landed, landed, part, begin.checksums_follow)
-            buckets.append(_Bucket(self._pool.submit(job), _written(begin, part), landed))
+            landing = copier.copy(part)  # DMA copies queued on the device's stream; returns at once
+            job = functools.partial(_hash_landed, landing, part, begin.checksums_follow)
+            buckets.append(_Bucket(self._pool.submit(job), _written(begin, part), landing))
         self._sends[shard] = (sock, buckets)
 
     def take_checksums(self) -> dict[int, int]:
@@ -363,8 +364,8 @@ class ShmPushDataPlane(PushDataPlane):
         for bucket in buckets:
             if not bucket.copied.cancel():
                 wait([bucket.copied])
-            if bucket.landed is not None:
-                bucket.landed.synchronize()
+            if bucket.landing is not None:
+                bucket.landing.wait()
 
     def close(self) -> None:
         for shard in list(self._sends):
@@ -378,29 +379,51 @@ def _written(begin: PushBegin, part: Sequence[tuple[ManifestEntry, memoryview]])
     return PushWritten(begin.version, begin.incarnation, begin.attempt, tuple(e.index for e, _ in part))
 
 
+class _Landing(NamedTuple):
+    """Copies of one bucket queued from the device: the event after them (None once done) and each
+    entry's word sum taken on the device, in host memory once the event fired."""
+
+    event: Any
+    source_sums: torch.Tensor | None
+
+    def wait(self) -> list[int]:
+        if self.event is not None:
+            self.event.synchronize()
+        return [] if self.source_sums is None else [s & WORD_SUM_MASK for s in self.source_sums.tolist()]
+
+
 class _DeviceCopier:
     """Queues copies of entries from the trainer's tensors (cast on their device, one tensor at a time)
-    into host memory; on a CPU the copies run at once."""
+    into host memory; on a CPU the copies run at once. With ``take_sums`` it also takes each entry's
+    word sum where the tensor lies, for the check of the bytes that landed."""
 
-    def __init__(self, weights: Any) -> None:
+    def __init__(self, weights: Any, take_sums: bool) -> None:
         self.weights = weights
+        self.take_sums = take_sums
         self._name = ""
         self._source: torch.Tensor | None = None
 
-    def copy(self, part: Sequence[tuple[ManifestEntry, memoryview]]) -> Any:
-        """Queue ``part``'s copies; what to wait on for them (a CUDA event, or None when done)."""
-        device = None
+    def copy(self, part: Sequence[tuple[ManifestEntry, memoryview]]) -> _Landing:
+        """Queue ``part``'s copies (and sums); what to wait on for them."""
+        device = torch.device("cpu")
+        sums = []
         for entry, destination in part:
             source = self._bytes_of(entry)
             start, end = entry.byte_range()
             host = torch.frombuffer(destination, dtype=torch.uint8)
             host.copy_(source[start:end], non_blocking=source.device.type == "cuda")
+            if self.take_sums:
+                sums.append(word_sum_on_device(source, start, end))
             device = source.device
-        if device is None or device.type != "cuda":
-            return None
+        source_sums = torch.stack(sums) if sums else None
+        if device.type != "cuda":
+            return _Landing(None, source_sums)
+        if source_sums is not None:  # into pinned memory behind the copies: ready when the event fired
+            host_sums = torch.empty(source_sums.shape, dtype=source_sums.dtype, pin_memory=True)
+            source_sums = host_sums.copy_(source_sums, non_blocking=True)
         event = torch.cuda.Event()  # type: ignore[no-untyped-call]
         event.record(torch.cuda.current_stream(device))
-        return event
+        return _Landing(event, source_sums)
 
     def _bytes_of(self, entry: ManifestEntry) -> torch.Tensor:
         if entry.name != self._name or self._source is None:  # a tensor's entries come one after another
@@ -410,10 +433,23 @@ class _DeviceCopier:
         return self._source
 
 
-def _hash_landed(landed: Any, part: Sequence[tuple[ManifestEntry, memoryview]], hashing: bool) -> list[int]:
-    if landed is not None:
-        landed.synchronize()
-    return [checksum(view) for _, view in part] if hashing else []
+def _hash_landed(landing: _Landing, part: Sequence[tuple[ManifestEntry, memoryview]], hashing: bool) -> list[int]:
+    """Each entry's checksum, hashed where it landed once its copies did, after checking the landed
+    bytes against the word sum its source took (a copy that wrote elsewhere, or had not landed,
+    fails the bucket: the shard's attempt starts over)."""
+    source_sums = landing.wait()
+    if not hashing:
+        return []
+    sums = []
+    for (entry, view), source_sum in zip(part, source_sums, strict=True):
+        digest, landed_sum = checksum_and_word_sum(view)
+        if landed_sum != source_sum:
+            raise TransportError(
+                f"entry {entry.index} ({entry.name}) landed unlike its source: word sum {landed_sum:#x}, "
+                f"source {source_sum:#x}"
+            )
+        sums.append(digest)
+    return sums
 
 
 def _buckets(
