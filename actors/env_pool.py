@@ -4,10 +4,11 @@
 ``spawn``; requests and replies are msgpack over a pipe) and runs at most one step per worker at a
 time; more steps wait in a queue (bounded concurrency). A step running past ``env.step_timeout_s``
 is answered with a timeout error and its worker is killed and replaced (its environment may be
-stuck for good). A worker that dies (a crash, SIGKILL) is replaced and the step it was running is
-run again on a fresh worker, which rebuilds the episode by replay, up to ``env.worker_retry_limit``
-times; then the step fails with that reason. Failed steps fail only their session. Each worker's
-ready is reported (``EnvWorkerReady``, naming the process it replaces and why, taken with
+stuck for good). A worker that dies (a crash, SIGKILL) or freezes (SIGSTOP, or stuck holding the
+interpreter: its heartbeat thread falls silent for ``HUNG_AFTER_S``) is replaced and the step it was
+running is run again on a fresh worker, which rebuilds the episode by replay, up to
+``env.worker_retry_limit`` times; then the step fails with that reason. Failed steps fail only their
+session. Each worker's ready is reported (``EnvWorkerReady``, naming the process it replaces and why, taken with
 ``take_readies``), so the event log shows when a replacement serves.
 """
 
@@ -25,10 +26,11 @@ import numpy as np
 
 from bus.messages import EnvStepDone, EnvWorkerReady
 from psrl.config.system import Env
-from psrl.envs.host import StepReply, StepRequest, reply_message, serve
+from psrl.envs.host import ALIVE, HEARTBEAT_S, READY, StepReply, StepRequest, reply_message, serve
 from psrl.envs.latency import step_delay_s
 
 READY_TIMEOUT_S = 120.0  # a fresh worker imports the tokenizer: slow on a busy machine
+HUNG_AFTER_S = 10 * HEARTBEAT_S  # silence that marks a ready worker frozen (a busy 2-core host stalls for seconds)
 
 
 @dataclass
@@ -54,10 +56,11 @@ class _Worker:
         self.connection = parent
         self.is_ready = False
         self.step: _Step | None = None
+        self.last_heard = self.started
 
     def ready(self, data: bytes) -> EnvWorkerReady | None:
         """The worker's first message: its ready (anything else leaves it not ready)."""
-        self.is_ready = data == b"ready"
+        self.is_ready = data == READY
         if not self.is_ready:
             return None
         startup_ms = (time.monotonic() - self.started) * 1000
@@ -133,15 +136,18 @@ class EnvPool:
         try:
             while worker.connection.poll():
                 data = worker.connection.recv_bytes()
+                worker.last_heard = now
                 if not worker.is_ready:
                     self._ready(worker, data)
-                    continue
-                self._answered(worker, data, now)
+                elif data != ALIVE:
+                    self._answered(worker, data, now)
         except (EOFError, OSError):
             self._lost(worker, "env worker died")
             return
         if not worker.process.is_alive():
             self._lost(worker, f"env worker exited ({worker.process.exitcode})")
+        elif worker.is_ready and now - worker.last_heard > HUNG_AFTER_S:
+            self._lost(worker, f"env worker hung (silent for {now - worker.last_heard:.1f} s)")
         elif worker.step is not None and now - worker.step.started > self.settings.step_timeout_s:
             step = worker.step
             worker.step = None

@@ -12,9 +12,9 @@ hang's detection window would take its spare). The supervisor does the rest; the
 afterwards whether every promise held (`psrl.reliability`).
 
 A target ``<session actor>/env`` is one of that actor's env worker processes (``num_env_workers``
-of them, found under /proc): the fault kills the next one in turn, and the next fault waits until
-the pool's replacement reported ready (``session.env_worker`` naming the killed pid; ``on_event``
-is the supervisor listener that sees it).
+of them, found under /proc): the fault kills or stops the next one in turn (the pool finds a stopped
+one by its silent heartbeat), and the next fault waits until the pool's replacement reported ready
+(``session.env_worker`` naming the faulted pid; ``on_event`` is the supervisor listener that sees it).
 """
 
 from __future__ import annotations
@@ -100,7 +100,7 @@ class FaultInjector:
         if is_env_target(fault.target):
             workers = env_workers(process.pid)
             if not workers:
-                self.skipped.append(f"{fault.target}: no env worker to kill")
+                self.skipped.append(f"{fault.target}: no env worker to fault")
                 return False
             pid = workers[sum(is_env_target(f.target) for f in self.injected) % len(workers)]
         self.injected.append(InjectedFault(fault.target, fault.kind, time.time(), process.incarnation, pid))

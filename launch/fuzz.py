@@ -3,8 +3,11 @@
 The fuzzer runs beside `Supervisor.run`: once every actor serves, it sends bounded loops of bad
 frames (`psrl.reliability.hostile`) to every bound socket at once, connecting the way a peer would
 (a PUB to the proxies' inputs, an XSUB to their outputs, a DEALER to ROUTER sockets), and
-samples each actor's resident memory before and after. The run then goes on to finish: the
-event log says whether anyone died or restarted, and each actor's `actor.drops` what it counted.
+samples each actor's resident memory before and after. The run must still be going when the last
+sender finishes and then publish ``AFTER_VERSIONS`` more versions (it trains on after the flood);
+then the fuzzer stops it as an operator would (``Supervisor.interrupt``), so a run of any length
+can be fuzzed at any rate. The event log says whether anyone died or restarted, and each actor's
+`actor.drops` what it counted.
 """
 
 from __future__ import annotations
@@ -17,14 +20,20 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import zmq
 
+from bus.messages import TrainerProgress
+from bus.schema import Event
 from launch.supervisor import Supervisor
 
 START_WAIT_S = 900.0
 SENDER_TIMEOUT_S = 1800.0
 DRAIN_S = 1.0  # for the receiver to work through the last frames before its memory is sampled
+AFTER_VERSIONS = 3  # versions the run must publish after the flood before the fuzzer stops it
+AFTER_WAIT_S = 600.0
+STOP_REASON = "the fuzzing is done and the run trained on after it"
 
 
 @dataclass(frozen=True)
@@ -55,11 +64,19 @@ class BusFuzzer:
     done: threading.Event = field(default_factory=threading.Event)
     error: str | None = None
     outlasted: bool = False  # the run was still running when the last sender finished
+    published: int = 0  # training steps finished so far (TrainerProgress: each produces a version)
+    versions_after: int = 0  # of those, published after the last sender finished
+    stopped_run: bool = False  # the fuzzer ended the run once it trained on after the flood
 
     def start(self) -> threading.Thread:
+        self.supervisor.listeners = (*self.supervisor.listeners, self._on_event)
         thread = threading.Thread(target=self._run, name="fuzz", daemon=True)
         thread.start()
         return thread
+
+    def _on_event(self, event: Event[Any]) -> None:
+        if isinstance(event.message, TrainerProgress):
+            self.published += 1
 
     def targets(self) -> list[Target]:
         """Every socket the run binds: the point-to-point ones first (their owners count each frame),
@@ -85,10 +102,23 @@ class BusFuzzer:
                 self.error = "the run never had every actor serving"
                 return
             self.results = self._fuzz_all(self.targets())
+            if self.outlasted:
+                self._train_on_then_stop()
         except Exception as exc:  # reported by the tool; the run itself goes on
             self.error = repr(exc)
         finally:
             self.done.set()
+
+    def _train_on_then_stop(self) -> None:
+        sup = self.supervisor
+        start = self.published
+        deadline = time.monotonic() + AFTER_WAIT_S
+        while time.monotonic() < deadline and not sup.is_stopping and self.published - start < AFTER_VERSIONS:
+            time.sleep(0.2)
+        self.versions_after = self.published - start
+        if not sup.is_stopping and self.versions_after >= AFTER_VERSIONS:
+            self.stopped_run = True
+            sup.interrupt(STOP_REASON)
 
     def _wait_serving(self) -> bool:
         deadline = time.monotonic() + START_WAIT_S

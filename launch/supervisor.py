@@ -412,6 +412,10 @@ class Supervisor:
         """Stop the run from outside its loop (a harness's deadline); it ends as failed, with ``reason``."""
         self._end(EXIT_FAILED, reason)
 
+    def interrupt(self, reason: str) -> None:
+        """Stop the run from outside its loop as an operator's Ctrl-C would: gracefully, as interrupted."""
+        self._end(EXIT_INTERRUPTED, reason)
+
     def _end(self, code: int, reason: str) -> None:
         if self.is_stopping:
             return

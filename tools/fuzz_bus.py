@@ -25,8 +25,8 @@ from typing import Any
 
 from bus.eventlog.reader import EventLogReader
 from bus.messages import ActorDrops, ActorExited, ActorRestarted
-from launch.fuzz import BusFuzzer, TargetResult
-from launch.supervisor import EXIT_OK, Supervisor
+from launch.fuzz import STOP_REASON, BusFuzzer, TargetResult
+from launch.supervisor import EXIT_INTERRUPTED, EXIT_OK, Supervisor
 from psrl.config import Config, load_config
 from psrl.log import configure
 from psrl.preflight import checked
@@ -35,6 +35,7 @@ from psrl.rundir import RunDir
 
 WORKLOAD = ["psrl.staleness_buffer_entries=8", "psrl.rollout_n=4", "task.name=demo", "bus.handshake_timeout_s=180"]
 CHECKERS = ["routing", "sync", "ledger"]
+STEP_LIMIT = 100_000  # more than any flood outlasts: the fuzzer ends the run once it trained on after it
 MIB = 1 << 20
 
 
@@ -49,6 +50,7 @@ class FuzzOutcome:
     replay: dict[str, tuple[int, int]]  # checker -> (agree, decisions)
     error: str | None
     outlasted: bool  # the run went on until every sender finished (else later frames hit no one)
+    versions_after: int  # versions the run published after the flood
     run_dir: Path
     num_targets: int
 
@@ -75,9 +77,16 @@ def run_fuzz(config: Config, frames: int, seed: int, root: Path) -> FuzzOutcome:
         {c.name: (c.agreement.num_agree, c.agreement.num_decisions - c.agreement.num_skipped) for c in report.checkers},
         fuzzer.error,
         fuzzer.outlasted,
+        fuzzer.versions_after,
         supervisor.run_dir.path,
         len(fuzzer.targets()),
     )
+
+
+def ran_ok(outcome: FuzzOutcome) -> bool:
+    """The run finished, or trained on after the flood until the fuzzer stopped it."""
+    stopped = outcome.exit_code == EXIT_INTERRUPTED and outcome.reason == STOP_REASON
+    return outcome.exit_code == EXIT_OK or stopped
 
 
 def counted_by(outcome: FuzzOutcome, result: TargetResult) -> int:
@@ -124,11 +133,12 @@ def print_outcome(outcome: FuzzOutcome) -> None:
         counted = counted_by(outcome, r)
         print(f"{name:<22}{r.sent:>9}{r.unsent:>8}{cut:>9}{rate:>10.0f}{counted:>10}{growth:>+10.1f}")
     print(f"replay agreement: {outcome.replay}")
-    verdict = "finished" if outcome.exit_code == EXIT_OK else f"exit {outcome.exit_code}"
+    verdict = "ran on" if ran_ok(outcome) else f"failed (exit {outcome.exit_code})"
     print(
         f"run {verdict}: {outcome.reason} ({outcome.run_dir})"
         + (f"; fuzzer error {outcome.error}" if outcome.error else "")
         + ("" if outcome.outlasted else "; the run ended before the senders did: raise --steps")
+        + f"; {outcome.versions_after} versions published after the flood"
     )
 
 
@@ -141,24 +151,25 @@ def result_line(outcome: FuzzOutcome) -> str:
         f"crashes={outcome.deaths} restarts={outcome.restarts} uncounted={uncounted(outcome)} "
         f"oversized={sum(r.oversized for r in outcome.results)} cut={sum(r.cut for r in outcome.results)} "
         f"max_rss_growth_mib={max((r.rss_growth for r in outcome.results), default=0) / MIB:.1f} "
-        f"run_ok={int(outcome.exit_code == EXIT_OK)} fuzzed_live={int(outcome.outlasted)} "
+        f"run_ok={int(ran_ok(outcome))} fuzzed_live={int(outcome.outlasted)} "
         f"replay_agreement={agree / total if total else float('nan'):.4f}"
     )
 
 
 def main(argv: Any = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="2k frames per socket, 24 training steps")
+    parser.add_argument("--quick", action="store_true", help="2k frames per socket")
     parser.add_argument("--frames", type=int, default=None, help="frames per socket")
-    parser.add_argument("--steps", type=int, default=None, help="training steps of the run")
+    parser.add_argument(
+        "--steps", type=int, default=STEP_LIMIT, help="training steps at most (the fuzzer stops the run)"
+    )
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--root", type=Path, default=None, help="where the run directory goes")
     parser.add_argument("overrides", nargs="*", help="config overrides")
     args = parser.parse_args(argv)
     configure("warning")
     frames = args.frames or (2000 if args.quick else 100_000)
-    steps = args.steps or (24 if args.quick else 300)  # the run must outlast the fuzzing (fuzzed_live=1)
-    config = checked(load_config("demo", [*WORKLOAD, f"trainer.total_steps={steps}", *args.overrides]))
+    config = checked(load_config("demo", [*WORKLOAD, f"trainer.total_steps={args.steps}", *args.overrides]))
     outcome = run_fuzz(config, frames, args.seed, args.root or Path(tempfile.mkdtemp(prefix="psrl-fuzz-")))
     print_outcome(outcome)
     print(result_line(outcome))

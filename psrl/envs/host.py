@@ -9,6 +9,7 @@ appended to the session as is (token in, token out: the session is never re-toke
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -113,17 +114,39 @@ class EnvHost:
         self.episodes.pop(request_id, None)
 
 
+READY, ALIVE = b"ready", b"alive"  # a worker's first message; its heartbeat
+HEARTBEAT_S = 0.5
+
+
 def serve(connection: Any, task_name: str, seed: int, tokenizer_dir: str) -> None:
-    """An env worker process: answer msgpack step requests on ``connection`` (a pipe) until it closes."""
+    """An env worker process: answer msgpack step requests on ``connection`` (a pipe) until it closes.
+
+    A thread sends ``ALIVE`` every ``HEARTBEAT_S`` meanwhile, also while a step runs: a worker that
+    falls silent is frozen (stopped, or stuck holding the interpreter), not merely slow.
+    """
     host = EnvHost(task_name, seed, tokenizer_dir)
     encoder, decoder = msgspec.msgpack.Encoder(), msgspec.msgpack.Decoder(StepRequest)
-    connection.send_bytes(b"ready")
+    sending = threading.Lock()
+    connection.send_bytes(READY)
+    threading.Thread(target=_beat, args=(connection, sending), name="env-heartbeat", daemon=True).start()
     while True:
         try:
             data = connection.recv_bytes()
         except (EOFError, OSError):
             return
-        connection.send_bytes(encoder.encode(host.run(decoder.decode(data))))
+        reply = encoder.encode(host.run(decoder.decode(data)))
+        with sending:
+            connection.send_bytes(reply)
+
+
+def _beat(connection: Any, sending: threading.Lock) -> None:
+    while True:
+        time.sleep(HEARTBEAT_S)
+        try:
+            with sending:
+                connection.send_bytes(ALIVE)
+        except (EOFError, OSError):
+            return
 
 
 def reply_message(reply: StepReply, *, worker: int = -1, latency_ms: float = 0.0) -> EnvStepDone:

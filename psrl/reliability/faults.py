@@ -4,7 +4,7 @@ A plan is drawn from a seed, so a failing case is re-run exactly: the same targe
 kinds and the same gaps between faults. Recovery is read back from the event log: a fault is
 healed when its actor's next incarnation reports Ready (it serves again). An env worker is no
 actor: its faults target ``<session actor>/env`` (one of that actor's env worker processes) and
-heal when the pool's replacement of the killed process reports ready (``EnvWorkerReady``).
+heal when the pool's replacement of the killed or hung process reports ready (``EnvWorkerReady``).
 """
 
 from __future__ import annotations
@@ -45,9 +45,8 @@ class InjectedFault:
 def plan_faults(
     seed: int, targets: Sequence[str], num_faults: int, *, mean_gap_s: float, stop_share: float = 0.25
 ) -> list[Fault]:
-    """``num_faults`` faults on random ``targets``, exponential gaps of mean ``mean_gap_s``. An env
-    worker is only killed: a hung one is found by the step timeout, which fails that step's
-    session by its documented rule, so a hang there measures the timeout, not a recovery."""
+    """``num_faults`` faults on random ``targets``, exponential gaps of mean ``mean_gap_s``. A hung env
+    worker is found by its silent heartbeat, like a hung actor, and replaced; its step runs again."""
     if not targets:
         raise ValueError("a fault plan needs at least one target actor")
     rng = random.Random(seed)
@@ -56,7 +55,7 @@ def plan_faults(
         kind = STOP if rng.random() < stop_share else KILL
         gap = round(rng.expovariate(1.0 / mean_gap_s), 3)  # drawn before the target: seeds keep their plans
         target = rng.choice(list(targets))
-        plan.append(Fault(gap, target, KILL if is_env_target(target) else kind))
+        plan.append(Fault(gap, target, kind))
     return plan
 
 

@@ -15,10 +15,10 @@ import zmq
 from ps_helpers import Collector, ThreadShards, assert_same, small_model
 
 from psrl.ps import LATEST, Puller, PullFailedError, Pusher
+from psrl.ps.checksum import WORD_SUM_MASK, checksum_and_word_sum
 from psrl.ps.local import LocalShards
 from psrl.ps.manifest import ManifestEntry, build_manifest
 from psrl.ps.protocol import PushBegin
-from psrl.ps.checksum import WORD_SUM_MASK, checksum_and_word_sum
 from psrl.ps.staging import DeviceWeights, HostStaging, word_sum_on_device
 from psrl.ps.transports import shm
 from psrl.ps.transports.shm import ShmPushDataPlane

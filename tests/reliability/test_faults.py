@@ -43,16 +43,16 @@ def test_recovery_is_signal_to_the_next_incarnations_ready() -> None:
     assert never.seconds is None and never.detect_s is None
 
 
-def test_an_env_worker_is_only_killed_and_heals_when_its_replacement_reports_ready() -> None:
+def test_an_env_worker_is_killed_or_hung_and_heals_when_its_replacement_reports_ready() -> None:
     plan = plan_faults(3, ["rollout-0", "session/env"], 40, mean_gap_s=2.0)
-    assert {f.kind for f in plan if f.target == "session/env"} == {KILL}
+    assert {f.kind for f in plan if f.target == "session/env"} == {KILL, STOP}
     assert {f.kind for f in plan if f.target == "rollout-0"} == {KILL, STOP}
     events = [
         _event("session", 0, 1.0, EnvWorkerReady(0, 100)),
         _event("session", 0, 11.0, EnvWorkerReady(1, 300, replaced_pid=200, reason="env worker died")),
-        _event("session", 0, 13.5, EnvWorkerReady(0, 400, replaced_pid=100, reason="env worker died")),
+        _event("session", 0, 13.5, EnvWorkerReady(0, 400, replaced_pid=100, reason="env worker hung (silent 5.1 s)")),
     ]
-    faults = [InjectedFault("session/env", KILL, 12.0, 0, pid=100), InjectedFault("session/env", KILL, 20.0, 0, 500)]
+    faults = [InjectedFault("session/env", STOP, 12.0, 0, pid=100), InjectedFault("session/env", KILL, 20.0, 0, 500)]
     healed, never = recoveries(faults, events)
     assert healed.seconds == pytest.approx(1.5) and not healed.warm
     assert never.seconds is None

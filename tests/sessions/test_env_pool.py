@@ -1,6 +1,6 @@
 """Env worker processes: steps run in real processes; environments that raise, hang past their
-timeout or answer malformed fail only their own step; a killed worker is replaced and its step
-runs again on a fresh worker, which rebuilds the episode by replay."""
+timeout or answer malformed fail only their own step; a killed or hung worker is replaced and its
+step runs again on a fresh worker, which rebuilds the episode by replay."""
 
 from __future__ import annotations
 
@@ -88,9 +88,13 @@ def test_failures_fail_only_their_own_step(pool: EnvPool) -> None:
     assert pool.num_restarts >= 3  # the stuck worker and both dead ones were replaced
 
 
-def test_a_worker_killed_mid_step_is_replaced_and_the_step_runs_again(pool: EnvPool) -> None:
+@pytest.mark.parametrize("fault", [signal.SIGKILL, signal.SIGSTOP], ids=["killed", "hung"])
+def test_a_worker_killed_or_hung_mid_step_is_replaced_and_the_step_runs_again(pool: EnvPool, fault: int) -> None:
+    """A hung worker is told from a slow one by its heartbeat: the 60 s step above times out, this
+    worker (stopped: no heartbeat) is replaced within seconds and its step runs again."""
     history = [ids("fine"), ids("slow")]
-    pool.submit(7, 0, 1, history)  # turn 1: a fresh worker must replay turn 0 first
+    request_id = 7 + fault
+    pool.submit(request_id, 0, 1, history)  # turn 1: a fresh worker must replay turn 0 first
     deadline = time.monotonic() + 30
     while not any(w.step is not None for w in pool.workers) and time.monotonic() < deadline:
         pool.poll()
@@ -98,8 +102,8 @@ def test_a_worker_killed_mid_step_is_replaced_and_the_step_runs_again(pool: EnvP
     victim = next(w for w in pool.workers if w.step is not None)
     time.sleep(0.5)
     pool.take_readies()
-    os.kill(victim.process.pid, signal.SIGKILL)
-    reply = collect(pool, 1)[7]
+    os.kill(victim.process.pid, fault)
+    reply = collect(pool, 1)[request_id]
     assert reply.error == ""
     assert reply.observation_token_ids.tolist() == ids("fine slow").tolist()  # the episode was rebuilt
     [ready] = [r for r in pool.take_readies() if r.replaced_pid == victim.process.pid]  # reported once
