@@ -25,6 +25,7 @@ from psrl.flows.effects import Effect, Publish, Send, Timer
 
 LOG_WAIT_S = 60.0  # how long a restarted actor waits for the event log to pass its own start
 LOG_POLL_S = 0.2
+LINK_BURST = 4096  # messages a link reads before it acts on them
 
 
 class FlowActor(Actor):
@@ -94,10 +95,17 @@ class FlowActor(Actor):
         self.perform(self.flow.handle(event.message, time.monotonic()))
 
     def _on_link(self, link: Link) -> None:
-        received = link.recv()
-        if received is not None:
-            for event in received[1]:
-                self.dispatch(event)
+        # Read what is queued (up to a burst) before acting on any of it: a handler that works long (a
+        # training step) would otherwise take one message per step from a socket that queues fairly
+        # across peers, and a flood from one peer would sit in the queue; bounded, so it cannot starve.
+        events: list[Event[Any]] = []
+        for _ in range(LINK_BURST):
+            received = link.recv()
+            if received is None:
+                break
+            events.extend(received[1])
+        for event in events:
+            self.dispatch(event)
 
     def _on_timer(self, timer: Timer) -> None:
         self.perform(timer.callback(time.monotonic()))

@@ -4,10 +4,10 @@ The fuzzer runs beside `Supervisor.run`: once every actor serves, it sends bound
 frames (`psrl.reliability.hostile`) to every bound socket at once, connecting the way a peer would
 (a PUB to the proxies' inputs, an XSUB to their outputs, a DEALER to ROUTER sockets), and
 samples each actor's resident memory before and after. The run must still be going when the last
-sender finishes and then publish ``AFTER_VERSIONS`` more versions (it trains on after the flood);
-then the fuzzer stops it as an operator would (``Supervisor.interrupt``), so a run of any length
-can be fuzzed at any rate. The event log says whether anyone died or restarted, and each actor's
-`actor.drops` what it counted.
+sender finishes and then publish ``AFTER_VERSIONS`` more versions (it trains on after the flood),
+and every link and PS socket's owner must have counted what it was sent; then the fuzzer stops it
+as an operator would (``Supervisor.interrupt``), so a run of any length can be fuzzed at any rate.
+The event log says whether anyone died or restarted, and each actor's `actor.drops` what it counted.
 """
 
 from __future__ import annotations
@@ -18,15 +18,18 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import zmq
 
-from bus.messages import TrainerProgress
+from bus.messages import ActorDrops, TrainerProgress
 from bus.schema import Event
 from launch.supervisor import Supervisor
+
+Drops = Mapping[str, Mapping[str, int]]  # actor -> its last reported drop counts (``actor.drops``)
 
 START_WAIT_S = 900.0
 SENDER_TIMEOUT_S = 1800.0
@@ -67,6 +70,7 @@ class BusFuzzer:
     published: int = 0  # training steps finished so far (TrainerProgress: each produces a version)
     versions_after: int = 0  # of those, published after the last sender finished
     stopped_run: bool = False  # the fuzzer ended the run once it trained on after the flood
+    drops: dict[str, dict[str, int]] = field(default_factory=dict)  # as reported so far
 
     def start(self) -> threading.Thread:
         self.supervisor.listeners = (*self.supervisor.listeners, self._on_event)
@@ -77,6 +81,8 @@ class BusFuzzer:
     def _on_event(self, event: Event[Any]) -> None:
         if isinstance(event.message, TrainerProgress):
             self.published += 1
+        elif isinstance(event.message, ActorDrops):
+            self.drops[event.envelope.sender] = dict(event.message.counts)
 
     def targets(self) -> list[Target]:
         """Every socket the run binds: the point-to-point ones first (their owners count each frame),
@@ -113,12 +119,16 @@ class BusFuzzer:
         sup = self.supervisor
         start = self.published
         deadline = time.monotonic() + AFTER_WAIT_S
-        while time.monotonic() < deadline and not sup.is_stopping and self.published - start < AFTER_VERSIONS:
+        while time.monotonic() < deadline and not sup.is_stopping and not self._caught_up(start):
             time.sleep(0.2)
         self.versions_after = self.published - start
         if not sup.is_stopping and self.versions_after >= AFTER_VERSIONS:
             self.stopped_run = True
             sup.interrupt(STOP_REASON)
+
+    def _caught_up(self, published_before: int) -> bool:
+        """The run trained on after the flood, and every owner counted what it was sent."""
+        return self.published - published_before >= AFTER_VERSIONS and uncounted(self.results, self.drops) == 0
 
     def _wait_serving(self) -> bool:
         deadline = time.monotonic() + START_WAIT_S
@@ -174,3 +184,37 @@ def _rss_bytes(pid: int) -> int:
     except OSError:
         pass
     return 0
+
+
+def counted_by(drops: Drops, result: TargetResult) -> int:
+    """Drops the socket's owner reported for that socket (the proxies: every subscriber, summed)."""
+    owner, label = result.target.owner, result.target.label
+    if owner == "proxy":
+        marks = (":control:",) if label == "control_in" else (":events:", "event-logger:")
+        return sum(n for counts in drops.values() for key, n in counts.items() if any(m in key for m in marks))
+    if label in ("push", "pull"):
+        prefixes: tuple[str, ...] = (f"{owner}:ps:",)
+    else:  # a well-formed message of a kind the link does not carry is counted as unhandled
+        prefixes = (f"{owner}:link:", f"{owner}:unhandled")
+    return sum(n for key, n in drops.get(owner, {}).items() if key.startswith(prefixes))
+
+
+def uncounted(results: Sequence[TargetResult], drops: Drops) -> int:
+    """Frames sent to links and PS sockets that their owner did not count (the proxies fan out and
+    may shed load at their high-water marks, so they are reported, not held to the count). An
+    oversized frame whose connection the owner's socket cut never reaches the owner: it is not
+    held to the count (the sender saw the cut)."""
+    missing = 0
+    ps_sent: dict[str, int] = {}
+    for result in results:
+        if result.target.owner == "proxy":
+            continue
+        expected = result.sent - result.cut
+        if result.target.label in ("push", "pull"):  # one counter for both sockets of a shard
+            ps_sent[result.target.owner] = ps_sent.get(result.target.owner, 0) + expected
+        else:
+            missing += max(0, expected - counted_by(drops, result))
+    for owner, sent in ps_sent.items():
+        counted = sum(n for key, n in drops.get(owner, {}).items() if key.startswith(f"{owner}:ps:"))
+        missing += max(0, sent - counted)
+    return missing

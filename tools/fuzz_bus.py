@@ -25,7 +25,7 @@ from typing import Any
 
 from bus.eventlog.reader import EventLogReader
 from bus.messages import ActorDrops, ActorExited, ActorRestarted
-from launch.fuzz import STOP_REASON, BusFuzzer, TargetResult
+from launch.fuzz import STOP_REASON, BusFuzzer, TargetResult, counted_by, uncounted
 from launch.supervisor import EXIT_INTERRUPTED, EXIT_OK, Supervisor
 from psrl.config import Config, load_config
 from psrl.log import configure
@@ -89,40 +89,6 @@ def ran_ok(outcome: FuzzOutcome) -> bool:
     return outcome.exit_code == EXIT_OK or stopped
 
 
-def counted_by(outcome: FuzzOutcome, result: TargetResult) -> int:
-    """Drops the socket's owner reported for that socket (the proxies: every subscriber, summed)."""
-    owner, label = result.target.owner, result.target.label
-    if owner == "proxy":
-        marks = (":control:",) if label == "control_in" else (":events:", "event-logger:")
-        return sum(n for counts in outcome.drops.values() for key, n in counts.items() if any(m in key for m in marks))
-    if label in ("push", "pull"):
-        prefixes: tuple[str, ...] = (f"{owner}:ps:",)
-    else:  # a well-formed message of a kind the link does not carry is counted as unhandled
-        prefixes = (f"{owner}:link:", f"{owner}:unhandled")
-    return sum(n for key, n in outcome.drops.get(owner, {}).items() if key.startswith(prefixes))
-
-
-def uncounted(outcome: FuzzOutcome) -> int:
-    """Frames sent to links and PS sockets that their owner did not count (the proxies fan out and
-    may shed load at their high-water marks, so they are reported, not held to the count). An
-    oversized frame whose connection the owner's socket cut never reaches the owner: it is not
-    held to the count (the sender saw the cut)."""
-    missing = 0
-    ps_sent: dict[str, int] = {}
-    for result in outcome.results:
-        if result.target.owner == "proxy":
-            continue
-        expected = result.sent - result.cut
-        if result.target.label in ("push", "pull"):  # one counter for both sockets of a shard
-            ps_sent[result.target.owner] = ps_sent.get(result.target.owner, 0) + expected
-        else:
-            missing += max(0, expected - counted_by(outcome, result))
-    for owner, sent in ps_sent.items():
-        counted = sum(n for key, n in outcome.drops.get(owner, {}).items() if key.startswith(f"{owner}:ps:"))
-        missing += max(0, sent - counted)
-    return missing
-
-
 def print_outcome(outcome: FuzzOutcome) -> None:
     print(f"{'socket':<22}{'sent':>9}{'unsent':>8}{'cut':>9}{'frames/s':>10}{'counted':>10}{'rss MiB':>10}")
     for r in outcome.results:
@@ -130,7 +96,7 @@ def print_outcome(outcome: FuzzOutcome) -> None:
         rate = r.sent / r.seconds if r.seconds else 0.0
         growth = r.rss_growth / MIB
         cut = f"{r.cut}/{r.oversized}"
-        counted = counted_by(outcome, r)
+        counted = counted_by(outcome.drops, r)
         print(f"{name:<22}{r.sent:>9}{r.unsent:>8}{cut:>9}{rate:>10.0f}{counted:>10}{growth:>+10.1f}")
     print(f"replay agreement: {outcome.replay}")
     verdict = "ran on" if ran_ok(outcome) else f"failed (exit {outcome.exit_code})"
@@ -148,7 +114,7 @@ def result_line(outcome: FuzzOutcome) -> str:
     return (
         f"RESULT frames={sum(r.sent for r in outcome.results)} sockets={len(outcome.results)} "
         f"sockets_bound={outcome.num_targets} "
-        f"crashes={outcome.deaths} restarts={outcome.restarts} uncounted={uncounted(outcome)} "
+        f"crashes={outcome.deaths} restarts={outcome.restarts} uncounted={uncounted(outcome.results, outcome.drops)} "
         f"oversized={sum(r.oversized for r in outcome.results)} cut={sum(r.cut for r in outcome.results)} "
         f"max_rss_growth_mib={max((r.rss_growth for r in outcome.results), default=0) / MIB:.1f} "
         f"run_ok={int(ran_ok(outcome))} fuzzed_live={int(outcome.outlasted)} "

@@ -68,11 +68,16 @@ def _connect(ctx: Context, socket_type: int, address: str) -> zmq.Socket[bytes]:
 
 def _send_alone(ctx: Context, socket_type: int, address: str, message: list[bytes]) -> tuple[bool, bool]:
     """Send ``message`` on a fresh connection; (sent, cut by the receiver)."""
-    sock = ctx.socket(socket_type)
+    # a PUB drops what nobody subscribed to yet: an XPUB sees the proxy's subscription arrive first
+    publishes = socket_type == zmq.PUB
+    sock = ctx.socket(zmq.XPUB if publishes else socket_type)
     monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
     sock.sndtimeo = SEND_TIMEOUT_MS
     sock.connect(address)
-    time.sleep(CONNECT_WAIT_S)
+    if not publishes:
+        time.sleep(CONNECT_WAIT_S)
+    elif sock.poll(int(CUT_WAIT_S * 1000)):
+        sock.recv()
     try:
         sock.send_multipart(message)
     except zmq.Again:
