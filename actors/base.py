@@ -57,6 +57,7 @@ from psrl.config import Config
 from psrl.config.bus_settings import bus_settings
 from psrl.log import get_logger
 
+DRAIN_BUDGET_S = 0.05  # longest a loop iteration handles inputs before it works and runs timers
 DROPS_REPORT_S = 1.0  # how often dropped-message counts are published (when they changed)
 IDLE_POLL_MS = 50  # how long an idle loop blocks on its inputs; bounds reaction to signals
 SUBSCRIBE_WAIT_S = 10.0  # wait for the logger to subscribe before the first event
@@ -304,13 +305,17 @@ class Actor:
         self.log.info("stopping", reason=self.stop_reason)
 
     def _drain_inputs(self, timeout_ms: int) -> None:
+        """Handle what the inputs hold, for at most ``DRAIN_BUDGET_S`` once something came: inputs that
+        never run dry (a flood, or work handed over faster than it is done) must leave the loop's work
+        and timers (drop reports, checkpoints) their turn."""
         ready = dict(self._poller.poll(timeout_ms))
+        deadline = time.monotonic() + DRAIN_BUDGET_S
         while ready:
             for sock in sorted(ready, key=lambda s: s not in self._control_inputs):
                 self._inputs[sock]()
-            ready = dict(self._poller.poll(0))
-            if self.stop_reason is not None:
+            if self.stop_reason is not None or time.monotonic() > deadline:
                 return
+            ready = dict(self._poller.poll(0))
 
     def _run_timers(self) -> None:
         now = time.monotonic()

@@ -122,7 +122,7 @@ class BusFuzzer:
         while time.monotonic() < deadline and not sup.is_stopping and not self._caught_up(start):
             time.sleep(0.2)
         self.versions_after = self.published - start
-        if not sup.is_stopping and self.versions_after >= AFTER_VERSIONS:
+        if not sup.is_stopping:  # caught up, or never will: either way the tool reports what it saw
             self.stopped_run = True
             sup.interrupt(STOP_REASON)
 

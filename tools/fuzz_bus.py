@@ -25,7 +25,7 @@ from typing import Any
 
 from bus.eventlog.reader import EventLogReader
 from bus.messages import ActorDrops, ActorExited, ActorRestarted
-from launch.fuzz import STOP_REASON, BusFuzzer, TargetResult, counted_by, uncounted
+from launch.fuzz import AFTER_VERSIONS, STOP_REASON, BusFuzzer, TargetResult, counted_by, uncounted
 from launch.supervisor import EXIT_INTERRUPTED, EXIT_OK, Supervisor
 from psrl.config import Config, load_config
 from psrl.log import configure
@@ -86,7 +86,7 @@ def run_fuzz(config: Config, frames: int, seed: int, root: Path) -> FuzzOutcome:
 def ran_ok(outcome: FuzzOutcome) -> bool:
     """The run finished, or trained on after the flood until the fuzzer stopped it."""
     stopped = outcome.exit_code == EXIT_INTERRUPTED and outcome.reason == STOP_REASON
-    return outcome.exit_code == EXIT_OK or stopped
+    return outcome.exit_code == EXIT_OK or (stopped and outcome.versions_after >= AFTER_VERSIONS)
 
 
 def print_outcome(outcome: FuzzOutcome) -> None:
