@@ -25,7 +25,10 @@ from psrl.kvcache.index import TierKey
 MODEL_TAG = "psrl"
 VERSION_TAG = "lmcache.tag.weight_version"
 ALIGN_BYTES = 4096  # LMCache's allocator rounds every allocation up to this
-LEND_HEADROOM_BLOCKS = 32  # room for blocks lent to a KV server's sends that the index has evicted meanwhile
+# room for blocks lent to a KV server's sends that the index has evicted meanwhile: three of a
+# fetch's largest pieces (psrl.kvcache.transfer.client.MAX_PIECE_BLOCKS), the one on the wire and
+# the two asked ahead; pages of it become resident only once a block is stored there
+LEND_HEADROOM_BLOCKS = 192
 
 
 def _import_lmcache() -> dict[str, Any]:

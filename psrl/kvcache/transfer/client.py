@@ -4,9 +4,13 @@ Each fetch runs on a worker thread and ends with a ``FetchOutcome``: the blocks 
 in the tier, under the source's version tags), or why none did. A source that dies or answers
 late costs only the re-prefill the target would have done anyway.
 
-A fetch asks for its blocks in pieces of ``PIECE_BLOCKS``, in prefix order, and each piece goes
-into the tier as soon as it lands (all of its blocks under one tier lock): a target that started
-prefilling at once (async mode) takes the leading blocks while later ones are still on their way.
+A fetch asks for its blocks in pieces, in prefix order, and each piece goes into the tier as soon
+as it lands (all of its blocks under one tier lock): a target that started prefilling at once
+(async mode) takes the leading blocks while later ones are still on their way. The first piece
+is ``PIECE_BLOCKS`` long and each next one twice the one before, up to ``MAX_PIECE_BLOCKS``: the
+leading blocks come as early as before, and a long fetch pays the cost of a piece (a request,
+a reply, a NIXL write set up and waited for, the threads woken on both sides) a few times rather
+than once per 16 blocks.
 Up to ``PIECES_IN_FLIGHT`` pieces are asked for at once, so the source copies the next piece out
 of its tier while this one crosses the wire and lands; pieces still land strictly in order, and a
 piece that comes back short ends the fetch (what was asked past it is dropped: only a gapless
@@ -43,6 +47,7 @@ from psrl.kvcache.transfer.wire import ENCODER, REPLY_DECODER, Channel, FetchRep
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 PIECE_BLOCKS = 16
+MAX_PIECE_BLOCKS = 64  # the source's store keeps room to lend three pieces this long (LEND_HEADROOM_BLOCKS)
 PIECES_IN_FLIGHT = 2
 IDLE_CONNECTIONS = 8  # kept across fetches, the least recently used source's first to go
 ANSWER_POLL_MS = 50
@@ -144,12 +149,14 @@ class KvFetcher:
         max_workers: int = 2,
         piece_blocks: int = PIECE_BLOCKS,
         pieces_in_flight: int = PIECES_IN_FLIGHT,
+        max_piece_blocks: int = MAX_PIECE_BLOCKS,
     ) -> None:
         if pieces_in_flight < 1:
             raise ValueError(f"pieces_in_flight={pieces_in_flight}: at least 1 piece must be in flight")
         self.tier = tier
         self.channel = channel
         self.piece_blocks = piece_blocks
+        self.max_piece_blocks = max(piece_blocks, max_piece_blocks)
         self.pieces_in_flight = pieces_in_flight
         self.max_workers = max_workers
         self._context = fetch_context()
@@ -173,7 +180,7 @@ class KvFetcher:
         """Fetch ``keys`` piece by piece until one comes back short; ``timeout_s`` bounds the whole fetch."""
         started = time.monotonic()
         deadline = started + timeout_s
-        pieces = [keys[i : i + self.piece_blocks] for i in range(0, len(keys), self.piece_blocks)] or [[]]
+        pieces = growing_pieces(keys, self.piece_blocks, self._largest_piece())
         landed, num_bytes, error = 0, 0, ""
         asked: deque[Asked] = deque()
         sock = self.connections.take(address)
@@ -218,6 +225,17 @@ class KvFetcher:
         if self._landing is not None:
             self._landing.close()
         return True
+
+    def _largest_piece(self) -> int:
+        """``max_piece_blocks``, or less where the tier could not hold as many pieces as a fetch
+        has open at once (those in flight and the one landing: NIXL reserves room for each), but
+        never less than ``piece_blocks``."""
+        layout = self.tier.peek_layout()
+        if layout is None:
+            return self.piece_blocks
+        block_bytes = layout.numel() * layout.element_size()
+        fits = self.tier.index.capacity_bytes // block_bytes // (self.pieces_in_flight + 1)
+        return max(self.piece_blocks, min(self.max_piece_blocks, fits))
 
     def _ask_ahead(
         self,
@@ -343,3 +361,13 @@ class KvFetcher:
                 raise FetchFailedError("the fetcher is closing")
             if time.monotonic() >= deadline:
                 raise FetchFailedError(f"TimeoutError: no answer from {address} in time")
+
+
+def growing_pieces(keys: list[tuple[int, int]], first: int, largest: int) -> list[list[tuple[int, int]]]:
+    """``keys`` cut in order into pieces of ``first`` keys, then each twice the one before, up to
+    ``largest``; one empty piece for no keys (a fetcher warming its connection still asks)."""
+    pieces, start, size = [], 0, first
+    while start < len(keys):
+        pieces.append(keys[start : start + size])
+        start, size = start + size, min(largest, size * 2)
+    return pieces or [[]]
