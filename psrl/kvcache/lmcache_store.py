@@ -140,6 +140,23 @@ class LmcacheStore:
         base = int(self._buffer.data_ptr())
         return Reservation(objs, [(base + obj.meta.address, self._block_bytes) for obj in objs])
 
+    def reserved_view(self, reservation: Reservation, count: int) -> torch.Tensor | None:
+        """The first ``count`` allocations of ``reservation`` as one view of the buffer (bytes) when they
+        lie back to back unpadded, so a peer's bytes can be received straight into them; else None."""
+        addresses = [obj.meta.address for obj in reservation.objs[:count]]
+        if not addresses or self._aligned_bytes != self._block_bytes:
+            return None
+        if address_runs(addresses, self._aligned_bytes) != [(0, count)]:
+            return None
+        return self._buffer[addresses[0] : addresses[0] + count * self._block_bytes]
+
+    def write_reserved(self, reservation: Reservation, first: int, rows: torch.Tensor) -> None:
+        """Copy ``rows`` (one block each, contiguous) into the allocations of ``reservation`` from ``first`` on."""
+        addresses = [obj.meta.address for obj in reservation.objs[first : first + len(rows)]]
+        if len(addresses) < len(rows):
+            raise ValueError(f"{len(rows)} blocks from allocation {first} on, {len(reservation.objs)} reserved")
+        self._copy_runs(addresses, rows, into_store=True)
+
     def _allocate(self, count: int) -> list[Any]:
         """``count`` block allocations, adjacent when LMCache finds the room (never evicting: the index does)."""
         objs = self.backend.batched_allocate(self.block_shape, self.dtype, count, self._format, eviction=False)

@@ -42,6 +42,7 @@ import torch
 import zmq
 
 from psrl.kvcache.tier import KvTier
+from psrl.kvcache.transfer.frames import FramesError, drain, receive_into
 from psrl.kvcache.transfer.nixl_channel import NixlLanding
 from psrl.kvcache.transfer.wire import ENCODER, REPLY_DECODER, Channel, FetchReply, FetchRequest
 
@@ -192,7 +193,7 @@ class KvFetcher:
                 asked.popleft()
                 try:  # the source serves the pieces after this one while it lands
                     self._ask_ahead(sock, transfer_id, pieces, index + 1, asked, deadline, release_pin)
-                    count, size = self._land(answer, piece)
+                    count, size = self._land(sock, answer, piece)
                 finally:
                     self._end_reservation(piece, answered=True)
                 landed, num_bytes = landed + count, num_bytes + size
@@ -202,7 +203,7 @@ class KvFetcher:
         except FetchFailedError as failed:
             error = failed.reason
         finally:
-            for piece in asked:  # never answered: the source may still write into its allocations
+            for piece in asked:  # never answered: a NIXL source may still write into its allocations
                 self._end_reservation(piece, answered=False)
             self.connections.give_back(address, sock, reusable=not error)
         return FetchOutcome(transfer_id, landed, num_bytes, time.monotonic() - started, error)
@@ -266,6 +267,7 @@ class KvFetcher:
                 request = FetchRequest(transfer_id, keys, "nixl", release_pin, landing.agent.name, landing.metadata,
                                        regions, seq)  # fmt: skip
             else:
+                piece.reservation = self._reserve_for_frames(keys)
                 request = FetchRequest(transfer_id, keys, "tcp", release_pin, seq=seq)
             sock.send(ENCODER.encode(request))
         except Exception as exc:  # NIXL's errors subclass Exception only: a fetch ends in an outcome, never raises
@@ -273,22 +275,40 @@ class KvFetcher:
             raise FetchFailedError(f"{type(exc).__name__}: {exc}") from exc
         return piece
 
+    def _reserve_for_frames(self, keys: list[tuple[int, int]]) -> Any:
+        """Room in the tier that a ``tcp`` piece's frames are received straight into (None: no keys, a
+        store that cannot reserve, or no room for all of them; its blocks then go through ``put_many``,
+        which takes what fits)."""
+        if not keys or getattr(self.tier.store, "reserve", None) is None:
+            return None
+        try:
+            return self.tier.reserve(len(keys))
+        except MemoryError:
+            return None
+
     def _receive(
         self, sock: zmq.Socket[Any], address: str, piece: Asked, deadline: float
     ) -> tuple[FetchReply, list[Any]]:
-        """The reply to ``piece`` (and its frames of blocks); replies to other requests are dropped."""
+        """The reply to ``piece`` (replies to other requests are dropped) and its frames of blocks,
+        except where the piece has room reserved: those are left to ``_land`` to read into it."""
         while True:
             self._await_answer(sock, address, deadline)
-            head, *frames = sock.recv_multipart(copy=False)
+            head = sock.recv(copy=False)
             try:
                 reply = REPLY_DECODER.decode(head.buffer)
             except Exception as exc:
                 raise FetchFailedError(f"malformed reply from {address}: {exc}") from exc
             if reply.seq == piece.seq:
+                if piece.reservation is not None:
+                    return reply, []
+                frames = []
+                while sock.getsockopt(zmq.RCVMORE):
+                    frames.append(sock.recv(copy=False, flags=zmq.NOBLOCK))
                 return reply, frames
+            drain(sock)
             self.num_stale_replies += 1
 
-    def _land(self, answer: tuple[FetchReply, list[Any]], piece: Asked) -> tuple[int, int]:
+    def _land(self, sock: zmq.Socket[Any], answer: tuple[FetchReply, list[Any]], piece: Asked) -> tuple[int, int]:
         """Put the piece's blocks in the tier, a run at a time; (blocks it holds now, their bytes)."""
         reply, frames = answer
         if reply.error:
@@ -299,6 +319,8 @@ class KvFetcher:
         if list(reply.keys) != [tuple(k) for k in piece.keys[: len(reply.keys)]]:
             raise FetchFailedError("the reply names keys that were not asked for")
         if piece.reservation is not None:
+            if self.channel == "tcp":
+                self._receive_reserved(sock, reply, piece.reservation)
             count = self.tier.land_reserved(keys, tokens, piece.reservation)
             return count, count * piece.reservation.regions[0][1]
         try:
@@ -312,6 +334,17 @@ class KvFetcher:
             if count < len(run):
                 break
         return landed, landed * runs[0][0].numel() * runs[0].element_size()
+
+    def _receive_reserved(self, sock: zmq.Socket[Any], reply: FetchReply, reservation: Any) -> None:
+        """Read a ``tcp`` reply's frames into the room reserved for its blocks (their layout must be the tier's)."""
+        layout = self.tier.peek_layout_locked()
+        if list(reply.block_shape) != list(layout.shape) or DTYPES.get(reply.dtype) != layout.dtype:
+            raise FetchFailedError(f"blocks of {reply.block_shape} {reply.dtype} announced, the tier holds "
+                                   f"{list(layout.shape)} {layout.dtype}")  # fmt: skip
+        try:
+            receive_into(sock, self.tier.store, reservation, len(reply.keys), reservation.regions[0][1])
+        except FramesError as exc:
+            raise FetchFailedError(str(exc)) from exc
 
     def _blocks(self, reply: FetchReply, frames: list[Any]) -> list[torch.Tensor]:
         """The reply's blocks as [blocks, *block shape] tensors over its frames (a run of blocks each)."""
@@ -329,7 +362,7 @@ class KvFetcher:
     def _settle(self, sock: zmq.Socket[Any], address: str, asked: deque[Asked], deadline: float) -> None:
         """NIXL pieces asked past a short one: wait for their replies (their writes are done then) so
         their allocations can go back. ZeroMQ replies are simply dropped when they come."""
-        while asked and asked[0].reservation is not None:
+        while self.channel == "nixl" and asked and asked[0].reservation is not None:
             piece = asked[0]
             self._receive(sock, address, piece, deadline)
             asked.popleft()
@@ -339,7 +372,7 @@ class KvFetcher:
         reservation, piece.reservation = piece.reservation, None
         if reservation is None or not reservation.open:
             return
-        if answered:
+        if answered or self.channel == "tcp":  # only this thread ever writes into a tcp piece's room
             self.tier.release_reserved(reservation)
         else:  # a late write may still land in its allocations: never handed out again, room kept
             reservation.open = False
