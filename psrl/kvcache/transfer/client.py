@@ -49,6 +49,10 @@ from psrl.kvcache.transfer.wire import ENCODER, REPLY_DECODER, Channel, FetchRep
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 PIECE_BLOCKS = 16
 MAX_PIECE_BLOCKS = 64  # the source's store keeps room to lend three pieces this long (LEND_HEADROOM_BLOCKS)
+# a tcp piece grows no longer than this: the receiving ZeroMQ thread mallocs a buffer per frame,
+# and above glibc's largest mmap threshold (32 MiB) every one is a fresh mapping, faulted in and
+# zeroed page by page while the bytes arrive
+MAX_TCP_PIECE_BYTES = 16 << 20
 PIECES_IN_FLIGHT = 2
 IDLE_CONNECTIONS = 8  # kept across fetches, the least recently used source's first to go
 ANSWER_POLL_MS = 50
@@ -229,14 +233,17 @@ class KvFetcher:
 
     def _largest_piece(self) -> int:
         """``max_piece_blocks``, or less where the tier could not hold as many pieces as a fetch
-        has open at once (those in flight and the one landing: NIXL reserves room for each), but
-        never less than ``piece_blocks``."""
+        has open at once (those in flight and the one landing: each has room reserved) or, over
+        ZeroMQ, past ``MAX_TCP_PIECE_BYTES``; never less than ``piece_blocks``."""
         layout = self.tier.peek_layout()
         if layout is None:
             return self.piece_blocks
         block_bytes = layout.numel() * layout.element_size()
-        fits = self.tier.index.capacity_bytes // block_bytes // (self.pieces_in_flight + 1)
-        return max(self.piece_blocks, min(self.max_piece_blocks, fits))
+        open_pieces = self.pieces_in_flight + 1
+        largest = min(self.max_piece_blocks, self.tier.index.capacity_bytes // block_bytes // open_pieces)
+        if self.channel == "tcp":
+            largest = min(largest, MAX_TCP_PIECE_BYTES // block_bytes)
+        return max(self.piece_blocks, largest)
 
     def _ask_ahead(
         self,
