@@ -21,10 +21,13 @@ TCP and ZeroMQ handshake, a round trip as long as a small piece's. Replies carry
 request they answer, so one left over from a fetch that gave up is recognised and dropped. A fetch
 that fails (timeout, closing) closes its connection instead of handing it back.
 
-NIXL fetches land in place: the tier's buffer is registered once (psrl.kvcache.transfer.nixl_channel)
-and each piece asks the source to write its blocks into allocations reserved for them, which the
-tier adopts when the reply comes. Allocations whose write may still come (the request was never
-answered) are abandoned, never handed out again.
+Both channels land in room reserved in the tier when the piece is asked for, which the tier adopts
+when the reply comes. NIXL fetches land in place: the tier's buffer is registered once
+(psrl.kvcache.transfer.nixl_channel) and the source writes each piece's blocks into the room
+reserved for them; allocations whose write may still come (the request was never answered) are
+abandoned, never handed out again. ZeroMQ fetches receive the reply's frames straight into the room
+(psrl.kvcache.transfer.frames); a tier that cannot reserve it (the rest pinned) takes the frames
+through ``put_many``, as much as fits.
 """
 
 from __future__ import annotations
