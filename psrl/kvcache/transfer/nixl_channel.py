@@ -40,9 +40,9 @@ _AGENT_LOCK = threading.Lock()
 def make_agent(prefix: str) -> Any:
     """A NIXL agent (UCX) whose progress thread sleeps ``PROGRESS_DELAY_US`` between passes.
 
-    nixl's Python ``nixl_agent`` hard-codes a delay of 0: its progress thread spins, a whole core
-    per agent even when idle (an instance holds two: its fetcher's and its server's), which on a
-    2-core machine halves the CPU left for the transfer itself. The delay is set on the config at
+    nixl's Python ``nixl_agent`` hard-codes a delay of 0: its progress thread spins even when idle
+    (two idle agents took more than a core of a 2-core machine; an instance holds two, its
+    fetcher's and its server's), CPU the transfer itself and the engine then lack. The delay is set on the config at
     the moment the agent is built, the one place the Python API lets it through."""
     try:
         from nixl import _api
