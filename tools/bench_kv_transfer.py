@@ -5,9 +5,9 @@ A source tier is filled directly with blocks of a model's KV geometry (the engin
 target fetches them all (sync) over each channel into its own tier, kept from one repeat to the next
 (cleared in between: a running instance's tier is warm). The raw baselines move the same bytes
 between buffers that are reused (warm) too: ZeroMQ in one message and in messages of a fetch's
-piece (the better of the two counts), NIXL in one write. Every round takes one fetch per channel
-and one of each raw move in turn, so both sides see the same load; medians over the rounds after a
-warm-up round. Used by tools/bench_kv.py; runs on its own too:
+first piece (16 blocks; the better of the two counts), NIXL in one write. Every round takes one
+fetch per channel and one of each raw move in turn, so both sides see the same load; medians over
+the rounds after a warm-up round. Used by tools/bench_kv.py; runs on its own too:
 
     .venv-kv/bin/python tools/bench_kv_transfer.py --repeats 5
 """

@@ -25,7 +25,10 @@ from psrl.kvcache.index import TierKey
 MODEL_TAG = "psrl"
 VERSION_TAG = "lmcache.tag.weight_version"
 ALIGN_BYTES = 4096  # LMCache's allocator rounds every allocation up to this
-LEND_HEADROOM_BLOCKS = 32  # room for blocks lent to a KV server's sends that the index has evicted meanwhile
+# room for blocks lent to a KV server's sends that the index has evicted meanwhile: three of a
+# fetch's largest pieces (psrl.kvcache.transfer.client.MAX_PIECE_BLOCKS), the one on the wire and
+# the two asked ahead; pages of it become resident only once a block is stored there
+LEND_HEADROOM_BLOCKS = 192
 
 
 def _import_lmcache() -> dict[str, Any]:
@@ -136,6 +139,23 @@ class LmcacheStore:
         objs = self._allocate(count)
         base = int(self._buffer.data_ptr())
         return Reservation(objs, [(base + obj.meta.address, self._block_bytes) for obj in objs])
+
+    def reserved_view(self, reservation: Reservation, count: int) -> torch.Tensor | None:
+        """The first ``count`` allocations of ``reservation`` as one view of the buffer (bytes) when they
+        lie back to back unpadded, so a peer's bytes can be received straight into them; else None."""
+        addresses = [obj.meta.address for obj in reservation.objs[:count]]
+        if not addresses or self._aligned_bytes != self._block_bytes:
+            return None
+        if address_runs(addresses, self._aligned_bytes) != [(0, count)]:
+            return None
+        return self._buffer[addresses[0] : addresses[0] + count * self._block_bytes]
+
+    def write_reserved(self, reservation: Reservation, first: int, rows: torch.Tensor) -> None:
+        """Copy ``rows`` (one block each, contiguous) into the allocations of ``reservation`` from ``first`` on."""
+        addresses = [obj.meta.address for obj in reservation.objs[first : first + len(rows)]]
+        if len(addresses) < len(rows):
+            raise ValueError(f"{len(rows)} blocks from allocation {first} on, {len(reservation.objs)} reserved")
+        self._copy_runs(addresses, rows, into_store=True)
 
     def _allocate(self, count: int) -> list[Any]:
         """``count`` block allocations, adjacent when LMCache finds the room (never evicting: the index does)."""

@@ -4,9 +4,13 @@ Each fetch runs on a worker thread and ends with a ``FetchOutcome``: the blocks 
 in the tier, under the source's version tags), or why none did. A source that dies or answers
 late costs only the re-prefill the target would have done anyway.
 
-A fetch asks for its blocks in pieces of ``PIECE_BLOCKS``, in prefix order, and each piece goes
-into the tier as soon as it lands (all of its blocks under one tier lock): a target that started
-prefilling at once (async mode) takes the leading blocks while later ones are still on their way.
+A fetch asks for its blocks in pieces, in prefix order, and each piece goes into the tier as soon
+as it lands (all of its blocks under one tier lock): a target that started prefilling at once
+(async mode) takes the leading blocks while later ones are still on their way. The first piece
+is ``PIECE_BLOCKS`` long and each next one twice the one before, up to ``MAX_PIECE_BLOCKS``: the
+leading blocks come as early as before, and a long fetch pays the cost of a piece (a request,
+a reply, a NIXL write set up and waited for, the threads woken on both sides) a few times rather
+than once per 16 blocks.
 Up to ``PIECES_IN_FLIGHT`` pieces are asked for at once, so the source copies the next piece out
 of its tier while this one crosses the wire and lands; pieces still land strictly in order, and a
 piece that comes back short ends the fetch (what was asked past it is dropped: only a gapless
@@ -17,10 +21,13 @@ TCP and ZeroMQ handshake, a round trip as long as a small piece's. Replies carry
 request they answer, so one left over from a fetch that gave up is recognised and dropped. A fetch
 that fails (timeout, closing) closes its connection instead of handing it back.
 
-NIXL fetches land in place: the tier's buffer is registered once (psrl.kvcache.transfer.nixl_channel)
-and each piece asks the source to write its blocks into allocations reserved for them, which the
-tier adopts when the reply comes. Allocations whose write may still come (the request was never
-answered) are abandoned, never handed out again.
+Both channels land in room reserved in the tier when the piece is asked for, which the tier adopts
+when the reply comes. NIXL fetches land in place: the tier's buffer is registered once
+(psrl.kvcache.transfer.nixl_channel) and the source writes each piece's blocks into the room
+reserved for them; allocations whose write may still come (the request was never answered) are
+abandoned, never handed out again. ZeroMQ fetches receive the reply's frames straight into the room
+(psrl.kvcache.transfer.frames); a tier that cannot reserve it (the rest pinned) takes the frames
+through ``put_many``, as much as fits.
 """
 
 from __future__ import annotations
@@ -38,11 +45,17 @@ import torch
 import zmq
 
 from psrl.kvcache.tier import KvTier
+from psrl.kvcache.transfer.frames import FramesError, drain, receive_into
 from psrl.kvcache.transfer.nixl_channel import NixlLanding
 from psrl.kvcache.transfer.wire import ENCODER, REPLY_DECODER, Channel, FetchReply, FetchRequest
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 PIECE_BLOCKS = 16
+MAX_PIECE_BLOCKS = 64  # the source's store keeps room to lend three pieces this long (LEND_HEADROOM_BLOCKS)
+# a tcp piece grows no longer than this: the receiving ZeroMQ thread mallocs a buffer per frame,
+# and above glibc's largest mmap threshold (32 MiB) every one is a fresh mapping, faulted in and
+# zeroed page by page while the bytes arrive
+MAX_TCP_PIECE_BYTES = 16 << 20
 PIECES_IN_FLIGHT = 2
 IDLE_CONNECTIONS = 8  # kept across fetches, the least recently used source's first to go
 ANSWER_POLL_MS = 50
@@ -144,12 +157,14 @@ class KvFetcher:
         max_workers: int = 2,
         piece_blocks: int = PIECE_BLOCKS,
         pieces_in_flight: int = PIECES_IN_FLIGHT,
+        max_piece_blocks: int = MAX_PIECE_BLOCKS,
     ) -> None:
         if pieces_in_flight < 1:
             raise ValueError(f"pieces_in_flight={pieces_in_flight}: at least 1 piece must be in flight")
         self.tier = tier
         self.channel = channel
         self.piece_blocks = piece_blocks
+        self.max_piece_blocks = max(piece_blocks, max_piece_blocks)
         self.pieces_in_flight = pieces_in_flight
         self.max_workers = max_workers
         self._context = fetch_context()
@@ -173,7 +188,7 @@ class KvFetcher:
         """Fetch ``keys`` piece by piece until one comes back short; ``timeout_s`` bounds the whole fetch."""
         started = time.monotonic()
         deadline = started + timeout_s
-        pieces = [keys[i : i + self.piece_blocks] for i in range(0, len(keys), self.piece_blocks)] or [[]]
+        pieces = growing_pieces(keys, self.piece_blocks, self._largest_piece())
         landed, num_bytes, error = 0, 0, ""
         asked: deque[Asked] = deque()
         sock = self.connections.take(address)
@@ -185,7 +200,7 @@ class KvFetcher:
                 asked.popleft()
                 try:  # the source serves the pieces after this one while it lands
                     self._ask_ahead(sock, transfer_id, pieces, index + 1, asked, deadline, release_pin)
-                    count, size = self._land(answer, piece)
+                    count, size = self._land(sock, answer, piece)
                 finally:
                     self._end_reservation(piece, answered=True)
                 landed, num_bytes = landed + count, num_bytes + size
@@ -195,7 +210,7 @@ class KvFetcher:
         except FetchFailedError as failed:
             error = failed.reason
         finally:
-            for piece in asked:  # never answered: the source may still write into its allocations
+            for piece in asked:  # never answered: a NIXL source may still write into its allocations
                 self._end_reservation(piece, answered=False)
             self.connections.give_back(address, sock, reusable=not error)
         return FetchOutcome(transfer_id, landed, num_bytes, time.monotonic() - started, error)
@@ -218,6 +233,20 @@ class KvFetcher:
         if self._landing is not None:
             self._landing.close()
         return True
+
+    def _largest_piece(self) -> int:
+        """``max_piece_blocks``, or less where the tier could not hold as many pieces as a fetch
+        has open at once (those in flight and the one landing: each has room reserved) or, over
+        ZeroMQ, past ``MAX_TCP_PIECE_BYTES``; never less than ``piece_blocks``."""
+        layout = self.tier.peek_layout()
+        if layout is None:
+            return self.piece_blocks
+        block_bytes = layout.numel() * layout.element_size()
+        open_pieces = self.pieces_in_flight + 1
+        largest = min(self.max_piece_blocks, self.tier.index.capacity_bytes // block_bytes // open_pieces)
+        if self.channel == "tcp":
+            largest = min(largest, MAX_TCP_PIECE_BYTES // block_bytes)
+        return max(self.piece_blocks, largest)
 
     def _ask_ahead(
         self,
@@ -248,6 +277,7 @@ class KvFetcher:
                 request = FetchRequest(transfer_id, keys, "nixl", release_pin, landing.agent.name, landing.metadata,
                                        regions, seq)  # fmt: skip
             else:
+                piece.reservation = self._reserve_for_frames(keys)
                 request = FetchRequest(transfer_id, keys, "tcp", release_pin, seq=seq)
             sock.send(ENCODER.encode(request))
         except Exception as exc:  # NIXL's errors subclass Exception only: a fetch ends in an outcome, never raises
@@ -255,22 +285,40 @@ class KvFetcher:
             raise FetchFailedError(f"{type(exc).__name__}: {exc}") from exc
         return piece
 
+    def _reserve_for_frames(self, keys: list[tuple[int, int]]) -> Any:
+        """Room in the tier that a ``tcp`` piece's frames are received straight into (None: no keys, a
+        store that cannot reserve, or no room for all of them; its blocks then go through ``put_many``,
+        which takes what fits)."""
+        if not keys or getattr(self.tier.store, "reserve", None) is None:
+            return None
+        try:
+            return self.tier.reserve(len(keys))
+        except MemoryError:
+            return None
+
     def _receive(
         self, sock: zmq.Socket[Any], address: str, piece: Asked, deadline: float
     ) -> tuple[FetchReply, list[Any]]:
-        """The reply to ``piece`` (and its frames of blocks); replies to other requests are dropped."""
+        """The reply to ``piece`` (replies to other requests are dropped) and its frames of blocks,
+        except where the piece has room reserved: those are left to ``_land`` to read into it."""
         while True:
             self._await_answer(sock, address, deadline)
-            head, *frames = sock.recv_multipart(copy=False)
+            head = sock.recv(copy=False)
             try:
                 reply = REPLY_DECODER.decode(head.buffer)
             except Exception as exc:
                 raise FetchFailedError(f"malformed reply from {address}: {exc}") from exc
             if reply.seq == piece.seq:
+                if piece.reservation is not None:
+                    return reply, []
+                frames = []
+                while sock.getsockopt(zmq.RCVMORE):
+                    frames.append(sock.recv(copy=False, flags=zmq.NOBLOCK))
                 return reply, frames
+            drain(sock)
             self.num_stale_replies += 1
 
-    def _land(self, answer: tuple[FetchReply, list[Any]], piece: Asked) -> tuple[int, int]:
+    def _land(self, sock: zmq.Socket[Any], answer: tuple[FetchReply, list[Any]], piece: Asked) -> tuple[int, int]:
         """Put the piece's blocks in the tier, a run at a time; (blocks it holds now, their bytes)."""
         reply, frames = answer
         if reply.error:
@@ -281,6 +329,8 @@ class KvFetcher:
         if list(reply.keys) != [tuple(k) for k in piece.keys[: len(reply.keys)]]:
             raise FetchFailedError("the reply names keys that were not asked for")
         if piece.reservation is not None:
+            if self.channel == "tcp":
+                self._receive_reserved(sock, reply, piece.reservation)
             count = self.tier.land_reserved(keys, tokens, piece.reservation)
             return count, count * piece.reservation.regions[0][1]
         try:
@@ -294,6 +344,17 @@ class KvFetcher:
             if count < len(run):
                 break
         return landed, landed * runs[0][0].numel() * runs[0].element_size()
+
+    def _receive_reserved(self, sock: zmq.Socket[Any], reply: FetchReply, reservation: Any) -> None:
+        """Read a ``tcp`` reply's frames into the room reserved for its blocks (their layout must be the tier's)."""
+        layout = self.tier.peek_layout_locked()
+        if list(reply.block_shape) != list(layout.shape) or DTYPES.get(reply.dtype) != layout.dtype:
+            raise FetchFailedError(f"blocks of {reply.block_shape} {reply.dtype} announced, the tier holds "
+                                   f"{list(layout.shape)} {layout.dtype}")  # fmt: skip
+        try:
+            receive_into(sock, self.tier.store, reservation, len(reply.keys), reservation.regions[0][1])
+        except FramesError as exc:
+            raise FetchFailedError(str(exc)) from exc
 
     def _blocks(self, reply: FetchReply, frames: list[Any]) -> list[torch.Tensor]:
         """The reply's blocks as [blocks, *block shape] tensors over its frames (a run of blocks each)."""
@@ -311,7 +372,7 @@ class KvFetcher:
     def _settle(self, sock: zmq.Socket[Any], address: str, asked: deque[Asked], deadline: float) -> None:
         """NIXL pieces asked past a short one: wait for their replies (their writes are done then) so
         their allocations can go back. ZeroMQ replies are simply dropped when they come."""
-        while asked and asked[0].reservation is not None:
+        while self.channel == "nixl" and asked and asked[0].reservation is not None:
             piece = asked[0]
             self._receive(sock, address, piece, deadline)
             asked.popleft()
@@ -321,7 +382,7 @@ class KvFetcher:
         reservation, piece.reservation = piece.reservation, None
         if reservation is None or not reservation.open:
             return
-        if answered:
+        if answered or self.channel == "tcp":  # only this thread ever writes into a tcp piece's room
             self.tier.release_reserved(reservation)
         else:  # a late write may still land in its allocations: never handed out again, room kept
             reservation.open = False
@@ -343,3 +404,13 @@ class KvFetcher:
                 raise FetchFailedError("the fetcher is closing")
             if time.monotonic() >= deadline:
                 raise FetchFailedError(f"TimeoutError: no answer from {address} in time")
+
+
+def growing_pieces(keys: list[tuple[int, int]], first: int, largest: int) -> list[list[tuple[int, int]]]:
+    """``keys`` cut in order into pieces of ``first`` keys, then each twice the one before, up to
+    ``largest``; one empty piece for no keys (a fetcher warming its connection still asks)."""
+    pieces, start, size = [], 0, first
+    while start < len(keys):
+        pieces.append(keys[start : start + size])
+        start, size = start + size, min(largest, size * 2)
+    return pieces or [[]]

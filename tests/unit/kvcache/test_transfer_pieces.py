@@ -169,7 +169,7 @@ def test_a_source_dying_mid_fetch_leaves_an_error_and_every_block_that_landed(
     server = KvServer(filled(ADJACENT))
     relay = Relay(server.address, answers=3)  # pieces 0-2 (6 blocks) are answered, then silence
     target = tier_of(ADJACENT)
-    fetcher = KvFetcher(target, channel, piece_blocks=2, pieces_in_flight=2)  # type: ignore[arg-type]
+    fetcher = KvFetcher(target, channel, piece_blocks=2, pieces_in_flight=2, max_piece_blocks=2)  # type: ignore[arg-type]
     fetchers.append(fetcher)
     try:
         fetcher.fetch("warm", server.address, [], 30)  # NIXL: the source knows the target before the relay
