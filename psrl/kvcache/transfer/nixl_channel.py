@@ -17,49 +17,19 @@ spinning writer takes the CPU the transfer and the engine need.
 
 from __future__ import annotations
 
-import threading
 import time
-import uuid
 from typing import Any
 
 import torch
 
-from psrl.errors import MissingExtraError
 from psrl.kvcache.transfer.wire import FetchRequest
+from psrl.nixl_agents import make_agent
 
 DRAM = "DRAM"
+FEATURE = "psrl.lmcache.p2p_transfer_channel=nixl"  # named when NIXL is not installed
 WRITE_TIMEOUT_S = 30.0
 POLL_SLEEP_MIN_S = 20e-6  # the first waits are short: a small WRITE is done in tens of microseconds
 POLL_SLEEP_MAX_S = 2e-4  # a piece's write takes about a millisecond: a longer sleep would add half of it
-# the progress thread's sleep between passes: 0 (nixl's default) spins a core per agent; 1 ms
-# halves a write's throughput; 100 us costs none (measured, 48 MiB writes over UCX/TCP loopback)
-PROGRESS_DELAY_US = 100
-_AGENT_LOCK = threading.Lock()
-
-
-def make_agent(prefix: str) -> Any:
-    """A NIXL agent (UCX) whose progress thread sleeps ``PROGRESS_DELAY_US`` between passes.
-
-    nixl's Python ``nixl_agent`` hard-codes a delay of 0: its progress thread spins even when idle
-    (two idle agents took more than a core of a 2-core machine; an instance holds two, its
-    fetcher's and its server's), CPU the transfer itself and the engine then lack. The delay is set on the config at
-    the moment the agent is built, the one place the Python API lets it through."""
-    try:
-        from nixl import _api
-    except ImportError:
-        raise MissingExtraError("psrl.lmcache.p2p_transfer_channel=nixl", "kv", "nixl") from None
-    build = _api.nixlBind.nixlAgent
-
-    def paced(name: str, config: Any) -> Any:
-        config.pthrDelay = PROGRESS_DELAY_US
-        return build(name, config)
-
-    with _AGENT_LOCK:  # the module attribute is swapped for the one call, never seen by another
-        _api.nixlBind.nixlAgent = paced
-        try:
-            return _api.nixl_agent(f"{prefix}-{uuid.uuid4().hex[:12]}", _api.nixl_agent_config(backends=["UCX"]))
-        finally:
-            _api.nixlBind.nixlAgent = build
 
 
 class NixlLanding:
@@ -69,7 +39,7 @@ class NixlLanding:
     metadata at every source)."""
 
     def __init__(self, buffers: list[torch.Tensor]) -> None:
-        self.agent = make_agent("kv-target")
+        self.agent = make_agent("kv-target", FEATURE)
         self._handles = [self.agent.register_memory(buffer) for buffer in buffers]
         self._buffers = buffers  # registered memory must outlive its registration
         self.metadata = bytes(self.agent.get_agent_metadata())
@@ -84,7 +54,7 @@ class NixlWriter:
     """The source's agent: connects to targets once and writes blocks into the regions they reserved."""
 
     def __init__(self, prefix: str) -> None:
-        self.agent = make_agent(prefix)
+        self.agent = make_agent(prefix, FEATURE)
         self.staging = torch.empty(0, dtype=torch.uint8)
         self._handle: Any = None
         self._peers: set[str] = set()

@@ -12,7 +12,6 @@ the read (and every entry is checked against its checksum anyway).
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
@@ -20,7 +19,7 @@ import msgspec
 import numpy as np
 import zmq
 
-from psrl.errors import MissingExtraError
+from psrl.nixl_agents import make_agent
 from psrl.ps import links
 from psrl.ps.manifest import ManifestEntry
 from psrl.ps.protocol import PullRequest, PushBegin, PushWritten
@@ -47,11 +46,7 @@ class _Offer(msgspec.Struct, array_like=True, frozen=True):
 
 
 def _agent(prefix: str) -> Any:
-    try:
-        from nixl._api import nixl_agent, nixl_agent_config
-    except ImportError:
-        raise MissingExtraError("psrl.ps.transport=nixl", "kv", "nixl") from None
-    return nixl_agent(f"{prefix}-{uuid.uuid4().hex[:12]}", nixl_agent_config(backends=["UCX"]))
+    return make_agent(prefix, "psrl.ps.transport=nixl")
 
 
 def _address(view: memoryview) -> int:

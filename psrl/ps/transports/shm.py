@@ -50,7 +50,6 @@ from psrl.ps.transports.base import (
     PushDataPlane,
     TransportError,
 )
-from psrl.ps.verify import host_threads
 
 PREFIX = "psrl-ps-"
 _OWNED = re.compile(rf"^{PREFIX}(\d+)-")
@@ -287,7 +286,10 @@ class ShmPushDataPlane(PushDataPlane):
         self.bucket_bytes = bucket_bytes
         self._maps = _Mappings(writable=True)
         self._registered = _Mappings(writable=True, pin=True)  # targets of device copies
-        self._pool = ThreadPoolExecutor(max_workers=num_threads or host_threads(), thread_name_prefix="ps-shm-push")
+        # every CPU: checking and hashing what landed is compute-bound (xxh3 and a word sum of each piece
+        # in cache: 30 GB/s on 8 threads, 47 GB/s on 16 of an H200 host's, whose memory reads 67 GB/s)
+        threads = num_threads or os.cpu_count() or 1
+        self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="ps-shm-push")
         self._sends: dict[int, tuple[zmq.Socket[bytes], deque[_Bucket]]] = {}
         self._sums: dict[int, int] = {}
         self._log = get_logger("psrl.ps.shm")
