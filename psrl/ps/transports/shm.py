@@ -4,7 +4,8 @@ Each shard keeps every version buffer in its own file under ``/dev/shm`` (``psrl
 and advertises, in its ``PushReady`` and ``ManifestReply`` offers, the file and each entry's byte
 range. Push: the pusher maps the shard's incoming file and copies its tensors' bytes into it in
 buckets, telling the shard after each bucket (``PushWritten``), so the shard verifies one bucket
-while the next is copied. Pull: the puller maps the file and hands the engine views of the shard's
+while the next is copied (a push from the GPU is checked by the pusher instead, see
+``ShmPushDataPlane``). Pull: the puller maps the file and hands the engine views of the shard's
 own pages (whole tensors, no copy on the host); what it must keep (its delta-sync mirror, blocks of
 split tensors) it copies out. As with NIXL's one-sided reads the shard cannot see a pull, so the
 puller confirms with a ``LiveCheck`` afterwards that the version was not retired meanwhile (and
@@ -276,7 +277,8 @@ class ShmPushDataPlane(PushDataPlane):
 
     From a CUDA device (``send_device``) there is no host copy at all: the shard's file is registered
     with CUDA once (its pages are locked; shards reuse their files), each bucket is copied straight
-    into it by DMA, and a thread hashes the bucket in place as soon as its copies landed.
+    into it by DMA, and a thread hashes the bucket in place as soon as its copies landed, checking
+    each entry against the word sum its source took on the device in the same pass.
     """
 
     name: ClassVar[str] = "shm"
