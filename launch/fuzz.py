@@ -204,17 +204,14 @@ def uncounted(results: Sequence[TargetResult], drops: Drops) -> int:
     may shed load at their high-water marks, so they are reported, not held to the count). An
     oversized frame whose connection the owner's socket cut never reaches the owner: it is not
     held to the count (the sender saw the cut)."""
-    missing = 0
-    ps_sent: dict[str, int] = {}
+    # a shard's two sockets share one counter: what each owner was sent is summed over its sockets
+    expected: dict[tuple[str, str], int] = {}
+    counted: dict[tuple[str, str], int] = {}
     for result in results:
         if result.target.owner == "proxy":
             continue
-        expected = result.sent - result.cut
-        if result.target.label in ("push", "pull"):  # one counter for both sockets of a shard
-            ps_sent[result.target.owner] = ps_sent.get(result.target.owner, 0) + expected
-        else:
-            missing += max(0, expected - counted_by(drops, result))
-    for owner, sent in ps_sent.items():
-        counted = sum(n for key, n in drops.get(owner, {}).items() if key.startswith(f"{owner}:ps:"))
-        missing += max(0, sent - counted)
+        key = (result.target.owner, "ps" if result.target.label in ("push", "pull") else result.target.label)
+        expected[key] = expected.get(key, 0) + result.sent - result.cut
+        counted[key] = counted_by(drops, result)
+    missing = sum(max(0, expected[key] - counted[key]) for key in expected)
     return missing
