@@ -1,9 +1,10 @@
 """KV transfer at real models' KV sizes, against raw ZeroMQ / NIXL moves of the same bytes (same run).
 
 A source tier is filled directly with blocks of a model's KV geometry (the engine's block layout:
-[layers, block tokens, 2 (K, V), KV heads, head dim], bf16, 16 tokens a block) for a context, and a
-target fetches them all (sync) over each channel into its own tier, kept from one repeat to the next
-(cleared in between: a running instance's tier is warm). The raw baselines move the same bytes
+[layers, block tokens, 2 (K, V), KV heads, head dim], bf16, 16 tokens a block) for a context, in
+one go as an engine exports a re-routed request's prefix, and a target fetches them all (sync)
+over each channel into its own tier, kept from one repeat to the next (cleared in between: a
+running instance's tier is warm). The raw baselines move the same bytes
 between buffers that are reused (warm) too: ZeroMQ in one message and in messages of a fetch's
 first piece (16 blocks; the better of the two counts), NIXL in one write. Every round takes one
 fetch per channel and one of each raw move in turn, so both sides see the same load; medians over
@@ -41,11 +42,12 @@ CHANNELS = ("tcp", "nixl")
 
 
 def filled_tier(shape: tuple[int, ...], num_blocks: int, capacity: int) -> tuple[KvTier, list[tuple[int, int]]]:
+    """A source tier holding a context's blocks, stored together as an engine exports a request's
+    prefix for a re-route (psrl.engine.kv_offload.EngineOffload.offload_blocks)."""
     tier = make_tier(capacity, shape, torch.bfloat16, "LRU")
     keys = [(3, 7_000_000 + i) for i in range(num_blocks)]  # weight version 3, chained hashes
-    for i, key in enumerate(keys):
-        tokens = tuple(range(i * BLOCK_TOKENS, (i + 1) * BLOCK_TOKENS))
-        assert tier.put(key, tokens, torch.randn(shape).to(torch.bfloat16))
+    tokens = [tuple(range(i * BLOCK_TOKENS, (i + 1) * BLOCK_TOKENS)) for i in range(num_blocks)]
+    assert tier.put_many(keys, tokens, torch.randn((num_blocks, *shape)).to(torch.bfloat16)) == num_blocks
     return tier, keys
 
 
@@ -154,7 +156,7 @@ def one_size(model: str, tokens: int, repeats: int) -> dict[str, float]:
     block_bytes = torch.Size(shape).numel() * 2
     capacity = num_blocks * block_bytes
     source, keys = filled_tier(shape, num_blocks, capacity)
-    targets = {channel: make_tier(capacity, shape, torch.bfloat16, "LRU") for channel in CHANNELS}
+    targets = {channel: make_tier(2 * capacity, shape, torch.bfloat16, "LRU") for channel in CHANNELS}
     server = KvServer(source)
     moves = {f"fetch_{channel}": fetch_moves(server, targets[channel], keys, channel) for channel in CHANNELS}
     rates = interleaved({**moves, **raw_moves(capacity, PIECE_BLOCKS * block_bytes)}, repeats)

@@ -43,15 +43,15 @@ class EngineOffload:
         return False
 
     def offload_blocks(self, blocks: list[Block]) -> list[TierKey]:
-        """Copy these registered blocks to the tier now (a peer is about to ask for them); their keys."""
-        version, keys = self.version_of(), []
-        for block in blocks:
-            key = (version, block.hash)
-            if self.tier.put(key, block.token_ids, self.kv_cache[:, block.block_id]):
-                keys.append(key)
-            else:
-                break  # a prefix is only useful without gaps
-        return keys
+        """Copy these registered blocks to the tier now, together (a peer is about to ask for them: the
+        tier keeps them as one run, psrl.kvcache.lmcache_store); the keys of the prefix it took."""
+        if not blocks:
+            return []
+        version = self.version_of()
+        keys = [(version, block.hash) for block in blocks]
+        rows = self.kv_cache[:, [block.block_id for block in blocks]].transpose(0, 1)
+        held = self.tier.put_many(keys, [block.token_ids for block in blocks], rows)
+        return keys[:held]
 
 
 def make_tier(

@@ -12,6 +12,7 @@ of added and removed keys is what an instance reports to the router, incremental
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Container
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -120,6 +121,16 @@ class TierIndex:
             self._drop(victim)
         self.num_evicted += len(victims)
         return victims
+
+    def evict_next(self, keep: Container[TierKey] = ()) -> TierKey | None:
+        """Drop the next key in eviction order that is neither pinned nor in ``keep`` (the store needs
+        more room than the bytes counted here: see psrl.kvcache.lmcache_store); None when none is left."""
+        for key in self._sizes:
+            if key not in keep and not self._pin_counts.get(key):
+                self._drop(key)
+                self.num_evicted += 1
+                return key
+        return None
 
     def unreserve(self, nbytes: int) -> None:
         self.reserved_bytes -= nbytes

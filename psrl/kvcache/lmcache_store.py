@@ -1,20 +1,30 @@
 """The tier's bytes in LMCache's CPU backend (``LocalCPUBackend`` over one preallocated buffer).
 
-Each entry is an LMCache ``CacheEngineKey`` whose chunk hash is the block's chained hash and
-whose tag ``lmcache.tag.weight_version`` is the version that computed it: LMCache itself keys
-the two apart, so even a lookup that bypassed psrl's index could not cross versions. psrl's
-``TierIndex`` decides eviction (it knows about pins); LMCache's allocator is asked never to
-evict on its own.
+Blocks are stored in runs: one LMCache object holds the blocks that arrived together (a piece a
+peer sent, the prefix an engine exported for a re-route) back to back, one block for a block
+offloaded on its own. LMCache's work is per object (an allocation, a key hashed, a reference
+counted: ~15 us), about what copying a 0.5B model's block costs, so a piece of 64 blocks costs
+one object's work instead of 64. A run is freed when its last block is deleted; until then its
+deleted blocks' room stays taken, and when LMCache cannot find room the store raises MemoryError
+so that the tier evicts further (psrl.kvcache.tier).
+
+Each run's LMCache ``CacheEngineKey`` carries the tag ``lmcache.tag.weight_version``, the version
+that computed its blocks: LMCache itself keys versions apart, so even a lookup that bypassed psrl's
+index could not cross them. A run of one block is keyed by the block's chained hash, a longer run
+by its first block's hash and a run number. psrl's ``TierIndex`` decides eviction (it knows about
+pins); LMCache's allocator is asked never to evict on its own.
 
 Needs the optional ``lmcache`` package (extra ``kv``).
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import weakref
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -24,6 +34,7 @@ from psrl.kvcache.index import TierKey
 
 MODEL_TAG = "psrl"
 VERSION_TAG = "lmcache.tag.weight_version"
+RUN_TAG = "lmcache.tag.psrl_run"
 ALIGN_BYTES = 4096  # LMCache's allocator rounds every allocation up to this
 # room for blocks lent to a KV server's sends that the index has evicted meanwhile: three of a
 # fetch's largest pieces (psrl.kvcache.transfer.client.MAX_PIECE_BLOCKS), the one on the wire and
@@ -51,6 +62,15 @@ def _import_lmcache() -> dict[str, Any]:
     }
 
 
+@dataclass(eq=False, slots=True)
+class Run:
+    """Blocks back to back in one LMCache object stored under one key; freed with its last live block."""
+
+    lm_key: Any
+    offset: int  # of its first block in the buffer, in bytes
+    live: int  # its blocks not deleted yet
+
+
 class LmcacheStore:
     """PayloadStore over LMCache's LocalCPUBackend; every block has the same shape and dtype."""
 
@@ -60,169 +80,225 @@ class LmcacheStore:
         self._format = lm["format"].KV_2LTD
         self.block_shape = torch.Size(block_shape)
         self.dtype = dtype
-        # room for as many blocks as the index admits, each rounded up to the allocator's alignment
+        # room for as many blocks as the index admits, even each in a run of its own (rounded up to
+        # the allocator's alignment), and for the blocks lent out
         block_bytes = self.block_shape.numel() * dtype.itemsize
         aligned = -(-block_bytes // ALIGN_BYTES) * ALIGN_BYTES
         self.lend_headroom_blocks = LEND_HEADROOM_BLOCKS
         buffer = torch.empty((capacity_bytes // block_bytes + 1 + LEND_HEADROOM_BLOCKS) * aligned, dtype=torch.uint8)
-        self._buffer, self._block_bytes, self._aligned_bytes = buffer, block_bytes, aligned
+        self._buffer, self._block_bytes = buffer, block_bytes
         config = lm["config"].from_defaults(
             chunk_size=int(block_shape[1]), local_cpu=True, max_local_cpu_size=buffer.numel() / 1024**3
         )
         self.backend = lm["backend"](config, memory_allocator=lm["allocator"](buffer))
+        self._rows: dict[TierKey, tuple[Run, int]] = {}  # a block's run and its place in it
+        self._run_numbers = itertools.count(1)
         # hand LMCache its references back before the buffer goes, or it warns about each one
         weakref.finalize(self, self.backend.clear)
-
-    def put(self, key: TierKey, kv: torch.Tensor) -> None:
-        obj = self.backend.allocate(self.block_shape, self.dtype, self._format, eviction=False)
-        if obj is None or obj.tensor is None:
-            raise MemoryError(f"LMCache's CPU buffer has no room for a {tuple(self.block_shape)} block")
-        obj.tensor.copy_(kv.view(self.block_shape) if kv.is_contiguous() else kv)
-        self.backend.submit_put_task(self._lm_key(key), obj)
-        obj.ref_count_down()  # the backend holds its own reference now
-
-    def put_many(self, keys: list[TierKey], kvs: torch.Tensor) -> None:
-        """``kvs`` [len(keys), *block_shape]: one allocation for the run when LMCache finds contiguous
-        room for it, a copy per run of adjacent allocations, one hand-over."""
-        objs = self._allocate(len(keys))
-        self._copy_runs([obj.meta.address for obj in objs], kvs, into_store=True)
-        self.adopt(keys, objs)
-
-    def read_many_into(self, keys: list[TierKey], out: torch.Tensor) -> int:
-        """Copy the blocks of ``keys`` into the rows of ``out`` up to the first one missing; how many."""
-        objs = []
-        for key in keys:
-            obj = self.backend.get_blocking(self._lm_key(key))  # held (ref counted) until copied
-            if obj is None:
-                break
-            objs.append(obj)
-        try:
-            if objs:
-                self._copy_runs([obj.meta.address for obj in objs], out[: len(objs)], into_store=False)
-        finally:
-            for obj in objs:
-                obj.ref_count_down()
-        return len(objs)
-
-    def lend_many(self, keys: list[TierKey]) -> tuple[int, list[torch.Tensor], Callable[[], None]]:
-        """The stored bytes of ``keys`` up to the first one missing, without a copy: (how many, views
-        of the buffer holding them back to back (one per run of adjacent allocations), release).
-        Until ``release`` is called the blocks stay allocated even if deleted meanwhile (LMCache's
-        reference count), so a sender may read them while the tier goes on."""
-        objs = []
-        for key in keys:
-            obj = self.backend.get_blocking(self._lm_key(key))
-            if obj is None:
-                break
-            objs.append(obj)
-        addresses = [obj.meta.address for obj in objs]
-        views = []
-        for start, count in address_runs(addresses, self._aligned_bytes):
-            if self._aligned_bytes == self._block_bytes:
-                views.append(self._buffer[addresses[start] : addresses[start] + count * self._block_bytes])
-            else:  # padded allocations: a view per block
-                views.extend(self._buffer[a : a + self._block_bytes] for a in addresses[start : start + count])
-
-        def release() -> None:
-            for obj in objs:
-                obj.ref_count_down()
-
-        return len(objs), views, release
 
     @property
     def memory(self) -> torch.Tensor:
         """The one buffer every block lives in (a peer's NIXL agent writes into it, or reads from it)."""
         return self._buffer
 
+    @property
+    def num_runs(self) -> int:
+        """LMCache objects holding blocks now."""
+        return len({id(run) for run, _ in self._rows.values()})
+
+    # storing
+
+    def put_many(self, keys: list[TierKey], kvs: torch.Tensor) -> None:
+        """``kvs`` [len(keys), *block_shape], any strides: one run when LMCache finds the room in one piece."""
+        parts = self._allocate(len(keys))
+        try:
+            self._copy_rows(self._offsets(parts), kvs, into_store=True)
+        except BaseException:
+            Reservation.free(parts)
+            raise
+        self._store(parts, list(keys))
+
     def reserve(self, count: int) -> Reservation:
-        """Allocations for ``count`` blocks that a peer writes in place; ``adopt`` or release them."""
-        objs = self._allocate(count)
-        base = int(self._buffer.data_ptr())
-        return Reservation(objs, [(base + obj.meta.address, self._block_bytes) for obj in objs])
+        """Room for ``count`` blocks that a peer writes in place; ``adopt`` it or ``release`` it."""
+        parts = self._allocate(count)
+        return Reservation(parts, self._offsets(parts), int(self._buffer.data_ptr()), self._block_bytes)
 
     def reserved_view(self, reservation: Reservation, count: int) -> torch.Tensor | None:
-        """The first ``count`` allocations of ``reservation`` as one view of the buffer (bytes) when they
-        lie back to back unpadded, so a peer's bytes can be received straight into them; else None."""
-        addresses = [obj.meta.address for obj in reservation.objs[:count]]
-        if not addresses or self._aligned_bytes != self._block_bytes:
+        """The first ``count`` blocks of ``reservation`` as one view of the buffer (bytes) when they lie
+        back to back, so a peer's bytes can be received straight into them; else None."""
+        offsets = reservation.offsets[:count]
+        if not offsets or address_runs(offsets, self._block_bytes) != [(0, count)]:
             return None
-        if address_runs(addresses, self._aligned_bytes) != [(0, count)]:
-            return None
-        return self._buffer[addresses[0] : addresses[0] + count * self._block_bytes]
+        return self._buffer[offsets[0] : offsets[0] + count * self._block_bytes]
 
     def write_reserved(self, reservation: Reservation, first: int, rows: torch.Tensor) -> None:
-        """Copy ``rows`` (one block each, contiguous) into the allocations of ``reservation`` from ``first`` on."""
-        addresses = [obj.meta.address for obj in reservation.objs[first : first + len(rows)]]
-        if len(addresses) < len(rows):
-            raise ValueError(f"{len(rows)} blocks from allocation {first} on, {len(reservation.objs)} reserved")
-        self._copy_runs(addresses, rows, into_store=True)
+        """Copy ``rows`` (one block each) into the blocks of ``reservation`` from ``first`` on."""
+        offsets = reservation.offsets[first : first + len(rows)]
+        if len(offsets) < len(rows):
+            raise ValueError(f"{len(rows)} blocks from block {first} on, {reservation.count} reserved")
+        self._copy_rows(offsets, rows, into_store=True)
 
-    def _allocate(self, count: int) -> list[Any]:
-        """``count`` block allocations, adjacent when LMCache finds the room (never evicting: the index does)."""
-        objs = self.backend.batched_allocate(self.block_shape, self.dtype, count, self._format, eviction=False)
-        if objs is None:  # fragmented: block by block
-            objs = [self.backend.allocate(self.block_shape, self.dtype, self._format, eviction=False)
-                    for _ in range(count)]  # fmt: skip
-        if any(obj is None for obj in objs):
-            for obj in objs:
-                if obj is not None:
-                    obj.ref_count_down()
-            raise MemoryError(f"LMCache's CPU buffer has no room for {count} {tuple(self.block_shape)} blocks")
-        return list(objs)
+    def adopt(self, reservation: Reservation, keys: list[TierKey | None]) -> None:
+        """Store the blocks of ``reservation`` (written meanwhile) under ``keys``, one per reserved block
+        in order (None, or past the end: a block not kept, whose room is given back with its run)."""
+        self._store(reservation.parts, keys + [None] * (reservation.count - len(keys)))
 
-    def adopt(self, keys: list[TierKey], objs: list[Any]) -> None:
-        """Store reserved allocations (written meanwhile) under ``keys``."""
-        self.backend.batched_submit_put_task([self._lm_key(key) for key in keys], objs)
-        for obj in objs:
-            obj.ref_count_down()  # the backend holds its own reference now
+    def _allocate(self, count: int) -> list[tuple[Any, int]]:
+        """LMCache allocations (object, blocks it holds) for ``count`` blocks in order: one when there is
+        contiguous room, else halves, down to a block each (never evicting: the tier does).
+        MemoryError when a single block finds no room."""
+        parts: list[tuple[Any, int]] = []
+        try:
+            self._allocate_into(count, parts)
+        except MemoryError:
+            Reservation.free(parts)
+            raise
+        return parts
 
-    def _copy_runs(self, addresses: list[int], blocks: torch.Tensor, into_store: bool) -> None:
-        """Copy between ``blocks`` (rows in order) and the allocations at ``addresses`` in the buffer:
-        one strided copy per run of adjacent allocations rather than a tensor per block (LMCache's
-        per-object views cost more than the bytes of a block)."""
-        if not blocks.is_contiguous():
-            raise ValueError("blocks must be contiguous: one block per row, back to back")
-        rows = blocks.view(torch.uint8).view(len(addresses), self._block_bytes)
-        for start, count in address_runs(addresses, self._aligned_bytes):
-            stored = self._buffer.as_strided((count, self._block_bytes), (self._aligned_bytes, 1), addresses[start])
-            if into_store:
-                stored.copy_(rows[start : start + count])
-            else:
-                rows[start : start + count].copy_(stored)
+    def _allocate_into(self, count: int, parts: list[tuple[Any, int]]) -> None:
+        shape = torch.Size([count, *self.block_shape])
+        obj = self.backend.allocate(shape, self.dtype, self._format, eviction=False)
+        if obj is not None:
+            parts.append((obj, count))
+        elif count == 1:
+            raise MemoryError(f"LMCache's CPU buffer has no room for a {tuple(self.block_shape)} block")
+        else:
+            self._allocate_into(count // 2, parts)
+            self._allocate_into(count - count // 2, parts)
+
+    def _offsets(self, parts: list[tuple[Any, int]]) -> list[int]:
+        return [obj.meta.address + row * self._block_bytes for obj, count in parts for row in range(count)]
+
+    def _store(self, parts: list[tuple[Any, int]], keys: list[TierKey | None]) -> None:
+        """Hand each allocation to LMCache as a run of its blocks' ``keys`` (in order; None: a block not
+        kept); one that keeps none is freed."""
+        first = 0
+        for obj, count in parts:
+            kept = [(row, key) for row, key in enumerate(keys[first : first + count]) if key is not None]
+            first += count
+            if kept:
+                run = Run(self._run_key(kept, count), obj.meta.address, len(kept))
+                self.backend.submit_put_task(run.lm_key, obj)
+                for row, key in kept:
+                    self._rows[key] = (run, row)
+            obj.ref_count_down()  # LMCache holds its own reference now, or none (freed)
+
+    def _run_key(self, kept: list[tuple[int, TierKey]], count: int) -> Any:
+        """A run of one block: the block's chained hash; a longer one: its first kept block's hash and
+        a run number. Tagged with its blocks' weight version (versions, were they ever mixed)."""
+        versions = ",".join(str(version) for version in sorted({key[0] for _, key in kept}))
+        tags = {VERSION_TAG: versions}
+        if count > 1:
+            tags[RUN_TAG] = str(next(self._run_numbers))
+        return self._key_type(MODEL_TAG, 1, 0, kept[0][1][1], self.dtype, tags)
+
+    # reading
 
     def get(self, key: TierKey) -> torch.Tensor | None:
-        obj = self.backend.get_blocking(self._lm_key(key))
-        if obj is None:
+        offsets, objs = self._hold([key])
+        if not offsets:
             return None
-        tensor: torch.Tensor = obj.tensor
+        objs[0].ref_count_down()  # the caller copies before the next tier operation (the tier's lock covers both)
+        return self._blocks(offsets[0], 1, self.dtype).view(self.block_shape)
+
+    def read_many_into(self, keys: list[TierKey], out: torch.Tensor) -> int:
+        """Copy the blocks of ``keys`` into the rows of ``out`` up to the first one missing; how many."""
+        offsets, objs = self._hold(keys[: len(out)])
         try:
-            return tensor
+            if offsets:
+                self._copy_rows(offsets, out[: len(offsets)], into_store=False)
         finally:
-            # the caller copies before the next tier operation (the tier's lock covers both)
-            obj.ref_count_down()
+            for obj in objs:
+                obj.ref_count_down()
+        return len(offsets)
+
+    def lend_many(self, keys: list[TierKey]) -> tuple[int, list[torch.Tensor], Callable[[], None]]:
+        """The stored bytes of ``keys`` up to the first one missing, without a copy: (how many, views of
+        the buffer holding them in order, one per stretch of adjacent blocks, release). Until
+        ``release`` is called their runs stay allocated even if deleted meanwhile (LMCache's reference
+        count), so a sender may read them while the tier goes on."""
+        offsets, objs = self._hold(keys)
+        size = self._block_bytes
+        views = [self._buffer[offsets[s] : offsets[s] + n * size] for s, n in address_runs(offsets, size)]
+
+        def release() -> None:
+            for obj in objs:
+                obj.ref_count_down()
+
+        return len(offsets), views, release
+
+    def _hold(self, keys: list[TierKey]) -> tuple[list[int], list[Any]]:
+        """Offsets of the blocks of ``keys`` up to the first one missing, and their runs' LMCache
+        objects, each referenced once (the caller lets go of them)."""
+        offsets: list[int] = []
+        held: dict[Run, Any] = {}
+        for key in keys:
+            entry = self._rows.get(key)
+            if entry is None:
+                break
+            run, row = entry
+            if run not in held:
+                obj = self.backend.get_blocking(run.lm_key)
+                if obj is None:
+                    break
+                held[run] = obj
+            offsets.append(run.offset + row * self._block_bytes)
+        return offsets, list(held.values())
+
+    def _blocks(self, offset: int, count: int, dtype: torch.dtype) -> torch.Tensor:
+        """``count`` blocks from ``offset`` on, as one flat tensor of ``dtype``."""
+        return self._buffer[offset : offset + count * self._block_bytes].view(dtype)
+
+    def _copy_rows(self, offsets: list[int], blocks: torch.Tensor, into_store: bool) -> None:
+        """Copy between ``blocks`` (a block per row, in order, any strides) and the blocks at ``offsets``
+        in the buffer: one copy per stretch of adjacent blocks."""
+        for start, count in address_runs(offsets, self._block_bytes):
+            rows = blocks[start : start + count]
+            stored = self._blocks(offsets[start], count, rows.dtype).view(rows.shape)
+            if into_store:
+                stored.copy_(rows)
+            else:
+                rows.copy_(stored)
+
+    # forgetting
 
     def delete(self, key: TierKey) -> None:
-        self.backend.remove(self._lm_key(key))
+        entry = self._rows.pop(key, None)
+        if entry is None:
+            return
+        run = entry[0]
+        run.live -= 1
+        if run.live == 0:
+            self.backend.remove(run.lm_key)
 
     def clear(self) -> None:
+        """Drop every run, lent ones too (they are freed when their lender lets go)."""
+        runs = {id(run): run for run, _ in self._rows.values()}
+        self._rows.clear()
+        for run in runs.values():
+            self.backend.remove(run.lm_key)
         self.backend.clear()
-
-    def _lm_key(self, key: TierKey) -> Any:
-        version, block_hash = key
-        return self._key_type(MODEL_TAG, 1, 0, block_hash, self.dtype, {VERSION_TAG: str(version)})
 
 
 class Reservation:
-    """Allocations reserved for blocks a peer writes in place: ``regions`` (address, bytes), a block each."""
+    """Room for ``count`` blocks a peer writes in place: LMCache allocations (``parts``: object, blocks
+    it holds), each block's offset in the buffer and ``regions`` (address, bytes), a block each, in order."""
 
-    def __init__(self, objs: list[Any], regions: list[tuple[int, int]]) -> None:
-        self.objs = objs
-        self.regions = regions
+    def __init__(self, parts: list[tuple[Any, int]], offsets: list[int], base: int, block_bytes: int) -> None:
+        self.parts = parts
+        self.offsets = offsets
+        self.regions = [(base + offset, block_bytes) for offset in offsets]
+        self.count = len(offsets)
         self.open = True
         self.nbytes = 0  # room the tier's index holds for it
 
-    def release(self, objs: list[Any]) -> None:
-        for obj in objs:
+    def release(self) -> None:
+        """Free the room unused (nothing of it was stored)."""
+        Reservation.free(self.parts)
+
+    @staticmethod
+    def free(parts: list[tuple[Any, int]]) -> None:
+        for obj, _ in parts:
             obj.ref_count_down()
 
 

@@ -10,24 +10,24 @@ reads entries for a peer.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Container
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import torch
 
 from psrl.kvcache.index import EvictionPolicy, TierChanges, TierIndex, TierKey
 
+Stored = TypeVar("Stored")
+
 
 class PayloadStore(Protocol):
-    def put(self, key: TierKey, kv: torch.Tensor) -> None:
-        """Keep a copy of ``kv`` under ``key`` (replacing nothing: the index admits each key once)."""
-        ...
-
     def put_many(self, keys: list[TierKey], kvs: torch.Tensor) -> None:
-        """``put`` for each key and row of ``kvs`` (one block per row); a store may do it in one go."""
+        """Keep a copy of each row of ``kvs`` (a block each, any strides) under its key (replacing
+        nothing: the index admits each key once); MemoryError when the store has no room for them."""
         ...
 
     def read_many_into(self, keys: list[TierKey], out: torch.Tensor) -> int:
@@ -82,36 +82,28 @@ class KvTier:
 
     def put(self, key: TierKey, token_ids: tuple[int, ...], kv: torch.Tensor) -> bool:
         """Store one block's keys/values under ``(version, hash)``; False when the tier refused it."""
-        with self._lock:
-            if key in self.index:
-                self.index.touch(key)
-                return True
-            evicted = self.index.admit(key, kv.numel() * kv.element_size())
-            if evicted is None:
-                self.stats.num_refused += 1
-                return False
-            for victim in evicted:
-                self._forget(victim)
-            self.store.put(key, kv)
-            self._tokens[key] = token_ids
-            self.stats.num_stored += 1
-            return True
+        return self.put_many([key], [token_ids], kv.unsqueeze(0)) == 1
 
     def put_many(self, keys: list[TierKey], token_ids: list[tuple[int, ...]], kvs: torch.Tensor) -> int:
-        """``put`` for a run of blocks (``kvs``: one per row) under one lock, as a peer's piece lands;
-        stops at the first refused block (only a gapless prefix is of use) and returns how many of
-        ``keys`` the tier holds now."""
+        """Store a run of blocks (``kvs``: one per row) under one lock, as a peer's piece lands or an
+        engine exports a prefix; stops at the first refused block (only a gapless prefix is of use)
+        and returns how many of ``keys`` the tier holds now."""
         block_bytes = kvs[0].numel() * kvs.element_size() if len(kvs) else 0
         with self._lock:
             admitted, held = self._admit_prefix(keys, token_ids, lambda index: block_bytes)
             try:
                 for start, count in index_runs(admitted):
-                    self.store.put_many(keys[start : start + count], kvs[start : start + count])
-            except Exception:
+                    run = keys[start : start + count]
+                    self._with_room(functools.partial(self.store.put_many, run, kvs[start : start + count]), set(run))
+            except Exception as exc:
                 for index in admitted:  # the index must not claim what the store does not hold
                     self.index.remove(keys[index])
                     self._tokens.pop(keys[index], None)
-                raise
+                    self.store.delete(keys[index])
+                if not isinstance(exc, MemoryError):
+                    raise
+                self.stats.num_refused += 1  # the rest is pinned or lent out
+                return admitted[0]
             self.stats.num_stored += len(admitted)
             return held
 
@@ -131,7 +123,7 @@ class KvTier:
             for victim in evicted:
                 self._forget(victim)
             try:
-                reservation = reserve(count)
+                reservation = self._with_room(lambda: reserve(count))
             except Exception:
                 self.index.unreserve(nbytes)
                 raise
@@ -140,18 +132,16 @@ class KvTier:
 
     def land_reserved(self, keys: list[TierKey], token_ids: list[tuple[int, ...]], reservation: Any) -> int:
         """``put_many`` for blocks already written into ``reservation`` (its first ``len(keys)``
-        allocations, in order); the room not kept goes back. How many of ``keys`` the tier holds."""
+        blocks, in order); the room not kept goes back. How many of ``keys`` the tier holds."""
         with self._lock:
             if not reservation.open:
                 raise ValueError("this reservation has landed or been released already")
             reservation.open = False
             self.index.unreserve(reservation.nbytes)  # the blocks admitted now take its place
             kept, held = self._admit_prefix(keys, token_ids, lambda index: reservation.regions[index][1])
-            if kept:
-                self.store.adopt([keys[i] for i in kept], [reservation.objs[i] for i in kept])  # type: ignore[attr-defined]
-                self.stats.num_stored += len(kept)
             adopted = set(kept)
-            reservation.release([obj for i, obj in enumerate(reservation.objs) if i not in adopted])
+            self.store.adopt(reservation, [key if i in adopted else None for i, key in enumerate(keys)])  # type: ignore[attr-defined]
+            self.stats.num_stored += len(kept)
         return held
 
     def release_reserved(self, reservation: Any) -> None:
@@ -160,7 +150,7 @@ class KvTier:
             if reservation.open:
                 reservation.open = False
                 self.index.unreserve(reservation.nbytes)
-                reservation.release(reservation.objs)
+                reservation.release()
 
     def get_into(self, key: TierKey, token_ids: tuple[int, ...], out: torch.Tensor) -> bool:
         """Copy the entry into ``out`` (same shape) when the tier holds it for exactly these tokens."""
@@ -304,6 +294,20 @@ class KvTier:
                 self._tokens[key] = tokens
             held += 1
         return admitted, held
+
+    def _with_room(self, allocate: Callable[[], Stored], keep: Container[TierKey] = ()) -> Stored:
+        """``allocate`` (a store call that takes room), evicting further in the index's order while the
+        store finds none (a run's deleted blocks keep their room until its last block goes, and lent
+        blocks until their lender lets go): never ``keep`` nor a pinned key. MemoryError when nothing
+        is left to evict."""
+        while True:
+            try:
+                return allocate()
+            except MemoryError:
+                victim = self.index.evict_next(keep)
+                if victim is None:
+                    raise
+                self._forget(victim)
 
     def _forget(self, key: TierKey) -> None:
         self._tokens.pop(key, None)

@@ -386,7 +386,7 @@ class KvFetcher:
             self.tier.release_reserved(reservation)
         else:  # a late write may still land in its allocations: never handed out again, room kept
             reservation.open = False
-            self.num_abandoned_blocks += len(reservation.objs)
+            self.num_abandoned_blocks += reservation.count
 
     def _landing_pool(self) -> NixlLanding:
         with self._landing_lock:
