@@ -4,9 +4,11 @@ A source tier is filled directly with blocks of a model's KV geometry (the engin
 [layers, block tokens, 2 (K, V), KV heads, head dim], bf16, 16 tokens a block) for a context, in
 one go as an engine exports a re-routed request's prefix, and a target fetches them all (sync)
 over each channel into its own tier, kept from one repeat to the next (cleared in between: a
-running instance's tier is warm). The raw baselines move the same bytes
-between buffers that are reused (warm) too: ZeroMQ in one message and in messages of a fetch's
-first piece (16 blocks; the better of the two counts), NIXL in one write. Every round takes one
+running instance's tier is warm). The raw baselines move the same bytes between buffers that are
+reused (warm) too and lie in the same memory as the tiers' (huge pages where the kernel grants
+them, psrl.kvcache.host_buffer: they speed NIXL's copies up as much as the tier's): ZeroMQ in one
+message and in messages of a fetch's first piece (16 blocks; the better of the two counts), NIXL
+in one write. Every round takes one
 fetch per channel and one of each raw move in turn, so both sides see the same load; medians over
 the rounds after a warm-up round. Used by tools/bench_kv.py; runs on its own too:
 
@@ -29,6 +31,7 @@ import zmq
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from psrl.engine.kv_offload import make_tier
+from psrl.kvcache.host_buffer import huge_page_buffer
 from psrl.kvcache.tier import KvTier
 from psrl.kvcache.transfer import KvFetcher, KvServer
 from psrl.kvcache.transfer.client import PIECE_BLOCKS
@@ -79,7 +82,8 @@ def raw_tcp_moves(num_bytes: int, message_bytes: int) -> Iterator[float]:
     sent back to back until the last is received, one per ``next``. The two sockets have a ZeroMQ
     context (an I/O thread) each, as two processes would, and as the source's server and the
     target's fetcher do."""
-    payload = torch.randint(0, 255, (num_bytes,), dtype=torch.uint8)
+    payload = huge_page_buffer(num_bytes)
+    payload.copy_(torch.randint(0, 255, (num_bytes,), dtype=torch.uint8))
     messages = [payload[i : i + message_bytes].numpy() for i in range(0, num_bytes, message_bytes)]
     receiving, sending = zmq.Context(), zmq.Context()
     pull, push = receiving.socket(zmq.PULL), sending.socket(zmq.PUSH)
@@ -102,7 +106,7 @@ def raw_tcp_moves(num_bytes: int, message_bytes: int) -> Iterator[float]:
 
 def raw_nixl_moves(num_bytes: int) -> Iterator[float]:
     """GB/s of one NIXL WRITE of ``num_bytes`` from a registered buffer into a registered one, one per ``next``."""
-    target = torch.empty(num_bytes, dtype=torch.uint8)
+    target = huge_page_buffer(num_bytes)
     landing, writer = NixlLanding([target]), NixlWriter("raw")
     region = [(target.data_ptr(), num_bytes)]
     request = FetchRequest("raw", [], "nixl", "", landing.agent.name, landing.metadata, region)

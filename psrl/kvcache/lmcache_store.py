@@ -30,6 +30,7 @@ from typing import Any
 import torch
 
 from psrl.errors import MissingExtraError
+from psrl.kvcache.host_buffer import huge_page_buffer
 from psrl.kvcache.index import TierKey
 
 MODEL_TAG = "psrl"
@@ -85,7 +86,7 @@ class LmcacheStore:
         block_bytes = self.block_shape.numel() * dtype.itemsize
         aligned = -(-block_bytes // ALIGN_BYTES) * ALIGN_BYTES
         self.lend_headroom_blocks = LEND_HEADROOM_BLOCKS
-        buffer = torch.empty((capacity_bytes // block_bytes + 1 + LEND_HEADROOM_BLOCKS) * aligned, dtype=torch.uint8)
+        buffer = huge_page_buffer((capacity_bytes // block_bytes + 1 + LEND_HEADROOM_BLOCKS) * aligned)
         self._buffer, self._block_bytes = buffer, block_bytes
         config = lm["config"].from_defaults(
             chunk_size=int(block_shape[1]), local_cpu=True, max_local_cpu_size=buffer.numel() / 1024**3

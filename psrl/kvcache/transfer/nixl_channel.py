@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from psrl.kvcache.host_buffer import huge_page_buffer
 from psrl.kvcache.transfer.wire import FetchRequest
 from psrl.nixl_agents import make_agent
 
@@ -74,7 +75,7 @@ class NixlWriter:
         if self.staging.numel() < nbytes:
             if self._handle is not None:
                 self.agent.deregister_memory(self._handle)
-            self.staging = torch.empty(1 << max(0, nbytes - 1).bit_length(), dtype=torch.uint8)
+            self.staging = huge_page_buffer(1 << max(0, nbytes - 1).bit_length())
             self._handle = self.agent.register_memory(self.staging)
         return self.staging[:nbytes]
 
