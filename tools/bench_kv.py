@@ -183,7 +183,7 @@ def main() -> None:
     parser.add_argument("--device-blocks", type=int, default=96, help="device KV blocks of 16 (fewer than sessions)")
     parser.add_argument("--reroute-tokens", type=int, default=1024)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--transfer-repeats", type=int, default=5, help="repeats of each transfer size (3.)")
+    parser.add_argument("--transfer-repeats", type=int, default=9, help="repeats of each transfer size (3.)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as tmp:

@@ -7,12 +7,12 @@ over each channel into its own tier, kept from one repeat to the next (cleared i
 running instance's tier is warm). The raw baselines move the same bytes between buffers that are
 reused (warm) too and lie in the same memory as the tiers' (huge pages where the kernel grants
 them, psrl.kvcache.host_buffer: they speed NIXL's copies up as much as the tier's): ZeroMQ in one
-message and in messages of a fetch's first piece (16 blocks; the better of the two counts), NIXL
-in one write. Every round takes one
+message, in messages of a fetch's first piece (16 blocks) and in such messages received into
+their places in one buffer (the best of the three counts), NIXL in one write. Every round takes one
 fetch per channel and one of each raw move in turn, so both sides see the same load; medians over
 the rounds after a warm-up round. Used by tools/bench_kv.py; runs on its own too:
 
-    .venv-kv/bin/python tools/bench_kv_transfer.py --repeats 5
+    .venv-kv/bin/python tools/bench_kv_transfer.py
 """
 
 from __future__ import annotations
@@ -77,14 +77,16 @@ def same_blocks(source: KvTier, target: KvTier, keys: list[tuple[int, int]]) -> 
     return True
 
 
-def raw_tcp_moves(num_bytes: int, message_bytes: int) -> Iterator[float]:
+def raw_tcp_moves(num_bytes: int, message_bytes: int, into: bool = False) -> Iterator[float]:
     """GB/s of ``num_bytes`` in ZeroMQ messages of ``message_bytes`` from a PUSH to a PULL socket,
-    sent back to back until the last is received, one per ``next``. The two sockets have a ZeroMQ
-    context (an I/O thread) each, as two processes would, and as the source's server and the
-    target's fetcher do."""
+    sent back to back until the last is received, one per ``next``; ``into``: each received into
+    its place in one warm buffer (``recv_into``, as a fetch lands its pieces) instead of a message
+    of ZeroMQ's own. The two sockets have a ZeroMQ context (an I/O thread) each, as two processes
+    would, and as the source's server and the target's fetcher do."""
     payload = huge_page_buffer(num_bytes)
     payload.copy_(torch.randint(0, 255, (num_bytes,), dtype=torch.uint8))
     messages = [payload[i : i + message_bytes].numpy() for i in range(0, num_bytes, message_bytes)]
+    landing = huge_page_buffer(num_bytes).numpy() if into else None
     receiving, sending = zmq.Context(), zmq.Context()
     pull, push = receiving.socket(zmq.PULL), sending.socket(zmq.PUSH)
     port = pull.bind_to_random_port("tcp://127.0.0.1")
@@ -94,8 +96,11 @@ def raw_tcp_moves(num_bytes: int, message_bytes: int) -> Iterator[float]:
             started = time.perf_counter()
             for message in messages:
                 push.send(message, copy=False)
-            for _ in messages:
-                pull.recv(copy=False)
+            for offset in range(0, num_bytes, message_bytes):
+                if landing is None:
+                    pull.recv(copy=False)
+                else:
+                    pull.recv_into(landing[offset:])
             yield num_bytes / (time.perf_counter() - started) / 1e9
     finally:
         push.close(0)
@@ -123,12 +128,15 @@ def raw_nixl_moves(num_bytes: int) -> Iterator[float]:
 
 def interleaved(moves: dict[str, Iterator[float]], repeats: int) -> dict[str, float]:
     """Median GB/s of each kind of move over ``repeats`` rounds that take one of each in turn (after
-    one warm-up round), so that every kind sees the same load on the shared cores."""
+    one warm-up round), so that every kind sees the same load on the shared cores. Each round
+    starts one kind later than the one before: whichever move follows a large raw write runs up
+    to 10% slower (measured), and no kind should always be the one that follows it."""
     rates: dict[str, list[float]] = {name: [] for name in moves}
+    names = list(moves)
     try:
         for round_ in range(repeats + 1):
-            for name, move in moves.items():
-                rate = next(move)
+            for name in names[round_ % len(names) :] + names[: round_ % len(names)]:
+                rate = next(moves[name])
                 if round_:
                     rates[name].append(rate)
     finally:
@@ -137,20 +145,25 @@ def interleaved(moves: dict[str, Iterator[float]], repeats: int) -> dict[str, fl
     return {name: statistics.median(values) for name, values in rates.items()}
 
 
+RAW_TCP = ("raw_tcp_one", "raw_tcp_pieces", "raw_tcp_into")
+
+
 def raw_moves(num_bytes: int, message_bytes: int) -> dict[str, Iterator[float]]:
-    """Raw ZeroMQ in one message and in messages of a piece (the better counts), raw NIXL in one write."""
+    """Raw ZeroMQ in one message, in messages of a piece and in pieces received into one buffer
+    (the best counts); raw NIXL in one write."""
     return {
         "raw_tcp_one": raw_tcp_moves(num_bytes, num_bytes),
         "raw_tcp_pieces": raw_tcp_moves(num_bytes, message_bytes),
+        "raw_tcp_into": raw_tcp_moves(num_bytes, message_bytes, into=True),
         "raw_nixl": raw_nixl_moves(num_bytes),
     }
 
 
 def raw_rates(num_bytes: int, repeats: int, message_bytes: int) -> tuple[float, float]:
-    """Median GB/s of raw ZeroMQ (the better of one message and messages of ``message_bytes``) and
-    of one raw NIXL write, of ``num_bytes``."""
+    """Median GB/s of raw ZeroMQ (the best of ``RAW_TCP``, messages of ``message_bytes``) and of one
+    raw NIXL write, of ``num_bytes``."""
     rates = interleaved(raw_moves(num_bytes, message_bytes), repeats)
-    return max(rates["raw_tcp_one"], rates["raw_tcp_pieces"]), rates["raw_nixl"]
+    return max(rates[name] for name in RAW_TCP), rates["raw_nixl"]
 
 
 def one_size(model: str, tokens: int, repeats: int) -> dict[str, float]:
@@ -168,7 +181,7 @@ def one_size(model: str, tokens: int, repeats: int) -> dict[str, float]:
     for channel in CHANNELS:
         assert same_blocks(source, targets[channel], keys), f"{model} {tokens}: {channel} landed other bytes"
     row: dict[str, float] = {"mib": capacity / 2**20, "block_kib": block_bytes / 1024}
-    row["raw_tcp_gbps"] = max(rates["raw_tcp_one"], rates["raw_tcp_pieces"])
+    row["raw_tcp_gbps"] = max(rates[name] for name in RAW_TCP)
     row["raw_nixl_gbps"] = rates["raw_nixl"]
     for channel in CHANNELS:
         row[f"fetch_{channel}_gbps"] = rates[f"fetch_{channel}"]
@@ -193,7 +206,7 @@ def best_vs_raw(table: dict[str, dict[str, float]]) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=9)
     args = parser.parse_args()
     torch.set_num_threads(1)
     table = transfer_table(args.repeats)

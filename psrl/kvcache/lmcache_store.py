@@ -40,7 +40,7 @@ ALIGN_BYTES = 4096  # LMCache's allocator rounds every allocation up to this
 # room for blocks lent to a KV server's sends that the index has evicted meanwhile: three of a
 # fetch's largest pieces (psrl.kvcache.transfer.client.MAX_PIECE_BLOCKS), the one on the wire and
 # the two asked ahead; pages of it become resident only once a block is stored there
-LEND_HEADROOM_BLOCKS = 192
+LEND_HEADROOM_BLOCKS = 384
 
 
 def _import_lmcache() -> dict[str, Any]:

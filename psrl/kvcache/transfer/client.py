@@ -51,7 +51,7 @@ from psrl.kvcache.transfer.wire import ENCODER, REPLY_DECODER, Channel, FetchRep
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 PIECE_BLOCKS = 16
-MAX_PIECE_BLOCKS = 64  # the source's store keeps room to lend three pieces this long (LEND_HEADROOM_BLOCKS)
+MAX_PIECE_BLOCKS = 128  # the source's store keeps room to lend three pieces this long (LEND_HEADROOM_BLOCKS)
 # a tcp piece grows no longer than this: the receiving ZeroMQ thread mallocs a buffer per frame,
 # and above glibc's largest mmap threshold (32 MiB) every one is a fresh mapping, faulted in and
 # zeroed page by page while the bytes arrive
