@@ -7,8 +7,9 @@ over each channel into its own tier, kept from one repeat to the next (cleared i
 running instance's tier is warm). The raw baselines move the same bytes between buffers that are
 reused (warm) too and lie in the same memory as the tiers' (huge pages where the kernel grants
 them, psrl.kvcache.host_buffer: they speed NIXL's copies up as much as the tier's): ZeroMQ in one
-message, in messages of a fetch's first piece (16 blocks) and in such messages received into
-their places in one buffer (the best of the three counts), NIXL in one write. Every round takes one
+message, in messages of a fetch's first piece (16 blocks) and in messages of its largest piece
+(16 MiB) received into their places in one buffer (the best of the three counts), NIXL in one
+write. Every round takes one
 fetch per channel and one of each raw move in turn, so both sides see the same load; medians over
 the rounds after a warm-up round. Used by tools/bench_kv.py; runs on its own too:
 
@@ -34,7 +35,7 @@ from psrl.engine.kv_offload import make_tier
 from psrl.kvcache.host_buffer import huge_page_buffer
 from psrl.kvcache.tier import KvTier
 from psrl.kvcache.transfer import KvFetcher, KvServer
-from psrl.kvcache.transfer.client import PIECE_BLOCKS
+from psrl.kvcache.transfer.client import MAX_TCP_PIECE_BYTES, PIECE_BLOCKS
 from psrl.kvcache.transfer.nixl_channel import NixlLanding, NixlWriter
 from psrl.kvcache.transfer.wire import FetchRequest
 
@@ -149,12 +150,13 @@ RAW_TCP = ("raw_tcp_one", "raw_tcp_pieces", "raw_tcp_into")
 
 
 def raw_moves(num_bytes: int, message_bytes: int) -> dict[str, Iterator[float]]:
-    """Raw ZeroMQ in one message, in messages of a piece and in pieces received into one buffer
-    (the best counts); raw NIXL in one write."""
+    """Raw ZeroMQ in one message, in messages of a fetch's first piece (``message_bytes``) and in
+    messages of its largest piece received into one buffer (the best of the three counts); raw
+    NIXL in one write."""
     return {
         "raw_tcp_one": raw_tcp_moves(num_bytes, num_bytes),
         "raw_tcp_pieces": raw_tcp_moves(num_bytes, message_bytes),
-        "raw_tcp_into": raw_tcp_moves(num_bytes, message_bytes, into=True),
+        "raw_tcp_into": raw_tcp_moves(num_bytes, min(num_bytes, MAX_TCP_PIECE_BYTES), into=True),
         "raw_nixl": raw_nixl_moves(num_bytes),
     }
 
@@ -204,13 +206,23 @@ def best_vs_raw(table: dict[str, dict[str, float]]) -> float:
     return statistics.median(max(row[f"{channel}_vs_raw"] for channel in CHANNELS) for row in table.values())
 
 
+def transfer_fields(table: dict[str, dict[str, float]]) -> str:
+    """RESULT fields: ``transfer_vs_raw`` (``best_vs_raw``), then per channel the median over sizes
+    of its fetch / raw ratio and of its fetch GB/s (the better ratio is not always the faster channel)."""
+    fields = {"transfer_vs_raw": best_vs_raw(table)}
+    for channel in CHANNELS:
+        fields[f"{channel}_vs_raw"] = statistics.median(row[f"{channel}_vs_raw"] for row in table.values())
+        fields[f"{channel}_gbps"] = statistics.median(row[f"fetch_{channel}_gbps"] for row in table.values())
+    return " ".join(f"{name}={value:.3f}" for name, value in fields.items())
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=9)
     args = parser.parse_args()
     torch.set_num_threads(1)
     table = transfer_table(args.repeats)
-    print(f"RESULT transfer_vs_raw={best_vs_raw(table):.3f}")
+    print(f"RESULT {transfer_fields(table)}")
 
 
 if __name__ == "__main__":
