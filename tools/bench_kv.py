@@ -151,7 +151,7 @@ def reroute(model: Path, args: argparse.Namespace) -> dict[str, float]:
                     outputs, ttft = run(target, "r", prompt, 16, future, **prior)
                     outcome = future.result()
                 else:
-                    outcome = fetcher.fetch("t", server.address, keys, 10, pin)
+                    outcome = fetcher.fetch("t", server.address, keys, 10, pin, awaited=True)
                     outputs, ttft = run(target, "r", prompt, 16, **prior)
                     ttft = time.perf_counter() - started
                 ttfts.append(ttft)

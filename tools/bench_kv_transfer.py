@@ -56,13 +56,14 @@ def filled_tier(shape: tuple[int, ...], num_blocks: int, capacity: int) -> tuple
 
 
 def fetch_moves(server: KvServer, target: KvTier, keys: list[tuple[int, int]], channel: str) -> Iterator[float]:
-    """GB/s of a whole sync fetch of ``keys`` into ``target`` (emptied before each), one per ``next``."""
+    """GB/s of a whole sync fetch of ``keys`` into ``target`` (emptied before each), one per ``next``
+    (``awaited``: the target waits for all of it, as in sync mode)."""
     fetcher = KvFetcher(target, channel)  # type: ignore[arg-type]
     fetcher.fetch("warm", server.address, [], 30)
     try:
         for repeat in itertools.count():
             target.clear()
-            outcome = fetcher.fetch(f"{channel}{repeat}", server.address, keys, 60)
+            outcome = fetcher.fetch(f"{channel}{repeat}", server.address, keys, 60, awaited=True)
             assert outcome.error == "" and outcome.num_blocks == len(keys), outcome
             yield outcome.num_bytes / outcome.seconds / 1e9
     finally:

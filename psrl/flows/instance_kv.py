@@ -102,8 +102,8 @@ class InstanceKv:
         mode = self.transfer.transfer_mode
         keys = self.engine.prefix_keys(token_ids)
         pin = rid if mode == "pin_sync" else ""
-        future = self.port.fetcher.start(rid, request.kv_source_address, keys, self.timeout_s, pin)
         waits = mode != "async"
+        future = self.port.fetcher.start(rid, request.kv_source_address, keys, self.timeout_s, pin, awaited=waits)
         self.awaiting[rid] = _Awaiting(request, future, now + self.timeout_s, waits)
         return waits
 

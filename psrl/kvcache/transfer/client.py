@@ -8,9 +8,11 @@ A fetch asks for its blocks in pieces, in prefix order, and each piece goes into
 as it lands (all of its blocks under one tier lock): a target that started prefilling at once
 (async mode) takes the leading blocks while later ones are still on their way. The first piece
 is ``PIECE_BLOCKS`` long and each next one twice the one before, up to ``MAX_PIECE_BLOCKS``: the
-leading blocks come as early as before, and a long fetch pays the cost of a piece (a request,
-a reply, a NIXL write set up and waited for, the threads woken on both sides) a few times rather
-than once per 16 blocks.
+leading blocks come early, and a long fetch pays the cost of a piece (a request, a reply, a NIXL
+write set up and waited for, the threads woken on both sides) a few times rather than once per
+16 blocks. A fetch the target waits for as a whole (sync, pin_sync) has no use for early leading
+blocks: all its pieces are ``MAX_PIECE_BLOCKS`` long (13-30% faster than growing ones, measured
+at 1k and 4k tokens of 0.5B and 7B KV).
 Up to ``PIECES_IN_FLIGHT`` pieces are asked for at once, so the source copies the next piece out
 of its tier while this one crosses the wire and lands; pieces still land strictly in order, and a
 piece that comes back short ends the fetch (what was asked past it is dropped: only a gapless
@@ -178,17 +180,31 @@ class KvFetcher:
         self.num_abandoned_blocks = 0
 
     def start(
-        self, transfer_id: str, address: str, keys: list[tuple[int, int]], timeout_s: float, release_pin: str = ""
+        self,
+        transfer_id: str,
+        address: str,
+        keys: list[tuple[int, int]],
+        timeout_s: float,
+        release_pin: str = "",
+        awaited: bool = False,
     ) -> Future[FetchOutcome]:
-        return self._pool.submit(self.fetch, transfer_id, address, keys, timeout_s, release_pin)
+        return self._pool.submit(self.fetch, transfer_id, address, keys, timeout_s, release_pin, awaited)
 
     def fetch(
-        self, transfer_id: str, address: str, keys: list[tuple[int, int]], timeout_s: float, release_pin: str = ""
+        self,
+        transfer_id: str,
+        address: str,
+        keys: list[tuple[int, int]],
+        timeout_s: float,
+        release_pin: str = "",
+        awaited: bool = False,
     ) -> FetchOutcome:
-        """Fetch ``keys`` piece by piece until one comes back short; ``timeout_s`` bounds the whole fetch."""
+        """Fetch ``keys`` piece by piece until one comes back short; ``timeout_s`` bounds the whole fetch.
+        ``awaited``: nothing uses a block before the whole fetch has ended (sync, pin_sync), so every
+        piece is as long as allowed; otherwise the first is short, for a prefill taking blocks as they land."""
         started = time.monotonic()
         deadline = started + timeout_s
-        pieces = growing_pieces(keys, self.piece_blocks, self._largest_piece())
+        pieces = self.plan(keys, awaited)
         landed, num_bytes, error = 0, 0, ""
         asked: deque[Asked] = deque()
         sock = self.connections.take(address)
@@ -233,6 +249,11 @@ class KvFetcher:
         if self._landing is not None:
             self._landing.close()
         return True
+
+    def plan(self, keys: list[tuple[int, int]], awaited: bool = False) -> list[list[tuple[int, int]]]:
+        """The pieces a fetch of ``keys`` asks for, in order (see ``fetch``)."""
+        largest = self._largest_piece()
+        return growing_pieces(keys, largest if awaited else self.piece_blocks, largest)
 
     def _largest_piece(self) -> int:
         """``max_piece_blocks``, or less where the tier could not hold as many pieces as a fetch

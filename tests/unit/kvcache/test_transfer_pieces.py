@@ -263,3 +263,23 @@ def test_a_full_target_tier_makes_room_for_a_fetch(channel: str, fetchers: list[
                 assert target.put((9, index), (index,), torch.zeros(ADJACENT))
     finally:
         server.close()
+
+
+@pytest.mark.parametrize("channel", channels())
+def test_an_awaited_fetch_asks_in_pieces_as_long_as_allowed_and_lands_everything(
+    channel: str, fetchers: list[KvFetcher]
+) -> None:
+    """Sync and pin_sync wait for the whole fetch: no short leading piece, the same blocks in order."""
+    server = KvServer(filled(ADJACENT))
+    target = tier_of(ADJACENT)
+    fetcher = KvFetcher(target, channel, piece_blocks=2, max_piece_blocks=4)  # type: ignore[arg-type]
+    fetchers.append(fetcher)
+    try:
+        assert [len(piece) for piece in fetcher.plan(keys_of(NUM_BLOCKS), awaited=True)] == [4, 4, 4, 1]
+        assert [len(piece) for piece in fetcher.plan(keys_of(NUM_BLOCKS))] == [2, 4, 4, 3]
+        outcome = fetcher.fetch("awaited", server.address, keys_of(NUM_BLOCKS), 30, awaited=True)
+        assert outcome.error == "" and outcome.num_blocks == NUM_BLOCKS
+        assert_landed(target, NUM_BLOCKS, ADJACENT)
+        assert server.num_served_blocks == NUM_BLOCKS
+    finally:
+        server.close()
