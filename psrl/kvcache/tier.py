@@ -92,9 +92,10 @@ class KvTier:
         with self._lock:
             admitted, held = self._admit_prefix(keys, token_ids, lambda index: block_bytes)
             try:
+                keep = set(keys)  # never evicted to make room for the rest of them
                 for start, count in index_runs(admitted):
-                    run = keys[start : start + count]
-                    self._with_room(functools.partial(self.store.put_many, run, kvs[start : start + count]), set(run))
+                    rows = slice(start, start + count)
+                    self._with_room(functools.partial(self.store.put_many, keys[rows], kvs[rows]), keep)
             except Exception as exc:
                 for index in admitted:  # the index must not claim what the store does not hold
                     self.index.remove(keys[index])
@@ -136,6 +137,8 @@ class KvTier:
         with self._lock:
             if not reservation.open:
                 raise ValueError("this reservation has landed or been released already")
+            if len(keys) > len(reservation.regions):
+                raise ValueError(f"{len(keys)} blocks to land in room reserved for {len(reservation.regions)}")
             reservation.open = False
             self.index.unreserve(reservation.nbytes)  # the blocks admitted now take its place
             kept, held = self._admit_prefix(keys, token_ids, lambda index: reservation.regions[index][1])
