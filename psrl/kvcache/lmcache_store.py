@@ -109,6 +109,10 @@ class LmcacheStore:
 
     # storing
 
+    def put(self, key: TierKey, kv: torch.Tensor) -> None:
+        """One block, in a run of its own."""
+        self.put_many([key], kv.unsqueeze(0))
+
     def put_many(self, keys: list[TierKey], kvs: torch.Tensor) -> None:
         """``kvs`` [len(keys), *block_shape], any strides: one run when LMCache finds the room in one piece."""
         parts = self._allocate(len(keys))

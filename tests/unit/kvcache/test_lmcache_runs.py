@@ -140,3 +140,11 @@ def test_a_run_is_tagged_with_its_version_and_never_found_under_another(monkeypa
     out = torch.empty(SHAPE)
     assert not tier.get_into((4, keys_of(1, version=3)[0][1]), (0,), out)
     assert tier.get_into(keys_of(1, version=3)[0], (0,), out)
+
+
+def test_a_block_stored_on_its_own_keeps_its_own_lmcache_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    tier = tier_of(4, 0, monkeypatch)
+    tier.store.put((7, 1234), torch.full(SHAPE, 3.0))  # type: ignore[attr-defined]
+    (lm_key,) = tier.store.backend.hot_cache  # type: ignore[attr-defined]
+    assert lm_key.chunk_hash == 1234 and dict(lm_key.tags) == {"weight_version": "7"}
+    assert torch.equal(tier.store.get((7, 1234)), torch.full(SHAPE, 3.0))  # type: ignore[arg-type]
