@@ -96,11 +96,14 @@ class InstanceKv:
         )
 
     def start_fetch(self, request: GenerateRequest, token_ids: list[int], now: float) -> bool:
-        """Start fetching ``request``'s blocks; True when the request must wait for the fetch."""
+        """Start fetching ``request``'s blocks; True when the request must wait for the fetch. A request
+        with no whole block to reuse fetches nothing (no round trip to the source, no wait)."""
         assert self.transfer is not None and self.port.fetcher is not None
         rid = str(request.request_id)
         mode = self.transfer.transfer_mode
         keys = self.engine.prefix_keys(token_ids)
+        if not keys:
+            return False
         pin = rid if mode == "pin_sync" else ""
         waits = mode != "async"
         future = self.port.fetcher.start(rid, request.kv_source_address, keys, self.timeout_s, pin, awaited=waits)
