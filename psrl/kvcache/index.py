@@ -125,12 +125,12 @@ class TierIndex:
     def evict_next(self, keep: Container[TierKey] = ()) -> TierKey | None:
         """Drop the next key in eviction order that is neither pinned nor in ``keep`` (the store needs
         more room than the bytes counted here: see psrl.kvcache.lmcache_store); None when none is left."""
-        for key in self._sizes:
-            if key not in keep and not self._pin_counts.get(key):
-                self._drop(key)
-                self.num_evicted += 1
-                return key
-        return None
+        victims = self._victims(1, keep)
+        if not victims:
+            return None
+        self._drop(victims[0])
+        self.num_evicted += 1
+        return victims[0]
 
     def unreserve(self, nbytes: int) -> None:
         self.reserved_bytes -= nbytes
@@ -194,12 +194,14 @@ class TierIndex:
         journal, self._journal = self._journal, _Journal()
         return journal.changes()
 
-    def _victims(self, needed: int) -> list[TierKey] | None:
+    def _victims(self, needed: int, keep: Container[TierKey] = ()) -> list[TierKey] | None:
+        """Keys to evict, in eviction order, until ``needed`` bytes are freed (never a pinned one nor
+        one in ``keep``); None when they cannot free that much."""
         if needed <= 0:
             return []
         victims, freed = [], 0
         for key, size in self._sizes.items():
-            if self._pin_counts.get(key):
+            if self._pin_counts.get(key) or key in keep:
                 continue
             victims.append(key)
             freed += size

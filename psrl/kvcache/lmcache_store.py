@@ -105,7 +105,7 @@ class LmcacheStore:
     @property
     def num_runs(self) -> int:
         """LMCache objects holding blocks now."""
-        return len({id(run) for run, _ in self._rows.values()})
+        return len({run for run, _ in self._rows.values()})
 
     # storing
 
@@ -278,9 +278,9 @@ class LmcacheStore:
 
     def clear(self) -> None:
         """Drop every run, lent ones too (they are freed when their lender lets go)."""
-        runs = {id(run): run for run, _ in self._rows.values()}
+        runs = {run for run, _ in self._rows.values()}
         self._rows.clear()
-        for run in runs.values():
+        for run in runs:
             self.backend.remove(run.lm_key)
         self.backend.clear()
 

@@ -92,10 +92,9 @@ class KvTier:
         with self._lock:
             admitted, held = self._admit_prefix(keys, token_ids, lambda index: block_bytes)
             try:
-                keep = set(keys)  # never evicted to make room for the rest of them
                 for start, count in index_runs(admitted):
-                    rows = slice(start, start + count)
-                    self._with_room(functools.partial(self.store.put_many, keys[rows], kvs[rows]), keep)
+                    rows = slice(start, start + count)  # none of ``keys`` is evicted to make room for the rest
+                    self._with_room(functools.partial(self.store.put_many, keys[rows], kvs[rows]), keys)
             except Exception as exc:
                 for index in admitted:  # the index must not claim what the store does not hold
                     self.index.remove(keys[index])
