@@ -663,10 +663,12 @@ class Metrics(Message, frozen=True):
 
     step: step the values belong to.
     values: metric name -> value.
+    notes: text that goes with the values, e.g. the step's first failed reward call (added in 1.7).
     """
 
     step: int
     values: dict[str, float]
+    notes: dict[str, str] = field(default_factory=dict)
 
 
 # ---------------------------------------------------------------------------- router
