@@ -32,6 +32,10 @@ class InstanceBook:
             inst = self._instances[snapshot.instance_id] = _Instance(snapshot.instance_id, snapshot.model_version)
         if inst.snapshot is None or snapshot.seq > inst.snapshot.seq:
             inst.snapshot = snapshot
+        if snapshot.model_version > inst.version:
+            # a load whose WeightsLoaded this book never saw (published while its coordinator was down)
+            inst.stale_report_version, inst.version = inst.version, snapshot.model_version
+            inst.is_syncing = False
 
     def sync_started(self, instance_id: str, now: float) -> None:
         inst = self._instances.get(instance_id)

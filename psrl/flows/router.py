@@ -420,6 +420,10 @@ class RouterFlow(RouterLedgerFlow):
             self.first_join = self.first_join if self.first_join is not None else now
             if self.log is not None:
                 self.log.info("instance joined", instance=status.instance, version=status.weight_version)
+        elif status.weight_version > self.instances[status.instance]:
+            # A load this router never heard of: its WeightsLoaded went out while the router was down (or
+            # before it subscribed), so the instance's own report is the only word of it.
+            self._loaded(status.instance, status.weight_version)
         recalls = self.recalls_pending.pop(status.instance, None)
         if recalls:  # connected now: the requests the dead router placed there come back
             self.send(status.instance, Abort(request_ids=recalls, reason=RECALL))
@@ -444,12 +448,15 @@ class RouterFlow(RouterLedgerFlow):
 
     def _on_loaded(self, loaded: WeightsLoaded, now: float) -> None:
         if loaded.instance in self.instances:
-            self.instances[loaded.instance] = loaded.version
-            self.syncing.discard(loaded.instance)
-            self.core.set_version(loaded.instance, loaded.version)
-            self.core.set_paused(loaded.instance, False)
-            self.core.set_healthy(loaded.instance, True)
-            self._hold_routing_while_syncing()
+            self._loaded(loaded.instance, loaded.version)
+
+    def _loaded(self, instance: str, version: int) -> None:
+        self.instances[instance] = version
+        self.syncing.discard(instance)
+        self.core.set_version(instance, version)
+        self.core.set_paused(instance, False)
+        self.core.set_healthy(instance, True)
+        self._hold_routing_while_syncing()
 
     def _on_sync_failed(self, failed: InstanceSyncFailed, now: float) -> None:
         if failed.instance in self.instances:  # out of rotation until a sync succeeds
