@@ -36,6 +36,7 @@ class RolloutActor(FlowActor):
         puller = make_puller(
             self.config,
             [self.boot.endpoint(f"ps-{i}.1") for i in range(self.config.topology.n_ps_shards)],
+            curve=self.bus.options.curve,
             pin_memory=EngineArgs.from_config(self.config).resolve_device().type == "cuda",
         )
         self.weights = PsWeightSupply(puller, pull_attempts=ps.pull_attempts, prefetch=ps.prefetch)

@@ -96,7 +96,8 @@ class TrainerActor(FlowActor):
         continues from that version's weights (pulled and verified), so it never pushes a version
         again; the coordinator re-sends the buffers its predecessor had not trained."""
         cfg = self.config
-        puller = make_puller(cfg, [self.boot.endpoint(f"ps-{i}.1") for i in range(cfg.topology.n_ps_shards)])
+        endpoints = [self.boot.endpoint(f"ps-{i}.1") for i in range(cfg.topology.n_ps_shards)]
+        puller = make_puller(cfg, endpoints, curve=self.bus.options.curve)
         try:
             committed = puller.latest_version()
             if committed <= self.core.version:
