@@ -918,6 +918,10 @@ class StalenessCertificate(Message, frozen=True):
     is_mean: mean truncated importance weight over each trajectory's tokens (float32; nan = not measured).
     is_clipped_frac: fraction of each trajectory's tokens whose weight hit the threshold (float32; nan = not measured).
     is_threshold: the truncation threshold (0 = no importance sampling).
+    correction: the rollout correction applied, e.g. ``is=token[-,2];rs=token[0.5,5]``; ``none`` = none; empty =
+        not recorded (added in 1.8).
+    masked_frac: fraction of each trajectory's trained tokens the correction rejected (float32; nan = no
+        rejection configured); unset = not recorded (added in 1.8).
     """
 
     buffer: int
@@ -930,6 +934,8 @@ class StalenessCertificate(Message, frozen=True):
     is_mean: np.ndarray
     is_clipped_frac: np.ndarray
     is_threshold: float = 0.0
+    correction: str = ""
+    masked_frac: np.ndarray | None = None
 
 
 # ---------------------------------------------------------------------------- KV offload tier and transfer (1.4)
