@@ -9,8 +9,14 @@ from typing import Any
 from bus.messages import InstanceStatus, Metrics, RunFinished, TrainerProgress
 from bus.schema import Event
 from psrl.config import Config
+from psrl.report.busy import BusyClock
+from psrl.rewards.failures import step_failures
 
 SUMMARY_WINDOW = 5
+BUSY_LEGEND = (
+    "(busy: the share of each step's time an instance was generating; the rest it was syncing weights "
+    "or had nothing to run, which is rollout waiting for the trainer when buffers are full up to psrl.staleness)"
+)
 
 
 class ProgressView:
@@ -22,20 +28,21 @@ class ProgressView:
         self.started = time.monotonic()
         self.rewards: list[tuple[int, float]] = []
         self.by_step: dict[int, dict[str, float]] = {}
-        self.busy: dict[str, list[int]] = {}
+        self.busy = BusyClock()
+        self.legend_shown = False
+        self.reward_failures = [0, 0]  # (failed, calls) over the run
         self.summary: dict[str, float] = {}
         self.evals: list[tuple[int, float]] = []  # (version, held-out accuracy)
 
     def on_event(self, event: Event[Any]) -> None:
         msg = event.message
         if isinstance(msg, InstanceStatus):
-            seen = self.busy.setdefault(msg.instance, [0, 0])
-            seen[0] += int(msg.num_running > 0)
-            seen[1] += 1
+            self.busy.report(msg.instance, event.envelope.mono_ns / 1e9, msg.num_running, msg.is_paused)
         elif isinstance(msg, Metrics) and event.envelope.sender == "coordinator" and "eval/version" in msg.values:
             self._print_eval(msg.values)
         elif isinstance(msg, Metrics) and event.envelope.sender == "coordinator":
             self.by_step.setdefault(msg.step, {}).update(msg.values)
+            self._warn_failures(msg)
         elif isinstance(msg, TrainerProgress):
             self._print_step(msg)
         elif isinstance(msg, RunFinished):
@@ -50,13 +57,23 @@ class ProgressView:
         reward = step.get("reward/mean", float("nan"))
         staleness = step.get("staleness/mean", float("nan"))
         rate = step.get("throughput/trajectories_per_s", float("nan"))
-        util = " ".join(f"{name}:{busy / max(seen, 1):.0%}" for name, (busy, seen) in sorted(self.busy.items()))
-        self.busy = {name: [0, 0] for name in self.busy}
+        util = " ".join(f"{name}:{spent.busy:.0%}" for name, spent in sorted(self.busy.take().items()))
         elapsed = time.monotonic() - self.started
+        if not self.legend_shown:
+            self.legend_shown = True
+            self.echo(BUSY_LEGEND)
         self.echo(
             f"step {msg.step:>3}/{self.total_steps} | v{msg.version} | reward {reward:.3f} | staleness {staleness:.2f}"
-            f" | {rate:.1f} traj/s | busy {util or '-'} | {elapsed:.0f}s"
+            f"{failure_counts(step)} | {rate:.1f} traj/s | busy {util or '-'} | {elapsed:.0f}s"
         )
+
+    def _warn_failures(self, msg: Metrics) -> None:
+        failures = step_failures(msg.values)
+        self.reward_failures[0] += failures.num_failed
+        self.reward_failures[1] += failures.num_calls
+        if self.echo is not None:
+            for line in failure_warnings(msg.step, msg.values, msg.notes):
+                self.echo(line)
 
     def _print_eval(self, values: dict[str, float]) -> None:
         version, acc = int(values["eval/version"]), values.get("eval/acc", float("nan"))
@@ -80,7 +97,38 @@ class ProgressView:
             head = sum(r for _, r in self.rewards[:window]) / window
             tail = sum(r for _, r in self.rewards[-window:]) / window
             lines.append(f"reward: mean of the first {window} steps {head:.3f} -> of the last {window} {tail:.3f}")
+        if self.reward_failures[0]:
+            failed, calls = self.reward_failures
+            lines.append(
+                f"reward calls failed: {failed} of {calls} (scored reward.error_score; see logs/coordinator.log)"
+            )
         if len(self.evals) >= 2:
             (v0, a0), (v1, a1) = min(self.evals), max(self.evals)
             lines.append(f"held-out accuracy (greedy, exact match): v{v0} {a0:.3f} -> v{v1} {a1:.3f}")
         return lines
+
+
+def failure_counts(values: dict[str, float]) -> str:
+    """The step line's failure part: reward calls, sessions and generations that failed (empty when none)."""
+    reward = step_failures(values)
+    parts = [f"reward failed {reward.num_failed}/{reward.num_calls}"] if reward.num_failed else []
+    for kind in ("session", "generation"):
+        if count := int(values.get(f"{kind}/num_failed", 0)):
+            parts.append(f"{count} {kind}{'s' if count > 1 else ''} failed")
+    return "".join(f" | {part}" for part in parts)
+
+
+def failure_warnings(step: int, values: dict[str, float], notes: dict[str, str]) -> list[str]:
+    """One console warning per kind of failure in a step, with its count and first error."""
+    lines = []
+    reward = step_failures(values)
+    if reward.num_failed:
+        first = notes.get("reward/first_error", "not recorded")
+        lines.append(f"warning: step {step}: {reward.num_failed} of {reward.num_calls} reward calls failed "
+                     f"({reward.num_errors} raised, {reward.num_timeouts} timed out; scored reward.error_score); "
+                     f"first: {first}")  # fmt: skip
+    for kind, what in (("session", "sessions (environment or agent)"), ("generation", "generations")):
+        if count := int(values.get(f"{kind}/num_failed", 0)):
+            first = notes.get(f"{kind}/first_error", "not recorded")
+            lines.append(f"warning: step {step}: {count} {what} failed; first: {first}")
+    return lines

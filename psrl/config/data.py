@@ -52,6 +52,19 @@ class Reward(Section):
     error_score: float = field(0.0, "Score of a sample whose reward call raised, timed out or returned garbage.")
     num_workers: int = field(4, "Threads running reward calls (a timed-out call keeps its thread until it returns).",
                              ge=1)  # fmt: skip
+    max_error_fraction: float = field(
+        0.5,
+        "A step whose reward calls failed (raised, timed out, returned garbage) in more than this fraction counts "
+        "against reward.error_patience; 1 = never stop for failing rewards.",
+        ge=0,
+        le=1,
+    )
+    error_patience: int = field(
+        3,
+        "Consecutive steps over reward.max_error_fraction that stop the run (as failed, with a checkpoint: "
+        "fix the reward and launch the same run again to resume).",
+        ge=1,
+    )
 
 
 def reward_file(spec: str) -> tuple[str, str] | None:

@@ -33,6 +33,7 @@ from bus.messages import (
     BufferReady,
     Consume,
     EvalResult,
+    FinishReason,
     GenerateRequest,
     GroupComplete,
     GroupDrop,
@@ -63,6 +64,7 @@ from psrl.coordination.groups import GroupBook, has_learning_signal, is_success
 from psrl.coordination.instances import InstanceBook
 from psrl.coordination.records import encode_tick, same_situation
 from psrl.coordination.state import CoordinationInputs, RouterFacts
+from psrl.coordination.step_counts import FailureCounts, RateMeter
 from psrl.coordination.sync import SyncPolicy
 from psrl.coordination.tick import decide_tick
 from psrl.evaluation.planner import EvalPlanner
@@ -71,6 +73,7 @@ from psrl.flows.effects import Effect, Handler, Timer
 from psrl.flows.prompts import PromptSource, Scorer
 from psrl.flows.status import snapshot_from_status
 from psrl.flows.train_data import train_data
+from psrl.rewards.failures import FailureWatch, step_failures, stop_reason
 from psrl.routing.cost_model import CostModel
 from psrl.routing.servable import ServableCounts
 from psrl.staleness.throttle import dispatch_allowance
@@ -144,7 +147,10 @@ class CoordinatorFlow(Flow):
         self.response_lengths: deque[int] = deque(maxlen=256)
         self.num_duplicates = 0  # router messages delivered twice (results, group verdicts), taken once
         self.reward_history: list[tuple[int, float]] = []
-        self.started = self.last_handoff = 0.0
+        self.started = 0.0
+        self.rate = RateMeter(started=0.0)
+        self.failures = FailureCounts()
+        self.reward_watch = FailureWatch(config.reward.max_error_fraction, config.reward.error_patience)
         self.is_finished = False
         self.handed_over: list[TrainData] = []
         # chunks handed to the trainer ranks whose version was not reported yet: a restarted rank gets
@@ -181,7 +187,7 @@ class CoordinatorFlow(Flow):
 
     def start(self, now: float) -> list[Effect]:
         """The first prompt groups (the run's clock starts now)."""
-        self.started = self.last_handoff = now
+        self.started = self.rate.started = now
         self._dispatch()
         if self.switch is not None:
             self._switch(self.switch.start(now))
@@ -244,6 +250,9 @@ class CoordinatorFlow(Flow):
             else:
                 reward = self.scorer.score(group.prompt, done.token_ids)
             self.response_lengths.append(len(done.token_ids))
+            self.rate.add(now, len(done.token_ids))
+        elif done.finish_reason == FinishReason.ERROR:
+            self.failures.failed(done.error)
         self.book.record(done, reward)
         if group is not None and group.waiting is not None and group.has_all_winners:
             complete, group.waiting = group.waiting, None
@@ -337,20 +346,36 @@ class CoordinatorFlow(Flow):
             min_version=int(chunk.buffer - staleness.max()) if len(staleness) else -1,
         )
         self.publish(batch, model_version=chunk.buffer)
-        elapsed = max(now - self.last_handoff, 1e-6)
+        trajectories_per_s, tokens_per_s = self.rate.rates(now)
+        failed, notes = self.failures.take()
         values = {
             "reward/mean": _mean(rewards),
             "acc/mean": _mean(accs),
             "response_length/mean": _mean(lengths),
             "staleness/mean": _mean(staleness),
             "staleness/max": float(staleness.max()) if len(staleness) else 0.0,
-            "throughput/trajectories_per_s": len(rewards) / elapsed,
-            "throughput/tokens_per_s": float(lengths.sum()) / elapsed,
+            "throughput/trajectories_per_s": trajectories_per_s,
+            "throughput/tokens_per_s": tokens_per_s,
             **self.scorer.take_metrics(),
+            **failed,
         }
-        self.last_handoff = now
+        if first_reward_error := self.scorer.take_first_error():
+            notes["reward/first_error"] = first_reward_error
         self.reward_history.append((chunk.buffer + 1, values["reward/mean"]))
-        self.publish(Metrics(step=chunk.buffer + 1, values=values), model_version=chunk.buffer)
+        self.publish(Metrics(step=chunk.buffer + 1, values=values, notes=notes), model_version=chunk.buffer)
+        self._stop_if_rewards_fail(values, notes.get("reward/first_error", ""))
+
+    def _stop_if_rewards_fail(self, values: dict[str, float], first_error: str) -> None:
+        """End the run (as failed; the trainer checkpoints on the way out) once reward calls failed on too
+        many steps in a row: training on reward.error_score would only waste the run."""
+        step = step_failures(values)
+        if not self.reward_watch.observe(step) or self.is_finished:
+            return
+        self.is_finished = True
+        reason = stop_reason(self.reward_watch, step, first_error)
+        if self.log is not None:
+            self.log.error("stopping the run: reward calls keep failing", reason=reason)
+        self.publish(RunFinished(success=False, reason=reason))
 
     # ------------------------------------------------------------------ instances and versions
 

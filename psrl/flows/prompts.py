@@ -41,6 +41,10 @@ class Scorer(Protocol):
         """Counters about the prompts and the scoring since the last call (errors, timeouts, truncations)."""
         ...
 
+    def take_first_error(self) -> str:
+        """The first failed reward call's error since the last call ('' when none failed)."""
+        ...
+
 
 class TaskPrompts:
     """Prompts of the configured dataset (data.train_files) or task, through the model's tokenizer, scored
@@ -89,6 +93,9 @@ class TaskPrompts:
 
     def take_metrics(self) -> dict[str, float]:
         return {"data/truncated_prompts": float(getattr(self.task, "num_truncated", 0)), **self.scorer.take_metrics()}
+
+    def take_first_error(self) -> str:
+        return self.scorer.take_first_error()
 
     def held_out(self, config: Config) -> HeldOutPrompts:
         """The held-out split for evaluation: data.val_files, or the task's own held-out prompts."""

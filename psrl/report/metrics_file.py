@@ -1,17 +1,18 @@
 """``<run>/metrics.jsonl``: one JSON object per `obs.metrics` event.
 
     {"step": 3, "sender": "coordinator", "incarnation": 0, "wall_time": 1795943121.45,
-     "model_version": 3, "values": {"reward/mean": 0.31, ...}}
+     "model_version": 3, "values": {"reward/mean": 0.31, ...}, "notes": {"reward/first_error": "..."}}
 
 ``wall_time`` is the sender's wall clock in seconds since the epoch. Non-finite values are written
-as null (strict JSON has no NaN) and read back as NaN.
+as null (strict JSON has no NaN) and read back as NaN. ``notes`` (text that goes with the values,
+such as a step's first failed reward call) is written only when there are some.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,7 @@ class MetricsRecord:
     wall_time: float
     model_version: int | None
     values: dict[str, float]
+    notes: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def from_event(cls, event: Event[Metrics]) -> MetricsRecord:
@@ -38,6 +40,7 @@ class MetricsRecord:
             wall_time=envelope.wall_ns / 1e9,
             model_version=envelope.model_version,
             values=dict(event.message.values),
+            notes=dict(event.message.notes),
         )
 
     def to_json_line(self) -> str:
@@ -50,6 +53,8 @@ class MetricsRecord:
             "model_version": self.model_version,
             "values": values,
         }
+        if self.notes:
+            body["notes"] = self.notes
         return json.dumps(body, allow_nan=False, separators=(",", ":")) + "\n"
 
     @classmethod
@@ -68,6 +73,7 @@ class MetricsRecord:
             wall_time=float(body.get("wall_time", 0.0)),
             model_version=None if version is None else int(version),
             values={str(name): math.nan if value is None else float(value) for name, value in values.items()},
+            notes={str(k): str(v) for k, v in notes.items()} if isinstance(notes := body.get("notes"), dict) else {},
         )
 
 

@@ -3,7 +3,9 @@
 A reward call never ends the run. A call that raises, times out (reward.timeout_s) or returns
 something that is not a finite number (or a dict with a finite `score`) scores
 `reward.error_score`; each is counted (`reward/num_errors`, `reward/num_timeouts` in the buffer
-metrics) and logged, the first few in full and then every hundredth.
+metrics) and logged, the first few in full and then every hundredth. The first error of each step
+goes to the console with the step's counts, and too many failing steps in a row stop the run
+(`psrl.rewards.failures`).
 """
 
 from __future__ import annotations
@@ -31,6 +33,10 @@ class Scorer(Protocol):
 
     def take_metrics(self) -> dict[str, float]:
         """Counters and reward components since the last call (for the buffer's metrics)."""
+        ...
+
+    def take_first_error(self) -> str:
+        """The first failed call's error since the last call ('' when none failed)."""
         ...
 
     def close(self) -> None: ...
@@ -70,12 +76,15 @@ class _Counters:
         self.log = get_logger("psrl.rewards", function=source)
         self.counts: Counter[str] = Counter()
         self.sums: dict[str, float] = {}
+        self.first_error = ""
         self.lock = threading.Lock()
 
     def failed(self, kind: str, prompt: Prompt, detail: str) -> None:
         with self.lock:
             self.counts[kind] += 1
             total = self.counts["num_errors"] + self.counts["num_timeouts"]
+            if not self.first_error:
+                self.first_error = detail
         if total <= _LOG_FIRST or total % _LOG_EVERY == 0:
             self.log.warning("reward failed; scored reward.error_score", kind=kind, prompt=prompt.index,
                              detail=detail, num_failed=total)  # fmt: skip
@@ -94,6 +103,11 @@ class _Counters:
             self.counts.clear()
             self.sums.clear()
         return out
+
+    def take_first_error(self) -> str:
+        with self.lock:
+            first, self.first_error = self.first_error, ""
+        return first
 
 
 class TaskScorer:
@@ -115,6 +129,9 @@ class TaskScorer:
 
     def take_metrics(self) -> dict[str, float]:
         return self.counters.take()
+
+    def take_first_error(self) -> str:
+        return self.counters.take_first_error()
 
     def close(self) -> None:
         pass
@@ -163,6 +180,9 @@ class FunctionScorer:
 
     def take_metrics(self) -> dict[str, float]:
         return self.counters.take()
+
+    def take_first_error(self) -> str:
+        return self.counters.take_first_error()
 
     def close(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)

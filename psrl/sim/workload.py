@@ -66,6 +66,9 @@ class Workload:
     def take_metrics(self) -> dict[str, float]:
         return {}
 
+    def take_first_error(self) -> str:
+        return ""
+
 
 def _task_prompt_tokens(config: Config) -> Callable[[int], int]:
     """Prompt length in tokens, as the coordinator encodes the task's prompt text."""

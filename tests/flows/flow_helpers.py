@@ -41,6 +41,9 @@ class FixedPrompts:
     def take_metrics(self) -> dict[str, float]:
         return {}
 
+    def take_first_error(self) -> str:
+        return ""
+
 
 def sent(effects: list[Effect], kind: type, to: str | None = None) -> list:
     """Messages of ``kind`` sent (to ``to``, if given)."""
