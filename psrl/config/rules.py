@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterator
 
 from psrl.config.psrl_section import LMCache
 from psrl.config.root import Config
+from psrl.config.rules_rl import RL_RULES
 from psrl.coordination.chunks import chunk_plan
 from psrl.errors import ConfigProblem
 from psrl.routing.cost_model import CostModelError, load_cost_model
@@ -301,23 +302,6 @@ def sync_threshold_set(c: Config) -> Iterator[ConfigProblem]:
         )
 
 
-def token_is_needs_engine_logprobs(c: Config) -> Iterator[ConfigProblem]:
-    if c.algorithm.rollout_correction.rollout_is == "token" and not c.psrl.log_prob.enable_rollout_engine_log_prob:
-        yield problem(
-            ("algorithm.rollout_correction.rollout_is", P + "log_prob.enable_rollout_engine_log_prob"),
-            False,
-            "token-level IS divides by the rollout engine's token probabilities",
-            f"set {P}log_prob.enable_rollout_engine_log_prob=True",
-        )
-    if c.algorithm.rollout_correction.bypass_mode and not c.psrl.log_prob.enable_rollout_engine_log_prob:
-        yield problem(
-            ("algorithm.rollout_correction.bypass_mode", P + "log_prob.enable_rollout_engine_log_prob"),
-            False,
-            "bypass mode uses the engine log-probs as the old policy",
-            f"set {P}log_prob.enable_rollout_engine_log_prob=True",
-        )
-
-
 def group_algorithms_need_groups(c: Config) -> Iterator[ConfigProblem]:
     if c.algorithm.adv_estimator == "grpo" and c.psrl.rollout_n < 2:
         yield problem(
@@ -493,7 +477,7 @@ RULES: tuple[Rule, ...] = (
     sessions_need_an_environment,
     cost_model_readable,
     sync_threshold_set,
-    token_is_needs_engine_logprobs,
+    *RL_RULES,
     group_algorithms_need_groups,
     partial_rollout_modes,
     proactive_filter_threshold,

@@ -6,15 +6,67 @@ from typing import Literal
 
 from psrl.config.base import Section, field, section
 
+Level = Literal["token", "sequence", "geometric"]
+
 
 class RolloutCorrection(Section):
-    rollout_is: Literal["token"] | None = field(
-        None, "Importance-sampling correction of rollout/trainer mismatch (token = per-token ratio)."
+    rollout_is: Level | None = field(
+        None,
+        "Importance weights pi_old / pi_rollout against the rollout/trainer mismatch: token (per-token ratio, TIS), "
+        "sequence (product of the response's token ratios) or geometric (their geometric mean); null = none.",
     )
-    rollout_is_threshold: float = field(2.0, "Upper truncation of the importance ratio.", gt=0)
+    rollout_is_threshold: float = field(2.0, "Upper truncation of the importance weight.", gt=0)
+    rollout_is_threshold_lower: float | None = field(
+        None, "Lower truncation of the importance weight (unset = no lower bound).", gt=0
+    )
+    rollout_rs: Level | None = field(
+        None,
+        "Rejection (masking) of what leaves the band [rollout_rs_threshold_lower, rollout_rs_threshold]: token "
+        "(IcePop: each token on its own ratio), sequence (the whole response on the product of its ratios) or "
+        "geometric (on their geometric mean); null = none. Masked tokens weigh 0 and stay in the denominators.",
+    )
+    rollout_rs_threshold: float | None = field(
+        None, "Upper bound of the accepted band (required with rollout_rs; IcePop uses 5, sequence MIS 2).", gt=0
+    )
+    rollout_rs_threshold_lower: float | None = field(
+        None, "Lower bound of the accepted band (unset = 1 / rollout_rs_threshold).", gt=0
+    )
+    rollout_token_veto_threshold: float | None = field(
+        None, "Mask the whole response when any token's ratio is below this (e.g. 1e-4); unset = no veto.", gt=0
+    )
     bypass_mode: bool = field(
-        False, "Use the engine log-probs as the old policy instead of recomputing them on the trainer."
+        False,
+        "Use the engine log-probs as the old policy instead of recomputing them on the trainer (the PPO ratio "
+        "is then pi_theta / pi_rollout and no separate weight or rejection applies).",
     )
+
+
+class PolicyLoss(Section):
+    loss_mode: Literal["ppo", "gspo", "cispo"] = field(
+        "ppo",
+        "Policy loss: ppo (clipped token ratio), gspo (clipped sequence ratio, the geometric mean of the token "
+        "ratios; needs loss_agg_mode=seq-mean-token-mean) or cispo (clipped stop-gradient token ratio times "
+        "the log-prob: every token keeps a gradient).",
+    )
+    clip_ratio_c: float | None = field(
+        None,
+        "Dual-clip PPO: a negative-advantage token's loss is at most -A * clip_ratio_c (e.g. 3); unset = off.",
+        gt=1,
+    )
+    gspo_clip_ratio_low: float = field(3e-4, "GSPO clip range of the sequence ratio below 1.", gt=0)
+    gspo_clip_ratio_high: float = field(4e-4, "GSPO clip range of the sequence ratio above 1.", gt=0)
+    cispo_clip_ratio_low: float = field(
+        1.0, "CISPO: the weight is clipped below at 1 - this (1 = no lower bound, as in MiniMax-M1).", ge=0, le=1
+    )
+    cispo_clip_ratio_high: float = field(0.28, "CISPO: the weight is clipped above at 1 + this.", gt=0)
+
+
+class OverlongBuffer(Section):
+    enable: bool = field(False, "DAPO overlong reward shaping: penalise responses that enter the last `len` tokens.")
+    len: int = field(
+        4, "Tokens before task.max_response_length where the penalty starts (it grows linearly to the end).", ge=1
+    )
+    penalty_factor: float = field(1.0, "Penalty at task.max_response_length (subtracted from the reward).", ge=0)
 
 
 class FilterGroups(Section):
@@ -23,7 +75,9 @@ class FilterGroups(Section):
 
 
 class Algorithm(Section):
-    adv_estimator: Literal["gae", "grpo", "reinforce_plus_plus"] = field("gae", "Advantage estimator.")
+    adv_estimator: Literal["gae", "grpo", "reinforce_plus_plus", "rloo"] = field(
+        "gae", "Advantage estimator (rloo: the reward minus the mean of the group's other rewards)."
+    )
     gamma: float = field(1.0, "Discount factor (GAE, REINFORCE++).", ge=0, le=1)
     lam: float = field(1.0, "GAE lambda.", ge=0, le=1)
     norm_adv_by_std_in_grpo: bool = field(True, "GRPO: divide the group-centred reward by the group std.")
@@ -32,11 +86,19 @@ class Algorithm(Section):
     entropy_coeff: float = field(0.0, "Weight of the entropy bonus.", ge=0)
     clip_ratio_low: float = field(0.2, "PPO clip range below 1.", gt=0)
     clip_ratio_high: float = field(0.2, "PPO clip range above 1 (DAPO uses 0.28).", gt=0)
-    loss_agg_mode: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"] = field(
-        "token-mean",
-        "How token losses become the batch loss: mean over tokens, mean over sequences of token means, "
-        "or mean over sequences of token sums.",
+    loss_agg_mode: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"] = (
+        field(
+            "token-mean",
+            "How token losses become the batch loss: mean over tokens, mean over sequences of token means, "
+            "mean over sequences of token sums, or (Dr.GRPO) the token sum over sequences / (sequences x "
+            "loss_scale_factor), a constant normaliser that does not depend on response lengths.",
+        )
     )
+    loss_scale_factor: int | None = field(
+        None, "The constant of seq-mean-token-sum-norm (unset = task.max_response_length).", ge=1
+    )
+    policy_loss: PolicyLoss = section(PolicyLoss, "Policy loss and its clipping.")
+    overlong_buffer: OverlongBuffer = section(OverlongBuffer, "DAPO overlong reward shaping.")
     rollout_correction: RolloutCorrection = section(RolloutCorrection, "Off-policy correction.")
     filter_groups: FilterGroups = section(FilterGroups, "Dynamic sampling filter.")
 

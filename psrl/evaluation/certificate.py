@@ -56,6 +56,23 @@ def is_by_trajectory(samples: Sequence[Sample], threshold: float) -> dict[Trajec
     return out
 
 
+def masked_by_trajectory(samples: Sequence[Sample]) -> dict[TrajectoryKey, float]:
+    """Fraction of each sample's trained tokens that the rollout correction rejected (``rs_accept`` = 0).
+
+    Samples without the field (no rejection configured) and without trained tokens are left out."""
+    out: dict[TrajectoryKey, float] = {}
+    for sample in samples:
+        accept = sample.fields.get("rs_accept")
+        if accept is None:
+            continue
+        trained = sample.trajectory.num_trained_tokens
+        if trained == 0:
+            continue
+        kept = float(accept.sum())
+        out[(sample.trajectory.prompt_id, sample.trajectory.child)] = max(0.0, 1.0 - kept / trained)
+    return out
+
+
 def _version_range(versions: np.ndarray) -> tuple[int, int]:
     return (int(versions.min()), int(versions.max())) if len(versions) else (-1, -1)
 
@@ -67,14 +84,19 @@ def build(
     *,
     responses_per_prompt: int,
     threshold: float,
+    masked: Mapping[TrajectoryKey, float] | None = None,
+    correction: str = "",
 ) -> StalenessCertificate:
-    """The certificate of the buffer made of ``chunks`` (trained into ``version``)."""
+    """The certificate of the buffer made of ``chunks`` (trained into ``version``), with the rollout
+    correction applied to it (``correction``, see ``CorrectionSpec.describe``) and the fraction of
+    each trajectory's tokens it rejected (``masked``; nan where no rejection is configured)."""
     request_ids: list[int] = []
     v_traj: list[int] = []
     ranges: list[tuple[int, int]] = []
     flags: list[int] = []
     is_mean: list[float] = []
     is_clipped: list[float] = []
+    masked_frac: list[float] = []
     for data in chunks:
         offsets = np.concatenate([[0], np.cumsum(data.response_lengths)])
         for i, rid in enumerate(data.request_ids.tolist()):
@@ -82,9 +104,11 @@ def build(
             v_traj.append(int(data.v_traj[i]))
             ranges.append(_version_range(data.response_versions[offsets[i] : offsets[i + 1]]))
             flags.append(-1 if data.flags is None else int(data.flags[i]))
-            stats = is_stats.get((int(data.prompt_ids[i]), int(rid) % responses_per_prompt))
+            key = (int(data.prompt_ids[i]), int(rid) % responses_per_prompt)
+            stats = is_stats.get(key)
             is_mean.append(np.nan if stats is None else stats[0])
             is_clipped.append(np.nan if stats is None else stats[1])
+            masked_frac.append((masked or {}).get(key, np.nan))
     i32, f32 = np.int32, np.float32
     return StalenessCertificate(
         buffer=chunks[0].buffer if chunks else version - 1,
@@ -97,6 +121,8 @@ def build(
         is_mean=np.asarray(is_mean, f32),
         is_clipped_frac=np.asarray(is_clipped, f32),
         is_threshold=threshold,
+        correction=correction,
+        masked_frac=np.asarray(masked_frac, f32),
     )
 
 
@@ -239,13 +265,15 @@ def recorded_rows(cert: StalenessCertificate) -> list[CertifiedTrajectory]:
 
 
 def is_plausible(cert: StalenessCertificate) -> bool:
-    """The importance-weight columns are in range: weights in (0, threshold], fractions in [0, 1]."""
+    """The correction columns are in range: weights in (0, threshold], clipped and masked fractions in [0, 1]."""
     means = cert.is_mean[~np.isnan(cert.is_mean)]
     fracs = cert.is_clipped_frac[~np.isnan(cert.is_clipped_frac)]
+    masked = cert.masked_frac[~np.isnan(cert.masked_frac)] if cert.masked_frac is not None else np.zeros(0)
+    masked_ok = bool(np.all((masked >= 0) & (masked <= 1)))
     if cert.is_threshold <= 0:
-        return len(means) == 0 and len(fracs) == 0
+        return len(means) == 0 and len(fracs) == 0 and masked_ok
     in_range = bool(np.all(means > 0)) and bool(np.all(means <= cert.is_threshold * (1 + 1e-5)))
-    return in_range and bool(np.all((fracs >= 0) & (fracs <= 1)))
+    return in_range and masked_ok and bool(np.all((fracs >= 0) & (fracs <= 1)))
 
 
 def staleness_problems(cert: StalenessCertificate, staleness: int) -> list[str]:

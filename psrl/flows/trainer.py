@@ -20,6 +20,7 @@ from psrl.flows.base import Flow
 from psrl.flows.effects import Handler, PushWeights
 from psrl.flows.memory import MemorySwitcher
 from psrl.flows.train_data import trajectories_from
+from psrl.rl.correction import spec_of
 from psrl.rl.trajectory import InvalidTrajectoryError
 from psrl.trainer import StepResult, TrainerCore
 
@@ -41,7 +42,10 @@ class TrainerFlow(Flow):
         self.chunks_seen: set[tuple[int, int]] = set()  # (buffer, chunk) of the buffer in progress
         self.chunks: list[TrainData] = []  # of the buffer in progress, for its staleness certificate
         correction = config.algorithm.rollout_correction
-        self.is_threshold = correction.rollout_is_threshold if correction.rollout_is == "token" else 0.0
+        spec = spec_of(correction)
+        self.is_threshold = correction.rollout_is_threshold if spec.is_level is not None else 0.0
+        loss = config.algorithm.policy_loss.loss_mode
+        self.correction = spec.describe() + ("" if loss == "ppo" else f";loss={loss}")
         self.publishes_certificate = core.parallel.rank == 0
 
     def handlers(self) -> dict[type[Message], Handler]:
@@ -103,6 +107,8 @@ class TrainerFlow(Flow):
                 result.trajectory_is,
                 responses_per_prompt=self.responses_per_prompt,
                 threshold=self.is_threshold,
+                masked=result.trajectory_masked,
+                correction=self.correction,
             )
             self.publish(cert, model_version=result.version)
             self.chunks = []

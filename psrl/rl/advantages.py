@@ -1,10 +1,12 @@
-"""Advantage estimators: GRPO, GAE and REINFORCE++ (outcome rewards on `[B, R]` response tensors).
+"""Advantage estimators: GRPO, RLOO, GAE and REINFORCE++ (outcome rewards on `[B, R]` response tensors).
 
 Conventions (those of veRL, so results can be compared):
 
 * The outcome reward of a trajectory sits on its last real response token (`token_level_rewards`).
 * GRPO: `(r - mean_group) / (std_group + eps)` with the unbiased std, or `r - mean_group` when
   `norm_by_std` is off; a group of one has advantage 0 (it carries no comparison).
+* RLOO: `r_i - mean_{j != i} r_j` over the group, i.e. `n / (n - 1) * (r_i - mean_group)`; a group
+  of one has advantage 0.
 * GAE: the usual backward recursion over response tokens with a zero value after the last token;
   returns = advantages + values; advantages are then whitened over the batch's trained tokens.
 * REINFORCE++: discounted returns of the token rewards, whitened over the batch's trained tokens.
@@ -60,6 +62,18 @@ def grpo_advantages(
         std = (sq / (counts - 1).clamp(min=1)).sqrt()
         centred = centred / (std[group_index] + eps)
     return centred[:, None] * response_mask
+
+
+def rloo_advantages(rewards: Tensor, group_index: Tensor, response_mask: Tensor) -> Tensor:
+    """Leave-one-out baseline: each reward minus the mean of the other rewards of its group."""
+    num_groups = int(group_index.max()) + 1
+    rewards = rewards.float()
+    counts = torch.zeros(num_groups).index_add_(0, group_index, torch.ones_like(rewards))
+    sums = torch.zeros(num_groups).index_add_(0, group_index, rewards)
+    others = (counts[group_index] - 1).clamp(min=1)
+    baseline = (sums[group_index] - rewards) / others
+    advantages = torch.where(counts[group_index] > 1, rewards - baseline, torch.zeros_like(rewards))
+    return advantages[:, None] * response_mask
 
 
 def gae_advantages(

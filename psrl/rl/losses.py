@@ -13,7 +13,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-AggregationMode = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"]
+AggregationMode = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
 KLType = Literal["k1", "k2", "low_var_kl"]
 LOG_RATIO_CLAMP = 20.0
 
@@ -34,16 +34,27 @@ def policy_loss(
     clip_ratio_low: float,
     clip_ratio_high: float,
     is_weights: Tensor | None = None,
+    clip_ratio_c: float | None = None,
 ) -> PolicyLossTerms:
-    """PPO clipped surrogate with an asymmetric clip range: max(-A r, -A clip(r, 1-low, 1+high))."""
+    """PPO clipped surrogate with an asymmetric clip range: max(-A r, -A clip(r, 1-low, 1+high)).
+
+    Dual clip (`clip_ratio_c`): where A < 0 the loss is also capped at -A c, so a token whose ratio
+    has grown far above 1 cannot contribute an unbounded gradient (the surrogate is flat there).
+    """
     log_ratio = (log_probs - old_log_probs).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
     ratio = torch.exp(log_ratio)
     unclipped = -advantages * ratio
     clipped = -advantages * ratio.clamp(1.0 - clip_ratio_low, 1.0 + clip_ratio_high)
     token_losses = torch.maximum(unclipped, clipped)
+    is_clipped = clipped > unclipped
+    if clip_ratio_c is not None:
+        cap = -advantages * clip_ratio_c
+        dual = (advantages < 0) & (token_losses > cap)
+        token_losses = torch.where(dual, cap, token_losses)
+        is_clipped = is_clipped | dual
     if is_weights is not None:
         token_losses = token_losses * is_weights
-    return PolicyLossTerms(token_losses, ratio, clipped > unclipped, -log_ratio)
+    return PolicyLossTerms(token_losses, ratio, is_clipped, -log_ratio)
 
 
 def kl_penalty(log_probs: Tensor, ref_log_probs: Tensor, kind: KLType) -> Tensor:
@@ -78,12 +89,16 @@ def aggregate(
     *,
     num_tokens: float | None = None,
     num_seqs: float | None = None,
+    token_norm: float | None = None,
 ) -> Tensor:
     """Reduce `[B, R]` values to a scalar.
 
     token-mean: sum over trained tokens / num_tokens. seq-mean-token-mean: mean over sequences of
     each sequence's token mean. seq-mean-token-sum: mean over sequences of each token sum.
-    `num_tokens` / `num_seqs` default to this batch's own counts; sequences without a trained token
+    seq-mean-token-sum-norm (Dr.GRPO): the token sum over sequences / (num_seqs x token_norm), a
+    constant normaliser, so a long response's tokens weigh as much as a short one's.
+    `num_tokens` / `num_seqs` default to this batch's own counts and `token_norm` to its padded
+    length (pass the configured constant so micro-batches agree); sequences without a trained token
     count in the denominator of the seq modes (they contribute 0).
     """
     masked = token_values * mask
@@ -94,4 +109,6 @@ def aggregate(
     per_seq = masked.sum(dim=1)
     if mode == "seq-mean-token-mean":
         per_seq = per_seq / mask.sum(dim=1).clamp(min=1)
+    if mode == "seq-mean-token-sum-norm":
+        seqs *= float(token_values.shape[1]) if token_norm is None else token_norm
     return per_seq.sum() / max(seqs, 1.0)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from torch import Tensor
 
@@ -13,10 +13,13 @@ from psrl.rl.advantages import (
     grpo_advantages,
     local_moments,
     reinforce_pp_advantages,
+    rloo_advantages,
     token_level_rewards,
 )
 from psrl.rl.batch import Batch
-from psrl.rl.losses import aggregate, kl_penalty, policy_loss
+from psrl.rl.losses import aggregate, kl_penalty
+from psrl.rl.policy_losses import configured_policy_loss
+from psrl.rl.shaping import overlong_penalty
 
 
 @dataclass(frozen=True)
@@ -25,6 +28,20 @@ class Denominators:
 
     num_tokens: float
     num_seqs: float
+    token_norm: float | None = None  # the constant of seq-mean-token-sum-norm
+
+    def scale(self) -> dict[str, float | None]:
+        return {"num_tokens": self.num_tokens, "num_seqs": self.num_seqs, "token_norm": self.token_norm}
+
+
+def shaped_rewards(batch: Batch, algorithm: Algorithm, max_response_length: int) -> tuple[Batch, Tensor | None]:
+    """(the batch with DAPO's overlong penalty added to its rewards, the penalties) or (batch, None) when off."""
+    buffer = algorithm.overlong_buffer
+    if not buffer.enable:
+        return batch, None
+    penalty = overlong_penalty(batch.token_mask.sum(dim=1), max_length=max_response_length, buffer_len=buffer.len,
+                               penalty_factor=buffer.penalty_factor)  # fmt: skip
+    return replace(batch, rewards=batch.rewards + penalty), penalty
 
 
 def compute_advantages(
@@ -40,6 +57,8 @@ def compute_advantages(
             batch.rewards, batch.group_index, batch.response_mask, norm_by_std=algorithm.norm_adv_by_std_in_grpo
         )
         return advantages, None
+    if algorithm.adv_estimator == "rloo":
+        return rloo_advantages(batch.rewards, batch.group_index, batch.response_mask), None
     token_rewards = token_level_rewards(batch.rewards, batch.token_mask)
     if algorithm.adv_estimator == "gae":
         values = batch.fields["values"]
@@ -55,6 +74,15 @@ def compute_advantages(
     return reinforce_pp_advantages(token_rewards, batch.response_mask, gamma=algorithm.gamma, moments=moments)
 
 
+def token_weights(batch: Batch) -> Tensor | None:
+    """The rollout correction's weight of each token: truncated IS weight x acceptance (None = all 1)."""
+    weights = batch.fields.get("is_weights")
+    accept = batch.fields.get("rs_accept")
+    if weights is None or accept is None:
+        return weights if accept is None else accept
+    return weights * accept
+
+
 def actor_loss(
     log_probs: Tensor, entropy: Tensor | None, batch: Batch, algorithm: Algorithm, denominators: Denominators
 ) -> tuple[Tensor, dict[str, float]]:
@@ -65,14 +93,16 @@ def actor_loss(
     """
     mask = batch.response_mask
     mode = algorithm.loss_agg_mode
-    scale = {"num_tokens": denominators.num_tokens, "num_seqs": denominators.num_seqs}
-    terms = policy_loss(
+    scale = denominators.scale()
+    terms = configured_policy_loss(
         log_probs,
         batch.fields["old_log_probs"],
         batch.fields["advantages"],
+        mask,
+        algorithm.policy_loss,
         clip_ratio_low=algorithm.clip_ratio_low,
         clip_ratio_high=algorithm.clip_ratio_high,
-        is_weights=batch.fields.get("is_weights"),
+        is_weights=token_weights(batch),
     )
     pg_loss = aggregate(terms.token_losses, mask, mode, **scale)
     loss = pg_loss

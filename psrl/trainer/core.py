@@ -34,7 +34,7 @@ from psrl.config import Config
 from psrl.config.rules import pre_step_needs_mini_batch
 from psrl.coordination.chunks import plan_chunks
 from psrl.errors import ConfigError
-from psrl.evaluation.certificate import is_by_trajectory
+from psrl.evaluation.certificate import is_by_trajectory, masked_by_trajectory
 from psrl.rl.batch import Sample
 from psrl.rl.trajectory import Trajectory
 from psrl.tms import TRAINER, SideMemory
@@ -64,6 +64,8 @@ class StepResult:
     metrics: dict[str, float]
     # (prompt_id, child) -> (mean truncated IS weight, clipped fraction) of this rank's trajectories
     trajectory_is: dict[tuple[int, int], tuple[float, float]] = field(default_factory=dict)
+    # (prompt_id, child) -> fraction of its trained tokens the rollout correction rejected
+    trajectory_masked: dict[tuple[int, int], float] = field(default_factory=dict)
 
 
 @dataclass
@@ -285,6 +287,8 @@ class TrainerCore:
                         pad_token_id=self.settings.pad_token_id,
                         parallel=self.parallel,
                         sums=state.sums,
+                        buffer_id=state.buffer_id,
+                        max_staleness=self.config.psrl.staleness,
                     )
             state.forward_s += time.perf_counter() - started
             state.num_forwarded += len(groups)
@@ -300,7 +304,7 @@ class TrainerCore:
         if not state.groups or len(state.groups) % self.parallel.world_size:
             raise TrainerError(f"{len(state.groups)} groups cannot be split over {self.parallel.world_size} ranks")
         own = [s for g in state.own for s in g]
-        advantage_stage(own, self.config.algorithm, pad_token_id=self.settings.pad_token_id, parallel=self.parallel)
+        self._advantages(own, state.sums)
         mini = self.config.actor.ppo_mini_batch_size
         own_mini = mini // self.parallel.world_size
         for _ in range(self.config.actor.ppo_epochs):
@@ -314,9 +318,7 @@ class TrainerCore:
         # The chunk's forwards use the weights as they are now, after the earlier chunks' steps.
         self._forward_units(state, is_final=True)
         chunk_own = [s for g in state.own[state.num_updated :] for s in g]
-        advantage_stage(
-            chunk_own, self.config.algorithm, pad_token_id=self.settings.pad_token_id, parallel=self.parallel
-        )
+        self._advantages(chunk_own, state.sums)
         everyone = [t for g in state.groups[len(state.groups) - num_new_groups :] for t in g]
         chunk_sums = MetricSums()
         self._optimizer_steps(chunk_own, everyone, chunk_sums, state)
@@ -326,11 +328,17 @@ class TrainerCore:
             return self._complete(state, started)
         return StepResult(state.buffer_id, self.version, False, chunk_sums.reduce(self.parallel))
 
+    def _advantages(self, samples: list[Sample], sums: MetricSums) -> None:
+        advantage_stage(samples, self.config.algorithm, pad_token_id=self.settings.pad_token_id,
+                        parallel=self.parallel, max_response_length=self.config.task.max_response_length,
+                        sums=sums)  # fmt: skip
+
     def _optimizer_steps(
         self, own: list[Sample], everyone: list[Trajectory], sums: MetricSums, state: _BufferState
     ) -> None:
         started = time.perf_counter()
-        scale = denominators(everyone)
+        algorithm = self.config.algorithm
+        scale = denominators(everyone, float(algorithm.loss_scale_factor or self.config.task.max_response_length))
         actor_step(self.policy, own, scale, self.config.algorithm, self.settings, self.parallel, sums)
         if self.critic is not None:
             critic_step(
@@ -361,8 +369,9 @@ class TrainerCore:
         metrics["trainer/version"] = float(self.version)
         self._buffer = None
         threshold = self.config.algorithm.rollout_correction.rollout_is_threshold
-        trajectory_is = is_by_trajectory([s for g in state.own for s in g], threshold)
-        return StepResult(state.buffer_id, self.version, True, metrics, trajectory_is)
+        own = [s for g in state.own for s in g]
+        trajectory_is = is_by_trajectory(own, threshold)
+        return StepResult(state.buffer_id, self.version, True, metrics, trajectory_is, masked_by_trajectory(own))
 
     # ---------------------------------------------------------------- helpers
 
@@ -427,3 +436,6 @@ def _merge(total: MetricSums, part: MetricSums) -> None:
         total.add_max(name, value)
     for name, value in part.minima.items():
         total.add_min(name, value)
+    total.sparse |= part.sparse
+    for name, values in part.pooled.items():
+        total.pooled.setdefault(name, []).extend(values)

@@ -54,14 +54,25 @@ def staleness_metrics(buffer_id: int, trajectories: Sequence[Trajectory], stalen
     return metrics
 
 
+QUANTILES = (0.01, 0.05, 0.5, 0.95, 0.99)
+
+
 @dataclass
 class MetricSums:
-    """Per-rank sums, maxima and minima that become means after a cross-rank reduction."""
+    """Per-rank sums, maxima and minima that become means after a cross-rank reduction.
+
+    Sparse means (`add_sparse`) are left out when no rank added any weight to them, so a rank may
+    add only the keys its data has, provided every rank declares the same possible keys. Pooled
+    values (`add_pooled`) become quantiles: exact on one rank, the mean of the ranks' own quantiles
+    under data parallelism (an approximation, without gathering every value).
+    """
 
     sums: dict[str, float] = field(default_factory=dict)
     counts: dict[str, float] = field(default_factory=dict)
     maxima: dict[str, float] = field(default_factory=dict)
     minima: dict[str, float] = field(default_factory=dict)
+    sparse: set[str] = field(default_factory=set)
+    pooled: dict[str, list[torch.Tensor]] = field(default_factory=dict)
 
     def add(self, name: str, value: float, weight: float = 1.0) -> None:
         self.sums[name] = self.sums.get(name, 0.0) + value * weight
@@ -72,6 +83,13 @@ class MetricSums:
         self.sums[name] = self.sums.get(name, 0.0) + value
         self.counts[name] = self.counts.get(name, 0.0) + share
 
+    def add_sparse(self, name: str, value: float, weight: float) -> None:
+        self.add(name, value, weight)
+        self.sparse.add(name)
+
+    def add_pooled(self, name: str, values: torch.Tensor) -> None:
+        self.pooled.setdefault(name, []).append(values.detach().flatten().double().cpu())
+
     def add_max(self, name: str, value: float) -> None:
         self.maxima[name] = max(self.maxima.get(name, value), value)
 
@@ -80,12 +98,41 @@ class MetricSums:
 
     def reduce(self, parallel: ParallelContext) -> dict[str, float]:
         sums = parallel.sum_floats(
-            {**{f"s:{k}": v for k, v in self.sums.items()}, **{f"c:{k}": v for k, v in self.counts.items()}}
+            {
+                **{f"s:{k}": v for k, v in self.sums.items()},
+                **{f"c:{k}": v for k, v in self.counts.items()},
+                **self._quantile_terms(),
+            }
         )
         out = {k: sums[f"s:{k}"] / max(sums[f"c:{k}"], 1e-12) for k in self.sums}
+        out = {k: v for k, v in out.items() if k not in self.sparse or sums[f"c:{k}"] > 0}
+        out.update(_quantiles_from(sums, self.pooled))
         out.update(_reduce_extreme(self.maxima, parallel, is_max=True))
         out.update(_reduce_extreme(self.minima, parallel, is_max=False))
         return out
+
+    def _quantile_terms(self) -> dict[str, float]:
+        """Each pooled name's quantiles as (value, 1) on a rank that has values, (0, 0) on one that has none."""
+        terms = {}
+        for name, parts in self.pooled.items():
+            values = torch.cat(parts) if parts else torch.zeros(0, dtype=torch.float64)
+            has = values.numel() > 0
+            found = torch.quantile(values, torch.tensor(QUANTILES, dtype=torch.float64)).tolist() if has else []
+            for i, q in enumerate(QUANTILES):
+                terms[f"q:{name}_q{round(100 * q):02d}"] = found[i] if has else 0.0
+            terms[f"n:{name}"] = 1.0 if has else 0.0
+        return terms
+
+
+def _quantiles_from(sums: dict[str, float], pooled: dict[str, list[torch.Tensor]]) -> dict[str, float]:
+    out = {}
+    for name in pooled:
+        ranks = sums[f"n:{name}"]
+        if ranks > 0:
+            for q in QUANTILES:
+                key = f"{name}_q{round(100 * q):02d}"
+                out[key] = sums[f"q:{key}"] / ranks
+    return out
 
 
 def _reduce_extreme(values: dict[str, float], parallel: ParallelContext, *, is_max: bool) -> dict[str, float]:

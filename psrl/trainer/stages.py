@@ -19,9 +19,10 @@ from torch import Tensor, nn
 from psrl.config.training import Algorithm
 from psrl.errors import PsrlError
 from psrl.rl.advantages import Moments
-from psrl.rl.batch import Sample, collate, scatter_rows
-from psrl.rl.correction import token_is_weights
-from psrl.rl.objective import compute_advantages
+from psrl.rl.batch import Batch, Sample, collate, scatter_rows
+from psrl.rl.correction import CorrectionSpec, correct, is_statistics, spec_of
+from psrl.rl.correction_stats import PREFIX, correction_metrics, token_staleness
+from psrl.rl.objective import compute_advantages, shaped_rewards
 from psrl.trainer.forward import no_grad_log_probs, no_grad_values
 from psrl.trainer.metrics import MetricSums
 from psrl.trainer.parallel import ParallelContext
@@ -47,12 +48,14 @@ def per_sample_stage(
     pad_token_id: int,
     parallel: ParallelContext,
     sums: MetricSums,
+    buffer_id: int = 0,
+    max_staleness: int = 0,
 ) -> None:
-    """Fill `old_log_probs`, `is_weights`, `ref_log_probs` and `values` of one forward unit."""
+    """Fill `old_log_probs`, `is_weights`, `rs_accept`, `ref_log_probs` and `values` of one forward unit."""
     batch = collate(samples, pad_token_id).to(parallel.device)
     correction = algorithm.rollout_correction
-    needs_engine = correction.bypass_mode or correction.rollout_is == "token"
-    if needs_engine and not batch.has_rollout_log_probs:
+    spec = spec_of(correction)
+    if (correction.bypass_mode or spec.is_active) and not batch.has_rollout_log_probs:
         raise TrainerError("rollout correction needs the engine's log-probs, and a trajectory came without them")
     if correction.bypass_mode:
         old_log_probs = batch.rollout_log_probs
@@ -60,12 +63,9 @@ def per_sample_stage(
         # the policy stays in eval mode from load_policy (checkpointed layers alone carry training=True)
         old_log_probs = no_grad_log_probs(models.policy, batch, temperature)
     scatter_rows(old_log_probs, samples, "old_log_probs")
-    if correction.rollout_is == "token" and not correction.bypass_mode:
-        result = token_is_weights(
-            old_log_probs, batch.rollout_log_probs, batch.response_mask, correction.rollout_is_threshold
-        )
-        scatter_rows(result.weights, samples, "is_weights")
-        _add_is_stats(sums, result.stats, float(batch.response_mask.sum()))
+    if batch.has_rollout_log_probs and not correction.bypass_mode:
+        staleness = token_staleness(buffer_id, batch.token_versions, batch.versions).clamp(0, max_staleness)
+        _correct(samples, batch, old_log_probs, spec, staleness, sums, max_staleness)
     if batch.has_rollout_log_probs:
         _add_mismatch(sums, old_log_probs, batch.rollout_log_probs, batch.response_mask)
     if models.reference is not None:
@@ -74,11 +74,48 @@ def per_sample_stage(
         scatter_rows(no_grad_values(models.critic, batch), samples, "values")
 
 
-def advantage_stage(
-    samples: Sequence[Sample], algorithm: Algorithm, *, pad_token_id: int, parallel: ParallelContext
+def _correct(
+    samples: Sequence[Sample],
+    batch: Batch,
+    old_log_probs: Tensor,
+    spec: CorrectionSpec,
+    staleness: Tensor,
+    sums: MetricSums,
+    max_staleness: int,
 ) -> None:
-    """Fill `advantages` (and `returns` for GAE / REINFORCE++) of this rank's samples."""
-    batch = collate(samples, pad_token_id)
+    """Store the correction's weights and acceptance on the samples, and what it did in `sums`.
+
+    The metrics are measured without a correction too (the uncorrected run's KL is the baseline);
+    every rank declares the same staleness keys, so those with no tokens on a rank still reduce."""
+    mask = batch.response_mask
+    result = correct(old_log_probs, batch.rollout_log_probs, mask, spec)
+    if result.is_weights is not None:
+        scatter_rows(result.is_weights, samples, "is_weights")
+        raw = torch.exp(result.log_ratio)
+        _add_is_stats(sums, is_statistics(raw, mask, spec.is_upper, result.log_ratio), float(mask.sum()))
+    if result.accept is not None:
+        scatter_rows(result.accept, samples, "rs_accept")
+    for name, (mean, weight) in correction_metrics(result, mask, staleness).items():
+        sums.add(name, mean, weight)
+    for s in range(max_staleness + 1):
+        sums.add_sparse(f"{PREFIX}kl_k3/staleness_{s}", 0.0, 0.0)
+    sums.add_pooled(PREFIX + "ratio", torch.exp(result.log_ratio[mask > 0]))
+
+
+def advantage_stage(
+    samples: Sequence[Sample],
+    algorithm: Algorithm,
+    *,
+    pad_token_id: int,
+    parallel: ParallelContext,
+    max_response_length: int = 0,
+    sums: MetricSums | None = None,
+) -> None:
+    """Fill `advantages` (and `returns` for GAE / REINFORCE++) of this rank's samples, after the
+    configured reward shaping (DAPO's overlong penalty, whose mean goes to `sums`)."""
+    batch, penalty = shaped_rewards(collate(samples, pad_token_id), algorithm, max_response_length)
+    if penalty is not None and sums is not None:
+        sums.add("reward/overlong_penalty_mean", float(penalty.mean()), weight=float(penalty.numel()))
     advantages, returns = compute_advantages(batch, algorithm, moments=_cross_rank_moments(parallel))
     scatter_rows(advantages, samples, "advantages")
     if returns is not None:

@@ -35,10 +35,13 @@ class UpdateSettings:
     compute_dtype: torch.dtype = torch.float32  # actor.compute_dtype: autocast of the forward
 
 
-def denominators(trajectories: Sequence[Trajectory]) -> Denominators:
-    """Trained tokens and sequences of a whole mini-batch (every rank's share)."""
+def denominators(trajectories: Sequence[Trajectory], token_norm: float | None = None) -> Denominators:
+    """Trained tokens and sequences of a whole mini-batch (every rank's share), and the constant
+    normaliser of seq-mean-token-sum-norm."""
     return Denominators(
-        num_tokens=float(sum(t.num_trained_tokens for t in trajectories)), num_seqs=float(len(trajectories))
+        num_tokens=float(sum(t.num_trained_tokens for t in trajectories)),
+        num_seqs=float(len(trajectories)),
+        token_norm=token_norm,
     )
 
 
@@ -185,8 +188,8 @@ def _finish_step(trainable: Trainable, grad_clip: float, sums: MetricSums, prefi
     trainable.optimizer.step()
 
 
-def _scale(scale: Denominators) -> dict[str, float]:
-    return {"num_tokens": scale.num_tokens, "num_seqs": scale.num_seqs}
+def _scale(scale: Denominators) -> dict[str, float | None]:
+    return scale.scale()
 
 
 def _token_share(values: Tensor, batch: Batch, scale: Denominators) -> float:
