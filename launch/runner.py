@@ -13,9 +13,10 @@ from launch.metrics_sink import MetricsSink
 from launch.plan import plan_actors
 from launch.progress import ProgressView
 from launch.status_recorder import StatusRecorder
-from launch.supervisor import EXIT_OK, Supervisor
+from launch.supervisor import EXIT_OK, Supervisor, resume_point
 from psrl.config import Config
 from psrl.errors import MissingExtraError
+from psrl.launches import nothing_to_do
 from psrl.rundir import RunDir
 
 
@@ -42,6 +43,10 @@ def run_launch(
     quiet: bool = False,
 ) -> LaunchResult:
     run_dir = RunDir.create(root or config.run.root, name or config.run.name)
+    done = _nothing_to_do(config, run_dir)
+    if done is not None:  # before any actor starts: a finished run's actors would wait for nothing
+        click.echo(done)
+        return LaunchResult(EXIT_OK, done, run_dir.path)
     options: dict[str, dict[str, Any]] = {}
     for spec in plan_actors(config, hosts):
         target = (actor_classes or {}).get(spec.role) or (actor_classes or {}).get(spec.name)
@@ -75,6 +80,13 @@ def run_launch(
     verdict = "finished" if code == EXIT_OK else f"ended with exit code {code}"
     click.echo(f"run {run_dir.name} {verdict}: {supervisor.end_reason}")
     return LaunchResult(code, supervisor.end_reason, run_dir.path)
+
+
+def _nothing_to_do(config: Config, run_dir: RunDir) -> str | None:
+    if not config.trainer.resume:
+        return None
+    version = resume_point(run_dir, config.entries_per_buffer).version
+    return nothing_to_do(run_dir.name, version, config.trainer.total_steps)
 
 
 def _write_report(run_dir: RunDir) -> None:
