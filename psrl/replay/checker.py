@@ -19,6 +19,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar
 
 from bus.plain import same_value
@@ -36,6 +37,16 @@ CHECKER_MODULES: list[str] = [
 CHECKERS: dict[str, type[Checker]] = {}
 
 
+@dataclass(frozen=True)
+class NotJudged:
+    """What `redecide` returns for a decision it cannot judge, and why (counted by reason in the report)."""
+
+    reason: str
+
+
+CANNOT_JUDGE = "the checker cannot judge it"  # a checker that answered None without a reason
+
+
 class Checker(ABC):
     name: ClassVar[str]
     inputs: ClassVar[tuple[str, ...]] = ()
@@ -49,7 +60,8 @@ class Checker(ABC):
 
     @abstractmethod
     def redecide(self, event: Event[Any]) -> Any | None:
-        """What the decision code decides in place of `event`'s decision; None = cannot judge."""
+        """What the decision code decides in place of `event`'s decision; a `NotJudged` (or None) when
+        it cannot judge it."""
 
     def recorded(self, event: Event[Any]) -> Any:
         """The recorded decision to compare with (by default the whole message)."""

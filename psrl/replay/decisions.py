@@ -25,7 +25,7 @@ from psrl.coordination.records import decode_tick
 from psrl.coordination.tick import decide_tick
 from psrl.flows.coordinator import make_sync_policy
 from psrl.flows.router import effective_routing
-from psrl.replay.checker import Checker, register_checker
+from psrl.replay.checker import Checker, NotJudged, register_checker
 from psrl.replay.ledger_state import LedgerReplay, routing_decision
 from psrl.routing.cost_model import CostModel, load_cost_model
 from psrl.routing.decision import RoutingDecision
@@ -44,8 +44,22 @@ def _decision(event: Event[RoutingRecord]) -> RoutingDecision:
     return routing_decision(event.message)
 
 
+NO_INPUTS = "recorded without its inputs"
+
+
+def _why_no_reservation(decision: RoutingDecision) -> str:
+    """Why a routing decision holds no ledger call to re-run (only a group's first routing reserves)."""
+    if decision.inputs is None:
+        return NO_INPUTS
+    if decision.instance_id is None:
+        return "left the request queued (nothing reserved)"
+    return "routed a request its first routing already reserved for (a later turn, a continuation or a migration)"
+
+
 @register_checker
 class RoutingChecker(Checker):
+    """Each routing decision re-made by the routing policy from its recorded inputs."""
+
     name = "routing"
     decisions = ("router.decision",)
 
@@ -55,10 +69,10 @@ class RoutingChecker(Checker):
         self.settings = SelectionSettings.from_config(routing)
         self.policy = make_policy(routing, _cost_model(config))
 
-    def redecide(self, event: Event[Any]) -> Replayed | None:
+    def redecide(self, event: Event[Any]) -> Replayed | NotJudged:
         decision = _decision(event)
         if decision.inputs is None:
-            return None
+            return NotJudged(NO_INPUTS)
         return replay_decision(decision, self.settings, self.policy)
 
     def recorded(self, event: Event[Any]) -> Replayed:
@@ -68,6 +82,8 @@ class RoutingChecker(Checker):
 
 @register_checker
 class SyncChecker(Checker):
+    """Each coordinator tick's weight-sync and migration decision re-made from its recorded inputs."""
+
     name = "sync"
     decisions = ("coord.tick",)
 
@@ -87,6 +103,8 @@ class SyncChecker(Checker):
 
 @register_checker
 class LedgerChecker(Checker):
+    """The staleness ledger's calls re-run in log order: each outcome must be the recorded one."""
+
     name = "ledger"
     inputs = ("router.status",)
     decisions = ("ledger.op", "router.decision")
@@ -100,7 +118,8 @@ class LedgerChecker(Checker):
         self.replay.on_status(event)
 
     def redecide(self, event: Event[Any]) -> Any | None:
-        return self.replay.apply(event)
+        outcome = self.replay.apply(event)
+        return NotJudged(_why_no_reservation(_decision(event))) if outcome is None else outcome
 
     def recorded(self, event: Event[Any]) -> Any:
         msg = event.message

@@ -59,7 +59,8 @@ def _checker_lines(report: CheckerReport, overrides: list[str]) -> list[str]:
 
 
 def _verdict_text(v: Verdicts, label: str) -> str:
-    skipped = f", {v.num_skipped} not judged" if v.num_skipped else ""
+    reasons = "; ".join(f"{n} {reason}" for reason, n in sorted(v.not_judged.items(), key=lambda kv: -kv[1]))
+    skipped = f", {v.num_skipped} not judged ({reasons})" if v.num_skipped else ""
     return f"{v.num_agree} of {v.num_decisions} decisions {label}{skipped}"
 
 

@@ -11,7 +11,7 @@ from bus.eventlog import EventLogReader
 from bus.plain import to_builtins
 from bus.schema import Event
 from psrl.config import Config, load_config
-from psrl.replay.checker import Checker, available_checkers
+from psrl.replay.checker import CANNOT_JUDGE, Checker, NotJudged, available_checkers
 from psrl.replay.timeline import TimelineBuilder, TimelineSummary
 
 MAX_LISTED = 20  # disagreements kept per checker; the counts cover all of them
@@ -36,6 +36,7 @@ class Verdicts:
     num_decisions: int = 0
     num_agree: int = 0
     num_skipped: int = 0
+    not_judged: dict[str, int] = field(default_factory=dict)  # reason -> decisions not judged for it
     disagreements: list[Disagreement] = field(default_factory=list)
 
     @property
@@ -44,8 +45,10 @@ class Verdicts:
 
     def add(self, event: Event[Any], recorded: Any, recomputed: Any, is_same: bool) -> None:
         self.num_decisions += 1
-        if recomputed is None:
+        if recomputed is None or isinstance(recomputed, NotJudged):
             self.num_skipped += 1
+            reason = CANNOT_JUDGE if recomputed is None else recomputed.reason
+            self.not_judged[reason] = self.not_judged.get(reason, 0) + 1
         elif is_same:
             self.num_agree += 1
         elif len(self.disagreements) < MAX_LISTED:
@@ -72,7 +75,8 @@ class _CheckerRun:
         if checker.is_decision(event.kind):
             recorded = checker.recorded(event)
             recomputed = checker.redecide(event)
-            is_same = recomputed is not None and checker.agrees(recorded, recomputed)
+            judged = recomputed is not None and not isinstance(recomputed, NotJudged)
+            is_same = judged and checker.agrees(recorded, recomputed)
             self.verdicts.add(event, recorded, recomputed, is_same)
         if checker.is_input(event.kind):
             checker.observe(event)

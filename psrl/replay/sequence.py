@@ -15,6 +15,8 @@ from psrl.replay.checker import Checker, register_checker
 
 @register_checker
 class SequenceChecker(Checker):
+    """Every event's sequence number: a gap is an event lost before the logger."""
+
     name = "sequence"
     inputs = ("",)
     decisions = ("",)

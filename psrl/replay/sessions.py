@@ -21,6 +21,8 @@ Decided = tuple[tuple[int, ...], tuple[int, ...]]
 
 @register_checker
 class SessionChecker(Checker):
+    """Each session-scheduler tick's hang and continue decisions re-made from its recorded inputs."""
+
     name = "sessions"
     decisions = ("session.tick",)
 

@@ -20,6 +20,8 @@ from psrl.replay.checker import Checker, register_checker
 
 @register_checker
 class StalenessChecker(Checker):
+    """Each step's staleness certificate against the generation events and the staleness bound."""
+
     name = "staleness"
     inputs = ("gen.request", "gen.result", "group.trajectory", "train.batch")
     decisions = ("train.certificate",)

@@ -16,8 +16,8 @@ from bus.eventlog import EventLogWriter
 from bus.messages import Heartbeat, Metrics, Reserve
 from bus.schema import Envelope, Event, Message
 from psrl.cli.replay_cmd import replay as replay_cli
-from psrl.replay import Checker, ReplayError, register_checker, replay_run
-from psrl.replay.checker import CHECKERS
+from psrl.replay import Checker, ReplayError, available_checkers, register_checker, replay_run
+from psrl.replay.checker import CANNOT_JUDGE, CHECKERS, NotJudged
 
 SECOND = 1_000_000_000
 
@@ -170,3 +170,40 @@ def test_registration_is_validated(scratch_registry: None) -> None:
 
     with pytest.raises(ValueError, match="is taken by"):
         register_checker(Clash)
+
+
+def test_list_checkers_needs_no_run_dir_and_help_names_every_checker() -> None:
+    names = list(available_checkers())
+    listed = CliRunner().invoke(replay_cli, ["--list-checkers"])
+    assert listed.exit_code == 0, listed.output
+    assert [line.split()[0] for line in listed.output.splitlines()] == names
+    shown = CliRunner().invoke(replay_cli, ["--help"])
+    assert shown.exit_code == 0 and all(f"\n  {name} " in shown.output for name in names), shown.output
+    missing = CliRunner().invoke(replay_cli, [])
+    assert missing.exit_code == 2 and "Missing argument 'RUN_DIR'" in missing.output
+
+
+class HalfJudgedChecker(Checker):
+    """Test checker: judges even prompt groups only, and cannot say why for group 0."""
+
+    name = "test-half-judged"
+    decisions = ("ledger.reserve",)
+
+    def redecide(self, event: Event[Any]) -> int | NotJudged | None:
+        prompt_id = event.message.prompt_id
+        if prompt_id == 1:
+            return None
+        return NotJudged("odd prompt group") if prompt_id % 2 else event.message.buffer
+
+    def recorded(self, event: Event[Any]) -> int:
+        return event.message.buffer
+
+
+def test_not_judged_decisions_are_counted_by_reason(run_dir: Path, scratch_registry: None) -> None:
+    register_checker(HalfJudgedChecker)
+    (checked,) = replay_run(run_dir, ["test-half-judged"]).checkers
+    verdicts = checked.agreement
+    assert (verdicts.num_agree, verdicts.num_skipped, verdicts.num_disagree) == (15, 15, 0)
+    assert verdicts.not_judged == {"odd prompt group": 14, CANNOT_JUDGE: 1}
+    result = CliRunner().invoke(replay_cli, [str(run_dir), "--check", "test-half-judged"])
+    assert f"15 not judged (14 odd prompt group; 1 {CANNOT_JUDGE})" in result.output, result.output
