@@ -7,6 +7,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from bus.messages import FinishReason
 from psrl.gateway.tool_calls import Parsed, parse
 
 
@@ -43,6 +44,11 @@ def make_reply(text: str, finish: str, parser: str, stop: list[str], call_id: st
             for c in calls
         ]
     return Reply(message, canonical, finish, parsed.malformed)
+
+
+def finish_name(reason: int) -> str:
+    """The engine's finish reason (``bus.messages.FinishReason``) as OpenAI names it."""
+    return "length" if reason in (FinishReason.LENGTH, FinishReason.TRUNCATED) else "stop"
 
 
 def _cut(text: str, stop: list[str]) -> str | None:

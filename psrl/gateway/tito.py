@@ -83,11 +83,18 @@ class Plan:
 
 class TitoSession:
     def __init__(
-        self, session_id: str, template: ChatTemplate, encode: Encode, decode: Decode, max_trim_tokens: int = 0
+        self,
+        session_id: str,
+        template: ChatTemplate,
+        encode: Encode,
+        decode: Decode,
+        max_trim_tokens: int = 0,
+        text: Decode | None = None,
     ) -> None:
         self.session_id = session_id
         self.template, self.encode, self.decode = template, encode, decode
         self.max_trim_tokens = max_trim_tokens
+        self.text = text or decode  # special tokens dropped: what a text completion's client reads
         self.trajectories: list[Trajectory] = []
         self._close: str | None = None
 
@@ -103,6 +110,21 @@ class TitoSession:
             delta, trimmed = self._delta(traj.turns[turn], messages, tools, turn + 1)
             return Plan("continue", index, turn + 1, messages, delta, list(traj.tokens), tools, trimmed=trimmed)
         return self._branch(messages, tools, index, turn)
+
+    def plan_text(self, prompt: str) -> Plan:
+        """A text completion's prompt: it continues a trajectory whose text (special tokens aside) it
+        extends, else branches."""
+        for index, traj in enumerate(self.trajectories):
+            done = self.text(traj.tokens)
+            if prompt.startswith(done) and len(prompt) > len(done):
+                new = self.encode(prompt[len(done) :])
+                return Plan("continue", index, len(traj.turns), [], new, list(traj.tokens))
+            for number, turn in enumerate(traj.turns):
+                if self.text(traj.tokens[: turn.prompt_len]) == prompt:
+                    return Plan("recorded", index, number, [], [], traj.tokens[: turn.prompt_len])
+        tokens = self.encode(prompt)
+        parent, shared = self._longest_prefix(tokens)
+        return Plan("branch", len(self.trajectories), 0, [], tokens[shared:], tokens[:shared], branch_of=parent)
 
     def _recorded(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> Plan | None:
         for index, traj in enumerate(self.trajectories):

@@ -1,0 +1,190 @@
+"""The gateway's HTTP server: FastAPI routes over a ``Bridge``, run by uvicorn in a thread.
+
+Needs the ``agents`` extra (FastAPI, uvicorn); importing this module without it raises an
+ImportError that says so. Routes only check and move requests; the sessions' logic runs on the
+bridge's owner thread (``psrl.gateway.sessions``).
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+from collections import Counter
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from psrl.gateway import EXTRA_HINT
+
+try:
+    import uvicorn
+    from fastapi import FastAPI, Request
+    from fastapi.responses import JSONResponse, Response, StreamingResponse
+except ImportError as exc:  # pragma: no cover - depends on the installed extras
+    raise ImportError(EXTRA_HINT) from exc
+
+from psrl.gateway.api import ApiError, ChatCall, parse_chat, parse_completion
+from psrl.gateway.bridge import Bridge
+from psrl.gateway.replies import chat_chunks, chat_completion, completion, token_logprobs
+from psrl.gateway.sessions import Answer
+
+
+@dataclass
+class ServerSettings:
+    token: str = ""  # bearer token every request must carry ("" = none: loopback only)
+    max_body_bytes: int = 1 << 20
+    model_names: tuple[str, ...] = ("psrl",)
+    errors: Counter[int] = field(default_factory=Counter)  # answered errors by status
+
+
+def make_app(bridge: Bridge, settings: ServerSettings) -> FastAPI:
+    app = FastAPI(title="psrl session gateway", docs_url=None, redoc_url=None, openapi_url=None)
+
+    @app.middleware("http")
+    async def guard(request: Request, call_next: Any) -> Response:
+        try:
+            _authorise(request, settings.token)
+            if int(request.headers.get("content-length") or 0) > settings.max_body_bytes:
+                raise ApiError(413, f"the body is over {settings.max_body_bytes} bytes", code="body_too_large")
+            response: Response = await call_next(request)
+            return response
+        except ApiError as error:
+            return _error(error, settings)
+
+    @app.exception_handler(ApiError)
+    async def api_error(request: Request, error: ApiError) -> JSONResponse:
+        return _error(error, settings)
+
+    @app.get("/health")
+    async def health() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.post("/sessions")
+    async def open_session(request: Request) -> Any:
+        body = await _json(request, settings) if await request.body() else {}
+        return await bridge.submit("open", "", body)
+
+    @app.get("/sessions/{sid}")
+    async def get_session(sid: str) -> Any:
+        return await bridge.submit("get", sid)
+
+    @app.delete("/sessions/{sid}")
+    async def delete_session(sid: str) -> Any:
+        return await bridge.submit("delete", sid)
+
+    @app.get("/sessions/{sid}/v1/models")
+    async def models(sid: str) -> Any:
+        return {
+            "object": "list",
+            "data": [{"id": m, "object": "model", "owned_by": "psrl"} for m in settings.model_names],
+        }
+
+    @app.post("/sessions/{sid}/v1/chat/completions")
+    async def chat(sid: str, request: Request) -> Any:
+        call = parse_chat(await _json(request, settings))
+        _check_model(call.model, settings)
+        answer: Answer = await bridge.submit("chat", sid, call)
+        return _chat_response(f"chatcmpl-{sid}-{answer.turn}", call, answer)
+
+    @app.post("/sessions/{sid}/v1/completions")
+    async def complete(sid: str, request: Request) -> Any:
+        call = parse_completion(await _json(request, settings))
+        _check_model(call.model, settings)
+        answer: Answer = await bridge.submit("completion", sid, call)
+        model = call.model or settings.model_names[0]
+        body = completion(
+            f"cmpl-{sid}-{answer.turn}",
+            model,
+            answer.reply.message["content"] or "",
+            answer.reply.finish_reason,
+            answer.usage,
+        )
+        return _sse([body]) if call.stream else body
+
+    return app
+
+
+def _chat_response(cid: str, call: ChatCall, answer: Answer) -> Any:
+    model = call.model or "psrl"
+    if call.stream:
+        return _sse(chat_chunks(cid, model, answer.reply, answer.usage))
+    logprobs = token_logprobs(answer.pieces, answer.logprobs) if call.logprobs and answer.logprobs else None
+    return chat_completion(cid, model, answer.reply, answer.usage, logprobs)
+
+
+def _sse(chunks: list[dict[str, Any]]) -> StreamingResponse:
+    async def events() -> AsyncIterator[bytes]:
+        for chunk in chunks:
+            yield f"data: {json.dumps(chunk)}\n\n".encode()
+        yield b"data: [DONE]\n\n"
+
+    return StreamingResponse(events(), media_type="text/event-stream")
+
+
+def _authorise(request: Request, token: str) -> None:
+    if token and request.headers.get("authorization", "") != f"Bearer {token}":
+        raise ApiError(401, "missing or wrong bearer token", code="invalid_api_key")
+
+
+async def _json(request: Request, settings: ServerSettings) -> Any:
+    raw = await request.body()
+    if len(raw) > settings.max_body_bytes:
+        raise ApiError(413, f"the body is over {settings.max_body_bytes} bytes", code="body_too_large")
+    try:
+        return json.loads(raw)
+    except ValueError as exc:
+        raise ApiError(400, f"malformed JSON: {exc}") from exc
+
+
+def _check_model(model: str, settings: ServerSettings) -> None:
+    if model and model not in settings.model_names:
+        raise ApiError(
+            404,
+            f"no model {model!r} (this gateway serves {', '.join(settings.model_names)})",
+            param="model",
+            code="model_not_found",
+        )
+
+
+def _error(error: ApiError, settings: ServerSettings) -> JSONResponse:
+    settings.errors[error.status] += 1
+    return JSONResponse(error.body(), status_code=error.status)
+
+
+class GatewayServer:
+    """uvicorn serving ``app`` in a daemon thread, on a socket bound before it starts (port 0: any free one)."""
+
+    def __init__(self, app: FastAPI, host: str = "127.0.0.1", port: int = 0) -> None:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self.socket = socket.socket(family, socket.SOCK_STREAM)
+        self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.socket.bind((host, port))
+        self.host, self.port = host, self.socket.getsockname()[1]
+        config = uvicorn.Config(app, log_level="warning", lifespan="off", access_log=False, timeout_keep_alive=30)
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self._run, name="gateway-http", daemon=True)
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    def start(self, timeout_s: float = 30.0) -> GatewayServer:
+        self.thread.start()
+        import time
+
+        deadline = time.monotonic() + timeout_s
+        while not self.server.started:
+            if not self.thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("the gateway's HTTP server did not start")
+            time.sleep(0.01)
+        return self
+
+    def _run(self) -> None:
+        self.server.run(sockets=[self.socket])
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=10)
+        self.socket.close()

@@ -1,0 +1,221 @@
+"""The gateway's sessions: which call gets which tokens generated, and what it is answered (pure).
+
+``Gateway`` is driven by whoever generates (the session scheduler through the router, or an engine
+in process): ``call`` places a chat call on its session's TITO record and returns either the
+answer (a recorded turn, answered again) or an ``Order`` to generate; ``generated`` turns the
+engine's tokens into the answer of the pending call. One call per session at a time (a second gets
+429); a closing or ended session refuses calls (409, 404 once forgotten).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from psrl.gateway.api import ApiError, ChatCall, CompletionCall
+from psrl.gateway.chat_templates import ChatTemplate
+from psrl.gateway.replies import Reply, make_reply, usage
+from psrl.gateway.tito import Decode, Encode, Plan, TitoError, TitoSession, Turn
+from psrl.gateway.tool_calls import parser_for
+
+
+@dataclass(frozen=True)
+class Settings:
+    max_trim_tokens: int = 0
+    tool_parser: str = "auto"
+    max_turn_tokens: int = 256  # a call's max_tokens is capped here
+    context_tokens: int = 4096  # a prompt longer than this is refused (413)
+    can_branch: bool = True  # the router's sessions are one trajectory: an edited history gets 409
+
+
+@dataclass(frozen=True)
+class Answer:
+    reply: Reply
+    usage: dict[str, int]
+    turn: int
+    text: str  # the whole turn decoded without special tokens (completions answer this)
+    logprobs: list[float] = field(default_factory=list)
+    pieces: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Order:
+    """Generate ``new_tokens`` after the trajectory's tokens (``plan.prompt`` in all), up to ``max_tokens``."""
+
+    session_id: str
+    plan: Plan
+    max_tokens: int
+
+
+@dataclass
+class _Pending:
+    plan: Plan
+    call: ChatCall | CompletionCall
+
+
+@dataclass
+class GatewaySession:
+    session_id: str
+    tito: TitoSession
+    state: Literal["open", "closing"] = "open"
+    pending: _Pending | None = None
+    num_calls: int = 0
+
+
+class Gateway:
+    def __init__(
+        self, template: ChatTemplate, encode: Encode, decode: Decode, text: Decode, settings: Settings
+    ) -> None:
+        self.template, self.encode, self.decode, self.text = template, encode, decode, text
+        self.settings = settings
+        self.parser = parser_for(template.family, settings.tool_parser)
+        self.sessions: dict[str, GatewaySession] = {}
+
+    def open(self, session_id: str) -> GatewaySession:
+        if session_id in self.sessions:
+            raise ApiError(409, f"session {session_id} is already open")
+        tito = TitoSession(
+            session_id, self.template, self.encode, self.decode, self.settings.max_trim_tokens, self.text
+        )
+        session = self.sessions[session_id] = GatewaySession(session_id, tito)
+        return session
+
+    def seed(
+        self,
+        session_id: str,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]],
+        prompt: list[int],
+        generated: list[int],
+        finish: str,
+    ) -> None:
+        """The session's first turn was generated ahead of any call (the run's prompt path)."""
+        session = self._session(session_id)
+        if self.decode(prompt) != self.template.render(messages, tools, True):
+            raise ApiError(400, f"session {session_id}: the row's messages do not render to the run's prompt tokens")
+        reply = make_reply(self.text(generated), finish, self.parser, [], f"call-{session_id}-0")
+        session.tito.seed(messages, tools, prompt, generated, reply.canonical, reply.finish_reason)
+
+    def call(self, session_id: str, call: ChatCall | CompletionCall) -> Answer | Order:
+        session = self._session(session_id)
+        if session.state != "open":
+            raise ApiError(409, f"session {session_id} is ending", code="session_closing")
+        if session.pending is not None:
+            raise ApiError(429, f"session {session_id} already has a call in flight", code="session_busy")
+        plan = self._plan(session, call)
+        if plan.kind == "recorded":
+            traj = session.tito.trajectories[plan.trajectory]
+            return self._answer(session, call, traj.turns[plan.turn], plan)
+        if plan.kind == "branch" and not self.settings.can_branch and session.tito.trajectories:
+            raise ApiError(
+                409,
+                f"session {session_id} turn {plan.turn}: the conversation does not continue the "
+                "session's last turn (an edited history branches; this session cannot branch)",
+                code="history_edited",
+            )
+        if len(plan.prompt) >= self.settings.context_tokens:
+            raise ApiError(
+                413,
+                f"the prompt is {len(plan.prompt)} tokens; the model's context is {self.settings.context_tokens}",
+                code="context_length_exceeded",
+            )
+        session.pending = _Pending(plan, call)
+        session.num_calls += 1
+        room = self.settings.context_tokens - len(plan.prompt)
+        return Order(
+            session_id, plan, min(call.max_tokens or self.settings.max_turn_tokens, self.settings.max_turn_tokens, room)
+        )
+
+    def _plan(self, session: GatewaySession, call: ChatCall | CompletionCall) -> Plan:
+        try:
+            if isinstance(call, ChatCall):
+                return session.tito.plan(call.messages, call.tools)
+            return session.tito.plan_text(call.prompt)
+        except TitoError as exc:
+            raise ApiError(409, str(exc), code="tito_trim_exceeded") from exc
+        except ValueError as exc:  # the template refused the conversation
+            raise ApiError(400, str(exc), param="messages") from exc
+
+    def generated(self, session_id: str, tokens: list[int], finish: str, logprobs: list[float] | None = None) -> Answer:
+        """The engine's tokens for the session's pending call: recorded, and its answer."""
+        session = self._session(session_id)
+        pending, session.pending = session.pending, None
+        if pending is None:
+            raise ApiError(409, f"session {session_id} has no call waiting for tokens")
+        call = pending.call
+        stop = call.stop if isinstance(call, ChatCall | CompletionCall) else []
+        reply = make_reply(
+            self.text(tokens), finish, self._parser(call), stop, f"call-{session_id}-{pending.plan.turn}"
+        )
+        turn = session.tito.record(pending.plan, tokens, reply.canonical, reply.finish_reason)
+        return self._answer(session, call, turn, pending.plan, logprobs)
+
+    def failed(self, session_id: str) -> None:
+        """The pending call's generation failed (its answer is an error): the session takes calls again."""
+        session = self.sessions.get(session_id)
+        if session is not None:
+            session.pending = None
+
+    def _answer(
+        self,
+        session: GatewaySession,
+        call: ChatCall | CompletionCall,
+        turn: Turn,
+        plan: Plan,
+        logprobs: list[float] | None = None,
+    ) -> Answer:
+        text = self.text(turn.generated)
+        reply = make_reply(
+            text,
+            turn.finish_reason if turn.finish_reason != "tool_calls" else "stop",
+            self._parser(call),
+            call.stop,
+            f"call-{session.session_id}-{plan.turn}",
+        )
+        pieces = [self.text([t]) for t in turn.generated] if logprobs else []
+        return Answer(reply, usage(turn.prompt_len, len(turn.generated)), plan.turn, text, list(logprobs or []), pieces)
+
+    def _parser(self, call: ChatCall | CompletionCall) -> str:
+        return self.parser if isinstance(call, ChatCall) and call.use_tools and call.tools else "none"
+
+    def close(self, session_id: str) -> bool:
+        """End the session: its record is kept for GET until ``forget``; False when there is none."""
+        session = self.sessions.get(session_id)
+        if session is None:
+            return False
+        session.state = "closing"
+        return True
+
+    def forget(self, session_id: str) -> None:
+        self.sessions.pop(session_id, None)
+
+    def _session(self, session_id: str) -> GatewaySession:
+        session = self.sessions.get(session_id)
+        if session is None:
+            raise ApiError(404, f"no session {session_id}", code="session_not_found")
+        return session
+
+    def record(self, session_id: str) -> dict[str, Any]:
+        """The session's TITO record (``GET /sessions/{sid}``)."""
+        session = self._session(session_id)
+        return {
+            "id": session_id,
+            "state": session.state,
+            "in_flight": session.pending is not None,
+            "num_calls": session.num_calls,
+            "trajectories": [_trajectory(t) for t in session.tito.trajectories],
+        }
+
+
+def _trajectory(traj: Any) -> dict[str, Any]:
+    turns = [
+        {"prompt_tokens": t.prompt_len, "completion_tokens": len(t.generated), "finish_reason": t.finish_reason}
+        for t in traj.turns
+    ]
+    return {
+        "token_ids": list(traj.tokens),
+        "loss_mask": list(traj.loss_mask),
+        "turns": turns,
+        "branch_of": traj.branch_of,
+        "branch_at": traj.branch_at,
+    }
