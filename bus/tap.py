@@ -16,6 +16,17 @@ from bus.plain import readable, to_builtins
 from bus.schema import Event
 
 _SHOWN_ITEMS = 8
+# what every actor or instance sends on a timer: thousands of lines a minute that bury the run's events
+PERIODIC_KINDS = ("actor.heartbeat", "inst.status", "router.status", "kv.tier")
+
+
+def hidden_kinds(kinds: Iterable[str], show_all: bool) -> tuple[str, ...]:
+    """The periodic kinds a tap hides: all of them by default, none with --all, and never one that a
+    --kind prefix asks for."""
+    if show_all:
+        return ()
+    asked = tuple(kinds)
+    return tuple(kind for kind in PERIODIC_KINDS if not any(kind.startswith(prefix) for prefix in asked))
 
 
 @dataclass(frozen=True)
@@ -26,12 +37,15 @@ class TapFilter:
     actors: tuple[str, ...] = ()
     request_ids: tuple[int, ...] = ()
     versions: tuple[int, ...] = ()
+    hidden: tuple[str, ...] = ()  # kind prefixes not shown (see `hidden_kinds`)
 
     def subscriptions(self) -> list[str]:
         return list(self.kinds) or [""]
 
     def matches(self, event: Event[Any]) -> bool:
         env = event.envelope
+        if any(env.kind.startswith(prefix) for prefix in self.hidden):
+            return False
         base = env.sender.split("/", 1)[0]  # an actor's control (/ctl) and heartbeat (/hb) streams are its own
         if self.actors and base not in self.actors and env.sender not in self.actors and env.actor not in self.actors:
             return False

@@ -21,7 +21,7 @@ from bus.schema import kinds_matching
 from bus.security import load_keys
 from bus.sockets import SocketOptions
 from bus.subscriber import Subscriber
-from bus.tap import TapFilter, format_json, format_line
+from bus.tap import PERIODIC_KINDS, TapFilter, format_json, format_line, hidden_kinds
 from psrl.log import configure
 from psrl.rundir import RunDir
 
@@ -60,6 +60,9 @@ def run_ended(run_dir: Path | None) -> str | None:
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per line instead of readable lines.")
 @click.option("--count", type=int, default=0, help="Exit after this many events (0 = run until Ctrl-C).")
 @click.option("--duration", type=float, default=0.0, help="Exit after this many seconds (0 = no limit).")
+@click.option(
+    "--all", "show_all", is_flag=True, help=f"Also show heartbeats and status reports ({', '.join(PERIODIC_KINDS)})."
+)
 def tap(
     *,
     run_dir: Path | None,
@@ -72,6 +75,7 @@ def tap(
     as_json: bool,
     count: int,
     duration: float,
+    show_all: bool,
 ) -> None:
     """Show the events of a running run: psrl tap RUN_DIR [--kind gen.] [--json]."""
     configure("warning")  # bus warnings (dropped messages) go to stderr, never into the tapped stream
@@ -79,7 +83,10 @@ def tap(
     if ended is not None:
         click.echo(f"{ended}; nothing to tap. Its events are in its log: psrl replay {run_dir}", err=True)
         return
-    filters = TapFilter(kinds, actors, request_ids, versions)
+    hidden = hidden_kinds(kinds, show_all)
+    filters = TapFilter(kinds, actors, request_ids, versions, hidden)
+    if hidden:
+        click.echo(f"(not shown: {', '.join(hidden)}; --all shows them)", err=True)
     for prefix in kinds:
         if not kinds_matching(prefix):
             click.echo(f"warning: no known kind starts with {prefix!r}", err=True)

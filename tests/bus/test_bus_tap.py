@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 
 from bus.addresses import BUS_FILE, BusAddresses
-from bus.messages import FinishReason, GenerateResult, Pause, TokenChunk
+from bus.messages import ActorState, FinishReason, GenerateResult, Heartbeat, Pause, TokenChunk
 from bus.schema import Envelope, Event
-from bus.tap import TapFilter, format_json, format_line
+from bus.tap import PERIODIC_KINDS, TapFilter, format_json, format_line, hidden_kinds
 
 HERE = Path(__file__).parent
 TAP = [sys.executable, "-m", "psrl.cli.main", "tap"]
@@ -82,6 +82,29 @@ def test_tap_shows_only_the_requested_kind_as_json(live_run: LiveRun) -> None:
     first = lines[0]
     assert first["event_id"].startswith("rollout-0#0:")
     assert first["message"]["token_ids"] == [first["message"]["request_id"], first["message"]["request_id"] + 1]
+
+
+def tapped_kinds(run_dir: Path, *options: str) -> set[str]:
+    command = [*TAP, str(run_dir), "--json", "--count", "12", *options]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
+    assert result.returncode == 0, result.stderr
+    return {json.loads(line)["envelope"]["kind"] for line in result.stdout.splitlines()}
+
+
+def test_tap_hides_heartbeats_unless_asked(live_run: LiveRun) -> None:
+    assert tapped_kinds(live_run.run_dir) == {"gen.chunk", "obs.metrics"}
+    assert "actor.heartbeat" in tapped_kinds(live_run.run_dir, "--all")
+    assert tapped_kinds(live_run.run_dir, "--kind", "actor.") == {"actor.heartbeat"}
+
+
+def test_periodic_kinds_are_hidden_by_default_and_shown_when_named() -> None:
+    assert hidden_kinds((), show_all=False) == PERIODIC_KINDS
+    assert hidden_kinds((), show_all=True) == ()
+    assert "inst.status" not in hidden_kinds(("inst.",), show_all=False)
+    assert "actor.heartbeat" in hidden_kinds(("inst.",), show_all=False)
+    quiet = TapFilter(hidden=PERIODIC_KINDS)
+    assert not quiet.matches(_event(Heartbeat(ActorState.IDLE)))
+    assert quiet.matches(_event(Pause()))
 
 
 def test_tap_by_address_with_actor_filter_and_ctrl_c(live_run: LiveRun) -> None:
