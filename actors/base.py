@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import os
+import queue
 import signal
 import socket as pysocket
 import sys
@@ -46,6 +47,7 @@ from bus.messages import (
     Heartbeat,
     Hello,
     Pause,
+    PullRetrying,
     Ready,
     Resume,
     Shutdown,
@@ -136,6 +138,7 @@ class Actor:
         self._subscribers = self._subscribe()
         self._heartbeat_stop = threading.Event()
         self._heartbeat_thread: threading.Thread | None = None
+        self._notices: queue.SimpleQueue[Message] = queue.SimpleQueue()
         self._finalizer = weakref.finalize(self, _release, self.ctx, self._heartbeat_stop, self._authenticator)
 
     # ------------------------------------------------------------------ overridable parts
@@ -251,6 +254,15 @@ class Actor:
     def request_stop(self, reason: str) -> None:
         if self.stop_reason is None:
             self.stop_reason = reason
+
+    def notify(self, message: Message) -> None:
+        """Publish ``message`` from any thread, within a heartbeat, even while the actor's loop is blocked
+        (a pull that retries for minutes says so as it happens)."""
+        self._notices.put(message)
+
+    def report_pull_retry(self, version: int, attempt: int, max_attempts: int, reason: str) -> None:
+        """A weight pull's failed attempt, for the console and the stall watch (``Puller.on_retry``)."""
+        self.notify(PullRetrying(self.name, version, attempt, max_attempts, reason))
 
     def set_state(self, state: ActorState, detail: str = "") -> None:
         if state != self.state:
@@ -437,6 +449,8 @@ class Actor:
         try:
             while not self._heartbeat_stop.wait(interval_s):
                 beats.publish(Heartbeat(self.state, self._safe_inflight()))
+                while not self._notices.empty():
+                    beats.publish(self._notices.get_nowait())
         finally:
             beats.close()
 

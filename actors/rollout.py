@@ -39,6 +39,7 @@ class RolloutActor(FlowActor):
             curve=self.bus.options.curve,
             pin_memory=EngineArgs.from_config(self.config).resolve_device().type == "cuda",
         )
+        puller.on_retry = self.report_pull_retry
         self.weights = PsWeightSupply(puller, pull_attempts=ps.pull_attempts, prefetch=ps.prefetch)
         self.kv = kv_port(self.config, engine)
         flow = InstanceFlow(self.name, self.config, engine, self.weights, log=self.log, kv=self.kv)

@@ -98,6 +98,7 @@ class TrainerActor(FlowActor):
         cfg = self.config
         endpoints = [self.boot.endpoint(f"ps-{i}.1") for i in range(cfg.topology.n_ps_shards)]
         puller = make_puller(cfg, endpoints, curve=self.bus.options.curve)
+        puller.on_retry = self.report_pull_retry
         try:
             committed = puller.latest_version()
             if committed <= self.core.version:

@@ -144,6 +144,25 @@ class ActorExited(Message, frozen=True):
     returncode: int
 
 
+@message("sup.stall")
+class StallDiagnosed(Message, frozen=True):
+    """The run made no training progress for ``run.stall_timeout_s`` while work was waiting: who holds
+    it, what it waits for, and what the supervisor does about it (added in 1.9).
+
+    holders: the actors that hold the work.
+    waits_for: what they wait for, in a sentence.
+    silent_s: seconds since the last training step.
+    action: "restart" (the holders, once) or "end" (the run, with a resumable checkpoint).
+    facts: what the diagnosis was made from (versions, queue, ledger), as name -> value text.
+    """
+
+    holders: list[str]
+    waits_for: str
+    silent_s: float
+    action: str
+    facts: dict[str, str] = field(default_factory=dict)
+
+
 @message("sup.restarted")
 class ActorRestarted(Message, frozen=True):
     """The supervisor restarted an actor after it exited.
@@ -563,6 +582,25 @@ class InstanceSyncFailed(Message, frozen=True):
 
     instance: str
     version: int
+    reason: str = ""
+
+
+@message("wt.pull_retry")
+class PullRetrying(Message, frozen=True):
+    """A weight pull failed and is tried again; sent as it happens, even while the pull blocks the actor
+    (added in 1.9).
+
+    actor: the puller's actor (an instance, or a replacement trainer rank catching up).
+    version: version being pulled (-1: the newest).
+    attempt: the attempt that failed (1 = the first).
+    max_attempts: attempts before the pull gives up.
+    reason: why the attempt failed.
+    """
+
+    actor: str
+    version: int
+    attempt: int
+    max_attempts: int
     reason: str = ""
 
 

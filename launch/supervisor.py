@@ -38,6 +38,7 @@ from bus.messages import (
     Ready,
     RunFinished,
     Shutdown,
+    StallDiagnosed,
 )
 from bus.schema import Event
 from bus.security import generate_keys, load_keys
@@ -49,11 +50,14 @@ from launch.policy import RestartPolicy, Verdict
 from launch.process import ActorProcess, run_on_host, start_actor
 from launch.spare_policy import SparePolicy
 from launch.spares import SparePool
+from launch.stall import SUBSCRIPTIONS as STALL_SUBSCRIPTIONS
+from launch.stall import RunStallWatch
 from psrl.config import Config, to_yaml
 from psrl.config.bus_settings import bus_settings
 from psrl.launches import INCARNATIONS_PER_LAUNCH, is_replacement
 from psrl.log import get_logger
 from psrl.ps.snapshot import remove_snapshots
+from psrl.reliability.stall import END
 from psrl.rundir import RunDir
 from psrl.trainer.checkpoint import latest_checkpoint, read_trainer_state
 
@@ -103,6 +107,7 @@ class Supervisor:
         self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
         self.dead_reasons: dict[str, str] = {}
         self.spares: SparePool | None = None
+        self.stall: RunStallWatch | None = None
 
     # ------------------------------------------------------------------ public
 
@@ -176,7 +181,16 @@ class Supervisor:
             self.ctx,
             self.addresses.events_out,
             # session.env_worker: env worker replacements, for listeners (the chaos harness waits on them)
-            ["actor.", "run.", "train.progress", "obs.metrics", "inst.status", "sup.", "session.env_worker"],
+            [
+                "actor.",
+                "run.",
+                "train.progress",
+                "obs.metrics",
+                "inst.status",
+                "sup.",
+                "session.env_worker",
+                *STALL_SUBSCRIPTIONS,
+            ],
             options=self.settings.options,
             name="supervisor",
         )
@@ -310,9 +324,11 @@ class Supervisor:
 
     def _watch(self) -> None:
         self._last_check = time.monotonic()
+        self.stall = RunStallWatch(self.config, self.log, self.resume.version, self._last_check)
         while not self.is_stopping:
             self._pump_events(WATCH_INTERVAL_S)
             self._check_processes()
+            self._check_stall()
             if self.spares is not None:
                 self.spares.tend(run_settled=self._is_settled())
 
@@ -351,6 +367,8 @@ class Supervisor:
                 process.saving_since = time.monotonic()
         if isinstance(msg, RunFinished):
             self._end(EXIT_OK if msg.success else EXIT_FAILED, msg.reason or "run finished")
+        if self.stall is not None:
+            self.stall.observe(event, time.monotonic())
         for listener in self.listeners:
             listener(event)
 
@@ -372,6 +390,27 @@ class Supervisor:
                 self.dead_reasons.setdefault(name, f"no heartbeat for {now - process.last_heartbeat:.1f} s")
             if code is not None:
                 self._on_death(process, code)
+
+    def _check_stall(self) -> None:
+        """No training step for ``run.stall_timeout_s`` while work waits: say who holds it, restart them
+        once, then end the run (the trainer checkpoints on the way out, so it resumes)."""
+        found = self.stall.check(time.monotonic()) if self.stall is not None else None
+        if found is None:
+            return
+        diagnosis, action, silent_s = found
+        holders = [h for h in diagnosis.holders if h in self.processes]
+        self.publisher.publish(StallDiagnosed(list(diagnosis.holders), diagnosis.waits_for, silent_s, action,
+                                              diagnosis.facts))  # fmt: skip
+        self.log.error("no training step", silent_s=round(silent_s), holders=list(diagnosis.holders),
+                       waiting_for=diagnosis.waits_for, action=action, facts=diagnosis.facts)  # fmt: skip
+        if action == END or not holders:
+            resume = f"psrl launch <same preset and overrides> --name {self.run_dir.name}"
+            self._end(EXIT_FAILED, f"stalled: no training step for {silent_s:.0f} s; {', '.join(diagnosis.holders)} "
+                      f"waited for {diagnosis.waits_for}; a restart did not help. Resume with: {resume}")  # fmt: skip
+            return
+        for name in holders:
+            self.dead_reasons[name] = f"stalled: waited for {diagnosis.waits_for}"
+            self.processes[name].signal(signal.SIGKILL)
 
     def _note_stall(self, liveness: Liveness, silences: dict[str, float], watcher_gap_s: float) -> None:
         """Logs once per episode that actors went silent together (the machine, not them: see launch.liveness)."""

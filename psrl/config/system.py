@@ -133,6 +133,12 @@ class Run(Section):
     fsync: Literal["never", "segment", "always"] = field(
         "segment", "Event-log fsync policy: never, at segment rotation, or after every record."
     )
+    stall_timeout_s: float = field(
+        600.0,
+        "No training step for this long while work waits: the launcher names who holds it and restarts "
+        "them once, then ends the run resumably (0 = never). Longer than your slowest step.",
+        ge=0,
+    )
 
 
 class Env(Section):

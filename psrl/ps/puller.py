@@ -82,6 +82,9 @@ class Puller:
         # One I/O thread per shard link (up to 4), so shards' streams are copied in parallel.
         self._ctx = ctx or zmq.Context(io_threads=min(4, max(1, len(pull_endpoints))))
         self._links = ShardLinks(self._ctx, pull_endpoints, timeout_s, self._log, curve)
+        # told of each failed attempt of ``sync`` (version, attempt, max_attempts, reason), from whichever
+        # thread pulls: an actor passes it on while the pull still blocks its loop
+        self.on_retry: Callable[[int, int, int, str], None] | None = None
 
     # public -------------------------------------------------------------------------------------
 
@@ -112,6 +115,8 @@ class Puller:
             except PullFailedError as exc:
                 last_error = exc
                 self._log.warning("ps.pull_retry", version=target, attempt=attempt, reason=exc.reason)
+                if self.on_retry is not None:
+                    self.on_retry(target, attempt, max_attempts, exc.reason)
                 if exc.latest > target >= 0 or (target >= 0 and "retired" in exc.reason):
                     target = LATEST
                 continue

@@ -1,0 +1,60 @@
+"""A run stalled on purpose: the launcher says who holds the work and what it waits for, restarts them
+once, then ends the run with a resumable checkpoint.
+
+The instances' weight pullers lack the run's CURVE keys (``tests.fakes.stalling``), so every pull is
+refused at the handshake: the run trains ``staleness + 1`` steps and then waits for instances that never
+load a version. Each failed attempt reaches the console as it happens.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from bus.eventlog.reader import EventLogReader
+from bus.messages import ActorRestarted, PullRetrying, StallDiagnosed, TrainerProgress
+from launch.supervisor import EXIT_FAILED, Supervisor
+from psrl.config import load_config
+from psrl.rundir import RunDir
+from psrl.trainer.checkpoint import latest_checkpoint, read_trainer_state
+
+pytestmark = pytest.mark.system
+
+STALLING = "tests.fakes.stalling:RolloutWithoutPullKeys"
+STALENESS = 2
+
+
+def test_a_stalled_run_is_diagnosed_restarted_once_and_ended_resumably(tmp_path) -> None:
+    config = load_config(
+        "demo",
+        [
+            "bus.curve=on",
+            f"psrl.staleness={STALENESS}",
+            "trainer.total_steps=20",
+            "psrl.ps.pull_timeout_s=1",
+            "psrl.ps.pull_attempts=2",
+            "run.stall_timeout_s=12",
+            "topology.warm_spares=0",
+            "bus.handshake_timeout_s=120",
+        ],
+    )
+    options = {f"rollout-{i}": {"actor_class": STALLING} for i in range(config.topology.n_rollout_instances)}
+    sup = Supervisor(config, RunDir.create(tmp_path / "runs", "stall"), actor_options=options)
+    assert sup.run() == EXIT_FAILED
+    assert sup.end_reason is not None and sup.end_reason.startswith("stalled: no training step")
+    assert "rollout-0" in sup.end_reason and "--name stall" in sup.end_reason
+
+    events = [e.event.message for e in EventLogReader(sup.run_dir.events).events()]
+    trained = max(m.version for m in events if isinstance(m, TrainerProgress))
+    assert trained == STALENESS + 1, "the run stalls where the instances must first sync"
+    assert any(isinstance(m, PullRetrying) and "no reply" in m.reason for m in events)
+    diagnoses = [m for m in events if isinstance(m, StallDiagnosed)]
+    assert [d.action for d in diagnoses] == ["restart", "end"]
+    for diagnosis in diagnoses:
+        assert set(diagnosis.holders) <= {"rollout-0", "rollout-1"} and diagnosis.holders
+        assert "pulls from the parameter server keep failing" in diagnosis.waits_for
+        assert diagnosis.facts["trained_version"] == str(trained)
+    restarted = {m.actor for m in events if isinstance(m, ActorRestarted)}
+    assert restarted == set(diagnoses[0].holders), "the holders were restarted, nobody else"
+
+    checkpoint = latest_checkpoint(sup.run_dir.checkpoints)
+    assert checkpoint is not None and int(read_trainer_state(checkpoint)["version"]) == trained
