@@ -13,6 +13,17 @@ Settings (all on the demo preset: GRPO, partial rollout, 2 instances, 1 trainer)
     s3_tis    staleness 3 with TIS
     s2_none   staleness 2 without any correction (no importance weights)
 
+The rollout-correction family at staleness 8 (docs/studies/rollout_correction.md):
+
+    s8_none    no correction
+    s8_tis     token-level TIS (threshold 2)
+    s8_icepop  IcePop: tokens whose ratio pi_old / pi_rollout leaves [0.5, 5] are masked
+    s8_seqmis  sequence MIS: sequence-level weights truncated at 2, responses outside [0.5, 2] masked
+    s8_gspo    the GSPO loss (sequence ratio, clip 3e-4 / 4e-4), no rollout weights
+
+``--correction-plot`` writes, per setting, held-out accuracy over versions, the sampler-trainer
+KL (k3) and the masked token fraction over steps; ``--json`` then also carries those curves.
+
 Every run evaluates on the demo task's held-out split (greedy exact match and pass@k) at version 0,
 every ``--eval-interval`` versions and at the last version. Seeds vary the prompt stream, the
 rollout sampling and the trainer (the held-out prompts are the same for every seed). The table
@@ -40,12 +51,37 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from psrl.evaluation.study import StudyRun, result_line, summarize, table
 
+RC = "algorithm.rollout_correction."
+S8 = ["psrl.staleness=8"]
 SETTINGS: dict[str, list[str]] = {
     "sync": ["psrl.staleness=0"],
     "s1_tis": ["psrl.staleness=1"],
     "s2_tis": ["psrl.staleness=2"],
     "s3_tis": ["psrl.staleness=3"],
     "s2_none": ["psrl.staleness=2", "algorithm.rollout_correction.rollout_is=null"],
+    # the rollout-correction family at staleness 8 (see docs/studies/rollout_correction.md)
+    "s8_none": [*S8, f"{RC}rollout_is=null"],
+    "s8_tis": [*S8],
+    "s8_icepop": [
+        *S8,
+        f"{RC}rollout_is=null",
+        f"{RC}rollout_rs=token",
+        f"{RC}rollout_rs_threshold=5",
+        f"{RC}rollout_rs_threshold_lower=0.5",
+    ],
+    "s8_seqmis": [
+        *S8,
+        f"{RC}rollout_is=sequence",
+        f"{RC}rollout_rs=sequence",
+        f"{RC}rollout_rs_threshold=2",
+        f"{RC}rollout_rs_threshold_lower=0.5",
+    ],
+    "s8_gspo": [
+        *S8,
+        f"{RC}rollout_is=null",
+        "algorithm.policy_loss.loss_mode=gspo",
+        "algorithm.loss_agg_mode=seq-mean-token-mean",
+    ],
 }
 
 
@@ -61,6 +97,17 @@ def overrides(args: argparse.Namespace, setting: str, seed: int, *, evaluate: bo
         "trainer.keep_checkpoints=1",
         *SETTINGS[setting],
     ]
+
+
+# (setting, seed) -> metric -> per-step values of the trainer (the correction family's curves)
+CURVES: dict[tuple[str, int], dict[str, list[float]]] = {}
+CURVE_METRICS = ("rollout_corr/kl_k3", "rollout_corr/token_masked_frac", "rollout_corr/token_truncated_frac")
+
+
+def trainer_curves(records: list[dict]) -> dict[str, list[float]]:
+    """Per-step values of CURVE_METRICS from the trainer's records (nan where a step lacks one)."""
+    steps = sorted((r for r in records if r["sender"].startswith("trainer")), key=lambda r: r["step"])
+    return {name: [float(r["values"].get(name, np.nan)) for r in steps] for name in CURVE_METRICS}
 
 
 def one_run(args: argparse.Namespace, setting: str, seed: int) -> StudyRun:
@@ -83,6 +130,7 @@ def one_run(args: argparse.Namespace, setting: str, seed: int) -> StudyRun:
     clipped = [x for c in certs for x in c.is_clipped_frac if np.isfinite(x)]
     lengths = [r["values"]["response_length/mean"] for r in records if "response_length/mean" in r["values"]
                and r["sender"] == "coordinator"]  # fmt: skip
+    CURVES[(setting, seed)] = trainer_curves(records)
     run = StudyRun(setting, seed, curve, float(last.get(f"eval/pass@{args.k}", np.nan)), wall, _mean(staleness),
                    _mean(clipped), _mean(lengths))  # fmt: skip
     print(
@@ -142,6 +190,34 @@ def plot(runs: list[StudyRun], order: list[str], path: Path) -> None:
     figure.savefig(path, format="png")
 
 
+def plot_correction(runs: list[StudyRun], order: list[str], path: Path) -> None:
+    """Held-out accuracy, sampler-trainer KL and masked fraction of each setting (mean over seeds)."""
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(13, 4), dpi=110, layout="constrained")
+    acc_axes, kl_axes, mask_axes = figure.subplots(1, 3)
+    for name in order:
+        group = [r for r in runs if r.setting == name]
+        versions = sorted(set.intersection(*(set(r.curve) for r in group))) if group else []
+        if versions:
+            acc = np.mean([[100 * r.curve[v] for v in versions] for r in group], axis=0)
+            acc_axes.plot(versions, acc, marker="o", label=name)
+        curves = [CURVES[(r.setting, r.seed)] for r in group if (r.setting, r.seed) in CURVES]
+        for axes, metric in ((kl_axes, CURVE_METRICS[0]), (mask_axes, CURVE_METRICS[1])):
+            length = min((len(c[metric]) for c in curves), default=0)
+            if length:
+                mean = np.nanmean([c[metric][:length] for c in curves], axis=0)
+                axes.plot(range(1, length + 1), mean, label=name)
+    acc_axes.set(xlabel="version", ylabel="held-out exact match (%, greedy)", title="accuracy")
+    kl_axes.set(xlabel="step", ylabel="k3 KL(pi_rollout || pi_old)", title="sampler-trainer KL", yscale="log")
+    mask_axes.set(xlabel="step", ylabel="fraction of trained tokens", title="masked by the correction")
+    for axes in (acc_axes, kl_axes, mask_axes):
+        axes.grid(True, alpha=0.3)
+    acc_axes.legend(fontsize=8)
+    figure.suptitle("demo task, rollout correction at staleness 8 (mean over seeds)")
+    figure.savefig(path, format="png")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="1 seed, 30 steps, 64 held-out prompts")
@@ -156,6 +232,7 @@ def main() -> None:
     parser.add_argument("--root", default="runs/study_async", help="where the runs are written")
     parser.add_argument("--plot", type=Path, help="write the accuracy-over-versions plot here (png)")
     parser.add_argument("--json", type=Path, help="write every run's numbers here")
+    parser.add_argument("--correction-plot", type=Path, help="write accuracy, KL and masked fraction here (png)")
     parser.add_argument("--eval-cost", action="store_true",
                         help="instead: s2_tis with and without evaluation, --seeds times each (its cost)")  # fmt: skip
     parser.add_argument("--first-seed", type=int, default=0, help="seeds first_seed .. first_seed + seeds - 1")
@@ -186,15 +263,22 @@ def main() -> None:
     print(f"study wall time {time.monotonic() - started:.0f} s")
     if args.plot:
         plot(runs, order, args.plot)
+    if args.correction_plot:
+        plot_correction(runs, order, args.correction_plot)
     print(result_line(rows))
 
 
 def _to_json(run: StudyRun) -> dict[str, object]:
-    return {**run.__dict__, "curve": {str(v): a for v, a in run.curve.items()}}
+    curves = CURVES.get((run.setting, run.seed))
+    extra = {} if curves is None else {"trainer_curves": curves}
+    return {**run.__dict__, "curve": {str(v): a for v, a in run.curve.items()}, **extra}
 
 
 def _from_json(item: dict[str, object]) -> StudyRun:
     values = dict(item)
+    curves = values.pop("trainer_curves", None)
+    if isinstance(curves, dict):
+        CURVES[(str(values["setting"]), int(values["seed"]))] = curves  # type: ignore[call-overload]
     values["curve"] = {int(v): float(a) for v, a in dict(values["curve"]).items()}  # type: ignore[call-overload]
     return StudyRun(**values)  # type: ignore[arg-type]
 
