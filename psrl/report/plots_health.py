@@ -1,4 +1,4 @@
-"""Plots of training health: KL, entropy, response length, gradient norm, and held-out metrics.
+"""Plots of training health: KL, entropy, response length, gradient norm, failures, held-out metrics.
 
 Each panel shows the raw per-step values faintly and an exponential moving average over them
 (`smooth`); steps the run finished while shutting down (past the last counted step) are left out.
@@ -21,7 +21,9 @@ HEALTH_PANELS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("policy entropy (per token)", ("actor/entropy",)),
     ("response length (tokens)", ("response_length/mean", "response_length/max")),
     ("gradient norm (before clipping)", ("actor/grad_norm", "critic/grad_norm")),
-)
+    ("failed per step (reward calls, sessions, generations)",
+     ("reward/num_errors", "reward/num_timeouts", "session/num_failed", "generation/num_failed")),
+)  # fmt: skip
 EVAL_PREFIXES = ("val/", "eval/")
 # bookkeeping of an evaluation round, not a measure of the policy (eval/version is the x axis)
 EVAL_NOT_PLOTTED = frozenset({"eval/version", "eval/num_samples", "eval/num_errors", "eval/mixed_versions",

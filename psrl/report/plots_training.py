@@ -19,15 +19,32 @@ def plot_reward(inputs: ReportInputs, path: Path) -> None:
         raise NoDataError("no reward/mean metrics in the run")
     accuracy = counted_steps(inputs, metric_by_step(records, "acc/mean"))
     figure, (axes,) = new_figure()
-    for series, marker, label in ((rewards, "o", "reward (mean over the step's trajectories)"),
-                                  (accuracy, "s", "accuracy (share correct)")):  # fmt: skip
-        if series:
-            steps, values = zip(*series, strict=True)
-            (line,) = axes.plot(steps, values, marker=marker, markersize=3, alpha=0.35, linewidth=1)
-            axes.plot(steps, smooth(values), color=line.get_color(), linewidth=2, label=f"{label}, smoothed")
+    for series, marker, style, label in reward_lines(rewards, accuracy):
+        steps, values = zip(*series, strict=True)
+        (line,) = axes.plot(steps, values, marker=marker, markersize=3, alpha=0.35, linewidth=1, linestyle=style)
+        axes.plot(
+            steps, smooth(values), color=line.get_color(), linewidth=2, linestyle=style, label=f"{label}, smoothed"
+        )
     axes.set_xlabel("training step")
     axes.set_ylabel("reward / accuracy (per trajectory)")
     finish(figure, path, f"{inputs.run_name}: reward and accuracy per training step")
+
+
+def reward_lines(
+    rewards: list[tuple[int, float]], accuracy: list[tuple[int, float]]
+) -> list[tuple[list[tuple[int, float]], str, str, str]]:
+    """(series, marker, line style, label) to draw. A 0/1 reward equals the accuracy at every step: one
+    line, named for both, rather than a legend entry for a line hidden under the other. Otherwise the
+    accuracy is dashed, so that where the two meet both stay visible."""
+    reward_label = "reward (mean over the step's trajectories)"
+    if (
+        accuracy
+        and len(accuracy) == len(rewards)
+        and all(a[0] == r[0] and math.isclose(a[1], r[1], abs_tol=1e-9) for a, r in zip(accuracy, rewards, strict=True))
+    ):
+        return [(rewards, "o", "-", f"{reward_label} = accuracy (share correct)")]
+    lines = [(rewards, "o", "-", reward_label)]
+    return lines + ([(accuracy, "s", "--", "accuracy (share correct)")] if accuracy else [])
 
 
 def plot_staleness(inputs: ReportInputs, path: Path) -> None:

@@ -35,6 +35,8 @@ class RunSummary:
     pull_ms_mean: float | None = None  # the pull's share of load_ms_mean
     end_reason: str = ""
     num_steps_after_end: int = 0
+    failures: dict[str, float] = field(default_factory=dict)  # failure counter -> total over the run
+    first_reward_error: str = ""
 
     @property
     def busy_fraction(self) -> float | None:
@@ -65,8 +67,31 @@ class RunSummary:
             ("weight push, mean per version", _ms(self.push_ms_mean)),
             ("pull+load, mean per instance and version", _ms(self.load_ms_mean)),
             ("  of which pull (or waiting for the background pull)", _ms(self.pull_ms_mean)),
+            *self._failure_rows(),
             ("end", self.end_reason or "-"),
         ]
+
+    def _failure_rows(self) -> list[tuple[str, str]]:
+        count = {name: int(self.failures.get(name, 0)) for name in FAILURE_COUNTERS}
+        calls = count["reward/num_errors"] + count["reward/num_timeouts"] + count["reward/num_scored"]
+        rows = [
+            ("reward calls raised / timed out (of all calls)",
+             f"{count['reward/num_errors']} / {count['reward/num_timeouts']} (of {calls})"),
+            ("sessions / generations failed", f"{count['session/num_failed']} / {count['generation/num_failed']}"),
+        ]  # fmt: skip
+        return rows + ([("first failed reward call", self.first_reward_error)] if self.first_reward_error else [])
+
+
+FAILURE_COUNTERS = (
+    "reward/num_errors", "reward/num_timeouts", "reward/num_scored", "session/num_failed", "generation/num_failed",
+)  # fmt: skip
+
+
+def _failures(timeline: RunTimeline) -> tuple[dict[str, float], str]:
+    """Every failure counter summed over the run's steps, and the first failed reward call's error."""
+    totals = {name: sum(r.values.get(name, 0.0) for r in timeline.metrics) for name in FAILURE_COUNTERS}
+    first = next((r.notes["reward/first_error"] for r in timeline.metrics if "reward/first_error" in r.notes), "")
+    return totals, first
 
 
 def _num(value: float | None, digits: int = 3) -> str:
@@ -108,6 +133,7 @@ def summarize(timeline: RunTimeline) -> RunSummary:
     phases = sync_phases(timeline.metrics, timeline.loaded)
     pushes = [p.push_ms for p in phases if p.push_ms > 0]
     loads = [point.load_ms for point in timeline.loaded]
+    failures, first_reward_error = _failures(timeline)
     return RunSummary(
         num_steps=last_step,
         elapsed_s=timeline.elapsed_s,
@@ -129,6 +155,8 @@ def summarize(timeline: RunTimeline) -> RunSummary:
         end_reason=timeline.run_end.reason if timeline.run_end else "",
         num_steps_after_end=len({p.step for p in timeline.progress})
         - len({p.step for p in counted_progress(timeline)}),
+        failures=failures,
+        first_reward_error=first_reward_error,
     )
 
 
