@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import zmq
 
-from bus.messages import ActorStarted, Hello, Metrics
+from bus.messages import ActorStarted, Hello, Metrics, TrainerProgress, WeightsLoaded
 from psrl.rundir import RunDir
 from tests.multihost.fakehosts import FakeHosts, can_create_namespaces
 from tests.system.launch_helpers import FAKE, logged_events
@@ -104,6 +104,25 @@ def test_launch_across_hosts_over_curve_and_ctrl_c_cleans_every_host(fake_hosts,
     for name in fake_hosts.names:
         ps = fake_hosts.run_in(name, "pgrep", "-f", "-m", "actors")
         assert ps.stdout.strip() == "", f"left on {name}: {ps.stdout}"
+
+
+def test_a_real_run_across_hosts_trains_past_its_first_syncs_over_curve(fake_hosts, tmp_path) -> None:
+    """The real actors, not fakes: every instance pulls each version from shards on other hosts through
+    CURVE, so the run trains beyond the ``staleness + 1`` steps it can take without a single pull."""
+    staleness, steps = 2, 5
+    hosts = hosts_file(tmp_path / "hosts.txt", fake_hosts)
+    cmd = [sys.executable, "-m", "psrl.cli.main", "launch", "demo", "--hosts", str(hosts),
+           "--root", str(tmp_path / "runs"), "--name", "mh-train", "--quiet",
+           f"psrl.staleness={staleness}", f"trainer.total_steps={steps}", "bus.handshake_timeout_s=300"]  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=540)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    events = logged_events(RunDir(tmp_path / "runs" / "mh-train"))
+    assert max(e.message.version for e in events if isinstance(e.message, TrainerProgress)) == steps
+    loads: dict[str, int] = {}
+    for event in events:
+        if isinstance(event.message, WeightsLoaded):
+            loads[event.message.instance] = max(loads.get(event.message.instance, 0), event.message.version)
+    assert sorted(loads) == ["rollout-0", "rollout-1"] and min(loads.values()) >= staleness, loads
 
 
 def _wait_running(run: RunDir, launcher: subprocess.Popen[str]) -> None:
