@@ -74,7 +74,7 @@ def load_preset_tree(name: str) -> Tree:
 
 # (section, key) of fields holding file paths; the reward function's file part (before ':') counts too
 PATH_FIELDS = (("model", "path"), ("model", "tokenizer_path"), ("data", "train_files"), ("data", "val_files"),
-               ("reward", "function"))  # fmt: skip
+               ("reward", "function"), ("agent", "entry"), ("agent", "dataset"))  # fmt: skip
 
 
 def relative_to_file(tree: Tree, base: Path) -> None:
@@ -84,7 +84,7 @@ def relative_to_file(tree: Tree, base: Path) -> None:
         if not isinstance(section, dict) or section.get(key) is None:
             continue
         value = section[key]
-        if key == "function":
+        if key in ("function", "entry"):
             file = reward_file(str(value))
             section[key] = f"{_under(base, file[0])}:{file[1]}" if file else value
         elif isinstance(value, list):
@@ -146,12 +146,36 @@ def free_form_maps(model: type[BaseModel] = Config, prefix: str = "") -> set[str
     return out
 
 
-def suggest(path: str, paths: Iterable[str]) -> str:
+# A suggestion's key name must be this close to the typed one (difflib's ratio), and its section this
+# close to the typed section. The whole path's ratio was not enough: a long shared section prefix
+# made any key of the section "close" (trainer.foo proposed trainer.seed).
+NAME_CUTOFF = 0.75
+SECTION_CUTOFF = 0.7
+
+
+def _ratio(a: str, b: str) -> float:
+    return difflib.SequenceMatcher(None, a, b).ratio()
+
+
+def close_keys(path: str, paths: Iterable[str], limit: int = 3) -> list[str]:
+    """Schema paths that are plausible typos of ``path``: a close key name in a close section, else the
+    same key name in another section (a key written under the wrong section); best first."""
+    section, _, name = path.rpartition(".")
+    scored = []
     candidates = list(paths)
-    close = difflib.get_close_matches(path, candidates, n=3, cutoff=0.6)
-    if not close:
-        tail = path.rsplit(".", 1)[-1]
-        close = [p for p in candidates if p.rsplit(".", 1)[-1] == tail][:3]
+    for candidate in candidates:
+        other_section, _, other_name = candidate.rpartition(".")
+        name_ratio, section_ratio = _ratio(name, other_name), _ratio(section, other_section)
+        if name_ratio >= NAME_CUTOFF and section_ratio >= SECTION_CUTOFF:
+            scored.append((name_ratio + section_ratio, candidate))
+    best = max((score for score, _ in scored), default=0.0)
+    # only the near-best: one clear match is not followed by the merely plausible
+    close = [candidate for score, candidate in sorted(scored, key=lambda item: -item[0]) if score >= best - 0.1]
+    return close[:limit] or [p for p in candidates if p.rpartition(".")[2] == name][:limit]
+
+
+def suggest(path: str, paths: Iterable[str]) -> str:
+    close = close_keys(path, paths)
     return f"did you mean {' or '.join(close)}?" if close else "see `psrl config docs` for every field"
 
 

@@ -86,6 +86,24 @@ class TestOverrides:
     def test_typo_suggests_the_real_key(self) -> None:
         assert "did you mean psrl.staleness" in problems_of("psrl.stalenes=2")
 
+    @pytest.mark.parametrize(
+        ("typed", "suggested"),
+        [
+            ("trainer.total_step=3", "trainer.total_steps?"),
+            ("trainr.total_steps=3", "trainer.total_steps?"),
+            ("trainer.staleness=1", "psrl.staleness?"),  # the right key under the wrong section
+            ("reward.timeout=5", "reward.timeout_s?"),
+        ],
+    )
+    def test_only_close_keys_are_suggested(self, typed: str, suggested: str) -> None:
+        assert f"did you mean {suggested}" in problems_of(typed)
+
+    @pytest.mark.parametrize("typed", ["trainer.foo=1", "psrl.rollout_coordination.blah=1"])
+    def test_an_unrelated_key_gets_no_suggestion(self, typed: str) -> None:
+        # regression: the whole path's similarity proposed trainer.seed for trainer.foo (a shared prefix)
+        message = problems_of(typed)
+        assert "did you mean" not in message and "psrl config docs" in message
+
     def test_moved_key_names_its_new_path(self) -> None:
         msg = problems_of("psrl.partial_rollout.enable=True")
         assert RC + "partial_rollout.enable" in msg
