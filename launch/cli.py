@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from launch.hosts import HostsFile
 from psrl.config.loader import split_preset
 from psrl.errors import ConfigError
 
@@ -69,5 +70,19 @@ def launch(
         click.echo(str(exc), err=True)
         sys.exit(2)
     configure(config.run.log_level)
+    if hosts is not None:
+        _exit_if_unreachable(hosts)
     classes = dict(item.split("=", 1) for item in actor_classes)
     sys.exit(run_launch(config, hosts, name=name, root=root, actor_classes=classes, quiet=quiet).exit_code)
+
+
+def _exit_if_unreachable(hosts: HostsFile) -> None:
+    """Refuse to start when ssh cannot reach a host, with ssh's own error (before any actor starts)."""
+    from launch.reach import unreachable
+
+    problems = unreachable(hosts)
+    if problems:
+        click.echo(f"cannot reach {len(problems)} host(s) over ssh; nothing was started:", err=True)
+        for line in problems:
+            click.echo(f"  {line}", err=True)
+        sys.exit(1)
