@@ -4,8 +4,10 @@
 
     result = psrl.run("examples/digits/config.yaml", ["trainer.total_steps=10"])
     print(result.ok, result.run_dir)
-    for record in result.metrics():          # metrics.jsonl, one dict per Metrics event
-        print(record["step"], record["values"].get("reward/mean"))
+    for step in result.steps():              # the training metrics of each step
+        print(step["step"], step["reward/mean"], step["acc/mean"])
+
+`result.metrics()` is every record of metrics.jsonl (the trainer's, weight syncs, evaluations too).
 
 `config` is a preset name, a YAML path or a `psrl.config.Config` (e.g. from
 `psrl.config.load_config`); `overrides` are `key=value` strings as on the command line. The same

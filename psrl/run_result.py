@@ -24,3 +24,13 @@ class RunResult:
         if not path.exists():
             return []
         return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+    def steps(self) -> list[dict[str, Any]]:
+        """The training metrics of each step, as the console's step lines show them: the coordinator's
+        values (reward/mean, acc/mean, staleness/mean, throughput/..., reward/num_errors...) with the
+        step number under "step". Other records (the trainer's, weight syncs, evaluations) are left out."""
+        return [
+            {"step": record["step"], **record["values"]}
+            for record in self.metrics()
+            if record.get("sender") == "coordinator" and "reward/mean" in record.get("values", {})
+        ]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -35,6 +36,17 @@ def test_run_result_reads_the_metrics(tmp_path: Path) -> None:
     (tmp_path / "metrics.jsonl").write_text('{"step": 1, "values": {"reward/mean": 0.5}}\n')
     result = RunResult(0, "done", tmp_path)
     assert result.ok and result.metrics()[0]["values"]["reward/mean"] == 0.5
+
+
+def test_run_result_steps_are_the_training_metrics_only(tmp_path: Path) -> None:
+    # regression: the README's example printed the last record, a weight sync's timings
+    records = [
+        {"step": 1, "sender": "coordinator", "values": {"reward/mean": 0.5, "acc/mean": 0.25}},
+        {"step": 1, "sender": "trainer-0", "values": {"sync/push_s": 0.1}},
+        {"step": 2, "sender": "coordinator", "values": {"tms/switch_to_rollout_ms": 3.0}},
+    ]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    assert RunResult(0, "done", tmp_path).steps() == [{"step": 1, "reward/mean": 0.5, "acc/mean": 0.25}]
 
 
 def _metrics_event(step: int, sender: str, values: dict[str, float]) -> Event:
