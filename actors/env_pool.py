@@ -42,14 +42,20 @@ class _Step:
 
 class _Worker:
     def __init__(
-        self, index: int, context: Any, target_args: tuple[Any, ...], replaced_pid: int = 0, reason: str = ""
+        self,
+        index: int,
+        context: Any,
+        target: Callable[..., None],
+        target_args: tuple[Any, ...],
+        replaced_pid: int = 0,
+        reason: str = "",
     ) -> None:
         self.index = index
         self.replaced_pid, self.reason = replaced_pid, reason
         self.started = time.monotonic()
         parent, child = context.Pipe()
         self.process = context.Process(
-            target=serve, args=(child, *target_args), name=f"env-worker-{index}", daemon=True
+            target=target, args=(child, *target_args), name=f"env-worker-{index}", daemon=True
         )
         self.process.start()
         child.close()
@@ -85,13 +91,23 @@ class EnvPool:
         *,
         on_pipe: Callable[[Any, bool], None] | None = None,
         log: Any = None,
+        agents: str = "",
+        timeout_s: float = 0.0,
     ) -> None:
+        """``agents``: the spec of agent workers (``psrl.gateway.runner``), each step one session's agent
+        run, timed out after ``timeout_s``; empty = environment workers (``psrl.envs.host``)."""
         self.settings = settings
+        self.timeout_s = timeout_s or settings.step_timeout_s
         self.seed = seed
         self.log = log
         self.on_pipe = on_pipe  # (connection, added) so the actor polls the live pipes
         self._context = multiprocessing.get_context("spawn")
-        self._args = (task_name, seed, tokenizer_dir)
+        self._args: tuple[Any, ...] = (task_name, seed, tokenizer_dir)
+        self._target: Callable[..., None] = serve
+        if agents:
+            from psrl.gateway.runner import serve_agents
+
+            self._target, self._args = serve_agents, (agents,)
         self._decoder = msgspec.msgpack.Decoder(StepReply)
         self._encoder = msgspec.msgpack.Encoder()
         self.queue: deque[_Step] = deque()
@@ -101,7 +117,7 @@ class EnvPool:
         self.workers = [self._start(i) for i in range(settings.num_workers)]
 
     def _start(self, index: int, replaced_pid: int = 0, reason: str = "") -> _Worker:
-        worker = _Worker(index, self._context, self._args, replaced_pid, reason)
+        worker = _Worker(index, self._context, self._target, self._args, replaced_pid, reason)
         if self.on_pipe is not None:
             self.on_pipe(worker.connection, True)
         return worker
@@ -148,10 +164,10 @@ class EnvPool:
             self._lost(worker, f"env worker exited ({worker.process.exitcode})")
         elif worker.is_ready and now - worker.last_heard > HUNG_AFTER_S:
             self._lost(worker, f"env worker hung (silent for {now - worker.last_heard:.1f} s)")
-        elif worker.step is not None and now - worker.step.started > self.settings.step_timeout_s:
+        elif worker.step is not None and now - worker.step.started > self.timeout_s:
             step = worker.step
             worker.step = None
-            self._fail(step, f"environment step timed out after {self.settings.step_timeout_s:g} s", now)
+            self._fail(step, f"environment step timed out after {self.timeout_s:g} s", now)
             self._replace(worker, "timed out")
 
     def _answered(self, worker: _Worker, data: bytes, now: float) -> None:

@@ -9,6 +9,13 @@ A scheduler restarted within a launch (``restarted``) connects to the router fir
 the router's messages reach it), then rebuilds the sessions its predecessor left from the run's
 event log (``psrl.flows.session_recovery``) and continues them; the router's messages that were
 already in the log are handled there, so the link's copy of one of them is dropped.
+
+With an agent (``agent.entry`` / ``agent.command``) the scheduler also serves the OpenAI-compatible
+session gateway (``psrl.gateway``): uvicorn in a thread of this process, its calls handed to this
+loop through a ``Bridge`` (a queue and a wake-up socket this loop polls), so every session decision
+stays in the flow, on one thread, next to the sessions' router traffic; the env workers run the
+agents. In this process rather than an actor of its own: a call and the session it acts on are one
+piece of state (one owner), and a turn costs no extra hop on the bus.
 """
 
 from __future__ import annotations
@@ -39,19 +46,67 @@ class SessionActor(FlowActor):
         link = self.make_link(ROUTER, serve=False)
         self.already_handled: set[str] = set()
         recovery = self._rebuild() if self.boot.options.get("restarted") else None
-        self.pool = EnvPool(cfg.env, cfg.task.name, cfg.task.seed, tokenizer_dir, on_pipe=self._on_pipe, log=self.log)
-        flow = SessionFlow(cfg, self.pool, log=self.log)
+        agents, gateway = self._start_gateway() if cfg.agent.enabled else ("", None)
+        self.pool = EnvPool(
+            cfg.env,
+            cfg.task.name,
+            cfg.task.seed,
+            tokenizer_dir,
+            on_pipe=self._on_pipe,
+            log=self.log,
+            agents=agents,
+            timeout_s=cfg.agent.timeout_s if agents else 0.0,
+        )
+        flow = SessionFlow(cfg, self.pool, log=self.log, gateway=gateway)
         self.attach(flow, peers={ROUTER: link})
         if recovery is not None:
             self.perform(flow.restore(recovery, time.monotonic()))
         return {"env_workers": cfg.env.num_workers}
 
+    def _start_gateway(self) -> tuple[str, Any]:
+        """Serve the session gateway; the agent workers' spec and the gateway's sessions."""
+        from psrl.gateway.bridge import Bridge
+        from psrl.gateway.server import GatewayServer, ServerSettings, make_app
+        from psrl.gateway.setup import build_gateway, local_url, run_token, worker_spec
+
+        settings = self.config.agent.gateway
+        token = run_token(settings.host, settings.token)
+        self.bridge, self.jobs = Bridge(), dict[int, Any]()
+        server = ServerSettings(token, settings.max_body_bytes, (settings.model_name,))
+        self.http = GatewayServer(make_app(self.bridge, server), settings.host, settings.port).start()
+        self.add_input(self.bridge.fileno(), self._gateway_jobs)
+        url = local_url(settings.host, self.http.port)
+        self.log.info("session gateway serving", url=self.http.url, token_required=bool(token))
+        return worker_spec(self.config, url, token), build_gateway(self.config)
+
+    def _gateway_jobs(self) -> None:
+        now = time.monotonic()
+        for job in self.bridge.take():
+            self.jobs[job.job_id] = job
+            self.flow.gateway_job(job.job_id, job.op, job.session_id, job.payload, now)
+            self.perform(self.flow.take())
+
+    def perform(self, effects: Any) -> None:
+        super().perform(effects)
+        if hasattr(self, "flow") and self.flow.answers:  # answers of gateway calls, back to the HTTP thread
+            answers, self.flow.answers = self.flow.answers, []
+            for job_id, result in answers:
+                job = self.jobs.pop(job_id, None)
+                if job is not None and isinstance(result, Exception):
+                    job.fail(result)
+                elif job is not None:
+                    job.resolve(result)
+
     def _rebuild(self) -> SessionRecovery:
         recovery = rebuild_sessions(self.logged_events(), launch_of(self.boot.incarnation))
         self.refuse_a_torn_log(recovery.num_missing_events)
         self.already_handled = set(recovery.seen_event_ids)
-        self.log.info("rebuilt from the event log", sessions=len(recovery.sessions),
-                      answered=recovery.num_answered, rerun=recovery.num_rerun)  # fmt: skip
+        self.log.info(
+            "rebuilt from the event log",
+            sessions=len(recovery.sessions),
+            answered=recovery.num_answered,
+            rerun=recovery.num_rerun,
+        )
         return recovery
 
     def _on_pipe(self, connection: Any, added: bool) -> None:
@@ -80,6 +135,8 @@ class SessionActor(FlowActor):
     def teardown(self) -> None:
         super().teardown()
         if hasattr(self, "pool"):
-            self.pool.close()
+            self.pool.close()  # agents first: their open calls end with them
+        if hasattr(self, "http"):
+            self.http.stop()
         if hasattr(self, "flow") and self.flow.counters:
             self.log.info("session counters", **dict(self.flow.counters))

@@ -58,7 +58,9 @@ from psrl.coordination.session import (
 )
 from psrl.flows.base import Flow
 from psrl.flows.effects import Effect, Handler, Timer
+from psrl.flows.session_gateway import GatewayCalls
 from psrl.flows.session_recovery import SessionRecovery
+from psrl.gateway.sessions import Gateway
 
 ROUTER = "router"
 
@@ -87,6 +89,8 @@ class Session:
     held: TurnNext | None = None  # the next turn, held while the session is hung
     pin_next: str = ""  # continue_force_pin: the instance the next turn goes to, once
     last_next: TurnNext | None = None  # the last next turn sent, sent again if its turn comes again
+    finish: int = 0  # how its last turn ended (FinishReason): an agent's first call is answered with it
+    call_job: int = 0  # an agent session: the gateway call waiting for the turn now generating
 
     def info(self) -> SessionInfo:
         hung = self.hang_state == "hung" or self.marked_for_hang
@@ -95,12 +99,14 @@ class Session:
         )
 
 
-class SessionFlow(Flow):
+class SessionFlow(GatewayCalls, Flow):
     BUS_KINDS = (InstanceStatus, ActorExited)
 
-    def __init__(self, config: Config, env: EnvRunner, *, log: Any = None) -> None:
+    def __init__(self, config: Config, env: EnvRunner, *, log: Any = None, gateway: Gateway | None = None) -> None:
         super().__init__()
         self.env = env
+        self.gateway = gateway  # agent sessions: their calls come through the gateway (psrl.flows.session_gateway)
+        self.answers: list[tuple[int, Any]] = []
         self.log = log
         self.settings = config.env
         self.thunder = config.psrl.rollout_coordination.session_strategy.thunder_agent
@@ -141,6 +147,9 @@ class SessionFlow(Flow):
             session.actions, session.last_next = list(restored.actions), restored.last_next
             self.sessions[session.request_id] = session
             self.counters["restored_sessions"] += 1
+            if self.gateway is not None:  # the agent's process died with the old scheduler
+                self._end(session.request_id, 0.0, 0.0, session.turn + 1, "session scheduler restarted mid-agent")
+                continue
             if session.status != "env":
                 continue
             if restored.answer is not None:
@@ -171,14 +180,21 @@ class SessionFlow(Flow):
             self._end(done.request_id, 0.0, 0.0, done.turn + 1, "session scheduler lost the session's history")
             return
         session.status, session.instance, session.num_tokens = "env", done.instance, done.num_tokens
-        session.turn = done.turn
+        session.turn, session.finish = done.turn, done.finish_reason
         session.actions.append(np.asarray(done.token_ids, np.int32))
         if session.marked_for_hang:  # the turn boundary: a marked session is hung now
             session.marked_for_hang, session.hang_state = False, "hung"
+        if self.gateway is not None and done.turn > 0:
+            self.answer_turn(session, done)  # the agent's call asked for this turn (its run started at turn 0)
+            return
         self.env.submit(session.request_id, session.prompt_id, done.turn, session.actions)
 
     def _on_env_step(self, step: EnvStepDone, now: float) -> None:
         session = self.sessions.get(step.request_id)
+        if self.gateway is not None and session is not None:  # the agent's run is over: its reward or error
+            self.counters["env_failures"] += bool(step.error)
+            self.agent_done(session, step.reward, step.acc, step.error or ("" if step.done else "agent gave no reward"))
+            return
         if session is None or step.turn != session.turn or session.status != "env":
             self.counters["late_env_steps"] += 1
             return
@@ -223,6 +239,7 @@ class SessionFlow(Flow):
         self.send(ROUTER, turn, request_id=session.request_id, prompt_id=session.prompt_id)
 
     def _end(self, request_id: int, reward: float, acc: float, num_turns: int, error: str) -> None:
+        self.close_call(request_id, error or "finished")
         session = self.sessions.pop(request_id, None)
         end = SessionEnd(request_id=request_id, reward=reward, acc=acc, num_turns=num_turns, error=error)
         self.ended[request_id] = end
@@ -232,6 +249,7 @@ class SessionFlow(Flow):
             self.log.warning("session failed", request_id=request_id, error=error)
 
     def _on_gone(self, gone: SessionGone, now: float) -> None:
+        self.close_call(gone.request_id, gone.reason or "ended by the router")
         if self.sessions.pop(gone.request_id, None) is not None:
             self.env.cancel(gone.request_id)
 

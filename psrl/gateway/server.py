@@ -184,7 +184,8 @@ class GatewayServer:
     def _run(self) -> None:
         self.server.run(sockets=[self.socket])
 
-    def stop(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=10)
+    def stop(self, timeout_s: float = 3.0) -> None:
+        # calls still waiting (their session's turns will not come now) are not waited for
+        self.server.should_exit = self.server.force_exit = True
+        self.thread.join(timeout=timeout_s)
         self.socket.close()

@@ -1,0 +1,150 @@
+"""Agent sessions in the session scheduler: the gateway's calls become the router's turns.
+
+With an agent (``agent.entry`` or ``agent.command``) a session's environment is the agent itself,
+run once per session in an env worker from its first turn on. The agent talks to the gateway; each
+call reaches the flow as a job (``gateway_job``: open, chat, completion, get, delete) and its answer
+goes to ``answers`` (job id, result or ``ApiError``) for the actor to hand back to the HTTP thread.
+
+* **open**: the runner opens the session of a trajectory whose first turn the router generated
+  from the row's prompt; that turn becomes the session's first TITO turn (``Gateway.seed``).
+* **chat / completion**: a recorded turn is answered at once; a new one is sent to the router as
+  the next turn (``TurnNext``: the new messages' tokens as the observation, sticky to the session's
+  instance, pinned to its version), held while the session is hung (ThunderAgent: the call simply
+  waits), and answered when its ``TurnDone`` comes (``answer_turn``).
+* The agent's end (its ``EnvStepDone``) ends the session with its reward or error; a session that
+  ends otherwise (the router's ``SessionGone``: surplus, staleness, failure) answers its pending
+  call with a 409 the agent treats as cancellation.
+
+A restarted scheduler does not resume agent runs (their processes died with it): it ends those
+sessions with an error, and the group rule decides.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from bus.messages import SessionEnd, TurnDone, TurnNext
+from psrl.gateway.api import ApiError
+from psrl.gateway.replies import finish_name
+from psrl.gateway.sessions import Answer, Gateway
+
+
+class GatewayCalls:
+    """Mixed into ``SessionFlow`` (it provides sessions, env, counters, settings, _send_turn and _end)."""
+
+    gateway: Gateway | None
+    answers: list[tuple[int, Any]]
+    sessions: dict[int, Any]
+    ended: dict[int, SessionEnd]
+    counters: Any
+    settings: Any
+
+    def _send_turn(self, session: Any, turn: TurnNext) -> None: ...
+
+    def _end(self, request_id: int, reward: float, acc: float, num_turns: int, error: str) -> None: ...
+
+    def gateway_job(self, job_id: int, op: str, sid: str, payload: Any, now: float) -> None:
+        """One call from the gateway's HTTP thread; its answer goes to ``answers`` (maybe later)."""
+        try:
+            result = self._job(job_id, op, sid, payload)
+        except ApiError as error:
+            self.counters[f"gateway_errors_{error.status}"] += 1
+            result = error
+        if result is not None:
+            self.answers.append((job_id, result))
+
+    def _job(self, job_id: int, op: str, sid: str, payload: Any) -> Any:
+        gateway = self._gateway()
+        if op == "open":
+            return self._open(gateway, payload)
+        if op == "get":
+            return gateway.record(sid)
+        if op == "delete":
+            return self._delete(gateway, sid)
+        if op in ("chat", "completion"):
+            return self._call(gateway, job_id, sid, payload)
+        raise ApiError(404, f"no operation {op}")
+
+    def _gateway(self) -> Gateway:
+        if self.gateway is None:
+            raise ApiError(503, "this run has no agent sessions (agent.entry or agent.command)")
+        return self.gateway
+
+    def _open(self, gateway: Gateway, body: Any) -> dict[str, Any]:
+        if not isinstance(body, dict) or not isinstance(body.get("request_id"), int):
+            raise ApiError(400, "POST /sessions needs the trajectory's request_id (the runner opens sessions)")
+        session = self.sessions.get(body["request_id"])
+        if session is None or not session.actions:
+            raise ApiError(404, f"no session {body['request_id']} waiting for its agent", code="session_not_found")
+        sid = str(session.request_id)
+        gateway.open(sid)
+        prompt = [int(t) for t in body.get("prompt_token_ids", [])]
+        first = session.actions[0].tolist()
+        try:
+            gateway.seed(
+                sid, body.get("messages", []), body.get("tools", []), prompt, first, finish_name(session.finish)
+            )
+        except ApiError:
+            gateway.forget(sid)
+            raise
+        return {"id": sid, "object": "session"}
+
+    def _call(self, gateway: Gateway, job_id: int, sid: str, call: Any) -> Any:
+        session = self.sessions.get(int(sid)) if sid.isdigit() else None
+        if session is None:
+            raise ApiError(404, f"no session {sid}", code="session_not_found")
+        outcome = gateway.call(sid, call)
+        if isinstance(outcome, Answer):
+            return outcome
+        if session.turn + 1 >= self.settings.max_turns:
+            gateway.failed(sid)
+            raise ApiError(
+                409, f"session {sid} used its env.max_turns={self.settings.max_turns} turns", code="max_turns"
+            )
+        session.call_job = job_id
+        nxt = TurnNext(
+            request_id=session.request_id,
+            turn=session.turn + 1,
+            observation_token_ids=np.asarray(outcome.plan.new_tokens, np.int32),
+            max_tokens=outcome.max_tokens,
+        )
+        session.num_tokens += len(outcome.plan.new_tokens)
+        if session.hang_state == "hung":
+            session.held = nxt  # answered once a later tick continues the session
+            self.counters["turns_held"] += 1
+        else:
+            self._send_turn(session, nxt)
+        return None
+
+    def answer_turn(self, session: Any, done: TurnDone) -> None:
+        """A turn the agent asked for is generated: its call's answer."""
+        gateway = self._gateway()
+        job, session.call_job = session.call_job, 0
+        sid = str(session.request_id)
+        try:
+            answer: Any = gateway.generated(sid, np.asarray(done.token_ids).tolist(), finish_name(done.finish_reason))
+        except ApiError as error:
+            answer = error
+        if job:
+            self.answers.append((job, answer))
+
+    def agent_done(self, session: Any, reward: float, acc: float, error: str) -> None:
+        self._end(session.request_id, reward, acc, session.turn + 1, error)
+
+    def close_call(self, request_id: int, reason: str) -> None:
+        """The session is over: its pending call gets a 409 (cancellation), its record goes."""
+        if self.gateway is None:
+            return
+        session = self.sessions.get(request_id)
+        job = getattr(session, "call_job", 0) if session is not None else 0
+        if job and session is not None:
+            self.answers.append((job, ApiError(409, f"session {request_id} ended: {reason}", code="session_ended")))
+            session.call_job = 0
+        self.gateway.forget(str(request_id))
+
+    def _delete(self, gateway: Gateway, sid: str) -> dict[str, Any]:
+        record = gateway.record(sid)
+        gateway.close(sid)
+        return {"id": sid, "object": "session.deleted", "deleted": True, "record": record}
