@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pydantic import model_validator
 
+from psrl.config.agents import Agent
 from psrl.config.base import Section, section
 from psrl.config.data import Data, Logging, Reward
 from psrl.config.psrl_section import PsrlSection
@@ -23,6 +24,7 @@ class Config(Section):
     model: Model = section(Model, "Policy checkpoint.")
     task: Task = section(Task, "Prompt generator, prompt and response lengths, sampling.")
     env: Env = section(Env, "Multi-turn environments (agentic RL sessions).")
+    agent: Agent = section(Agent, "Agents with their own loop, through the OpenAI-compatible session gateway.")
     data: Data = section(Data, "A dataset of prompts (instead of the task's generator).")
     reward: Reward = section(Reward, "A reward function of your own, or a built-in verifier.")
     topology: Topology = section(Topology, "How many actors of each kind.")

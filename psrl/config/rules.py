@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
+from psrl.config.agents import agent_rules
 from psrl.config.psrl_section import LMCache
 from psrl.config.root import Config
 from psrl.config.rules_rl import RL_RULES
@@ -255,7 +256,7 @@ def sessions_need_an_environment(c: Config) -> Iterator[ConfigProblem]:
                       "set env.enable=True (with an environment task), or " + thunder + "=False")  # fmt: skip
     if not c.env.enable:
         return
-    if not is_env_name(c.task.name):
+    if not is_env_name(c.task.name) and not c.agent.enabled:
         yield problem(("env.enable", "task.name"), c.task.name, "multi-turn sessions need an environment task",
                       f"set task.name to one of {env_names()} or package.module:factory")  # fmt: skip
     if c.data.train_files:
@@ -501,7 +502,7 @@ def eval_settings_used(c: Config) -> Iterator[ConfigProblem]:
                       "set eval.greedy=True or eval.k >= 1")  # fmt: skip
 
 
-RULES = (*RULES, eval_settings_used)
+RULES = (*RULES, eval_settings_used, agent_rules)
 
 
 def check(config: Config) -> list[ConfigProblem]:

@@ -12,6 +12,10 @@ from psrl.tasks.base import Task
 
 def make_task(config: Config, tokenizer: Any) -> Task:
     """Where a run's training prompts come from: data.train_files when set, else the task named by task.name."""
+    if config.agent.enabled:  # an agent's rows, rendered with the session gateway's chat template
+        from psrl.gateway.agent_task import AgentTask
+
+        return AgentTask.from_config(config)
     train = load_split(config.data, "train", tokenizer, config.task.max_prompt_length)
     if train is not None:
         return train
