@@ -26,11 +26,16 @@ class RunResult:
         return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
     def steps(self) -> list[dict[str, Any]]:
-        """The training metrics of each step, as the console's step lines show them: the coordinator's
-        values (reward/mean, acc/mean, staleness/mean, throughput/..., reward/num_errors...) with the
-        step number under "step". Other records (the trainer's, weight syncs, evaluations) are left out."""
+        """The training metrics of each trained step, as the console's step lines show them: the
+        coordinator's values (reward/mean, acc/mean, staleness/mean, throughput/..., reward/num_errors...)
+        with the step number under "step". Other records (the trainer's, weight syncs, evaluations) are
+        left out, and so are buffers handed over ahead that no step trained before the run ended."""
+        records = self.metrics()
+        trained = {r["step"] for r in records if str(r.get("sender", "")).startswith("trainer")}
         return [
             {"step": record["step"], **record["values"]}
-            for record in self.metrics()
-            if record.get("sender") == "coordinator" and "reward/mean" in record.get("values", {})
+            for record in records
+            if record.get("sender") == "coordinator"
+            and "reward/mean" in record.get("values", {})
+            and (not trained or record["step"] in trained)
         ]

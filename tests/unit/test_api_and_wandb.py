@@ -44,6 +44,7 @@ def test_run_result_steps_are_the_training_metrics_only(tmp_path: Path) -> None:
         {"step": 1, "sender": "coordinator", "values": {"reward/mean": 0.5, "acc/mean": 0.25}},
         {"step": 1, "sender": "trainer-0", "values": {"sync/push_s": 0.1}},
         {"step": 2, "sender": "coordinator", "values": {"tms/switch_to_rollout_ms": 3.0}},
+        {"step": 3, "sender": "coordinator", "values": {"reward/mean": 0.75}},  # handed over, never trained
     ]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     assert RunResult(0, "done", tmp_path).steps() == [{"step": 1, "reward/mean": 0.5, "acc/mean": 0.25}]
