@@ -60,7 +60,7 @@ def plot_specs() -> list[PlotSpec]:
         PlotSpec("certificates.png", "Staleness certificates",
                  "Per step, from train.certificate: trained trajectories by staleness (and how many were interrupted), "
                  "the spread of per-trajectory mean truncated importance weights, and the fraction of tokens whose "
-                 "weight was clipped at the threshold.", plot_certificates),
+                 "weight was clipped at the threshold or that the correction masked.", plot_certificates),
         PlotSpec("utilisation.png", "Rollout-instance utilisation",
                  "Running requests from inst.status, and the share of each time bin an instance had at least one "
                  "running request; the shaded span is the work window.", plot_utilisation),

@@ -112,6 +112,8 @@ class TimelineBuilder:
             is_mean=tuple(float(x) for x in msg.is_mean),
             is_clipped_frac=tuple(float(x) for x in msg.is_clipped_frac),
             num_interrupted=int(((msg.flags >= 0) & ((msg.flags & 1) == 1)).sum()),
+            masked_frac=() if msg.masked_frac is None else tuple(float(x) for x in msg.masked_frac),
+            correction=msg.correction,
         )
         self.timeline.certificates.append(point)
 

@@ -1,4 +1,5 @@
-"""Plots of the staleness certificates (``train.certificate``): per-step staleness and importance weights."""
+"""Plots of the staleness certificates (``train.certificate``): per-step staleness, importance weights and
+the share of tokens the rollout correction clipped or masked."""
 
 from __future__ import annotations
 
@@ -34,7 +35,18 @@ def plot_certificates(inputs: ReportInputs, path: Path) -> None:
         clipped = [float(np.nanmean(c.is_clipped_frac)) if np.isfinite(c.is_clipped_frac).any() else np.nan
                    for c in certs]  # fmt: skip
         clip_axes.plot(steps, clipped, marker=".", label="mean clipped fraction of tokens")
+    masked = [_finite_mean(c.masked_frac) for c in certs]
+    if np.isfinite(masked).any():
+        clip_axes.plot(steps, masked, marker="x", label="mean masked fraction of tokens (rejection)")
     weight_axes.set_ylabel("mean TIS weight per trajectory", fontsize=9)
-    clip_axes.set_ylabel("clipped fraction", fontsize=9)
+    clip_axes.set_ylabel("clipped / masked fraction", fontsize=9)
     clip_axes.set_xlabel("version produced (training step)")
-    finish(figure, path, f"{inputs.run_name}: staleness certificates ({len(certs)} steps)")
+    correction = certs[-1].correction
+    label = f", correction {correction}" if correction else ""
+    finish(figure, path, f"{inputs.run_name}: staleness certificates ({len(certs)} steps{label})")
+
+
+def _finite_mean(values: tuple[float, ...]) -> float:
+    finite = np.asarray(values, float)
+    finite = finite[np.isfinite(finite)]
+    return float(finite.mean()) if len(finite) else np.nan

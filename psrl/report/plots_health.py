@@ -18,6 +18,8 @@ SMOOTHING = 0.6  # weight of the running average per step (0 = no smoothing)
 # panel title -> metrics drawn in it (those the run has)
 HEALTH_PANELS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("KL divergence", ("actor/kl_loss", "actor/ppo_kl")),
+    ("rollout correction: sampler-trainer KL (k3) and tokens masked / truncated",
+     ("rollout_corr/kl_k3", "rollout_corr/token_masked_frac", "rollout_corr/token_truncated_frac")),
     ("policy entropy (per token)", ("actor/entropy",)),
     ("response length (tokens)", ("response_length/mean", "response_length/max")),
     ("gradient norm (before clipping)", ("actor/grad_norm", "critic/grad_norm")),

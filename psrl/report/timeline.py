@@ -87,6 +87,8 @@ class CertificatePoint:
     is_mean: tuple[float, ...]  # nan = not measured
     is_clipped_frac: tuple[float, ...]
     num_interrupted: int
+    masked_frac: tuple[float, ...] = ()  # share of each trajectory's tokens the correction rejected; nan = none
+    correction: str = ""  # the rollout correction applied (empty: not recorded)
 
 
 @dataclass(frozen=True)
