@@ -76,7 +76,8 @@ chaos: install
 	$(PYTEST) -m chaos
 	$(BIN)/python tools/chaos.py --quick
 
-# the router and the coordinator SIGKILLed mid-run, replaced, nothing lost (about 3 min on 2 cores; CI runs it)
+# the router, the coordinator and every PS shard SIGKILLed mid-run (a run each), replaced, nothing lost
+# (a few minutes on 2 cores; CI runs it)
 test-restart: install
 	$(PYTEST) -m chaos tests/system/test_restart.py
 
