@@ -29,14 +29,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from bus.messages import EnvWorkerReady
+from bus.messages import EnvWorkerReady, SyncCommand, WeightsLoaded, WeightsPublished
 from bus.schema import Event
 from launch.env_workers import env_workers
 from launch.supervisor import Supervisor
-from psrl.reliability.faults import ENV_WORKERS, KILL, Fault, InjectedFault, is_env_target
+from psrl.reliability.faults import ENV_WORKERS, KILL, LOAD, PUBLISH, SYNC, Fault, InjectedFault, is_env_target
 
 READY_WAIT_S = 240.0  # how long a fault waits for its target to serve before it is skipped (a loaded machine)
 SPARE_WAIT_S = 120.0  # how long it waits for the warm spares to be ready before it goes ahead anyway
+MOMENTS = {WeightsPublished.KIND: PUBLISH, SyncCommand.KIND: SYNC, WeightsLoaded.KIND: LOAD}
+MOMENT_WAIT_S = 120.0  # how long an anchored fault waits for its sync moment before it is skipped
 REPLACE_WAIT_S = 60.0  # how long the next fault waits for the previous one's replacement to be launched
 POLL_S = 0.05
 
@@ -49,11 +51,17 @@ class FaultInjector:
     skipped: list[str] = field(default_factory=list)
     num_env_workers: int = 0  # env.num_workers of the run (env worker targets)
     replaced_pids: set[int] = field(default_factory=set)  # env workers whose replacement reported ready
+    moments: dict[str, int] = field(default_factory=lambda: {PUBLISH: 0, SYNC: 0, LOAD: 0})  # seen so far
 
     def on_event(self, event: Event[Any]) -> None:
-        """A supervisor listener (its thread): env worker replacements."""
-        if isinstance(event.message, EnvWorkerReady) and event.message.replaced_pid:
-            self.replaced_pids.add(event.message.replaced_pid)
+        """A supervisor listener (its thread): env worker replacements, and the sync moments faults are
+        timed against."""
+        msg = event.message
+        if isinstance(msg, EnvWorkerReady) and msg.replaced_pid:
+            self.replaced_pids.add(msg.replaced_pid)
+        moment = MOMENTS.get(msg.KIND)
+        if moment is not None:
+            self.moments[moment] += 1
 
     def start(self) -> threading.Thread:
         thread = threading.Thread(target=self._run, name="chaos", daemon=True)
@@ -75,11 +83,26 @@ class FaultInjector:
             self._until(lambda: self.supervisor.spare_ready, SPARE_WAIT_S)
             if self.supervisor.is_stopping:
                 return
+            if not self._at_moment(fault):
+                continue
             if not self._inject(fault):
                 continue
             # one fault at a time: the next waits until this one's replacement is launched (a hang
             # is seen only after the missed heartbeats), so it cannot take the spare first
             self._until(functools.partial(self._replaced, self.injected[-1]), REPLACE_WAIT_S)
+
+    def _at_moment(self, fault: Fault) -> bool:
+        """An anchored fault waits for the next moment of its kind, then its delay; False when none came
+        (skipped) or the run stops meanwhile."""
+        if not fault.anchor:
+            return True
+        seen = self.moments[fault.anchor]
+        if not self._until(lambda: self.moments[fault.anchor] > seen, MOMENT_WAIT_S):
+            if not self.supervisor.is_stopping:
+                self.skipped.append(f"{fault.describe()}: no {fault.anchor} within {MOMENT_WAIT_S:.0f} s")
+            return False
+        self._until(lambda: False, fault.delay_s)
+        return not self.supervisor.is_stopping and self._serving(fault.target)
 
     def _replaced(self, injected: InjectedFault) -> bool:
         process = self.supervisor.processes.get(_actor(injected.target))
@@ -103,7 +126,9 @@ class FaultInjector:
                 self.skipped.append(f"{fault.target}: no env worker to fault")
                 return False
             pid = workers[sum(is_env_target(f.target) for f in self.injected) % len(workers)]
-        self.injected.append(InjectedFault(fault.target, fault.kind, time.time(), process.incarnation, pid))
+        self.injected.append(
+            InjectedFault(fault.target, fault.kind, time.time(), process.incarnation, pid, fault.anchor)
+        )
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signum)
         return True

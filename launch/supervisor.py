@@ -195,7 +195,12 @@ class Supervisor:
             name="supervisor",
         )
         self.control_watcher = Subscriber(
-            self.ctx, self.addresses.control_out, ["run."], options=self.settings.options, name="supervisor:control"
+            # coord.sync: the moments a chaos plan times faults against (launch.chaos)
+            self.ctx,
+            self.addresses.control_out,
+            ["run.", "coord.sync"],
+            options=self.settings.options,
+            name="supervisor:control",
         )
 
     def _launcher_address(self) -> str:

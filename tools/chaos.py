@@ -22,6 +22,16 @@ exactly its turns and the environment's answers.
     python tools/chaos.py --cases 25 --faults 8 topology.warm_spares=2   # 200 faults (make chaos-full)
     python tools/chaos.py --roles router,coordinator   # the roles that own run state, rebuilt from the log
 
+Faults can be timed against weight syncs: ``--anchored 0.5`` times half of them within 0.5 s of a
+version's publication, the coordinator's sync command or an instance's load (a router killed then is
+down while the instances load and the coordinator's requests queue for it). ``--plan`` gives the
+faults of every case explicitly, in order, for multi-role plans; ``--curve`` runs every case over
+CURVE (``bus.curve=on``), where each weight pull authenticates.
+
+    python tools/chaos.py --cases 4 --anchored 0.5 --roles router,coordinator,ps,rollout
+    python tools/chaos.py --cases 4 --plan rollout-0@4,ps-1@5,router@publish+0.1   # SIGKILLs in order
+    python tools/chaos.py --quick --curve
+
 With ``topology.warm_spares`` > 0 (the default is 1) each fault waits for the spares to be ready,
 so replacements are warm; ``topology.warm_spares=0`` measures cold replacements.
 
@@ -48,7 +58,16 @@ from launch.supervisor import EXIT_INTERRUPTED, EXIT_OK, Supervisor
 from psrl.config import Config, load_config
 from psrl.log import configure
 from psrl.preflight import checked
-from psrl.reliability.faults import ENV_WORKERS, Recovery, cold_starts, percentile, plan_faults, recoveries
+from psrl.reliability.faults import (
+    ENV_WORKERS,
+    Fault,
+    Recovery,
+    cold_starts,
+    parse_plan,
+    percentile,
+    plan_faults,
+    recoveries,
+)
 from psrl.reliability.invariants import InvariantReport, check_invariants
 from psrl.rundir import RunDir
 
@@ -104,11 +123,28 @@ class CaseResult:
     wall_s: float
 
 
+@dataclass(frozen=True)
+class Plan:
+    """How each case's faults are drawn: at random (``roles``, ``num_faults``...) or given (``explicit``)."""
+
+    roles: tuple[str, ...]
+    num_faults: int
+    gap_s: float
+    anchored_share: float = 0.0
+    explicit: str = ""
+
+    def faults(self, seed: int, config: Config) -> list[Fault]:
+        targets = fault_targets(config, self.roles)
+        if self.explicit:
+            return parse_plan(self.explicit, [spec.name for spec in plan_actors(config)] + targets)
+        return plan_faults(seed, targets, self.num_faults, mean_gap_s=self.gap_s, anchored_share=self.anchored_share)
+
+
 def run_case(
-    seed: int, config: Config, roles: tuple[str, ...], num_faults: int, gap_s: float, root: Path,
-    deadline_s: float = CASE_DEADLINE_S,
+    seed: int, config: Config, plan_of: Plan, root: Path, deadline_s: float = CASE_DEADLINE_S
 ) -> CaseResult:  # fmt: skip
-    plan = plan_faults(seed, fault_targets(config, roles), num_faults, mean_gap_s=gap_s)
+    plan = plan_of.faults(seed, config)
+    num_faults = len(plan)
     supervisor = Supervisor(config, RunDir.create(root, f"chaos-{seed}"))
     # the harness measures recovery, so the restart budget must not be what ends a run
     supervisor.policy = RestartPolicy(max_restarts=num_faults + 1)
@@ -140,6 +176,7 @@ def run_case(
 
 def describe(case: CaseResult) -> str:
     times = [f"{r.fault.kind} {r.fault.target} {_secs(r.seconds)}{' warm' if r.warm else ''}" for r in case.recoveries]
+    times = [t + (f" @{r.fault.anchor}" if r.fault.anchor else "") for t, r in zip(times, case.recoveries, strict=True)]
     verdict = "finished" if case.exit_code == EXIT_OK else f"exit {case.exit_code}: {case.reason}"
     bad = {k: v for k, v in case.report.violations.items() if v}
     sessions = case.report.sessions
@@ -236,6 +273,9 @@ def main() -> None:
         "--roles", default=None, help="roles to fault, comma separated (default: every restartable one of the workload)"
     )
     parser.add_argument("--root", type=Path, default=None, help="where the run directories go")
+    parser.add_argument("--anchored", type=float, default=0.0, help="share of faults timed against a sync moment")
+    parser.add_argument("--plan", default="", help="explicit faults of every case, e.g. rollout-0@4,router@publish+0.1")
+    parser.add_argument("--curve", action="store_true", help="every case over CURVE (bus.curve=on)")
     parser.add_argument("overrides", nargs="*", help="config overrides for every case")
     args = parser.parse_args()
     configure("warning")
@@ -246,10 +286,12 @@ def main() -> None:
     roles = tuple(r.strip() for r in args.roles.split(",") if r.strip()) if args.roles else default_roles
     root = args.root or Path(tempfile.mkdtemp(prefix="psrl-chaos-"))
     preset, workload = WORKLOADS[args.workload]
-    config = checked(load_config(preset, [*workload, f"trainer.total_steps={steps}", *args.overrides]))
+    curve = ["bus.curve=on"] if args.curve else []
+    config = checked(load_config(preset, [*workload, f"trainer.total_steps={steps}", *curve, *args.overrides]))
+    plan = Plan(roles, args.faults or faults, args.gap, args.anchored, args.plan)
     results = []
     for k in range(args.cases or cases):
-        case = run_case(args.seed + k, config, roles, args.faults or faults, args.gap, root, args.case_deadline)
+        case = run_case(args.seed + k, config, plan, root, args.case_deadline)
         print(describe(case), flush=True)
         results.append(case)
         if case.exit_code == EXIT_INTERRUPTED:  # Ctrl-C or SIGTERM stops the harness, not just a case

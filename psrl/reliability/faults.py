@@ -26,11 +26,25 @@ def is_env_target(target: str) -> bool:
     return target.endswith(ENV_WORKERS)
 
 
+# Moments of a weight sync a fault can be timed against: a version published by the PS, the
+# coordinator's sync command, an instance's load. A router killed just after a publish is down while
+# the instances load the new version and the coordinator's requests queue for it.
+PUBLISH, SYNC, LOAD = "publish", "sync", "load"
+ANCHORS = (PUBLISH, SYNC, LOAD)
+MAX_ANCHOR_DELAY_S = 0.5  # an anchored fault lands within this long of its moment
+
+
 @dataclass(frozen=True)
 class Fault:
     after_s: float  # wait this long after the previous fault healed (or after the run started)
     target: str  # actor name
     kind: str
+    anchor: str = ""  # one of ANCHORS: after the gap, wait for the next such moment, then ``delay_s``
+    delay_s: float = 0.0
+
+    def describe(self) -> str:
+        when = f"{self.anchor}+{self.delay_s:g}s" if self.anchor else f"{self.after_s:g}s"
+        return f"{self.target}:{self.kind}@{when}"
 
 
 @dataclass(frozen=True)
@@ -40,13 +54,21 @@ class InjectedFault:
     wall_s: float  # when the signal was sent
     incarnation: int  # the incarnation it hit
     pid: int = 0  # the process it hit (an env worker's, which has no incarnation)
+    anchor: str = ""  # the sync moment it was timed against (ANCHORS), if any
 
 
 def plan_faults(
-    seed: int, targets: Sequence[str], num_faults: int, *, mean_gap_s: float, stop_share: float = 0.25
+    seed: int,
+    targets: Sequence[str],
+    num_faults: int,
+    *,
+    mean_gap_s: float,
+    stop_share: float = 0.25,
+    anchored_share: float = 0.0,
 ) -> list[Fault]:
-    """``num_faults`` faults on random ``targets``, exponential gaps of mean ``mean_gap_s``. A hung env
-    worker is found by its silent heartbeat, like a hung actor, and replaced; its step runs again."""
+    """``num_faults`` faults on random ``targets``, exponential gaps of mean ``mean_gap_s``; a share
+    ``anchored_share`` of them is timed against a sync moment (``ANCHORS``). A hung env worker is found
+    by its silent heartbeat, like a hung actor, and replaced; its step runs again."""
     if not targets:
         raise ValueError("a fault plan needs at least one target actor")
     rng = random.Random(seed)
@@ -55,7 +77,31 @@ def plan_faults(
         kind = STOP if rng.random() < stop_share else KILL
         gap = round(rng.expovariate(1.0 / mean_gap_s), 3)  # drawn before the target: seeds keep their plans
         target = rng.choice(list(targets))
-        plan.append(Fault(gap, target, kind))
+        fault = Fault(gap, target, kind)
+        if anchored_share > 0 and rng.random() < anchored_share:  # no extra draws otherwise: same plans
+            anchor, delay = rng.choice(ANCHORS), round(rng.uniform(0.0, MAX_ANCHOR_DELAY_S), 3)
+            fault = Fault(gap, target, kind, anchor, delay)
+        plan.append(fault)
+    return plan
+
+
+def parse_plan(text: str, targets: Sequence[str]) -> list[Fault]:
+    """An explicit plan, faults in order: ``TARGET[:kill|stop]@SECONDS`` (after the previous fault) or
+    ``TARGET[:kind]@ANCHOR[+SECONDS]`` (after the next sync moment), comma separated. For example
+    ``rollout-0@4,ps-1@5,router@publish+0.1``: the multi-role plan of a night on a cluster."""
+    plan = []
+    for item in (part.strip() for part in text.split(",") if part.strip()):
+        who, _, when = item.partition("@")
+        target, _, kind = who.partition(":")
+        kind = kind or KILL
+        if target not in targets or kind not in (KILL, STOP) or not when:
+            raise ValueError(f"fault {item!r}: want TARGET[:kill|stop]@SECONDS or @ANCHOR[+SECONDS], "
+                             f"TARGET one of {sorted(targets)}, ANCHOR one of {list(ANCHORS)}")  # fmt: skip
+        anchor, _, delay = when.partition("+")
+        if anchor in ANCHORS:
+            plan.append(Fault(0.0, target, kind, anchor, float(delay or 0.0)))
+        else:
+            plan.append(Fault(float(when), target, kind))
     return plan
 
 

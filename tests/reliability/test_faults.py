@@ -10,7 +10,19 @@ from bus.codec import Decoder
 from bus.errors import DecodeError
 from bus.messages import ActorExited, EnvWorkerReady, Heartbeat, Ready
 from bus.schema import Envelope, Event, Message
-from psrl.reliability.faults import KILL, STOP, InjectedFault, percentile, plan_faults, recoveries
+from psrl.reliability.faults import (
+    ANCHORS,
+    KILL,
+    MAX_ANCHOR_DELAY_S,
+    PUBLISH,
+    STOP,
+    Fault,
+    InjectedFault,
+    parse_plan,
+    percentile,
+    plan_faults,
+    recoveries,
+)
 from psrl.reliability.hostile import FUZZ_SENDER, HostileFrames
 
 
@@ -76,3 +88,23 @@ def test_no_hostile_frame_decodes_as_anything_but_a_stray_heartbeat() -> None:
             continue
         assert all(isinstance(e.message, Heartbeat) and e.envelope.sender == FUZZ_SENDER for e in events)
     assert num_dropped > 1500
+
+
+def test_anchored_faults_are_timed_against_sync_moments_and_leave_unanchored_plans_unchanged() -> None:
+    targets = ["router", "coordinator", "ps-0"]
+    plan = plan_faults(5, targets, 60, mean_gap_s=2.0, anchored_share=0.5)
+    anchored = [f for f in plan if f.anchor]
+    assert 10 < len(anchored) < 50 and {f.anchor for f in anchored} == set(ANCHORS)
+    assert all(0 <= f.delay_s <= MAX_ANCHOR_DELAY_S for f in anchored)
+    assert plan == plan_faults(5, targets, 60, mean_gap_s=2.0, anchored_share=0.5)
+    assert not any(f.anchor for f in plan_faults(5, targets, 60, mean_gap_s=2.0))
+
+
+def test_an_explicit_plan_names_targets_kinds_and_moments() -> None:
+    targets = ["rollout-0", "ps-1", "router"]
+    plan = parse_plan("rollout-0@4, ps-1:stop@5.5,router@publish+0.1", targets)
+    assert plan == [Fault(4.0, "rollout-0", KILL), Fault(5.5, "ps-1", STOP), Fault(0.0, "router", KILL, PUBLISH, 0.1)]
+    assert [f.describe() for f in plan] == ["rollout-0:kill@4s", "ps-1:stop@5.5s", "router:kill@publish+0.1s"]
+    for bad in ("trainer-9@1", "router:crash@1", "router"):
+        with pytest.raises(ValueError, match="TARGET"):
+            parse_plan(bad, targets)

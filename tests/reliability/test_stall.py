@@ -20,7 +20,8 @@ def _router(*, queued: int = 0, inflight: int = 0, versions=(5,), servable: int 
 
 
 def _facts(router: RouterView | None, *, trained: int = 5, published: int = 5, versions=(5, 5), running=(0, 0)):
-    instances = {f"rollout-{i}": InstanceView(v, r, NOW - 1) for i, (v, r) in enumerate(zip(versions, running))}
+    pairs = enumerate(zip(versions, running, strict=True))
+    instances = {f"rollout-{i}": InstanceView(v, r, NOW - 1) for i, (v, r) in pairs}
     return StallFacts(2, trained_version=trained, published_version=published, router=router, instances=instances)
 
 

@@ -29,7 +29,7 @@ def test_every_bound_socket_survives_hostile_frames_and_the_run_completes(tmp_pa
 @pytest.mark.chaos
 def test_killed_and_hung_instances_shards_and_trainer_keep_every_promise(tmp_path) -> None:
     config = load_config("demo", [*chaos.WORKLOAD, "trainer.total_steps=5"])
-    case = chaos.run_case(3, config, ("rollout", "ps", "trainer"), 3, 4.0, tmp_path / "runs")
+    case = chaos.run_case(3, config, chaos.Plan(("rollout", "ps", "trainer"), 3, 4.0), tmp_path / "runs")
     assert case.exit_code == EXIT_OK, case.reason
     assert case.report.ok, case.report.violations
     assert len(case.recoveries) == 3 and all(r.seconds is not None for r in case.recoveries)
@@ -38,7 +38,7 @@ def test_killed_and_hung_instances_shards_and_trainer_keep_every_promise(tmp_pat
 @pytest.mark.chaos
 def test_killed_and_hung_session_scheduler_and_killed_env_workers_lose_no_session(tmp_path) -> None:
     config = load_config("agentic", [*chaos.AGENTIC_WORKLOAD, "trainer.total_steps=4"])
-    case = chaos.run_case(2, config, ("session", "env"), 4, 4.0, tmp_path / "runs")
+    case = chaos.run_case(2, config, chaos.Plan(("session", "env"), 4, 4.0), tmp_path / "runs")
     assert case.exit_code == EXIT_OK, case.reason
     assert case.report.ok, case.report.violations
     assert {r.fault.target for r in case.recoveries} == {"session", "session/env"}

@@ -21,6 +21,7 @@ from psrl.reliability.invariants import check_invariants
 from psrl.replay.runner import replay_run
 from psrl.rundir import RunDir
 from tests.system.run_checks import check_consumed_groups, check_continuations, check_staleness_bound, read_run
+from tools import chaos
 
 # minutes each on a loaded 2-core machine: with the other fault-injection runs (make chaos)
 pytestmark = [pytest.mark.system, pytest.mark.chaos]
@@ -134,6 +135,22 @@ def test_a_logger_killed_mid_run_is_replaced_and_the_log_misses_nothing(tmp_path
     ids = [e.envelope.event_id for e in events]
     assert len(ids) == len(set(ids)), "an event was logged twice"
     check_nothing_lost(config, sup, events)
+
+
+def test_the_night_plan_over_curve_instance_shard_then_router_just_after_a_publish(tmp_path) -> None:
+    """An instance, a shard, then the router just after a version is published (it is down while the
+    instances load it and the coordinator's requests queue for it), over CURVE: the run finishes and
+    the log shows nothing lost; every fault healed."""
+    config = load_config("demo", [*WORKLOAD, "bus.curve=on", "trainer.total_steps=10"])
+    plan = chaos.Plan((), 0, 0.0, explicit="rollout-0@1,ps-1@1,router@publish+0.1")
+    case = chaos.run_case(11, config, plan, tmp_path / "runs")
+    assert case.exit_code == EXIT_OK, case.reason
+    assert case.report.ok, case.report.violations
+    assert not case.skipped, case.skipped
+    assert [(r.fault.target, r.fault.anchor) for r in case.recoveries] == [
+        ("rollout-0", ""), ("ps-1", ""), ("router", "publish")
+    ]  # fmt: skip
+    assert all(r.seconds is not None for r in case.recoveries), case.recoveries
 
 
 def _actor_log_lines(sup: Supervisor, prefix: str) -> list[str]:
