@@ -41,6 +41,9 @@ class TrainerFlow(Flow):
         self.num_malformed = 0
         self.chunks_seen: set[tuple[int, int]] = set()  # (buffer, chunk) of the buffer in progress
         self.chunks: list[TrainData] = []  # of the buffer in progress, for its staleness certificate
+        # chunks of buffers beyond the one in progress, by buffer and chunk: a replacement rank can get a
+        # new buffer before the coordinator's re-sent older ones (it was queued for the dead rank first)
+        self.ahead: dict[int, dict[int, TrainData]] = {}
         correction = config.algorithm.rollout_correction
         spec = spec_of(correction)
         self.is_threshold = correction.rollout_is_threshold if spec.is_level is not None else 0.0
@@ -81,6 +84,9 @@ class TrainerFlow(Flow):
             return
         if (data.buffer, data.chunk) in self.chunks_seen:  # re-sent after a restart, and already here
             return
+        if data.buffer > self.core.version:  # trained once the buffers before it are
+            self.ahead.setdefault(data.buffer, {})[data.chunk] = data
+            return
         if data.chunk == 0:
             self.step_started = now
             self.chunks = []
@@ -97,6 +103,15 @@ class TrainerFlow(Flow):
         result = self.core.add_chunk(data.buffer, trajectories, is_last=data.chunk == data.num_chunks - 1)
         if result is not None:
             self._after_step(data, result)
+            self._train_ahead(now)
+
+    def _train_ahead(self, now: float) -> None:
+        """The held chunks of the buffer the trainer has reached, in order (each may reach the next)."""
+        for buffer in [b for b in self.ahead if b < self.core.version]:
+            del self.ahead[buffer]
+        chunks = self.ahead.pop(self.core.version, {})
+        for chunk in sorted(chunks):
+            self._on_data(chunks[chunk], now)
 
     def _after_step(self, data: TrainData, result: StepResult) -> None:
         self.publish(Metrics(step=data.buffer + 1, values=dict(result.metrics)), model_version=result.version)

@@ -88,9 +88,11 @@ class RestartableRun(InProcessRun):
                 self.bus.post(ROUTER, self.router.handle(message, self.now), self.now)
         return self.router
 
-    def stall_trainer(self) -> None:
+    def stall_trainer(self) -> _Backlog:
         """The trainer falls behind (a long step): what reaches it waits, so the ledger runs ahead."""
-        self.bus.nodes[TRAINER] = _Backlog()
+        backlog = _Backlog()
+        self.bus.nodes[TRAINER] = backlog
+        return backlog
 
     def release_trainer(self) -> None:
         backlog = self.bus.nodes[TRAINER]
