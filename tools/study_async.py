@@ -105,9 +105,17 @@ CURVE_METRICS = ("rollout_corr/kl_k3", "rollout_corr/token_masked_frac", "rollou
 
 
 def trainer_curves(records: list[dict]) -> dict[str, list[float]]:
-    """Per-step values of CURVE_METRICS from the trainer's records (nan where a step lacks one)."""
-    steps = sorted((r for r in records if r["sender"].startswith("trainer")), key=lambda r: r["step"])
+    """Per-step values of CURVE_METRICS from the trainer's records (the trainer also logs records of other
+    metrics, e.g. its weight pushes, for the same steps: those are left out)."""
+    steps = sorted((r for r in records if r["sender"].startswith("trainer") and CURVE_METRICS[0] in r["values"]),
+                   key=lambda r: r["step"])  # fmt: skip
     return {name: [float(r["values"].get(name, np.nan)) for r in steps] for name in CURVE_METRICS}
+
+
+def _steps_measured(curves: dict[str, list[float]]) -> dict[str, list[float]]:
+    """The curves at the steps where the KL was measured (older --json files interleave other records)."""
+    keep = [i for i, v in enumerate(curves[CURVE_METRICS[0]]) if np.isfinite(v)]
+    return {name: [values[i] for i in keep] for name, values in curves.items()}
 
 
 def one_run(args: argparse.Namespace, setting: str, seed: int) -> StudyRun:
@@ -202,7 +210,7 @@ def plot_correction(runs: list[StudyRun], order: list[str], path: Path) -> None:
         if versions:
             acc = np.mean([[100 * r.curve[v] for v in versions] for r in group], axis=0)
             acc_axes.plot(versions, acc, marker="o", label=name)
-        curves = [CURVES[(r.setting, r.seed)] for r in group if (r.setting, r.seed) in CURVES]
+        curves = [_steps_measured(CURVES[(r.setting, r.seed)]) for r in group if (r.setting, r.seed) in CURVES]
         for axes, metric in ((kl_axes, CURVE_METRICS[0]), (mask_axes, CURVE_METRICS[1])):
             length = min((len(c[metric]) for c in curves), default=0)
             if length:
