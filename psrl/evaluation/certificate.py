@@ -90,40 +90,41 @@ def build(
     """The certificate of the buffer made of ``chunks`` (trained into ``version``), with the rollout
     correction applied to it (``correction``, see ``CorrectionSpec.describe``) and the fraction of
     each trajectory's tokens it rejected (``masked``; nan where no rejection is configured)."""
-    request_ids: list[int] = []
-    v_traj: list[int] = []
-    ranges: list[tuple[int, int]] = []
-    flags: list[int] = []
-    is_mean: list[float] = []
-    is_clipped: list[float] = []
-    masked_frac: list[float] = []
-    for data in chunks:
-        offsets = np.concatenate([[0], np.cumsum(data.response_lengths)])
-        for i, rid in enumerate(data.request_ids.tolist()):
-            request_ids.append(int(rid))
-            v_traj.append(int(data.v_traj[i]))
-            ranges.append(_version_range(data.response_versions[offsets[i] : offsets[i + 1]]))
-            flags.append(-1 if data.flags is None else int(data.flags[i]))
-            key = (int(data.prompt_ids[i]), int(rid) % responses_per_prompt)
-            stats = is_stats.get(key)
-            is_mean.append(np.nan if stats is None else stats[0])
-            is_clipped.append(np.nan if stats is None else stats[1])
-            masked_frac.append((masked or {}).get(key, np.nan))
+    rows = [_row(data, i, is_stats, masked or {}, responses_per_prompt)
+            for data in chunks for i in range(len(data.request_ids))]  # fmt: skip
     i32, f32 = np.int32, np.float32
+    column = list(zip(*rows, strict=True)) if rows else [()] * 8
     return StalenessCertificate(
         buffer=chunks[0].buffer if chunks else version - 1,
         version=version,
-        request_ids=np.asarray(request_ids, i32),
-        v_traj=np.asarray(v_traj, i32),
-        min_token_version=np.asarray([r[0] for r in ranges], i32),
-        max_token_version=np.asarray([r[1] for r in ranges], i32),
-        flags=np.asarray(flags, i32),
-        is_mean=np.asarray(is_mean, f32),
-        is_clipped_frac=np.asarray(is_clipped, f32),
+        request_ids=np.asarray(column[0], i32),
+        v_traj=np.asarray(column[1], i32),
+        min_token_version=np.asarray(column[2], i32),
+        max_token_version=np.asarray(column[3], i32),
+        flags=np.asarray(column[4], i32),
+        is_mean=np.asarray(column[5], f32),
+        is_clipped_frac=np.asarray(column[6], f32),
         is_threshold=threshold,
         correction=correction,
-        masked_frac=np.asarray(masked_frac, f32),
+        masked_frac=np.asarray(column[7], f32),
     )
+
+
+def _row(
+    data: TrainData,
+    i: int,
+    is_stats: Mapping[TrajectoryKey, tuple[float, float]],
+    masked: Mapping[TrajectoryKey, float],
+    responses_per_prompt: int,
+) -> tuple[int, int, int, int, int, float, float, float]:
+    """Trajectory ``i`` of ``data``: id, V_traj, token-version range, flags, IS mean and clipped and masked shares."""
+    offsets = np.concatenate([[0], np.cumsum(data.response_lengths)])
+    rid = int(data.request_ids[i])
+    low, high = _version_range(data.response_versions[offsets[i] : offsets[i + 1]])
+    key = (int(data.prompt_ids[i]), rid % responses_per_prompt)
+    weight_mean, clipped = is_stats.get(key, (np.nan, np.nan))
+    flags = -1 if data.flags is None else int(data.flags[i])
+    return rid, int(data.v_traj[i]), low, high, flags, weight_mean, clipped, masked.get(key, np.nan)
 
 
 # ---------------------------------------------------------------------------- re-derivation from events
