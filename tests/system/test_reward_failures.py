@@ -26,6 +26,10 @@ ALWAYS = """
 def score(response):
     raise ValueError("reward service down")
 """
+FIXED = """
+def score(response):
+    return 1.0
+"""
 # every other call fails: no two steps in a row can be over half failed, however the calls fall
 HALF = """
 import itertools, threading
@@ -40,11 +44,11 @@ def score(response):
 """
 
 
-def launch(tmp_path: Path, source: str, steps: int) -> subprocess.CompletedProcess[str]:
+def launch(tmp_path: Path, source: str, steps: int, *extra: str) -> subprocess.CompletedProcess[str]:
     reward = tmp_path / "my_reward.py"
     reward.write_text(source)
     command = [sys.executable, "-m", "psrl.cli.main", "launch", "demo", "--root", str(tmp_path), "--name", "run",
-               f"trainer.total_steps={steps}", f"reward.function={reward}:score", *SMALL]  # fmt: skip
+               f"trainer.total_steps={steps}", f"reward.function={reward}:score", *SMALL, *extra]  # fmt: skip
     return subprocess.run(command, capture_output=True, text=True, timeout=EXIT_BOUND_S, check=False)
 
 
@@ -75,3 +79,19 @@ def test_a_reward_failing_half_the_time_warns_and_the_run_completes(tmp_path: Pa
     failed = [step_failures(s) for s in coordinator_steps(tmp_path / "run")]
     assert sum(f.num_failed for f in failed) > 0
     assert not any(a.fraction > 0.5 and b.fraction > 0.5 for a, b in itertools.pairwise(failed))
+
+
+def test_a_run_stopped_for_failing_rewards_keeps_its_training_and_resumes(tmp_path: Path) -> None:
+    # at the fifth buffer's handover the dispatch throttle (staleness 2) has waited for version 3: by
+    # then the trainer has trained three steps, which the stop must not lose
+    stopped = launch(tmp_path, ALWAYS, 20, "psrl.staleness=2", "reward.error_patience=5", "trainer.save_freq=0")
+    assert stopped.returncode == 1, (stopped.stdout + stopped.stderr)[-3000:]
+    assert "reward calls failed on 5 steps in a row" in stopped.stdout
+    checkpoints = sorted((tmp_path / "run" / "checkpoints").glob("step_*"))
+    assert checkpoints, "no checkpoint on the way out"
+    version = int(checkpoints[-1].name.removeprefix("step_"))
+    assert version >= 3
+    fixed = launch(tmp_path, FIXED, version + 1, "psrl.staleness=2")
+    out = fixed.stdout + fixed.stderr
+    assert fixed.returncode == 0, out[-3000:]
+    assert "resuming" in out and f"version={version}" in out and f"{version + 1} training steps done" in out
