@@ -20,7 +20,7 @@ from psrl.config.training import Algorithm
 from psrl.errors import PsrlError
 from psrl.rl.advantages import Moments
 from psrl.rl.batch import Batch, Sample, collate, scatter_rows
-from psrl.rl.correction import CorrectionSpec, correct, is_statistics, spec_of
+from psrl.rl.correction import CorrectionSpec, correct, is_statistics, level_log_ratio, spec_of
 from psrl.rl.correction_stats import PREFIX, correction_metrics, token_staleness
 from psrl.rl.objective import compute_advantages, shaped_rewards
 from psrl.trainer.forward import no_grad_log_probs, no_grad_values
@@ -89,9 +89,9 @@ def _correct(
     every rank declares the same staleness keys, so those with no tokens on a rank still reduce."""
     mask = batch.response_mask
     result = correct(old_log_probs, batch.rollout_log_probs, mask, spec)
-    if result.is_weights is not None:
+    if result.is_weights is not None and spec.is_level is not None:
         scatter_rows(result.is_weights, samples, "is_weights")
-        raw = torch.exp(result.log_ratio)
+        raw = torch.exp(level_log_ratio(result.log_ratio, mask, spec.is_level))  # the weight before truncation
         _add_is_stats(sums, is_statistics(raw, mask, spec.is_upper, result.log_ratio), float(mask.sum()))
     if result.accept is not None:
         scatter_rows(result.accept, samples, "rs_accept")
