@@ -23,6 +23,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import msgspec
+
 from actors.env_pool import EnvPool
 from actors.flow_actor import FlowActor
 from psrl.flows.session import ROUTER, SessionFlow
@@ -119,7 +121,8 @@ class SessionActor(FlowActor):
         replies = self.pool.poll()
         for ready in self.pool.take_readies():
             self.publisher.publish(ready)
-        for done in replies:
+        for reply in replies:
+            done = msgspec.structs.replace(reply, turn=self.flow.agent_turn(reply.request_id, reply.turn))
             self.publisher.publish(done, request_id=done.request_id)
             self.perform(self.flow.handle(done, time.monotonic()))
 

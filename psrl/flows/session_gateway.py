@@ -21,11 +21,11 @@ sessions with an error, and the group rule decides.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from bus.messages import SessionEnd, TurnDone, TurnNext
+from bus.messages import EnvStepDone, SessionEnd, TurnDone, TurnNext
 from psrl.gateway.api import ApiError
 from psrl.gateway.replies import finish_name
 from psrl.gateway.sessions import Answer, Gateway
@@ -41,9 +41,13 @@ class GatewayCalls:
     counters: Any
     settings: Any
 
-    def _send_turn(self, session: Any, turn: TurnNext) -> None: ...
+    if TYPE_CHECKING:  # SessionFlow's and Flow's own (declared only for the type checker: never shadowed)
 
-    def _end(self, request_id: int, reward: float, acc: float, num_turns: int, error: str) -> None: ...
+        def _send_turn(self, session: Any, turn: TurnNext) -> None: ...
+
+        def publish(self, message: Any, **ids: Any) -> None: ...
+
+        def _end(self, request_id: int, reward: float, acc: float, num_turns: int, error: str) -> None: ...
 
     def gateway_job(self, job_id: int, op: str, sid: str, payload: Any, now: float) -> None:
         """One call from the gateway's HTTP thread; its answer goes to ``answers`` (maybe later)."""
@@ -104,6 +108,10 @@ class GatewayCalls:
                 409, f"session {sid} used its env.max_turns={self.settings.max_turns} turns", code="max_turns"
             )
         session.call_job = job_id
+        observation = np.asarray(outcome.plan.new_tokens, np.int32)
+        # logged as the environment's answer to the last turn (the agent answered it with this call),
+        # so the event log alone shows each turn's observation, as for any session
+        self.publish(EnvStepDone(request_id=session.request_id, turn=session.turn, observation_token_ids=observation))
         nxt = TurnNext(
             request_id=session.request_id,
             turn=session.turn + 1,
@@ -129,6 +137,11 @@ class GatewayCalls:
             answer = error
         if job:
             self.answers.append((job, answer))
+
+    def agent_turn(self, request_id: int, turn: int) -> int:
+        """The turn an agent's final answer answers: the session's last (its run started at turn 0)."""
+        session = self.sessions.get(request_id)
+        return turn if self.gateway is None or session is None else int(session.turn)
 
     def agent_done(self, session: Any, reward: float, acc: float, error: str) -> None:
         self._end(session.request_id, reward, acc, session.turn + 1, error)

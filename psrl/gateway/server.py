@@ -19,8 +19,8 @@ from psrl.gateway import EXTRA_HINT
 
 try:
     import uvicorn
-    from fastapi import FastAPI, Request
-    from fastapi.responses import JSONResponse, Response, StreamingResponse
+    from fastapi import Depends, FastAPI, Request
+    from fastapi.responses import JSONResponse, StreamingResponse
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
     raise ImportError(EXTRA_HINT) from exc
 
@@ -39,18 +39,15 @@ class ServerSettings:
 
 
 def make_app(bridge: Bridge, settings: ServerSettings) -> FastAPI:
-    app = FastAPI(title="psrl session gateway", docs_url=None, redoc_url=None, openapi_url=None)
+    async def guard(request: Request) -> None:
+        # a dependency, not a middleware: a call cancelled at shutdown then ends quietly
+        _authorise(request, settings.token)
+        if int(request.headers.get("content-length") or 0) > settings.max_body_bytes:
+            raise ApiError(413, f"the body is over {settings.max_body_bytes} bytes", code="body_too_large")
 
-    @app.middleware("http")
-    async def guard(request: Request, call_next: Any) -> Response:
-        try:
-            _authorise(request, settings.token)
-            if int(request.headers.get("content-length") or 0) > settings.max_body_bytes:
-                raise ApiError(413, f"the body is over {settings.max_body_bytes} bytes", code="body_too_large")
-            response: Response = await call_next(request)
-            return response
-        except ApiError as error:
-            return _error(error, settings)
+    app = FastAPI(
+        title="psrl session gateway", docs_url=None, redoc_url=None, openapi_url=None, dependencies=[Depends(guard)]
+    )
 
     @app.exception_handler(ApiError)
     async def api_error(request: Request, error: ApiError) -> JSONResponse:
