@@ -17,7 +17,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
+from typing import IO, Protocol
 
 from actors.boot import Boot
 from launch.plan import ActorSpec
@@ -25,18 +25,34 @@ from launch.plan import ActorSpec
 REPO_ROOT = Path(__file__).resolve().parents[1]  # the checkout (or site-packages) holding launch/, actors/, psrl/
 
 
+class Child(Protocol):
+    """What the launcher uses of an actor's process: a ``Popen``, or a fork server's child."""
+
+    @property
+    def pid(self) -> int: ...
+
+    @property
+    def stdin(self) -> IO[bytes] | None: ...
+
+    def poll(self) -> int | None: ...
+
+    def wait(self, timeout: float | None = None) -> int: ...
+
+    def kill(self) -> None: ...
+
+
 @dataclass
 class ActorProcess:
     spec: ActorSpec
     incarnation: int
-    popen: subprocess.Popen[bytes]
+    popen: Child
     started_at: float
     log: IO[bytes]
     remote_pid: int | None = None
     is_ready: bool = False
     last_heartbeat: float = field(default=0.0)
     saving_since: float | None = None  # when it reported saving a checkpoint while stopping
-    warm: bool = False  # a warm spare became this actor (launch.spares), rather than a fresh process
+    warm: bool = False  # its imports were done ahead of need: a warm spare or a fork of the fork server
 
     @property
     def pid(self) -> int:

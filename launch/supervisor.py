@@ -42,6 +42,7 @@ from bus.messages import (
 )
 from bus.schema import Event
 from bus.security import generate_keys, load_keys
+from launch.forkserver import ForkServer
 from launch.hosts import HostsFile
 from launch.liveness import Liveness
 from launch.placement import memory_saver_preload, visible_gpus
@@ -63,6 +64,7 @@ from psrl.trainer.checkpoint import latest_checkpoint, read_trainer_state
 
 WATCH_INTERVAL_S = 0.1
 SUBSCRIBE_WAIT_S = 10.0
+FORK_SERVER_WAIT_S = 60.0  # for its imports, before actors start without it (a very loaded host)
 SHUTDOWN_GRACE_S = 6.0  # for actors to exit after Shutdown (all stages together), before SIGTERM
 # but at least this long for each stage: a GPU actor takes 1-2 s to exit (CUDA teardown), and a
 # late stage (the PS, the event log) must not lose its grace to the stages before it
@@ -108,6 +110,7 @@ class Supervisor:
         self.dead_reasons: dict[str, str] = {}
         self.spares: SparePool | None = None
         self.stall: RunStallWatch | None = None
+        self.fork_server: ForkServer | None = None
 
     # ------------------------------------------------------------------ public
 
@@ -134,6 +137,8 @@ class Supervisor:
             self._end(EXIT_FAILED, f"launcher error: {exc!r}")
         finally:
             self._stop_all()
+            if self.fork_server is not None:
+                self.fork_server.close()
             self._stop_bus()
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
@@ -253,6 +258,9 @@ class Supervisor:
     def _start(self, spec: ActorSpec, incarnation: int, *, announce: bool = True) -> ActorProcess:
         boot, log_file = self._boot(spec, incarnation), self.run_dir.log_file(spec.name)
         process = self.spares.take(spec, boot, log_file) if self.spares is not None else None
+        is_local = spec.host is None or spec.host.is_local
+        if process is None and self.fork_server is not None and is_local:
+            process = self.fork_server.start(spec, boot, log_file)
         if process is None:
             process = start_actor(spec, boot, log_file)
         self.processes[spec.name] = process
@@ -271,15 +279,32 @@ class Supervisor:
     def _start_all(self) -> None:
         logger = [s for s in self.specs if s.role == "logger"]
         others = [s for s in self.specs if s.role != "logger"]
+        self.fork_server = self._start_fork_server(others)  # imports while the logger starts
         for spec in logger:
             self._start(spec, self.incarnation_base, announce=False)
         self._await_ready([s.name for s in logger])
         self.publisher.wait_subscribed(SUBSCRIBE_WAIT_S, prefix="")
         for spec in logger:  # announced once the log listens
             self._announce(self.processes[spec.name])
+        if self.fork_server is not None and not self.fork_server.wait_ready(FORK_SERVER_WAIT_S):
+            self.log.warning("fork server not ready; actors start as fresh interpreters",
+                             log=str(self.run_dir.log_file("forkserver")))  # fmt: skip
         for spec in others:
             self._start(spec, self.incarnation_base)
         self._await_ready([s.name for s in others])
+
+    def _start_fork_server(self, specs: list[ActorSpec]) -> ForkServer | None:
+        """One process that imports the local actors' classes once and forks each of them (topology.fork_server)."""
+        local = [s for s in specs if s.host is None or s.host.is_local]
+        if not self.config.topology.fork_server or not local:
+            return None
+        classes: list[str] = []
+        for spec in local:
+            target = str(self.actor_options.get(spec.name, {}).get("actor_class", spec.role))
+            if target not in classes:
+                classes.append(target)
+        log_file = self.run_dir.log_file("forkserver")
+        return ForkServer(classes, self.config.topology.threads_per_actor, log_file, ipc_dir(self.run_dir.path))
 
     def _spare_pool(self) -> SparePool | None:
         """Warm spares on the launching host, warming the classes of the actors that run there."""

@@ -17,6 +17,17 @@ class Model(Section):
 class Task(Section):
     name: str = field("demo", "Task module: prompt generator and reward function (see psrl.tasks).")
     seed: int = field(0, "Seed of the prompt generator.")
+    kwargs: dict[str, Any] = field(
+        {},
+        "reasoning_gym:<dataset> tasks: the dataset's config (the fields of its config class) and size, the number "
+        "of distinct training problems; reasoning_gym:composite takes datasets=[{name, weight, config}].",
+    )
+    answer_tag: str | None = field(
+        "answer",
+        "reasoning_gym tasks: the answer scored is the text inside <answer_tag>...</answer_tag> of the response "
+        "(the library's default system prompt asks for it); null = the whole response, with no system prompt "
+        "unless data.system_prompt is set.",
+    )
     max_prompt_length: int = field(128, "Longest prompt in tokens.", ge=1)
     max_response_length: int = field(256, "Longest response in tokens.", ge=1)
     temperature: float = field(1.0, "Sampling temperature of training rollouts.", ge=0)
@@ -37,6 +48,11 @@ class Topology(Section):
     n_ps_shards: int = field(2, "Parameter-server shards; tensors are balanced across them by bytes.", ge=1)
     device: Literal["auto", "cpu", "cuda"] = field("auto", "Device of engines and trainer (auto = cuda if present).")
     threads_per_actor: int = field(1, "torch intra-op threads per actor process (0 = torch default).", ge=0)
+    fork_server: bool = field(
+        True,
+        "Start this host's actors (and their replacements) as forks of one process that imported their "
+        "modules once; off: each actor is a fresh interpreter that imports its own.",
+    )
     trainer_gpus: list[int] = field(
         [],
         "GPU indices of the trainer ranks (rank r sees only trainer_gpus[r]); empty = every process sees all "

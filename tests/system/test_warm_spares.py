@@ -28,7 +28,8 @@ def _wait(condition, timeout_s: float, what: str) -> None:  # type: ignore[no-un
 
 def test_a_replacement_becomes_the_warm_spare_and_serves_sooner_than_a_cold_one(tmp_path) -> None:
     options = {name: {"actor_class": TORCH_FAKE} for name in VICTIMS}
-    sup = make_supervisor(tmp_path, options, ["topology.warm_spares=1"])
+    # the spare pool alone: forks of the fork server would make every start warm
+    sup = make_supervisor(tmp_path, options, ["topology.warm_spares=1", "topology.fork_server=false"])
     bg = Background(sup).start()
     bg.wait_ready(120)
     _wait(lambda: sup.spares_full, 180, "no warm spare became ready")

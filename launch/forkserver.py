@@ -1,0 +1,157 @@
+"""The launcher's side of the fork server (``actors.forkserver``): local actors forked with their imports done.
+
+``ForkServer.start`` returns an ``ActorProcess`` like ``launch.process.start_actor`` does, or None when
+the server cannot start this actor (not ready yet, gone, or an actor that needs a fresh interpreter:
+an ``LD_PRELOAD`` must be there before the interpreter starts): the launcher then starts it cold.
+The child is the server's, not the launcher's, so ``ForkedChild`` gives the launcher what it uses of
+a ``Popen`` from the server's reports: the pid, the exit code once reaped, the stdin lifeline.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import IO, Any
+
+from actors.boot import Boot
+from launch.plan import ActorSpec
+from launch.process import REPO_ROOT, ActorProcess
+
+REPLY_TIMEOUT_S = 30.0
+POLL_S = 0.01
+
+
+class ForkServer:
+    def __init__(self, classes: list[str], threads: int, log_path: Path, fifo_dir: Path) -> None:
+        self.fifo_dir = fifo_dir
+        fifo_dir.mkdir(parents=True, exist_ok=True)
+        self.log = log_path.open("ab")
+        command = [sys.executable, "-u", "-m", "actors.forkserver", "--classes", ",".join(classes)]
+        self.popen = subprocess.Popen(
+            [*command, "--threads", str(threads)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self.log,
+            cwd=str(REPO_ROOT),
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            start_new_session=True,
+        )
+        self.ready = threading.Event()
+        self.import_s: float | None = None
+        self.exits: dict[int, int] = {}
+        self._pids: queue.Queue[int] = queue.Queue()
+        self._lock = threading.Lock()
+        self._reader = threading.Thread(target=self._read, name="forkserver", daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.popen.stdout is not None
+        for line in self.popen.stdout:
+            reply: dict[str, Any] = json.loads(line)
+            if "ready" in reply:
+                self.import_s = float(reply.get("import_s", 0.0))
+                self.ready.set()
+            elif "pid" in reply:
+                self._pids.put(int(reply["pid"]))
+            elif "exit" in reply:
+                self.exits[int(reply["exit"])] = int(reply["code"])
+
+    @property
+    def is_alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def wait_ready(self, timeout_s: float) -> bool:
+        return self.ready.wait(timeout_s) and self.is_alive
+
+    def start(self, spec: ActorSpec, boot: Boot, log_path: Path) -> ActorProcess | None:
+        """The actor forked by the server (its boot line on its FIFO), or None: start it cold."""
+        if boot.options.get("ld_preload") or not self.ready.is_set() or not self.is_alive:
+            return None
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        fifo = self.fifo_dir / f"{boot.name}.{boot.incarnation}.stdin"
+        with contextlib.suppress(FileNotFoundError):
+            fifo.unlink()
+        os.mkfifo(fifo, 0o600)
+        writer = os.open(fifo, os.O_RDWR)  # never blocks, and keeps the FIFO open for the child's lifetime
+        try:
+            pid = self._fork(fifo, log_path)
+        finally:
+            fifo.unlink()
+        if pid is None:
+            os.close(writer)
+            return None
+        child = ForkedChild(pid, self, os.fdopen(writer, "wb"))
+        child.stdin.write((boot.to_json() + "\n").encode())
+        child.stdin.flush()
+        return ActorProcess(spec, boot.incarnation, child, time.monotonic(), log_path.open("ab"), warm=True)
+
+    def _fork(self, fifo: Path, log_path: Path) -> int | None:
+        request = json.dumps({"stdin": str(fifo), "log": str(log_path)}) + "\n"
+        with self._lock:
+            try:
+                assert self.popen.stdin is not None
+                self.popen.stdin.write(request.encode())
+                self.popen.stdin.flush()
+                return self._pids.get(timeout=REPLY_TIMEOUT_S)
+            except (OSError, queue.Empty):
+                return None
+
+    def close(self) -> None:
+        """Ends the server (its children go on: each has its own lifeline)."""
+        with contextlib.suppress(OSError):
+            if self.popen.stdin is not None:
+                self.popen.stdin.close()
+        try:
+            self.popen.wait(timeout=2.0)
+        except subprocess.TimeoutExpired:
+            self.popen.kill()
+            self.popen.wait()
+        self._reader.join(timeout=2.0)  # it ends at the server's end-of-file
+        if self.popen.stdout is not None:
+            self.popen.stdout.close()
+        self.log.close()
+
+
+class ForkedChild:
+    """What the launcher uses of a ``Popen``, for a child of the fork server."""
+
+    def __init__(self, pid: int, server: ForkServer, stdin: IO[bytes]) -> None:
+        self.pid = pid
+        self.server = server
+        self.stdin = stdin
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            self.returncode = self.server.exits.get(self.pid)
+        if self.returncode is None and not self.server.is_alive and not _exists(self.pid):
+            self.returncode = -signal.SIGKILL  # reaped by init after the server went: its code is lost
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while (code := self.poll()) is None:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise subprocess.TimeoutExpired(f"actor pid {self.pid}", timeout or 0.0)
+            time.sleep(POLL_S)
+        return code
+
+    def kill(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, signal.SIGKILL)
+
+
+def _exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
