@@ -103,7 +103,8 @@ class EngineGateway:
     def _handle(self, job: Job) -> None:
         try:
             if job.op == "open":
-                sid = str((job.payload or {}).get("id") or f"s{next(self._ids)}")
+                body = job.payload or {}
+                sid = str(body.get("id") or body.get("request_id") or f"s{next(self._ids)}")
                 self.gateway.open(sid)
                 job.resolve({"id": sid, "object": "session"})
             elif job.op in ("chat", "completion"):
