@@ -16,6 +16,7 @@ import re
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
+from psrl.config.loader import NAME_CUTOFF
 from psrl.engine.vllm_backend.args import OWNED, VllmEngineArgs
 from psrl.errors import ConfigProblem
 
@@ -46,7 +47,7 @@ def _key_problems(vllm_args: dict[str, Any], known: set[str]) -> Iterator[Config
             fix = f"set {owner} instead" if not owner.startswith("fixed") else "remove it"
             yield ConfigProblem((ARGS + key,), repr(value), f"psrl sets this vLLM argument ({owner})", fix)
         elif key not in known:
-            close = difflib.get_close_matches(key, sorted(known), n=3, cutoff=0.6)
+            close = difflib.get_close_matches(key, sorted(known), n=3, cutoff=NAME_CUTOFF)  # close names only
             fix = f"did you mean {' or '.join(ARGS + c for c in close)}?" if close else "see vLLM's EngineArgs"
             yield ConfigProblem((ARGS + key,), repr(value), "not a vLLM engine argument", fix)
 
