@@ -22,21 +22,26 @@ import random
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_model_state_dict,
-    get_optimizer_state_dict,
-    set_model_state_dict,
-    set_optimizer_state_dict,
-)
 
 from psrl.errors import PsrlError
 from psrl.trainer.parallel import ParallelContext
+
+if TYPE_CHECKING:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+
+def _state_dict_api() -> Any:
+    """torch's distributed state-dict API, imported when a checkpoint is saved or loaded: it pulls in
+    DTensor and much of torch.distributed (about 0.7 CPU-seconds), which a trainer rank needs only then."""
+    from torch.distributed.checkpoint import state_dict
+
+    return state_dict
+
 
 FORMAT = 1
 STEP_PREFIX = "step_"
@@ -94,7 +99,7 @@ def save_checkpoint(
     `keep`: keep only this many newest checkpoints (0 = all)."""
     final = step_dir(Path(root), version)
     staging = final.with_suffix(".tmp")
-    full_options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    full_options = _state_dict_api().StateDictOptions(full_state_dict=True, cpu_offload=True)
     states = [(t, _model_state(t, full_options), _optimizer_state(t, full_options)) for t in trainables]
     if parallel.rank == 0:
         shutil.rmtree(staging, ignore_errors=True)
@@ -170,7 +175,7 @@ def load_checkpoint(path: str | Path, trainables: list[Trainable]) -> int:
 
 
 def _model_state(trainable: Trainable, options: StateDictOptions) -> dict[str, Tensor]:
-    return cast(dict[str, Tensor], get_model_state_dict(trainable.model, options=options))
+    return cast(dict[str, Tensor], _state_dict_api().get_model_state_dict(trainable.model, options=options))
 
 
 def _write_model(trainable: Trainable, model_state: dict[str, Tensor], directory: Path) -> None:
@@ -190,15 +195,15 @@ def _load_model(trainable: Trainable, directory: Path) -> None:
     for file in files:
         prefix = "" if trainable.name == "policy" else _critic_prefix(file)
         loaded.update({prefix + k: v for k, v in load_file(str(file)).items()})
-    expected = set(get_model_state_dict(trainable.model).keys())
+    expected = set(_state_dict_api().get_model_state_dict(trainable.model).keys())
     missing = expected - set(loaded)
     tied = (
         {"lm_head.weight"} if getattr(getattr(trainable.raw, "config", None), "tie_word_embeddings", False) else set()
     )
     if missing - tied or set(loaded) - expected:
         raise CheckpointError(f"{directory}: keys differ from the model (missing {sorted(missing - tied)[:5]}, ...)")
-    options = StateDictOptions(full_state_dict=True, strict=not missing)
-    set_model_state_dict(trainable.model, cast(dict[str, Any], loaded), options=options)
+    options = _state_dict_api().StateDictOptions(full_state_dict=True, strict=not missing)
+    _state_dict_api().set_model_state_dict(trainable.model, cast(dict[str, Any], loaded), options=options)
 
 
 def _critic_prefix(file: Path) -> str:
@@ -209,7 +214,10 @@ def _critic_prefix(file: Path) -> str:
 
 
 def _optimizer_state(trainable: Trainable, options: StateDictOptions) -> dict[str, Any]:
-    return cast(dict[str, Any], get_optimizer_state_dict(trainable.model, trainable.optimizer, options=options))
+    return cast(
+        dict[str, Any],
+        _state_dict_api().get_optimizer_state_dict(trainable.model, trainable.optimizer, options=options),
+    )
 
 
 def _write_optimizer(optimizer_state: dict[str, Any], stem: Path) -> None:
@@ -235,11 +243,11 @@ def _load_optimizer(trainable: Trainable, stem: Path) -> None:
     for param_name, entries in meta["scalars"].items():
         state.setdefault(param_name, {}).update(entries)
     groups = [{k: tuple(v) if k == "betas" else v for k, v in g.items()} for g in meta["param_groups"]]
-    set_optimizer_state_dict(
+    _state_dict_api().set_optimizer_state_dict(
         trainable.model,
         trainable.optimizer,
         cast(Any, {"state": state, "param_groups": groups}),
-        options=StateDictOptions(full_state_dict=True),
+        options=_state_dict_api().StateDictOptions(full_state_dict=True),
     )
 
 
