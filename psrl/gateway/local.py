@@ -53,7 +53,8 @@ class EngineGateway:
             max_tokens=n, temperature=temperature, stop_token_ids=stop
         )
         self.bridge = Bridge()
-        self.server = GatewayServer(make_app(self.bridge, server or ServerSettings()))
+        self.http_settings = server or ServerSettings()  # its error counts too
+        self.server = GatewayServer(make_app(self.bridge, self.http_settings))
         self.waiting: dict[str, tuple[Job, Order]] = {}
         self.engine_ms: dict[str, float] = {}  # per session: engine time of its last turn (the benchmark's)
         self._ids = itertools.count()

@@ -21,6 +21,7 @@ try:
     import uvicorn
     from fastapi import Depends, FastAPI, Request
     from fastapi.responses import JSONResponse, StreamingResponse
+    from starlette.exceptions import HTTPException
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
     raise ImportError(EXTRA_HINT) from exc
 
@@ -52,6 +53,11 @@ def make_app(bridge: Bridge, settings: ServerSettings) -> FastAPI:
     @app.exception_handler(ApiError)
     async def api_error(request: Request, error: ApiError) -> JSONResponse:
         return _error(error, settings)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, error: HTTPException) -> JSONResponse:
+        # an unknown path or method: the OpenAI error shape too
+        return _error(ApiError(error.status_code, str(error.detail)), settings)
 
     @app.get("/health")
     async def health() -> dict[str, str]:

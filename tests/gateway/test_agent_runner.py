@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -14,8 +13,8 @@ import pytest
 from psrl.envs.host import StepRequest
 from psrl.gateway.local import EngineGateway
 from psrl.gateway.runner import AgentRunner, last_line_score, score_of
+from tests.gateway.conftest import DEMO, TOKEN
 
-DEMO = "psrl/assets/demo_model"
 COMMAND_AGENT = """
 import json, os, sys
 import openai
@@ -34,12 +33,6 @@ def run(client, row):
 """
 
 
-@pytest.fixture(scope="module")
-def gateway() -> Iterator[EngineGateway]:
-    with EngineGateway(DEMO) as running:
-        yield running
-
-
 def runner(tmp_path: Path, gateway: EngineGateway, **agent: str) -> AgentRunner:
     rows = tmp_path / "rows.jsonl"
     rows.write_text(
@@ -56,7 +49,7 @@ def runner(tmp_path: Path, gateway: EngineGateway, **agent: str) -> AgentRunner:
         "model_dir": DEMO,
         "chat_template": "auto",
         "base_url": gateway.url,
-        "token": "",
+        "token": TOKEN,
         **agent,
     }
     return AgentRunner(spec)

@@ -6,18 +6,14 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Iterator
 
 import httpx
 import openai
 import pytest
 
 from psrl.gateway.local import EngineGateway
-from psrl.gateway.server import ServerSettings
-from psrl.gateway.sessions import Settings
+from tests.gateway.conftest import TOKEN
 
-DEMO = "psrl/assets/demo_model"
-TOKEN = "run-secret"
 TOOLS = [
     {
         "type": "function",
@@ -28,12 +24,6 @@ TOOLS = [
         },
     }
 ]
-
-
-@pytest.fixture(scope="module")
-def gateway() -> Iterator[EngineGateway]:
-    with EngineGateway(DEMO, settings=Settings(max_turn_tokens=12), server=ServerSettings(token=TOKEN)) as running:
-        yield running
 
 
 def open_session(gateway: EngineGateway) -> str:
