@@ -82,4 +82,3 @@ def test_the_coordinators_book_takes_a_version_it_only_heard_of_in_a_report() ->
     book.report(snapshot_from_status(status("rollout-0", version=5, seq=2)))
     (state,) = book.states()
     assert state.version == 5 and not state.is_syncing and state.stale_report_version == 3
-
