@@ -4,6 +4,7 @@ scheduler instead and generates through the router (``actors.session``)."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import threading
 from collections.abc import Callable
@@ -97,7 +98,8 @@ class EngineGateway:
         job, _order = self.waiting.pop(result.request_id)
         finish = finish_name(result.finish_reason)
         try:
-            job.resolve(self.gateway.generated(job.session_id, list(result.output_ids), finish, list(result.logprobs)))
+            answer = self.gateway.generated(job.session_id, list(result.output_ids), finish, list(result.logprobs))
+            job.resolve(dataclasses.replace(answer, engine_ms=self.engine_ms.get(job.session_id, 0.0)))
         except ApiError as error:
             job.fail(error)
 

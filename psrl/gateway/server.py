@@ -88,7 +88,7 @@ def make_app(bridge: Bridge, settings: ServerSettings) -> FastAPI:
         call = parse_chat(await _json(request, settings))
         _check_model(call.model, settings)
         answer: Answer = await bridge.submit("chat", sid, call)
-        return _chat_response(f"chatcmpl-{sid}-{answer.turn}", call, answer)
+        return _timed(_chat_response(f"chatcmpl-{sid}-{answer.turn}", call, answer), answer)
 
     @app.post("/sessions/{sid}/v1/completions")
     async def complete(sid: str, request: Request) -> Any:
@@ -114,6 +114,15 @@ def _chat_response(cid: str, call: ChatCall, answer: Answer) -> Any:
         return _sse(chat_chunks(cid, model, answer.reply, answer.usage))
     logprobs = token_logprobs(answer.pieces, answer.logprobs) if call.logprobs and answer.logprobs else None
     return chat_completion(cid, model, answer.reply, answer.usage, logprobs)
+
+
+def _timed(body: Any, answer: Answer) -> Any:
+    """The answer with the engine's time for its turn in a header, where it was measured (the benchmark's)."""
+    if not answer.engine_ms:
+        return body
+    response = body if isinstance(body, StreamingResponse) else JSONResponse(body)
+    response.headers["x-psrl-engine-ms"] = f"{answer.engine_ms:.3f}"
+    return response
 
 
 def _sse(chunks: list[dict[str, Any]]) -> StreamingResponse:

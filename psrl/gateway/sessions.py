@@ -36,6 +36,7 @@ class Answer:
     text: str  # the whole turn decoded without special tokens (completions answer this)
     logprobs: list[float] = field(default_factory=list)
     pieces: list[str] = field(default_factory=list)
+    engine_ms: float = 0.0  # the engine's time for this turn, where the generator measures it
 
 
 @dataclass(frozen=True)
