@@ -35,20 +35,8 @@ class EngineGateway:
         chat = load_template(model_dir, template)
         self.codec = load_codec(model_dir)
         self.engine = Engine(EngineArgs(model_path=model_dir, seed=seed, cpu_kernels="off"))
-        context = self.engine.max_model_len
-        settings = settings or Settings()
-        self.gateway = Gateway(
-            chat,
-            self.codec.encode,
-            self.codec.decode,
-            self.codec.text,
-            Settings(
-                settings.max_trim_tokens,
-                settings.tool_parser,
-                settings.max_turn_tokens,
-                min(settings.context_tokens, context),
-            ),
-        )
+        settings = dataclasses.replace(settings or Settings(), context_tokens=self.engine.max_model_len)
+        self.gateway = Gateway(chat, self.codec.encode, self.codec.decode, self.codec.text, settings)
         stop = tuple(self.codec.stop_ids(_close(self.gateway), chat.eos_token))
         self.sampling: Callable[[int], Any] = lambda n: SamplingParams(
             max_tokens=n, temperature=temperature, stop_token_ids=stop
@@ -57,7 +45,7 @@ class EngineGateway:
         self.http_settings = server or ServerSettings()  # its error counts too
         self.server = GatewayServer(make_app(self.bridge, self.http_settings))
         self.waiting: dict[str, tuple[Job, Order]] = {}
-        self.engine_ms: dict[str, float] = {}  # per session: engine time of its last turn (the benchmark's)
+        self.engine_ms: dict[str, float] = {}  # per session: engine time of its turn (x-psrl-engine-ms)
         self._ids = itertools.count()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="gateway-engine", daemon=True)

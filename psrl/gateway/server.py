@@ -59,6 +59,12 @@ def make_app(bridge: Bridge, settings: ServerSettings) -> FastAPI:
         # an unknown path or method: the OpenAI error shape too
         return _error(ApiError(error.status_code, str(error.detail)), settings)
 
+    _session_routes(app, bridge, settings)
+    _openai_routes(app, bridge, settings)
+    return app
+
+
+def _session_routes(app: FastAPI, bridge: Bridge, settings: ServerSettings) -> None:
     @app.get("/health")
     async def health() -> dict[str, str]:
         return {"status": "ok"}
@@ -76,6 +82,8 @@ def make_app(bridge: Bridge, settings: ServerSettings) -> FastAPI:
     async def delete_session(sid: str) -> Any:
         return await bridge.submit("delete", sid)
 
+
+def _openai_routes(app: FastAPI, bridge: Bridge, settings: ServerSettings) -> None:
     @app.get("/sessions/{sid}/v1/models")
     async def models(sid: str) -> Any:
         return {
@@ -104,8 +112,6 @@ def make_app(bridge: Bridge, settings: ServerSettings) -> FastAPI:
             answer.usage,
         )
         return _sse([body]) if call.stream else body
-
-    return app
 
 
 def _chat_response(cid: str, call: ChatCall, answer: Answer) -> Any:
