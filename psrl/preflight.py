@@ -123,6 +123,9 @@ def _extras(c: Config) -> list[tuple[str, bool, str, str]]:
         ("psrl.lmcache.enable", c.psrl.lmcache.enable, "lmcache", "kv"),
         ("psrl.tms.range", c.psrl.tms.range is not None, "torch_memory_saver", "gpu"),
         ("logging.wandb.enable", c.logging.wandb.enable, "wandb", "wandb"),
+        ("agent.entry", c.agent.enabled, "fastapi", "agents"),  # the session gateway's server
+        ("agent.entry", c.agent.enabled, "uvicorn", "agents"),
+        ("agent.entry", c.agent.entry != "", "openai", "agents"),  # the client a callable agent is given
     ]
 
 
