@@ -24,7 +24,7 @@ SUBSCRIPTIONS = ("router.status", "wt.published", "wt.loaded", "wt.pull_retry", 
 class RunStallWatch:
     def __init__(self, config: Config, log: Any, trained_version: int, now: float) -> None:
         facts = StallFacts(config.psrl.staleness, trained_version=trained_version)
-        self.watch = StallWatch(config.run.stall_timeout_s, facts, last_step_at=now)
+        self.watch = StallWatch(config.run.stall_timeout_s, facts, now, total_steps=config.trainer.total_steps)
         self.log = log
 
     def observe(self, event: Event[Any], now: float) -> None:

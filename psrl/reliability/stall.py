@@ -16,6 +16,9 @@ that applies):
     router       it has not reported its status for the whole time
     coordinator  nothing queues or runs, yet the trainer waits: no requests were sent
 
+Before the run's first step the watch waits twice as long (model loads and the first generation
+come first), and after its last step it no longer watches (a final evaluation may follow).
+
 The policy (``StallPolicy``): restart the holders once; if the run still makes no step for another
 ``stall_timeout_s``, end it (the trainer checkpoints on the way out, so ``psrl launch ... --name``
 resumes it). A step ends the episode: a later stall gets its own restart.
@@ -136,16 +139,20 @@ class StallPolicy:
         self.restarted = False
 
 
+FIRST_STEP_FACTOR = 2.0
+
+
 @dataclass
 class StallWatch:
     timeout_s: float
     facts: StallFacts
     last_step_at: float
+    total_steps: int = 0  # the run's last version (0: unknown, watch forever)
     policy: StallPolicy = field(default_factory=StallPolicy)
     next_check_at: float = 0.0
 
     def __post_init__(self) -> None:
-        self.next_check_at = self.last_step_at + self.timeout_s
+        self.next_check_at = self.last_step_at + FIRST_STEP_FACTOR * self.timeout_s
 
     def trained(self, version: int, now: float) -> None:
         self.facts.trained_version = max(self.facts.trained_version, version)
@@ -164,6 +171,8 @@ class StallWatch:
     def check(self, now: float) -> tuple[Diagnosis, str, float] | None:
         """(diagnosis, action, seconds without a step) each ``timeout_s`` that passes without a step."""
         if self.timeout_s <= 0 or now < self.next_check_at:
+            return None
+        if self.total_steps and self.facts.trained_version >= self.total_steps:
             return None
         self.next_check_at = now + self.timeout_s
         return diagnose(self.facts, now, self.timeout_s), self.policy.action(), now - self.last_step_at

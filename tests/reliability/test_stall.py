@@ -69,17 +69,23 @@ def test_queued_work_some_version_can_serve_waits_on_the_router() -> None:
 
 
 def test_the_watch_fires_each_timeout_restarts_once_then_ends_and_a_step_resets_it() -> None:
-    watch = StallWatch(TIMEOUT, _facts(_router(next_buffer=6)), last_step_at=0.0)
-    assert watch.check(TIMEOUT - 1) is None
-    first = watch.check(TIMEOUT)
-    assert first is not None and first[1] == RESTART and first[2] == TIMEOUT
-    assert watch.check(TIMEOUT + 1) is None, "once per timeout"
-    second = watch.check(2 * TIMEOUT)
-    assert second is not None and second[1] == END and second[2] == 2 * TIMEOUT
-    watch.trained(6, 2 * TIMEOUT + 5)
-    assert watch.check(3 * TIMEOUT) is None
-    again = watch.check(3 * TIMEOUT + 5)
+    watch = StallWatch(TIMEOUT, _facts(_router(next_buffer=6)), last_step_at=0.0, total_steps=10)
+    assert watch.check(2 * TIMEOUT - 1) is None, "the first step gets twice as long"
+    first = watch.check(2 * TIMEOUT)
+    assert first is not None and first[1] == RESTART and first[2] == 2 * TIMEOUT
+    assert watch.check(2 * TIMEOUT + 1) is None, "once per timeout"
+    second = watch.check(3 * TIMEOUT)
+    assert second is not None and second[1] == END and second[2] == 3 * TIMEOUT
+    watch.trained(6, 3 * TIMEOUT + 5)
+    assert watch.check(4 * TIMEOUT) is None
+    again = watch.check(4 * TIMEOUT + 5)
     assert again is not None and again[1] == RESTART, "a new episode gets its own restart"
+
+
+def test_after_the_last_step_nothing_is_a_stall() -> None:
+    watch = StallWatch(TIMEOUT, _facts(_router()), last_step_at=0.0, total_steps=10)
+    watch.trained(10, 1.0)
+    assert watch.check(100 * TIMEOUT) is None
 
 
 def test_a_zero_timeout_never_fires_and_a_load_clears_a_pull_failure() -> None:
