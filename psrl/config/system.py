@@ -151,8 +151,9 @@ class Run(Section):
     )
     stall_timeout_s: float = field(
         600.0,
-        "No training step for this long while work waits: the launcher names who holds it and restarts "
-        "them once, then ends the run resumably (0 = never). Longer than your slowest step.",
+        "No training step for this long (twice as long before the first) while work waits: the launcher "
+        "names who holds it and restarts them once, then ends the run resumably (0 = never). Set it above "
+        "your slowest step.",
         ge=0,
     )
 
