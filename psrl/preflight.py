@@ -74,6 +74,7 @@ def model_directory(c: Config, found: dict[str, Any]) -> Iterator[ConfigProblem]
 def prompts(c: Config, found: dict[str, Any]) -> Iterator[ConfigProblem]:
     from psrl.data import DataError, load_split
     from psrl.tasks import task_names
+    from psrl.tasks.reasoning_gym import is_reasoning_gym
 
     if c.trainer.eval_interval and c.data.train_files and not c.data.val_files:
         yield problem(("trainer.eval_interval", "data.val_files"), c.trainer.eval_interval,
@@ -82,6 +83,8 @@ def prompts(c: Config, found: dict[str, Any]) -> Iterator[ConfigProblem]:
         if c.data.val_files:
             yield problem(("data.val_files", "data.train_files"), c.data.val_files,
                           "a validation split needs a training dataset", "set data.train_files too")  # fmt: skip
+        elif is_reasoning_gym(c.task.name):
+            yield from reasoning_gym_source(c, found)
         elif c.task.name not in task_names():
             yield problem("task.name", c.task.name, "unknown task",
                           f"use one of {task_names()}, or give a dataset with data.train_files")  # fmt: skip
@@ -100,6 +103,22 @@ def prompts(c: Config, found: dict[str, Any]) -> Iterator[ConfigProblem]:
             continue
         if dataset is not None:
             found[f"{split}_columns"] = list(dataset.table.column_names)
+
+
+def reasoning_gym_source(c: Config, found: dict[str, Any]) -> Iterator[ConfigProblem]:
+    """The extra, the dataset name and its kwargs; then the first prompts rendered must fit task.max_prompt_length."""
+    from psrl.tasks.reasoning_gym import ReasoningGymTask, source_problems
+
+    problems = list(source_problems(c.task.name, c.task.kwargs))
+    yield from problems
+    if problems or "tokenizer" not in found:
+        return
+    task = ReasoningGymTask.from_config(c, found["tokenizer"])
+    longest = max(len(t.prompt(i).token_ids) for t in (task, task.held_out()) for i in range(ROWS_CHECKED // 8))
+    if longest > c.task.max_prompt_length:
+        yield problem("task.max_prompt_length", c.task.max_prompt_length,
+                      f"{c.task.name} renders prompts of {longest} tokens",
+                      f"set task.max_prompt_length={longest * 2} or more")  # fmt: skip
 
 
 def reward_function(c: Config, found: dict[str, Any]) -> Iterator[ConfigProblem]:

@@ -502,7 +502,18 @@ def eval_settings_used(c: Config) -> Iterator[ConfigProblem]:
                       "set eval.greedy=True or eval.k >= 1")  # fmt: skip
 
 
-RULES = (*RULES, eval_settings_used, agent_rules)
+def task_kwargs_used(c: Config) -> Iterator[ConfigProblem]:
+    """task.kwargs configure a reasoning-gym dataset; any other task would silently ignore them."""
+    if c.task.kwargs and not c.task.name.startswith("reasoning_gym:"):
+        yield problem(("task.kwargs", "task.name"), c.task.kwargs, f"task {c.task.name!r} takes no kwargs",
+                      "remove task.kwargs or use task.name=reasoning_gym:<dataset>")  # fmt: skip
+    elif c.task.kwargs and c.data.train_files:
+        yield problem(("task.kwargs", "data.train_files"), c.task.kwargs,
+                      "the task's kwargs are unused: data.train_files replaces the task's prompts",
+                      "remove task.kwargs or data.train_files")  # fmt: skip
+
+
+RULES = (*RULES, eval_settings_used, agent_rules, task_kwargs_used)
 
 
 def check(config: Config) -> list[ConfigProblem]:

@@ -28,6 +28,11 @@ class Task(Section):
         "(the library's default system prompt asks for it); null = the whole response, with no system prompt "
         "unless data.system_prompt is set.",
     )
+    response_prefix: str = field(
+        "",
+        "reasoning_gym tasks: text put after the chat template's generation prompt, which the model continues "
+        "(e.g. <answer>, so a small model answers inside the tags); it counts as part of the response scored.",
+    )
     max_prompt_length: int = field(128, "Longest prompt in tokens.", ge=1)
     max_response_length: int = field(256, "Longest response in tokens.", ge=1)
     temperature: float = field(1.0, "Sampling temperature of training rollouts.", ge=0)

@@ -20,7 +20,10 @@ def make_task(config: Config, tokenizer: Any) -> Task:
     if train is not None:
         return train
     from psrl.tasks import get_task
+    from psrl.tasks.reasoning_gym import ReasoningGymTask, is_reasoning_gym
 
+    if is_reasoning_gym(config.task.name):  # rendered with the model's chat template, so built with the tokenizer
+        return ReasoningGymTask.from_config(config, tokenizer)
     return get_task(config.task.name, config.task.seed)
 
 
