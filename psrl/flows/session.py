@@ -91,6 +91,7 @@ class Session:
     last_next: TurnNext | None = None  # the last next turn sent, sent again if its turn comes again
     finish: int = 0  # how its last turn ended (FinishReason): an agent's first call is answered with it
     call_job: int = 0  # an agent session: the gateway call waiting for the turn now generating
+    agent_open: bool = False  # an agent session whose agent has opened it at the gateway (its agent runs)
 
     def info(self) -> SessionInfo:
         hung = self.hang_state == "hung" or self.marked_for_hang
@@ -270,7 +271,10 @@ class SessionFlow(GatewayCalls, Flow):
         if not self.sessions:
             return []
         instances = sorted(self.capacity.values(), key=lambda c: c.instance_id)
-        infos = [s.info() for s in sorted(self.sessions.values(), key=lambda s: s.request_id)]
+        # an agent session is scheduled once its agent runs (opened it): before, it waits for a worker,
+        # and hanging it would only keep the running agents hung (their workers held) for good
+        live = [s for s in self.sessions.values() if self.gateway is None or s.agent_open]
+        infos = [s.info() for s in sorted(live, key=lambda s: s.request_id)]
         decision = schedule_sessions(instances, infos, self.thunder)
         self._apply(decision)
         self.num_hung_s += (

@@ -93,6 +93,7 @@ class GatewayCalls:
         except ApiError:
             gateway.forget(sid)
             raise
+        session.agent_open = True
         return {"id": sid, "object": "session"}
 
     def _call(self, gateway: Gateway, job_id: int, sid: str, call: Any) -> Any:

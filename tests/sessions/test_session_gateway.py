@@ -19,16 +19,19 @@ from psrl.flows.session import SessionFlow
 from psrl.gateway.api import ApiError, parse_chat
 from psrl.gateway.sessions import Answer
 from psrl.gateway.setup import build_gateway
-from tests.sessions.test_session_flow import RecordingEnv, sent, step, turn_done
+from tests.sessions.test_session_flow import RecordingEnv, sent, status, step, turn_done
 
 DEMO = "psrl/assets/demo_model"
 ROW = [{"role": "user", "content": "sum 1 2 3"}]
+TA = "psrl.rollout_coordination.session_strategy.thunder_agent."
 OVERRIDES = [
     "env.enable=true",
     "env.max_turns=3",
     "env.max_turn_tokens=6",
     "agent.entry=x.y:run",
     "agent.dataset=unused.jsonl",
+    TA + "enable=true",
+    TA + "buffer_per_session=10",
 ]
 TOKENIZER = Tokenizer.from_file(f"{DEMO}/tokenizer.json")
 
@@ -118,3 +121,14 @@ def test_a_restarted_scheduler_ends_its_agent_sessions() -> None:
     recovery = SessionRecovery(sessions={8: RestoredSession(8, 2, "i0", "env", 1, 30, [np.asarray([5, 1])])})
     ends = sent(flow.restore(recovery, 0.0), SessionEnd)
     assert ends[0].error == "session scheduler restarted mid-agent" and env.submitted == []
+
+
+def test_hang_continue_schedules_a_session_once_its_agent_runs() -> None:
+    flow, _ = make()
+    flow.handle(status("i0", 20, 90), 0.0)  # too small for one session: a scheduled one is hung
+    flow.handle(turn_done(4, 0, [5, 1]), 0.0)  # its agent waits for a worker
+    flow.tick(0.0)
+    assert flow.sessions[4].hang_state == "running"
+    opened(flow)
+    flow.tick(0.0)
+    assert flow.sessions[8].hang_state == "hung" and flow.sessions[4].hang_state == "running"
