@@ -15,21 +15,24 @@ from typing import Any
 import numpy as np
 
 from psrl.config.loader import load_config
-from psrl.preflight import checked
 from psrl.engine import Engine, EngineArgs, SamplingParams
+from psrl.engine.args import DEMO_MODEL_DIR
 from psrl.flows.prompts import TaskPrompts
+from psrl.preflight import checked
 
 
 def greedy_accuracy(preset: str, overrides: list[str]) -> tuple[float, list[tuple[str, str, float, float]]]:
     config = checked(load_config(preset, overrides))
     source = TaskPrompts(config)
     held_out = source.held_out(config)
-    engine = Engine(EngineArgs(model_path=config.model.path, dtype="float32", device="cpu", num_kv_blocks=1024))
+    engine = Engine(
+        EngineArgs(model_path=config.model.path or DEMO_MODEL_DIR, dtype="float32", device="cpu", num_kv_blocks=1024)
+    )
     prompts = [held_out.prompt(i) for i in range(config.eval.num_prompts)]
     max_tokens = config.eval.max_tokens or config.task.max_response_length
     for i, prompt in enumerate(prompts):
         engine.add_request(str(i), held_out.token_ids(prompt).tolist(), SamplingParams(
-            max_tokens=max_tokens, temperature=0.0, stop_token_ids=source.stop_token_ids))  # fmt: skip
+            max_tokens=max_tokens, temperature=0.0, stop_token_ids=tuple(source.stop_token_ids)))  # fmt: skip
     finished: dict[str, Any] = {}
     while engine.has_unfinished_requests():
         finished.update((r.request_id, r) for r in engine.step().finished)
@@ -37,7 +40,9 @@ def greedy_accuracy(preset: str, overrides: list[str]) -> tuple[float, list[tupl
     for i, prompt in enumerate(prompts):
         ids = finished[str(i)].output_ids
         reward = held_out.score(prompt, np.asarray(ids))
-        samples.append((prompt.answer, source.tokenizer.decode(ids, skip_special_tokens=True), reward.acc, reward.score))
+        samples.append(
+            (prompt.answer, source.tokenizer.decode(ids, skip_special_tokens=True), reward.acc, reward.score)
+        )
     return sum(s[2] for s in samples) / len(samples), samples
 
 
