@@ -172,3 +172,29 @@ def test_a_template_that_re_renders_history_beyond_the_trim_bound_names_session_
     )
     with pytest.raises(TitoError, match=r"session s9 turn 1.*max_trim_tokens=1"):
         session.plan(nxt, [])
+
+
+def test_smollm2_s_own_template_and_tokenizer_byte_for_byte() -> None:
+    """SmolLM2-135M-Instruct (``make model-smollm2``): its own ChatML template and 49k-token tokenizer."""
+    import os
+    from pathlib import Path
+
+    from psrl.gateway.codec import load_codec
+
+    model = (
+        Path(os.environ.get("PSRL_MODELS_DIR", Path.home() / ".cache" / "psrl" / "models")) / "SmolLM2-135M-Instruct"
+    )
+    if not (model / "tokenizer.json").is_file():
+        pytest.skip(f"no SmolLM2 at {model} (make model-smollm2)")
+    template, codec = load_template(str(model)), load_codec(str(model))
+    session = TitoSession("s", template, codec.encode, codec.decode)
+    messages: list[dict[str, Any]] = [{"role": "system", "content": "You help."}, {"role": "user", "content": "Hi!"}]
+    for turn in range(22):
+        plan = session.plan(normalize(messages), [])
+        generated = [*codec.encode(f"The answer is {turn}."), *codec.encode("<|im_end|>")]
+        reply = make_reply(codec.text(generated), "stop", "none", [], f"c{turn}")
+        session.record(plan, generated, reply.canonical, "stop")
+        messages += [reply.message, {"role": "user", "content": f"And {turn}?"}]
+    nxt = session.plan(normalize(messages), [])
+    assert codec.decode(nxt.prompt) == template.render(normalize(messages), [], True)
+    assert nxt.prompt[: len(session.trajectories[0].tokens)] == session.trajectories[0].tokens
