@@ -8,9 +8,12 @@ VLLM_VENV := .venv-vllm
 VLLM_BIN := $(VLLM_VENV)/bin
 KV_VENV := .venv-kv
 KV_BIN := $(KV_VENV)/bin
+# TRL (the peer benchmark's baseline) in its own venv: it must never replace the pinned torch of .venv
+TRL_VENV := .venv-trl
+TRL_BIN := $(TRL_VENV)/bin
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: install install-kv install-vllm install-reasoning-gym model-smollm2 test-reasoning-gym check lint imports types test test-gpu test-slow test-kv bench-kv test-restart chaos chaos-full chaos-agentic fuzz test-multihost test-wheel test-vllm test-all demo docs bench clean
+.PHONY: install install-kv install-vllm install-trl test-trl install-reasoning-gym model-smollm2 test-reasoning-gym check lint imports types test test-gpu test-slow test-kv bench-kv test-restart chaos chaos-full chaos-agentic fuzz test-multihost test-wheel test-vllm test-all demo docs bench clean
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -40,6 +43,20 @@ $(VLLM_VENV)/.installed: pyproject.toml constraints.txt
 	touch $@
 
 install-vllm: $(VLLM_VENV)/.installed
+
+# TRL's GRPOTrainer for tools/bench_peer_trl.py; psrl goes in too (its task and scorer are TRL's prompts and
+# reward function), and pytest for the trl-marked tests
+$(TRL_VENV)/.installed: pyproject.toml constraints.txt
+	test -x $(TRL_BIN)/python || $(PY) -m venv $(TRL_VENV)
+	$(TRL_BIN)/pip install -q -c constraints.txt torch==2.13.0
+	$(TRL_BIN)/pip install -q -c constraints.txt -e . trl pytest pytest-timeout
+	$(TRL_BIN)/python -c 'from trl import GRPOConfig, GRPOTrainer'
+	touch $@
+
+install-trl: $(TRL_VENV)/.installed
+
+test-trl: install-trl
+	$(TRL_BIN)/python -m pytest -m trl
 
 # the reasoning-gym extra: its dependencies (pure-Python puzzles, sympy, numpy) sit beside the main venv's,
 # so it goes into the main venv
@@ -75,7 +92,7 @@ types: install
 check: lint imports types
 
 test: check
-	$(PYTEST) -n 2 --dist worksteal --durations=15 -m "not slow and not multihost and not packaging and not vllm and not kv and not chaos and not reasoning_gym"
+	$(PYTEST) -n 2 --dist worksteal --durations=15 -m "not slow and not multihost and not packaging and not vllm and not kv and not chaos and not reasoning_gym and not trl"
 
 # the offload tier and KV transfer against the real LMCache and NIXL (two instance processes)
 test-kv: install-kv
@@ -134,4 +151,4 @@ demo: install
 	$(BIN)/psrl launch
 
 clean:
-	rm -rf $(VENV) $(KV_VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(KV_VENV) $(TRL_VENV) .pytest_cache .mypy_cache .ruff_cache
