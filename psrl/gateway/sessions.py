@@ -148,7 +148,7 @@ class Gateway:
         reply = make_reply(
             self.text(tokens), finish, self._parser(call), stop, f"call-{session_id}-{pending.plan.turn}"
         )
-        turn = session.tito.record(pending.plan, tokens, reply.canonical, reply.finish_reason)
+        turn = session.tito.record(pending.plan, tokens, reply.canonical, reply.finish_reason, logprobs)
         return self._answer(session, call, turn, pending.plan, logprobs)
 
     def failed(self, session_id: str) -> None:
@@ -210,7 +210,12 @@ class Gateway:
 
 def _trajectory(traj: Any) -> dict[str, Any]:
     turns = [
-        {"prompt_tokens": t.prompt_len, "completion_tokens": len(t.generated), "finish_reason": t.finish_reason}
+        {
+            "prompt_tokens": t.prompt_len,
+            "completion_tokens": len(t.generated),
+            "finish_reason": t.finish_reason,
+            "logprobs": t.logprobs,
+        }
         for t in traj.turns
     ]
     return {

@@ -48,6 +48,7 @@ class Turn:
     generated: list[int]
     reply: dict[str, Any]  # the assistant message returned (canonical)
     finish_reason: str = "stop"
+    logprobs: list[float] | None = None  # the generated tokens' log-probs, where the generator gives them
 
     @property
     def history(self) -> list[dict[str, Any]]:
@@ -197,7 +198,14 @@ class TitoSession:
 
     # ------------------------------------------------------------------ recording
 
-    def record(self, plan: Plan, generated: list[int], reply: dict[str, Any], finish_reason: str) -> Turn:
+    def record(
+        self,
+        plan: Plan,
+        generated: list[int],
+        reply: dict[str, Any],
+        finish_reason: str,
+        logprobs: list[float] | None = None,
+    ) -> Turn:
         """Apply a continue or branch plan with the engine's answer; the new turn."""
         if plan.kind == "branch":
             traj = Trajectory(list(plan.base), plan.tools, branch_of=plan.branch_of, branch_at=len(plan.base))
@@ -206,7 +214,8 @@ class TitoSession:
             traj.loss_mask = source.loss_mask[: len(plan.base)] if source is not None else [0] * len(plan.base)
             self.trajectories.append(traj)
         traj = self.trajectories[plan.trajectory]
-        turn = Turn(plan.messages, len(traj.tokens) + len(plan.new_tokens), list(generated), reply, finish_reason)
+        prompt_len = len(traj.tokens) + len(plan.new_tokens)
+        turn = Turn(plan.messages, prompt_len, list(generated), reply, finish_reason, logprobs)
         traj.tokens += [*plan.new_tokens, *generated]
         traj.loss_mask += [0] * len(plan.new_tokens) + [1] * len(generated)
         traj.turns.append(turn)

@@ -58,6 +58,11 @@ def test_sync_turns_extend_one_trajectory_with_usage(gateway: EngineGateway) -> 
     ends = [t["prompt_tokens"] + t["completion_tokens"] for t in traj["turns"]]
     assert all(a < b["prompt_tokens"] for a, b in zip(ends, traj["turns"][1:], strict=False))  # each prompt extends
     assert sum(traj["loss_mask"]) == sum(t["completion_tokens"] for t in traj["turns"])
+    assert all(len(t["logprobs"]) == t["completion_tokens"] for t in traj["turns"])  # the engine's, per token
+    answer = llm.chat.completions.create(model="psrl", messages=[{"role": "user", "content": "x"}], logprobs=True)
+    assert answer.choices[0].logprobs is not None
+    assert len(answer.choices[0].logprobs.content or []) == answer.usage.completion_tokens
+    assert all(entry.logprob <= 0 for entry in answer.choices[0].logprobs.content or [])
 
 
 def test_async_sessions_run_concurrently(gateway: EngineGateway) -> None:
