@@ -193,16 +193,19 @@ def evaluate(model_dir: Path, work: Workload, num_prompts: int, device: str) -> 
     tokenizer = AutoTokenizer.from_pretrained(work.model_dir)  # the original tokenizer for every model
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(device).eval()
     eos = tokenizer.eos_token_id
+    prompts = [held_out.prompt(index) for index in range(num_prompts)]
+    by_length: dict[int, list[Any]] = {}
+    for prompt in prompts:  # prompts of one length form a batch: no padding, so no model sees a different input
+        by_length.setdefault(len(tokenizer.encode(prompt.text)), []).append(prompt)
     correct = 0.0
-    for index in range(num_prompts):  # one at a time: no padding, so no model sees a different input
-        prompt = held_out.prompt(index)
-        ids = torch.tensor([tokenizer.encode(prompt.text)], device=device)
+    for batch in by_length.values():
+        ids = torch.tensor([tokenizer.encode(p.text) for p in batch], device=device)
         with torch.no_grad():
             out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, eos_token_id=eos,
                                  pad_token_id=eos, max_new_tokens=work.max_response_length)  # fmt: skip
-        tokens = out[0, ids.shape[1] :].tolist()
-        tokens = tokens[: tokens.index(eos)] if eos in tokens else tokens
-        correct += held_out.reward(prompt, tokenizer.decode(tokens, skip_special_tokens=True)).acc
+        for prompt, row in zip(batch, out[:, ids.shape[1] :].tolist(), strict=True):
+            tokens = row[: row.index(eos)] if eos in row else row
+            correct += held_out.reward(prompt, tokenizer.decode(tokens, skip_special_tokens=True)).acc
     return correct / num_prompts
 
 
@@ -303,6 +306,11 @@ def print_settings(work: Workload, args: argparse.Namespace) -> None:
     for row in unmatched_settings(work, args.device):
         print(f"  - {row}")
     print(f"load average at start: {load_text()} ({os.cpu_count()} CPUs)", flush=True)
+    if args.threads > 1 and os.getloadavg()[0] > (os.cpu_count() or 1):
+        # torch's threads wait for each other at every operator: with the cores oversubscribed, one descheduled
+        # thread stalls the other (a demo-model forward+backward measured 20 s at 2 threads, 0.5 s at 1, at load 14)
+        print(f"warning: the cores are oversubscribed; TRL's {args.threads} torch threads will stall each other "
+              "(--threads 1 measures TRL without that)")  # fmt: skip
 
 
 def parse_args() -> argparse.Namespace:
