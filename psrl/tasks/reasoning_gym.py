@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import difflib
 import numbers
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
@@ -107,7 +108,8 @@ def source_problems(task_name: str, kwargs: dict[str, Any]) -> Iterator[ConfigPr
 def _known_names_fix(name: str, known: list[str]) -> str:
     close = difflib.get_close_matches(name, known, n=3)
     hint = f"did you mean {', '.join(close)}? " if close else ""
-    return f"{hint}use one of reasoning-gym's {len(known)} datasets (python -c 'import reasoning_gym.factory as f; print(sorted(f.DATASETS))')"
+    listing = "python -c 'import reasoning_gym.factory as f; print(sorted(f.DATASETS))'"
+    return f"{hint}use one of reasoning-gym's {len(known)} datasets ({listing})"
 
 
 def _config_fix(name: str) -> str:
@@ -125,7 +127,9 @@ def _create(spec: SourceSpec, seed: int, size: int) -> Any:
     return create_dataset(spec.name, **spec.create_kwargs(seed, size))
 
 
-def render(question: str, tokenizer: Any, system_prompt: str | None, response_prefix: str = "") -> tuple[str, list[int]]:
+def render(
+    question: str, tokenizer: Any, system_prompt: str | None, response_prefix: str = ""
+) -> tuple[str, list[int]]:
     """(text, token ids) of a question: the chat template's rendering when the tokenizer has one, then the
     start of the answer the model continues from."""
     if getattr(tokenizer, "chat_template", None):
@@ -188,6 +192,8 @@ class ReasoningGymTask:
     split: Literal["train", "val"] = "train"
     _datasets: dict[str, Any] = field(default_factory=dict, repr=False)
     _entries: dict[int, dict[str, Any]] = field(default_factory=dict, repr=False)
+    # prompts are drawn by the coordinator while responses may be scored on reward threads
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _held_out_questions: frozenset[str] | None = field(default=None, repr=False)
 
     @classmethod
@@ -202,7 +208,7 @@ class ReasoningGymTask:
                    response_prefix=config.task.response_prefix, eval_size=config.eval.num_prompts)  # fmt: skip
 
     def held_out(self) -> ReasoningGymTask:
-        return replace(self, split="val", _datasets={}, _entries={}, _held_out_questions=None)
+        return replace(self, split="val", _datasets={}, _entries={}, _lock=threading.Lock(), _held_out_questions=None)
 
     def prompt(self, index: int) -> Prompt:
         position, entry = self._entry(index)
@@ -212,7 +218,9 @@ class ReasoningGymTask:
         return Prompt(index, kind, text, str(entry["answer"]), tuple(token_ids), row)
 
     def reward(self, prompt: Prompt, response: str) -> Reward:
-        entry = self._entries.get(prompt.index) or self._entry(prompt.index)[1]
+        with self._lock:
+            cached = self._entries.get(prompt.index)
+        entry = cached or self._entry(prompt.index)[1]
         answer = extract_answer(closed(self.response_prefix + response, self.answer_tag), self.answer_tag)
         score = checked_score(self.name, self._dataset().score_answer(answer, entry))
         return Reward(score=score, acc=1.0 if score >= 1.0 else 0.0)
@@ -241,9 +249,10 @@ class ReasoningGymTask:
         raise ConfigError([problem])
 
     def _remember(self, index: int, position: int, entry: dict[str, Any]) -> tuple[int, dict[str, Any]]:
-        if len(self._entries) >= _CACHED_ENTRIES:
-            self._entries.pop(next(iter(self._entries)))  # oldest first: prompts are drawn in index order
-        self._entries[index] = entry
+        with self._lock:
+            if len(self._entries) >= _CACHED_ENTRIES:
+                self._entries.pop(next(iter(self._entries)))  # oldest first: prompts are drawn in index order
+            self._entries[index] = entry
         return position, entry
 
     def _held_out(self) -> frozenset[str]:
