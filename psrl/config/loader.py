@@ -81,7 +81,7 @@ def relative_to_file(tree: Tree, base: Path) -> None:
     """Rewrite relative paths of PATH_FIELDS in a config tree as absolute paths under `base`."""
     for section_name, key in PATH_FIELDS:
         section = tree.get(section_name)
-        if not isinstance(section, dict) or section.get(key) is None:
+        if not isinstance(section, dict) or section.get(key) in (None, ""):  # unset (an agent's entry or dataset)
             continue
         value = section[key]
         if key in ("function", "entry"):
