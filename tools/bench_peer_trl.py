@@ -186,9 +186,11 @@ def evaluate(model_dir: Path, work: Workload, num_prompts: int, device: str) -> 
     """Greedy exact-match accuracy on the task's held-out prompts: the same code for every final model."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
 
     from psrl.tasks import get_task
 
+    hf_logging.disable_progress_bar()  # a weight-loading bar per evaluation buries the results
     held_out = get_task(work.task, work.task_seed).held_out()  # type: ignore[attr-defined]
     tokenizer = AutoTokenizer.from_pretrained(work.model_dir)  # the original tokenizer for every model
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(device).eval()
@@ -288,11 +290,11 @@ def system_medians(records: list[RunRecord]) -> dict[str, dict[str, float]]:
 
 def print_summary(medians: dict[str, dict[str, float]], initial_acc: float) -> None:
     print(f"\nmedians over repeats (held-out greedy acc. of the initial model: {initial_acc:.3f})")
-    print(f"  {'system':<22}{'s/step':>8}{'whole s':>9}{'first step s':>14}{'reward first5':>15}"
+    print(f"  {'system':<25}{'s/step':>8}{'whole s':>9}{'first step s':>14}{'reward first5':>15}"
           f"{'last5':>7}{'acc':>7}")  # fmt: skip
     labels = {"trl": "TRL GRPOTrainer", "sync": "psrl sync (staleness 0)", "async": "psrl defaults"}
     for system, m in medians.items():
-        print(f"  {labels[system]:<22}{m['s_per_step']:>8.3f}{m['wall_s']:>9.1f}{m['first_step_s']:>14.1f}"
+        print(f"  {labels[system]:<25}{m['s_per_step']:>8.3f}{m['wall_s']:>9.1f}{m['first_step_s']:>14.1f}"
               f"{m['reward_first5']:>15.3f}{m['reward_last5']:>7.3f}{m['acc']:>7.3f}")  # fmt: skip
 
 
