@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
 from bus.drops import is_sparse_log_point
 from bus.security import CurveKeys
@@ -42,6 +43,15 @@ class VersionPlan:
     parts: list[ManifestReply]  # one per shard (its entries and transport offer)
 
 
+# a handshake a shard refused: reported by the socket's monitor within milliseconds, where the request
+# itself would only time out (the DEALER reconnects and is refused again, silently)
+HANDSHAKE_FAILED: dict[int, str] = {
+    zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL: "a security mismatch (one side uses CURVE, the other not, or other keys)",
+    zmq.EVENT_HANDSHAKE_FAILED_AUTH: "this process's key is not among the run's authorized keys",
+    zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL: "the handshake failed",
+}
+
+
 class ShardLinks:
     def __init__(
         self,
@@ -58,6 +68,10 @@ class ShardLinks:
         self.poller = zmq.Poller()
         for sock in self.socks:
             self.poller.register(sock, zmq.POLLIN)
+        events = sum(HANDSHAKE_FAILED)  # the flags of the events the monitors report
+        self.monitors = {sock.get_monitor_socket(events): i for i, sock in enumerate(self.socks)}
+        for monitor in self.monitors:
+            self.poller.register(monitor, zmq.POLLIN)
         self.num_dropped = 0
         self._request_ids = itertools.count(1)
         self._log = log
@@ -67,7 +81,10 @@ class ShardLinks:
 
     def close(self) -> None:
         for sock in self.socks:
+            sock.disable_monitor()
             sock.close(linger=0)
+        for monitor in self.monitors:
+            monitor.close(linger=0)
 
     # receiving -----------------------------------------------------------------------------------
 
@@ -93,11 +110,21 @@ class ShardLinks:
         if remaining_ms <= 0:
             raise PullFailedError(version, f"no reply from the PS within {self.timeout_s:.0f} s")
         for sock, _ in self.poller.poll(min(remaining_ms, 100)):
+            if sock in self.monitors:
+                self._refused(sock, version)
+                continue
             while (message := self.next(sock)) is not None:
                 if isinstance(message, WITH_PAYLOAD):
                     self.discard(sock)
                 else:
                     yield self.shard_of[sock], message
+
+    def _refused(self, monitor: zmq.Socket[bytes], version: int) -> None:
+        """A refused handshake fails the request at once, saying why (a monitor reports nothing else)."""
+        event = recv_monitor_message(monitor)
+        why = HANDSHAKE_FAILED.get(int(event["event"]))
+        if why is not None:
+            raise PullFailedError(version, f"shard {self.monitors[monitor]} refused the handshake: {why}")
 
     # requests ------------------------------------------------------------------------------------
 

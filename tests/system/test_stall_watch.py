@@ -3,7 +3,9 @@ once, then ends the run with a resumable checkpoint.
 
 The instances' weight pullers lack the run's CURVE keys (``tests.fakes.stalling``), so every pull is
 refused at the handshake: the run trains ``staleness + 1`` steps and then waits for instances that never
-load a version. Each failed attempt reaches the console as it happens.
+load a version. Each failed attempt reaches the console as it happens, with the refusal's reason. The
+restarted instances cannot reach the shards either: they fail at start (a replacement asks the shards
+for their committed version first) until the restart policy or the second diagnosis ends the run.
 """
 
 from __future__ import annotations
@@ -40,18 +42,21 @@ def test_a_stalled_run_is_diagnosed_restarted_once_and_ended_resumably(tmp_path)
     options = {f"rollout-{i}": {"actor_class": STALLING} for i in range(config.topology.n_rollout_instances)}
     sup = Supervisor(config, RunDir.create(tmp_path / "runs", "stall"), actor_options=options)
     assert sup.run() == EXIT_FAILED
-    assert sup.end_reason is not None and sup.end_reason.startswith("stalled: no training step")
-    assert "rollout-0" in sup.end_reason and "--name stall" in sup.end_reason
+    reason = sup.end_reason or ""
+    stalled = reason.startswith("stalled: no training step") and "--name stall" in reason
+    assert stalled or reason.startswith("rollout-"), reason
+    assert "rollout-" in reason
 
     events = [e.event.message for e in EventLogReader(sup.run_dir.events).events()]
     trained = max(m.version for m in events if isinstance(m, TrainerProgress))
     assert trained == STALENESS + 1, "the run stalls where the instances must first sync"
-    assert any(isinstance(m, PullRetrying) and "no reply" in m.reason for m in events)
+    assert any(isinstance(m, PullRetrying) and "refused the handshake" in m.reason for m in events)
     diagnoses = [m for m in events if isinstance(m, StallDiagnosed)]
-    assert [d.action for d in diagnoses] == ["restart", "end"]
+    assert [d.action for d in diagnoses] in (["restart"], ["restart", "end"])
     for diagnosis in diagnoses:
         assert set(diagnosis.holders) <= {"rollout-0", "rollout-1"} and diagnosis.holders
         assert "pulls from the parameter server keep failing" in diagnosis.waits_for
+        assert "refused the handshake" in diagnosis.waits_for
         assert diagnosis.facts["trained_version"] == str(trained)
     restarted = {m.actor for m in events if isinstance(m, ActorRestarted)}
     assert restarted == set(diagnoses[0].holders), "the holders were restarted, nobody else"
