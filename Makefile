@@ -119,9 +119,9 @@ chaos: install
 test-restart: install
 	$(PYTEST) -m chaos tests/system/test_restart.py
 
-# >= 200 faults: 25 runs of 8 (an hour or more on 2 cores); figures in docs/reliability.md
+# >= 200 faults: 25 runs of 8, half of them timed against weight syncs (an hour or more on 2 cores); figures in docs/reliability.md
 chaos-full: install
-	$(BIN)/python tools/chaos.py --cases 25 --faults 8 topology.warm_spares=2
+	$(BIN)/python tools/chaos.py --cases 25 --faults 8 --anchored 0.5 topology.warm_spares=2
 
 # the agentic workload (session scheduler, env workers and every other role faulted): 48 faults
 chaos-agentic: install
