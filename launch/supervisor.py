@@ -64,6 +64,7 @@ from psrl.trainer.checkpoint import latest_checkpoint, read_trainer_state
 
 WATCH_INTERVAL_S = 0.1
 SUBSCRIBE_WAIT_S = 10.0
+DEATH_REASON_WAIT_S = 0.3  # for a dead actor's last event, which may trail its exit
 FORK_SERVER_WAIT_S = 60.0  # for its imports, before actors start without it (a very loaded host)
 SHUTDOWN_GRACE_S = 6.0  # for actors to exit after Shutdown (all stages together), before SIGTERM
 # but at least this long for each stage: a GPU actor takes 1-2 s to exit (CUDA teardown), and a
@@ -339,7 +340,7 @@ class Supervisor:
             for name in missing:
                 code = self.processes[name].poll()
                 if code is not None:
-                    reason = self.dead_reasons.get(name, f"exit code {code}")
+                    reason = self._death_reason(name, code)
                     raise HandshakeTimeoutError(
                         f"{name} exited while starting ({reason}); see {self.run_dir.log_file(name)}"
                     )
@@ -452,10 +453,20 @@ class Supervisor:
                              watcher_gap_s=round(watcher_gap_s, 2), silent_s=late)  # fmt: skip
         self._in_stall = stalled
 
+    def _death_reason(self, name: str, code: int) -> str:
+        """Why ``name`` died: its last event (``actor.dead``) may still be on its way when the exit is
+        seen, so the events are read once more before settling for the exit code."""
+        if name not in self.dead_reasons and code > 0:  # a signal leaves no last event to wait for
+            deadline = time.monotonic() + DEATH_REASON_WAIT_S
+            while name not in self.dead_reasons and time.monotonic() < deadline:
+                self._pump_events(0.02)
+        return self.dead_reasons.get(name, f"exit code {code}")
+
     def _on_death(self, process: ActorProcess, code: int) -> None:
         spec = process.spec
         self.publisher.publish(ActorExited(spec.name, process.incarnation, code))
-        reason = self.dead_reasons.pop(spec.name, f"exit code {code}")
+        reason = self._death_reason(spec.name, code)
+        self.dead_reasons.pop(spec.name, None)
         self.log.warning("actor died", actor=spec.name, incarnation=process.incarnation, reason=reason)
         process.close_stdin()
         process.log.close()
