@@ -75,16 +75,11 @@ class RunRecord:
 # ---------------------------------------------------------------------------------------- the TRL side
 
 
-def trl_child(spec_path: Path) -> None:
-    """Runs in TRL's venv: train with GRPOTrainer, save the final model, write the step times and rewards."""
-    spec = json.loads(spec_path.read_text())
-    work = Workload.from_dict(spec["workload"])
-    import torch
-
-    torch.set_num_threads(spec["threads"])
+def trl_inputs(work: Workload) -> tuple[Any, Any, list[float], bool]:
+    """TRL's dataset (psrl's prompts in index order) and reward function (psrl's task reward), the list the
+    reward function appends each step's mean reward to, and whether both tokenize the prompts alike."""
     from datasets import Dataset
-    from transformers import AutoTokenizer, TrainerCallback
-    from trl import GRPOConfig, GRPOTrainer
+    from transformers import AutoTokenizer
 
     from psrl.tasks import get_task
 
@@ -94,27 +89,41 @@ def trl_child(spec_path: Path) -> None:
     # TRL tokenizes a plain-text prompt as the processing class does by default; psrl as tokenizer.encode
     ids_match = all(tokenizer(p.text)["input_ids"] == tokenizer.encode(p.text) for p in prompts)
     rewards: list[float] = []
-    step_ends: list[float] = []
 
     def demo_reward(prompts: list[str], completions: list[str], index: list[int], **_: Any) -> list[float]:
         scores = [task.reward(task.prompt(i), text).score for i, text in zip(index, completions, strict=True)]
         rewards.append(sum(scores) / len(scores))  # one call per generation batch = one step
         return scores
 
-    class StepClock(TrainerCallback):  # type: ignore[misc]
+    dataset = Dataset.from_dict({"prompt": [p.text for p in prompts], "index": [p.index for p in prompts]})
+    return dataset, demo_reward, rewards, ids_match
+
+
+def trl_child(spec_path: Path) -> None:
+    """Runs in TRL's venv: train with GRPOTrainer, save the final model, write the step times and rewards."""
+    spec = json.loads(spec_path.read_text())
+    work = Workload.from_dict(spec["workload"])
+    import torch
+
+    torch.set_num_threads(spec["threads"])
+    import trl
+    from transformers import AutoTokenizer, TrainerCallback
+
+    dataset, reward, rewards, ids_match = trl_inputs(work)
+    step_ends: list[float] = []
+
+    class StepClock(TrainerCallback):
         def on_step_end(self, args: Any, state: Any, control: Any, **_: Any) -> None:
-            if state.global_step % work.updates_per_step == 0:
+            if state.global_step % work.updates_per_step == 0:  # the last AdamW update of a batch
                 step_ends.append(time.time())
 
-    dataset = Dataset.from_dict({"prompt": [p.text for p in prompts], "index": [p.index for p in prompts]})
-    config = GRPOConfig(**trl_config_kwargs(work, spec["output_dir"], spec["threads"], spec["device"]))
-    trainer = GRPOTrainer(model=work.model_dir, reward_funcs=demo_reward, args=config, train_dataset=dataset,
-                          processing_class=tokenizer, callbacks=[StepClock()])  # fmt: skip
+    config = trl.GRPOConfig(**trl_config_kwargs(work, spec["output_dir"], spec["threads"], spec["device"]))
+    trainer = trl.GRPOTrainer(model=work.model_dir, reward_funcs=reward, args=config, train_dataset=dataset,
+                              processing_class=AutoTokenizer.from_pretrained(work.model_dir),
+                              callbacks=[StepClock()])  # fmt: skip
     trainer.train()
     final = Path(spec["output_dir"]) / "final"
     trainer.save_model(str(final))
-    import trl
-
     out = {"step_ends": step_ends, "rewards": rewards, "model_dir": str(final), "ids_match": ids_match,
            "trl_version": trl.__version__, "device": str(trainer.model.device)}  # fmt: skip
     Path(spec["result"]).write_text(json.dumps(out))
