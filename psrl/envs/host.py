@@ -119,22 +119,26 @@ HEARTBEAT_S = 0.5
 
 
 def serve(connection: Any, task_name: str, seed: int, tokenizer_dir: str) -> None:
-    """An env worker process: answer msgpack step requests on ``connection`` (a pipe) until it closes.
+    """An env worker process: answer msgpack step requests on ``connection`` (a pipe) until it closes."""
+    serve_steps(connection, EnvHost(task_name, seed, tokenizer_dir).run, "env-heartbeat")
+
+
+def serve_steps(connection: Any, run: Callable[[StepRequest], StepReply], heartbeat_name: str) -> None:
+    """A worker's loop: each msgpack step request on ``connection`` answered by ``run``, until it closes.
 
     A thread sends ``ALIVE`` every ``HEARTBEAT_S`` meanwhile, also while a step runs: a worker that
     falls silent is frozen (stopped, or stuck holding the interpreter), not merely slow.
     """
-    host = EnvHost(task_name, seed, tokenizer_dir)
     encoder, decoder = msgspec.msgpack.Encoder(), msgspec.msgpack.Decoder(StepRequest)
     sending = threading.Lock()
     connection.send_bytes(READY)
-    threading.Thread(target=_beat, args=(connection, sending), name="env-heartbeat", daemon=True).start()
+    threading.Thread(target=_beat, args=(connection, sending), name=heartbeat_name, daemon=True).start()
     while True:
         try:
             data = connection.recv_bytes()
         except (EOFError, OSError):
             return
-        reply = encoder.encode(host.run(decoder.decode(data)))
+        reply = encoder.encode(run(decoder.decode(data)))
         with sending:
             connection.send_bytes(reply)
 

@@ -153,12 +153,16 @@ class InProcessRun:
             self.bus.attach(name, flow, flow.BUS_KINDS)
         self.bus.attach("record", self.record, [Metrics, TrainerProgress, RunFinished, StalenessCertificate])
 
-    def run(self, max_rounds: int = 1_000_000) -> RunRecord:
-        """Run until the coordinator ends the run (``trainer.total_steps`` versions)."""
+    def start(self) -> None:
+        """The flows' first effects: the coordinator's first requests, the router's and instances' status."""
         self.bus.post("coordinator", self.coordinator.start(self.now), self.now)
         self.bus.post("router", self.router.start(self.now), self.now)
         for instance in self.instances:
             self.bus.post(instance.name, instance.start(self.now), self.now)
+
+    def run(self, max_rounds: int = 1_000_000) -> RunRecord:
+        """Run until the coordinator ends the run (``trainer.total_steps`` versions)."""
+        self.start()
         for _ in range(max_rounds):
             if self.record.finished is not None:
                 return self.record

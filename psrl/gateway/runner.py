@@ -26,13 +26,11 @@ import inspect
 import json
 import os
 import subprocess
-import threading
 from typing import Any
 
 import httpx
-import msgspec
 
-from psrl.envs.host import ALIVE, HEARTBEAT_S, READY, StepReply, StepRequest
+from psrl.envs.host import StepReply, StepRequest, serve_steps
 from psrl.gateway.agent_task import AgentTask, conversation
 
 
@@ -161,28 +159,4 @@ class _Obj:
 
 def serve_agents(connection: Any, spec_json: str) -> None:
     """An env worker process running agents: one step request (a session's agent run) at a time."""
-    runner = AgentRunner(json.loads(spec_json))
-    encoder, decoder = msgspec.msgpack.Encoder(), msgspec.msgpack.Decoder(StepRequest)
-    sending = threading.Lock()
-    connection.send_bytes(READY)
-    threading.Thread(target=_beat, args=(connection, sending), name="agent-heartbeat", daemon=True).start()
-    while True:
-        try:
-            data = connection.recv_bytes()
-        except (EOFError, OSError):
-            return
-        reply = encoder.encode(runner.run(decoder.decode(data)))
-        with sending:
-            connection.send_bytes(reply)
-
-
-def _beat(connection: Any, sending: threading.Lock) -> None:
-    import time
-
-    while True:
-        time.sleep(HEARTBEAT_S)
-        try:
-            with sending:
-                connection.send_bytes(ALIVE)
-        except (EOFError, OSError):
-            return
+    serve_steps(connection, AgentRunner(json.loads(spec_json)).run, "agent-heartbeat")

@@ -33,10 +33,7 @@ CONFIG = [
 def _run_to_the_restart() -> tuple[RestartableRun, int]:
     """Up to the router's restart; returns the run and the trainer's version when the router died."""
     run = RestartableRun(load_config("demo", CONFIG))
-    run.bus.post("coordinator", run.coordinator.start(run.now), run.now)
-    run.bus.post("router", run.router.start(run.now), run.now)
-    for instance in run.instances:
-        run.bus.post(instance.name, instance.start(run.now), run.now)
+    run.start()
     run.rounds_until(lambda: len(run.record.progress) >= 2, 20_000)
     run.stall_trainer()
     killed_at = run.record.progress[-1].version

@@ -17,10 +17,7 @@ CONFIG = ["psrl.staleness_buffer_entries=4", "psrl.rollout_n=4", "actor.ppo_mini
 
 def test_buffers_handed_over_newest_first_are_trained_in_order() -> None:
     run = RestartableRun(load_config("demo", CONFIG))
-    run.bus.post("coordinator", run.coordinator.start(run.now), run.now)
-    run.bus.post("router", run.router.start(run.now), run.now)
-    for instance in run.instances:
-        run.bus.post(instance.name, instance.start(run.now), run.now)
+    run.start()
     run.rounds_until(lambda: len(run.record.progress) >= 1, 20_000)
     backlog = run.stall_trainer()
     run.rounds_until(lambda: len({m.buffer for m in backlog.messages if isinstance(m, TrainData)}) >= 2, 20_000)

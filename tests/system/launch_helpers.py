@@ -71,3 +71,12 @@ class Background:
 
 def logged_events(run_dir: RunDir) -> list[Any]:
     return [e.event for e in EventLogReader(run_dir.events).events()]
+
+
+def wait_until(condition: Any, timeout_s: float, what: str) -> None:
+    """Poll ``condition()`` until it holds; TimeoutError naming ``what`` after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise TimeoutError(what)
+        time.sleep(0.05)

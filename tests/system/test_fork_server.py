@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 
 import pytest
 
@@ -13,17 +12,9 @@ from bus.messages import ActorStarted, TrainerProgress
 from launch.supervisor import EXIT_OK, Supervisor
 from psrl.config import load_config
 from psrl.rundir import RunDir
-from tests.system.launch_helpers import Background, logged_events, make_supervisor
+from tests.system.launch_helpers import Background, logged_events, make_supervisor, wait_until
 
 pytestmark = pytest.mark.system
-
-
-def _wait(condition, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise TimeoutError(what)
-        time.sleep(0.05)
 
 
 def test_forked_actors_serve_die_are_replaced_and_follow_their_lifeline(tmp_path) -> None:
@@ -36,15 +27,15 @@ def test_forked_actors_serve_die_are_replaced_and_follow_their_lifeline(tmp_path
 
     victim = sup.processes["rollout-0"]
     os.kill(victim.pid, signal.SIGKILL)
-    _wait(lambda: victim.poll() is not None, 10, "the server did not report the death")
+    wait_until(lambda: victim.poll() is not None, 10, "the server did not report the death")
     assert victim.poll() == -signal.SIGKILL, "exit codes as subprocess reports them"
-    _wait(lambda: sup.processes["rollout-0"].incarnation == 1 and sup.processes["rollout-0"].is_ready, 60,
+    wait_until(lambda: sup.processes["rollout-0"].incarnation == 1 and sup.processes["rollout-0"].is_ready, 60,
           "no replacement served")  # fmt: skip
     assert sup.processes["rollout-0"].warm
 
     lifeline = sup.processes["rollout-1"]
     lifeline.close_stdin()  # as if the launcher were gone: the actor stops by itself
-    _wait(lambda: lifeline.poll() is not None, 30, "an actor outlived its lifeline")
+    wait_until(lambda: lifeline.poll() is not None, 30, "an actor outlived its lifeline")
     sup._end(0, "test done")
     assert bg.join(60) == 0
     assert sup.fork_server is not None and not sup.fork_server.is_alive

@@ -10,20 +10,12 @@ import time
 import pytest
 
 from bus.messages import ActorStarted, Ready
-from tests.system.launch_helpers import Background, logged_events, make_supervisor
+from tests.system.launch_helpers import Background, logged_events, make_supervisor, wait_until
 
 pytestmark = pytest.mark.system
 
 TORCH_FAKE = "tests.fakes.actors:TorchFakeActor"
 VICTIMS = ("rollout-0", "rollout-1")
-
-
-def _wait(condition, timeout_s: float, what: str) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise TimeoutError(what)
-        time.sleep(0.05)
 
 
 def test_a_replacement_becomes_the_warm_spare_and_serves_sooner_than_a_cold_one(tmp_path) -> None:
@@ -32,13 +24,13 @@ def test_a_replacement_becomes_the_warm_spare_and_serves_sooner_than_a_cold_one(
     sup = make_supervisor(tmp_path, options, ["topology.warm_spares=1", "topology.fork_server=false"])
     bg = Background(sup).start()
     bg.wait_ready(120)
-    _wait(lambda: sup.spares_full, 180, "no warm spare became ready")
+    wait_until(lambda: sup.spares_full, 180, "no warm spare became ready")
     killed_at = time.time()
     for name in VICTIMS:  # at once: one spare, so one replacement is warm and the other starts cold
         os.kill(sup.processes[name].pid, signal.SIGKILL)
-    _wait(lambda: all(sup.processes[n].incarnation == 1 and sup.processes[n].is_ready for n in VICTIMS), 180,
+    wait_until(lambda: all(sup.processes[n].incarnation == 1 and sup.processes[n].is_ready for n in VICTIMS), 180,
           "the replacements did not serve")  # fmt: skip
-    _wait(lambda: sup.spares_full, 180, "no new spare after the first was used")
+    wait_until(lambda: sup.spares_full, 180, "no new spare after the first was used")
     sup._end(0, "test done")
     assert bg.join(60) == 0, sup.end_reason
     events = logged_events(sup.run_dir)
