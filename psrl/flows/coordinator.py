@@ -397,6 +397,8 @@ class CoordinatorFlow(Flow):
             self.ps_version = published.version
             self.version_times.append(now)
             self._dispatch()
+            # decide now whether instances sync to it, not at the next tick (up to a tick of every version)
+            self._decide(now)
 
     def _on_loaded(self, loaded: WeightsLoaded, now: float) -> None:
         self.instances.loaded(loaded.instance, loaded.version, loaded.load_ms / 1000)
@@ -454,8 +456,12 @@ class CoordinatorFlow(Flow):
 
     def tick(self, now: float) -> list[Effect]:
         """One sync/migration decision from what the coordinator knows now."""
+        self._decide(now)
+        return self.take()
+
+    def _decide(self, now: float) -> None:
         if self.is_finished:
-            return []
+            return
         if self.switch is not None:
             self._switch(self.switch.retry(now))
         self._finish_if_done(now)
@@ -489,7 +495,6 @@ class CoordinatorFlow(Flow):
                 )
                 self.publish(record)
             self.last_tick_inputs = inputs
-        return self.take()
 
     def _tick_inputs(self, now: float) -> CoordinationInputs:
         times = list(self.version_times)

@@ -83,14 +83,13 @@ def test_occupied_groups_go_to_the_trainer_in_chunks_and_a_full_buffer_is_consum
     assert metrics.step == 1 and metrics.values["reward/mean"] == 0.75
 
 
-def test_each_tick_syncs_instances_behind_the_published_version() -> None:
+def test_a_publication_syncs_instances_behind_it_at_once_and_each_tick_decides_again() -> None:
     flow = _coordinator()
     flow.start(0.0)
     for name in ("rollout-0", "rollout-1"):
         flow.handle(status(name), 0.0)
     assert not published(flow.tick(0.1), SyncCommand)  # nothing newer to load
-    flow.handle(WeightsPublished(version=1, manifest_digest="", num_shards=1), 0.15)
-    out = flow.tick(0.2)
+    out = flow.handle(WeightsPublished(version=1, manifest_digest="", num_shards=1), 0.15)  # no tick's wait
     [command] = published(out, SyncCommand)
     assert command.instances == ["rollout-0", "rollout-1"] and command.version == 1 and command.abort_running
     [record] = published(out, TickRecord)
