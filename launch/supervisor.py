@@ -201,10 +201,9 @@ class Supervisor:
             name="supervisor",
         )
         self.control_watcher = Subscriber(
-            # coord.sync: the moments a chaos plan times faults against (launch.chaos)
             self.ctx,
             self.addresses.control_out,
-            ["run.", "coord.sync"],
+            ["run.", "coord.sync"],  # coord.sync: a moment chaos plans time faults against (launch.chaos)
             options=self.settings.options,
             name="supervisor:control",
         )
