@@ -397,8 +397,10 @@ class CoordinatorFlow(Flow):
             self.ps_version = published.version
             self.version_times.append(now)
             self._dispatch()
-            # decide now whether instances sync to it, not at the next tick (up to a tick of every version)
-            self._decide(now)
+            # decide now whether instances sync to it, not at the next tick (up to a tick of every version);
+            # colocated, the switch hands the GPUs over on its own schedule, and syncs go with it
+            if self.switch is None:
+                self._decide(now)
 
     def _on_loaded(self, loaded: WeightsLoaded, now: float) -> None:
         self.instances.loaded(loaded.instance, loaded.version, loaded.load_ms / 1000)
