@@ -208,7 +208,14 @@ def rebuild_router(events: Iterable[Event[Any]], sizes: LedgerSizes, launch: int
 
 @dataclass
 class _Walk:
+    """The log walked in order. Events of different senders meet at the proxy in any order, so a
+    request's dispatch, result or end can be logged before the coordinator's request itself: those
+    wait (``early``) and are taken in order once the request is seen, and a request whose end came
+    first is not alive."""
+
     requests: dict[int, RestoredRequest] = field(default_factory=dict)
+    ended: set[int] = field(default_factory=set)  # requests the router handed back (TrajectoryDone)
+    early: dict[int, list[Event[Any]]] = field(default_factory=dict)  # events of requests not yet seen
     commands: list[Event[Any]] = field(default_factory=list)
     handled: set[str] = field(default_factory=set)  # coordinator messages the router logged something for
     seen: set[str] = field(default_factory=set)
@@ -218,6 +225,9 @@ class _Walk:
     def observe(self, event: Event[Any]) -> None:
         env, msg = event.envelope, event.message
         actor = actor_of(env.sender)
+        if self._is_early(actor, msg):
+            self.early.setdefault(msg.request_id, []).append(event)
+            return
         if isinstance(msg, WeightsPublished):
             self.ps_version = max(self.ps_version, msg.version)
         elif actor == ROUTER:
@@ -241,10 +251,20 @@ class _Walk:
         if restored is not None:
             restored.counted = outcome
 
+    def _is_early(self, actor: str, msg: Any) -> bool:
+        """A request's own event (the router's dispatch, an instance's result) before its request."""
+        about = isinstance(msg, GenerateResult) or (actor == ROUTER and isinstance(msg, GenerateRequest | TurnDone))
+        rid = getattr(msg, "request_id", None)
+        return about and rid is not None and rid not in self.requests and rid not in self.ended
+
     def _from_coordinator(self, event: Event[Any]) -> None:
         msg = event.message
         if isinstance(msg, GenerateRequest):
-            self.requests.setdefault(msg.request_id, RestoredRequest(msg))
+            if msg.request_id in self.ended or msg.request_id in self.requests:
+                return  # handed back already: its end reached the log before the request
+            self.requests[msg.request_id] = RestoredRequest(msg)
+            for waiting in self.early.pop(msg.request_id, []):
+                self.observe(waiting)
         elif isinstance(msg, COMMANDS):
             self.commands.append(event)
 
@@ -262,5 +282,7 @@ class _Walk:
                     self.requests[rid].abort_reason = msg.reason or "requested"
         elif isinstance(msg, TrajectoryDone):
             self.requests.pop(msg.request_id, None)
+            self.ended.add(msg.request_id)
+            self.early.pop(msg.request_id, None)
         elif isinstance(msg, TurnDone) and msg.request_id in self.requests:
             self.requests[msg.request_id].session.handed[msg.turn] = np.asarray(msg.token_ids)
