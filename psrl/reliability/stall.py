@@ -13,6 +13,8 @@ that applies):
     instances    requests queue for a buffer no instance is fresh enough for, though the PS has
                  published a version that is: they have not synced
     instances    requests run on them and none finishes
+    router       requests queue, none servable, none running: its ledger's buffers are reserved for
+                 groups that are not in flight
     router       it has not reported its status for the whole time
     coordinator  nothing queues or runs, yet the trainer waits: no requests were sent
 
@@ -111,9 +113,19 @@ def diagnose(facts: StallFacts, now: float, timeout_s: float) -> Diagnosis:
     running = tuple(sorted(n for n, v in instances.items() if v.num_running > 0))
     if router.num_inflight and running:
         return Diagnosis(running, f"their {router.num_inflight} running requests to finish", text)
+    if router.num_queued and router.num_servable == 0 and not router.num_inflight:
+        return Diagnosis(("router",), _no_room(router), text)
     if router.num_queued:
         return Diagnosis(("router",), f"an instance for {router.num_queued} queued requests", text)
     return Diagnosis(("coordinator",), f"requests for buffer {router.next_buffer}: none queued or running", text)
+
+
+def _no_room(router: RouterView) -> str:
+    return (
+        f"room in its staleness ledger: {router.num_queued} requests queued, none servable at versions "
+        f"{list(router.versions)} and none running, so buffers from {router.next_buffer} on hold reservations "
+        "of groups that are not in flight"
+    )
 
 
 def _stale_view(router: RouterView, reported: list[int]) -> str:

@@ -68,6 +68,14 @@ def test_queued_work_some_version_can_serve_waits_on_the_router() -> None:
     assert diagnose(_facts(_router(queued=4, servable=4)), NOW, TIMEOUT).holders == ("router",)
 
 
+def test_queued_work_nothing_can_serve_and_nothing_running_is_a_ledger_without_room() -> None:
+    """A reservation held for a group not in flight (a finished request rebuilt as alive) fills the ledger."""
+    facts = _facts(_router(queued=4, versions=(8,), next_buffer=8), trained=8, published=8, versions=(8, 8))
+    diagnosis = diagnose(facts, NOW, TIMEOUT)
+    assert diagnosis.holders == ("router",) and "room in its staleness ledger" in diagnosis.waits_for
+    assert "buffers from 8" in diagnosis.waits_for
+
+
 def test_the_watch_fires_each_timeout_restarts_once_then_ends_and_a_step_resets_it() -> None:
     watch = StallWatch(TIMEOUT, _facts(_router(next_buffer=6)), last_step_at=0.0, total_steps=10)
     assert watch.check(2 * TIMEOUT - 1) is None, "the first step gets twice as long"
