@@ -53,14 +53,13 @@ from launch.spare_policy import SparePolicy
 from launch.spares import SparePool
 from launch.stall import SUBSCRIPTIONS as STALL_SUBSCRIPTIONS
 from launch.stall import RunStallWatch
+from psrl.checkpoint_dirs import latest_checkpoint, read_trainer_state, remove_snapshots
 from psrl.config import Config, to_yaml
 from psrl.config.bus_settings import bus_settings
 from psrl.launches import INCARNATIONS_PER_LAUNCH, is_replacement
 from psrl.log import get_logger
-from psrl.ps.snapshot import remove_snapshots
 from psrl.reliability.stall import END
 from psrl.rundir import RunDir
-from psrl.trainer.checkpoint import latest_checkpoint, read_trainer_state
 
 WATCH_INTERVAL_S = 0.1
 SUBSCRIBE_WAIT_S = 10.0

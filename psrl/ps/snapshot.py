@@ -24,6 +24,7 @@ from pathlib import Path
 
 import msgspec
 
+from psrl.checkpoint_dirs import DATA_SUFFIX, HEADER_SUFFIX, remove_snapshots
 from psrl.log import get_logger
 from psrl.ps.manifest import ManifestEntry
 from psrl.ps.serving import is_intact
@@ -31,8 +32,6 @@ from psrl.ps.transports.base import EntryBuffers
 from psrl.ps.versions import HeldVersion
 
 FORMAT = 1
-HEADER_SUFFIX = ".committed"
-DATA_SUFFIX = ".data"
 
 
 class SnapshotHeader(msgspec.Struct, frozen=True):
@@ -216,12 +215,4 @@ def _read_entries(path: Path, header: SnapshotHeader, buffers: EntryBuffers) -> 
     return None
 
 
-def remove_snapshots(directory: Path) -> int:
-    """Delete every shard's snapshot files in ``directory`` (a run that finished needs none); how many."""
-    removed = 0
-    for pattern in (f"ps-*{HEADER_SUFFIX}", f"ps-*{DATA_SUFFIX}", "ps-*.tmp"):
-        for path in directory.glob(pattern):
-            with contextlib.suppress(FileNotFoundError):
-                path.unlink()
-                removed += 1
-    return removed
+__all__ = ["DATA_SUFFIX", "HEADER_SUFFIX", "remove_snapshots"]  # file names kept where the launcher reads them

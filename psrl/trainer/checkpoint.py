@@ -28,7 +28,15 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
-from psrl.errors import PsrlError
+from psrl.checkpoint_dirs import (
+    STEP_PREFIX,
+    CheckpointError,
+    complete_dirs,
+    latest_checkpoint,
+    read_json,
+    read_trainer_state,
+    version_of,
+)
 from psrl.trainer.parallel import ParallelContext
 
 if TYPE_CHECKING:
@@ -44,12 +52,7 @@ def _state_dict_api() -> Any:
 
 
 FORMAT = 1
-STEP_PREFIX = "step_"
 KEY_SEPARATOR = "::"
-
-
-class CheckpointError(PsrlError):
-    """A checkpoint is missing, incomplete or does not match the model."""
 
 
 @dataclass
@@ -64,22 +67,6 @@ class Trainable:
 
 def step_dir(root: Path, version: int) -> Path:
     return root / f"{STEP_PREFIX}{version:08d}"
-
-
-def latest_checkpoint(root: str | Path) -> Path | None:
-    """The complete checkpoint with the highest version under `root`, if any."""
-    root = Path(root)
-    if not root.is_dir():
-        return None
-    return max(_complete_dirs(root), key=_version_of, default=None)
-
-
-def _complete_dirs(root: Path) -> list[Path]:
-    return [p for p in root.iterdir() if p.is_dir() and p.name.startswith(STEP_PREFIX) and p.suffix != ".tmp"]
-
-
-def _version_of(path: Path) -> int:
-    return int(path.name.removeprefix(STEP_PREFIX))
 
 
 def save_checkpoint(
@@ -120,7 +107,7 @@ def save_checkpoint(
 
 def prune_checkpoints(root: Path, keep: int) -> list[Path]:
     """Delete all but the `keep` newest complete checkpoints; returns the deleted paths."""
-    complete = sorted(_complete_dirs(root), key=_version_of)
+    complete = sorted(complete_dirs(root), key=version_of)
     doomed = complete[: max(len(complete) - keep, 0)]
     for path in doomed:
         shutil.rmtree(path, ignore_errors=True)
@@ -153,15 +140,10 @@ def copy_model_assets(source: Path, policy_dir: Path) -> list[str]:
     return copied
 
 
-def read_trainer_state(path: str | Path) -> dict[str, Any]:
-    """A checkpoint's trainer_state.json (version, next_prompt_id, ...)."""
-    return _read_json(Path(path) / "trainer_state.json")
-
-
 def load_checkpoint(path: str | Path, trainables: list[Trainable]) -> int:
     """Restore models, optimizers and RNG from `path`; returns the checkpoint's version."""
     path = Path(path)
-    state = _read_json(path / "trainer_state.json")
+    state = read_json(path / "trainer_state.json")
     if state.get("format") != FORMAT:
         raise CheckpointError(f"{path}: unknown checkpoint format {state.get('format')!r}")
     for trainable in trainables:
@@ -235,7 +217,7 @@ def _write_optimizer(optimizer_state: dict[str, Any], stem: Path) -> None:
 
 
 def _load_optimizer(trainable: Trainable, stem: Path) -> None:
-    meta = _read_json(stem.with_suffix(".json"))
+    meta = read_json(stem.with_suffix(".json"))
     state: dict[str, dict[str, Any]] = {}
     for key, tensor in load_file(str(stem.with_suffix(".safetensors"))).items():
         param_name, entry = key.rsplit(KEY_SEPARATOR, 1)
@@ -277,10 +259,4 @@ def _restore_rng(directory: Path, state: dict[str, Any]) -> None:
     random.setstate((version_tuple, tuple(internal), gauss))
 
 
-def _read_json(path: Path) -> dict[str, Any]:
-    if not path.exists():
-        raise CheckpointError(f"{path} is missing: not a complete checkpoint")
-    value = json.loads(path.read_text())
-    if not isinstance(value, dict):
-        raise CheckpointError(f"{path}: expected a JSON object")
-    return value
+__all__ = ["CheckpointError", "latest_checkpoint", "read_trainer_state"]  # read without torch in psrl.checkpoint_dirs
