@@ -70,6 +70,10 @@ class ShardLinks:
             self.poller.register(sock, zmq.POLLIN)
         events = sum(HANDSHAKE_FAILED)  # the flags of the events the monitors report
         self.monitors = {sock.get_monitor_socket(events): i for i, sock in enumerate(self.socks)}
+        for sock, endpoint in zip(self.socks, pull_endpoints, strict=True):
+            # the first handshake may have failed before the monitor listened: connect again under it
+            sock.disconnect(endpoint)
+            sock.connect(endpoint)
         for monitor in self.monitors:
             self.poller.register(monitor, zmq.POLLIN)
         self.num_dropped = 0
