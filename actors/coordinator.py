@@ -13,12 +13,12 @@ from __future__ import annotations
 import time
 
 from actors.flow_actor import FlowActor
+from psrl.engine_cost.model import load_cost_model
 from psrl.evaluation.planner import EvalPlanner
 from psrl.flows.coordinator import ROUTER, CoordinatorFlow
 from psrl.flows.coordinator_recovery import replay_coordinator
 from psrl.flows.prompts import TaskPrompts
 from psrl.launches import launch_of
-from psrl.routing.cost_model import load_cost_model
 
 
 class CoordinatorActor(FlowActor):

@@ -15,10 +15,10 @@ from __future__ import annotations
 import time
 
 from actors.flow_actor import FlowActor
+from psrl.engine_cost.model import load_cost_model
 from psrl.flows.router import RouterFlow
 from psrl.flows.router_recovery import RouterRecovery, rebuild_router
 from psrl.launches import launch_of
-from psrl.routing.cost_model import load_cost_model
 from psrl.staleness.types import LedgerSizes
 
 

@@ -73,7 +73,7 @@ def model_directory(c: Config, found: dict[str, Any]) -> Iterator[ConfigProblem]
 
 def prompts(c: Config, found: dict[str, Any]) -> Iterator[ConfigProblem]:
     from psrl.data import DataError, load_split
-    from psrl.tasks import task_names
+    from psrl.envs.catalog import all_task_names, is_task_name
     from psrl.tasks.reasoning_gym import is_reasoning_gym
 
     if c.trainer.eval_interval and c.data.train_files and not c.data.val_files:
@@ -85,9 +85,9 @@ def prompts(c: Config, found: dict[str, Any]) -> Iterator[ConfigProblem]:
                           "a validation split needs a training dataset", "set data.train_files too")  # fmt: skip
         elif is_reasoning_gym(c.task.name):
             yield from reasoning_gym_source(c, found)
-        elif c.task.name not in task_names():
+        elif not is_task_name(c.task.name):
             yield problem("task.name", c.task.name, "unknown task",
-                          f"use one of {task_names()}, or give a dataset with data.train_files")  # fmt: skip
+                          f"use one of {all_task_names()}, or give a dataset with data.train_files")  # fmt: skip
         return
     if "tokenizer" not in found:
         return  # the model check has reported why
@@ -103,6 +103,15 @@ def prompts(c: Config, found: dict[str, Any]) -> Iterator[ConfigProblem]:
             continue
         if dataset is not None:
             found[f"{split}_columns"] = list(dataset.table.column_names)
+
+
+def environment_task(c: Config, found: dict[str, Any]) -> Iterator[ConfigProblem]:
+    """Multi-turn sessions run the environment named by task.name (an agent brings its own loop)."""
+    from psrl.envs import env_names, is_env_name
+
+    if c.env.enable and not c.agent.enabled and not is_env_name(c.task.name):
+        yield problem(("env.enable", "task.name"), c.task.name, "multi-turn sessions need an environment task",
+                      f"set task.name to one of {env_names()} or package.module:factory")  # fmt: skip
 
 
 def reasoning_gym_source(c: Config, found: dict[str, Any]) -> Iterator[ConfigProblem]:
@@ -235,6 +244,6 @@ def getattr_path(config: Config, path: str) -> Any:
 
 
 CHECKS: tuple[Check, ...] = (
-    model_directory, prompts, reward_function, optional_packages, offload_memory, vllm_backend, gpus,
+    model_directory, prompts, environment_task, reward_function, optional_packages, offload_memory, vllm_backend, gpus,
     memory_saver_device,
 )  # fmt: skip

@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 from typing import get_args
 
 from psrl.config.coordination import RoutingMethod, RoutingStrategy
+from psrl.engine_cost.model import CostModel
 from psrl.routing import InstanceSnapshot, RequestQueue, RouterCore, RoutingRequest, make_policy
-from psrl.routing.cost_model import CostModel
 from psrl.routing.prefix_tree import PrefixTree
 from psrl.staleness.ledger import StalenessLedger
 from psrl.staleness.types import LedgerSizes

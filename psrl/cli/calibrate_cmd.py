@@ -2,7 +2,7 @@
 
 Builds the configured embedded engine in this process, times its decode steps over a grid of
 batch sizes and KV usages (`psrl.sim.profiling`), fits ``k1..k4`` (and the prefill cost) by least
-squares (`psrl.routing.cost_fit`) and writes the JSON that
+squares (`psrl.engine_cost.fit`) and writes the JSON that
 ``psrl.rollout_coordination.routing_strategy.cost_model_path`` points at.
 """
 
@@ -72,8 +72,8 @@ def _run(
     import torch
 
     from psrl.engine import Engine, EngineArgs
-    from psrl.routing.cost_fit import fit_cost_model, save_samples
-    from psrl.routing.cost_model import CostModelError
+    from psrl.engine_cost.fit import fit_cost_model, save_samples
+    from psrl.engine_cost.model import CostModelError
     from psrl.sim.profiling import EngineLimits, ProfileGrid, grid_points, point_table, profile_engine
 
     num_threads = config.topology.threads_per_actor if threads is None else threads

@@ -9,12 +9,12 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 
 from psrl.config.agents import agent_rules
+from psrl.config.chunk_plan import chunk_plan
 from psrl.config.psrl_section import LMCache
 from psrl.config.root import Config
 from psrl.config.rules_rl import RL_RULES
-from psrl.coordination.chunks import chunk_plan
+from psrl.engine_cost.model import CostModelError, load_cost_model
 from psrl.errors import ConfigProblem
-from psrl.routing.cost_model import CostModelError, load_cost_model
 
 Rule = Callable[[Config], Iterator[ConfigProblem]]
 
@@ -247,19 +247,13 @@ def sticky_sessions_need_bucketed(c: Config) -> Iterator[ConfigProblem]:
 
 
 def sessions_need_an_environment(c: Config) -> Iterator[ConfigProblem]:
-    """Multi-turn sessions run the environment named by task.name; hang/continue schedules sessions."""
-    from psrl.envs import env_names, is_env_name
-
+    """Hang/continue schedules sessions; sessions take their prompts from the environment (whose name
+    the preflight checks: the environments sit above the config)."""
     thunder = RC + "session_strategy.thunder_agent.enable"
     if c.psrl.rollout_coordination.session_strategy.thunder_agent.enable and not c.env.enable:
         yield problem((thunder, "env.enable"), True, "hang/continue schedules multi-turn sessions, and there are none",
                       "set env.enable=True (with an environment task), or " + thunder + "=False")  # fmt: skip
-    if not c.env.enable:
-        return
-    if not is_env_name(c.task.name) and not c.agent.enabled:
-        yield problem(("env.enable", "task.name"), c.task.name, "multi-turn sessions need an environment task",
-                      f"set task.name to one of {env_names()} or package.module:factory")  # fmt: skip
-    if c.data.train_files:
+    if c.env.enable and c.data.train_files:
         yield problem(("env.enable", "data.train_files"), c.data.train_files,
                       "sessions take their prompts from the environment task, not a dataset",
                       "remove data.train_files, or set env.enable=False")  # fmt: skip

@@ -35,7 +35,7 @@ import math
 import msgspec
 
 from psrl.coordination.state import CoordinationInputs, InstanceState
-from psrl.routing.cost_model import CostModel
+from psrl.engine_cost.model import CostModel
 
 
 class SyncBenefit(msgspec.Struct, frozen=True, gc=False):

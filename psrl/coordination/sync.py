@@ -23,7 +23,7 @@ import msgspec
 from psrl.config.coordination import SyncAndMigStrategy
 from psrl.coordination.hypothesis import SyncBenefit, estimate_sync_benefit
 from psrl.coordination.state import CoordinationInputs, InstanceState, load_indicator
-from psrl.routing.cost_model import CostModel
+from psrl.engine_cost.model import CostModel
 
 
 class SyncDecision(msgspec.Struct, frozen=True, gc=False):

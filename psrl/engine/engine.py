@@ -29,12 +29,12 @@ from psrl.engine.scheduler import ScheduledBatch, Scheduler
 from psrl.engine.sequence import Sequence, SequenceStatus
 from psrl.errors import RequestError
 from psrl.kernels.cpu_sample import CpuSampleKernel
-from psrl.kernels.gpu.step import resolve_step_kernels
 from psrl.kernels.library import resolve_cpu_kernels
 from psrl.kvcache.index import TierKey
 from psrl.kvcache.keys import prefix_hashes, reusable_blocks
 from psrl.kvcache.tier import KvTier
 from psrl.models import ModelSpec, build_model, iter_safetensors
+from psrl.models.step_kernels import resolve_step_kernels
 from psrl.tms import ROLLOUT, SideMemory, SwitchReport
 
 log = structlog.get_logger(__name__)

@@ -15,7 +15,8 @@ from psrl.engine.scheduler import ScheduledBatch
 from psrl.engine.sequence import Sequence
 from psrl.kernels.cpu_decode import CpuDecodeKernels
 from psrl.kernels.gpu.step import StepKernels
-from psrl.models.attention import AttentionBatch, PackedPrefill, prefill_attention_batch
+from psrl.kernels.packed import PackedPrefill
+from psrl.models.attention import AttentionBatch, prefill_attention_batch
 from psrl.models.fused_decode import FusedCpuDecoder
 from psrl.models.kernel_forward import KernelForward
 from psrl.models.llama import DecoderModel

@@ -59,7 +59,8 @@ from bus.messages import (
 )
 from bus.schema import Message
 from psrl.config import Config
-from psrl.coordination.chunks import Chunk, ChunkEmitter, chunk_plan
+from psrl.config.chunk_plan import chunk_plan
+from psrl.coordination.chunks import Chunk, ChunkEmitter
 from psrl.coordination.groups import GroupBook, has_learning_signal, is_success
 from psrl.coordination.instances import InstanceBook
 from psrl.coordination.records import encode_tick, same_situation
@@ -67,6 +68,7 @@ from psrl.coordination.state import CoordinationInputs, RouterFacts
 from psrl.coordination.step_counts import FailureCounts, RateMeter
 from psrl.coordination.sync import SyncPolicy
 from psrl.coordination.tick import decide_tick
+from psrl.engine_cost.model import CostModel
 from psrl.evaluation.planner import EvalPlanner
 from psrl.flows.base import Flow
 from psrl.flows.effects import Effect, Handler, Timer
@@ -74,7 +76,6 @@ from psrl.flows.prompts import PromptSource, Scorer
 from psrl.flows.status import snapshot_from_status
 from psrl.flows.train_data import train_data
 from psrl.rewards.failures import FailureWatch, step_failures, stop_reason
-from psrl.routing.cost_model import CostModel
 from psrl.routing.servable import ServableCounts
 from psrl.staleness.throttle import dispatch_allowance
 from psrl.tasks.base import Reward

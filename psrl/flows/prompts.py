@@ -53,8 +53,8 @@ class TaskPrompts:
     def __init__(self, config: Config) -> None:
         from transformers import AutoTokenizer
 
-        from psrl.data import make_task
         from psrl.engine.args import DEMO_MODEL_DIR
+        from psrl.flows.task_source import make_task
         from psrl.rewards.factory import make_scorer
 
         self.settings = config.task

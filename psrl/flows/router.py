@@ -65,12 +65,12 @@ from bus.messages import (
 from bus.schema import Message
 from psrl.config import Config
 from psrl.config.coordination import RoutingStrategy
+from psrl.engine_cost.model import CostModel
 from psrl.flows.effects import Effect, Handler, Send, Timer
 from psrl.flows.router_ledger import COORDINATOR, RouterLedgerFlow
 from psrl.flows.router_recovery import RECALL, SESSION_NOT_REBUILT, RestoredRequest, RouterRecovery
 from psrl.flows.status import snapshot_from_status
 from psrl.routing.core import RouterCore
-from psrl.routing.cost_model import CostModel
 from psrl.routing.decision import RoutingDecision
 from psrl.routing.policies import make_policy
 from psrl.routing.request import RoutingRequest

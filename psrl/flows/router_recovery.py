@@ -2,7 +2,7 @@
 
 The router's state is the staleness ledger, the trajectories it tracks and the coordinator's
 commands it has handled. All three are in the log: the ledger as its logged calls
-(``psrl.replay.ledger_state``, the very replay ``psrl replay --check ledger`` runs), the
+(``psrl.staleness.log_replay``, the very replay ``psrl replay --check ledger`` runs), the
 trajectories as the coordinator's requests, the router's dispatches to instances (each with the
 tokens it continued from), the instances' results, the router's aborts and the trajectories it
 handed back (``TrajectoryDone``), and the commands as the coordinator's link traffic, each of
@@ -69,8 +69,8 @@ from bus.messages import (
 from bus.schema import Event
 from psrl.evaluation.certificate import Derivation
 from psrl.launches import launch_of
-from psrl.replay.ledger_state import LedgerReplay
 from psrl.staleness.ledger import StalenessLedger
+from psrl.staleness.log_replay import LedgerReplay
 from psrl.staleness.types import FinishOutcome, FinishVerdict, LedgerSizes
 
 ROUTER = "router"

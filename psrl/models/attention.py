@@ -13,6 +13,8 @@ from dataclasses import dataclass
 import torch
 from torch.nn import functional
 
+from psrl.kernels.packed import PackedPrefill
+
 
 @dataclass(slots=True)
 class AttentionBatch:
@@ -36,20 +38,6 @@ class AttentionBatch:
     # [B] flat index (row * capacity + position) each new token is written to; keys are read from
     # the first num_key_slots positions of rows 0..B-1
     dense_write_index: torch.Tensor | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class PackedPrefill:
-    """A prefill step's new tokens, packed back to back, described per sequence for attention."""
-
-    block_tables: torch.Tensor  # [B, W] block ids, padded with block 0
-    context_starts: torch.Tensor  # [B] position of each sequence's first new token
-    query_starts: torch.Tensor  # [B] packed row of each sequence's first new token
-    query_lens: torch.Tensor  # [B] new tokens of each sequence
-    query_lens_list: list[int]
-    seq_index: torch.Tensor  # [N] sequence of each packed token
-    offset_in_seq: torch.Tensor  # [N] index of each packed token among its sequence's new tokens
-    slot_mapping: torch.Tensor  # [N] cache slot of each packed token
 
 
 def prefill_attention_batch(prefill: PackedPrefill, block_size: int) -> AttentionBatch:

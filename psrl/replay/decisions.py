@@ -23,15 +23,15 @@ from bus.schema import Event
 from psrl.config import Config
 from psrl.coordination.records import decode_tick
 from psrl.coordination.tick import decide_tick
+from psrl.engine_cost.model import CostModel, load_cost_model
 from psrl.flows.coordinator import make_sync_policy
 from psrl.flows.router import effective_routing
 from psrl.replay.checker import Checker, NotJudged, register_checker
-from psrl.replay.ledger_state import LedgerReplay, routing_decision
-from psrl.routing.cost_model import CostModel, load_cost_model
 from psrl.routing.decision import RoutingDecision
 from psrl.routing.policies import make_policy
 from psrl.routing.replay import Replayed, replay_decision
 from psrl.routing.selector import SelectionSettings
+from psrl.staleness.log_replay import LedgerReplay, routing_decision
 from psrl.staleness.types import LedgerSizes
 
 

@@ -11,8 +11,8 @@ import click
 
 from psrl.config import Config, load_config
 from psrl.config.loader import split_preset
+from psrl.engine_cost.model import CostModelError, load_cost_model
 from psrl.errors import ConfigError
-from psrl.routing.cost_model import CostModelError, load_cost_model
 from psrl.sim.defaults import DEMO_COST_MODEL, load_run_models
 from psrl.sim.events import SimulationError
 from psrl.sim.models import PullModel, SimSettings, TrainerModel

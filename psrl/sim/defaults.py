@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from psrl.routing.cost_model import CostModel, load_cost_model
+from psrl.engine_cost.model import CostModel, load_cost_model
 from psrl.sim.models import PullModel, TrainerModel
 
 DEMO_COST_MODEL = Path(__file__).resolve().parent / "demo_cost_model.json"

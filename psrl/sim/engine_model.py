@@ -34,8 +34,8 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Protocol
 
+from psrl.engine_cost.model import CostModel
 from psrl.routing.budget import budget_request_tokens
-from psrl.routing.cost_model import CostModel
 from psrl.routing.instance import InstanceSnapshot
 from psrl.routing.preemption import preempted_to_loop_back
 from psrl.sim.events import EventQueue

@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from psrl.engine import Engine, SamplingParams
-from psrl.routing.cost_fit import ProfileSample
+from psrl.engine_cost.fit import ProfileSample
 
 Clock = Callable[[], float]
 

@@ -14,12 +14,12 @@ import time
 
 from bus.messages import EnvStepDone
 from psrl.config import Config
+from psrl.engine_cost.model import CostModel, load_cost_model
 from psrl.flows.coordinator import CoordinatorFlow
 from psrl.flows.effects import Timer
 from psrl.flows.local import LocalBus
 from psrl.flows.router import RouterFlow
 from psrl.flows.session import SessionFlow
-from psrl.routing.cost_model import CostModel, load_cost_model
 from psrl.sim.engine_model import EngineShape, ModelledEngine
 from psrl.sim.events import EventQueue, SimulationError
 from psrl.sim.fleet import Fleet, ModelledInstance

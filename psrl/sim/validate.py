@@ -13,7 +13,7 @@ import itertools
 from dataclasses import dataclass
 from pathlib import Path
 
-from psrl.routing.cost_model import CostModel
+from psrl.engine_cost.model import CostModel
 from psrl.sim.models import SimSettings
 from psrl.sim.runlog import read_run
 from psrl.sim.simulation import Simulation

@@ -75,10 +75,10 @@ def _task_prompt_tokens(config: Config) -> Callable[[int], int]:
     from transformers import AutoTokenizer
 
     from psrl.engine.args import DEMO_MODEL_DIR
-    from psrl.tasks import get_task
+    from psrl.flows.task_source import make_task
 
-    task = get_task(config.task.name, config.task.seed)
     tokenizer: Any = AutoTokenizer.from_pretrained(config.model.tokenizer_path or config.model.path or DEMO_MODEL_DIR)
+    task = make_task(config, tokenizer)  # the coordinator's own choice of source
 
     def count(prompt_id: int) -> int:
         return len(tokenizer.encode(task.prompt(prompt_id).text))

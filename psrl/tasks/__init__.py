@@ -13,14 +13,4 @@ register_task(
 )
 
 
-def _env_task(name: str, seed: int) -> Task:
-    from psrl.envs import get_env_task  # environments build on the tasks; imported when first used
-
-    return get_env_task(name, seed)
-
-
-# Multi-turn environments (psrl.envs) are tasks too: single-turn runs score their first answer.
-register_task("digit_chain", lambda seed: _env_task("digit_chain", seed))
-register_task("tool_add", lambda seed: _env_task("tool_add", seed))
-
 __all__ = ["DemoTask", "Prompt", "Reward", "Task", "get_task", "register_task", "task_names"]

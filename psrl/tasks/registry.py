@@ -1,4 +1,4 @@
-"""Task lookup by name."""
+"""Single-turn task lookup by name (environments too: `psrl.envs.catalog.task_by_name`)."""
 
 from __future__ import annotations
 
@@ -20,10 +20,6 @@ def register_task(name: str, factory: TaskFactory) -> None:
 
 def get_task(name: str, seed: int = 0) -> Task:
     factory = _FACTORIES.get(name)
-    if factory is None and ":" in name:  # an environment of your own (psrl.envs), module:factory
-        from psrl.envs import get_env_task
-
-        return get_env_task(name, seed)
     if factory is None:
         problem = ConfigProblem(("task.name",), repr(name), "unknown task", f"use one of {sorted(_FACTORIES)}")
         raise ConfigError([problem])

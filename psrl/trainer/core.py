@@ -5,7 +5,7 @@ the same order; each rank trains on its share (prompt group `g` of a buffer belo
 `g % world_size`). After buffer `v` the weights are version `v + 1`, exposed by `named_weights()`
 for the parameter-server push.
 
-Fine-grain overlap (`psrl.fine_grain_overlap`, chunk size from `psrl.coordination.chunks.plan_chunks`):
+Fine-grain overlap (`psrl.fine_grain_overlap`, chunk size from `psrl.config.chunk_plan.plan_chunks`):
 
 * granularity `none`: `train_buffer(v, trajectories)` with the whole buffer.
 * `overlap_scope=recompute`: `add_chunk(v, chunk, is_last=...)` as chunks arrive. Each chunk's
@@ -31,8 +31,8 @@ from torch import Tensor
 
 import psrl
 from psrl.config import Config
+from psrl.config.chunk_plan import plan_chunks
 from psrl.config.rules import pre_step_needs_mini_batch
-from psrl.coordination.chunks import plan_chunks
 from psrl.errors import ConfigError
 from psrl.evaluation.certificate import is_by_trajectory, masked_by_trajectory
 from psrl.rl.batch import Sample

@@ -6,8 +6,8 @@ from typing import Any
 
 from psrl.config.coordination import SyncAndMigStrategy
 from psrl.coordination.state import CoordinationInputs, InstanceState, RouterFacts
+from psrl.engine_cost.model import CostModel
 from psrl.routing import InstanceSnapshot, ServableCounts
-from psrl.routing.cost_model import CostModel
 
 COST = CostModel(3.35e-8, 0.0064, 1.231e-4, 0.0028)  # kink at n* = 52
 

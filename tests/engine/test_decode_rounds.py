@@ -185,7 +185,7 @@ def test_requests_the_device_sampler_does_not_cover_decode_one_step_at_a_time(qw
 
 
 def test_counter_draws_follow_the_distribution() -> None:
-    from psrl.kernels.gpu.reference import TorchStepKernels
+    from psrl.models.reference_step import TorchStepKernels
 
     probs = torch.tensor([0.5, 0.25, 0.15, 0.1, 0.0])
     rows = 40_000

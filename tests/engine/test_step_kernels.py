@@ -16,15 +16,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from psrl.models.attention import PackedPrefill
+from psrl.kernels.packed import PackedPrefill
 
 ON_GPU = torch.cuda.is_available()
 # without a GPU the kernels run in Triton's interpreter (tests/engine/conftest.py sets TRITON_INTERPRET)
 triton = pytest.importorskip("triton", reason="the step kernels need Triton")
 
 from psrl.kernels.gpu import triton_decode_attention  # noqa: E402
-from psrl.kernels.gpu.reference import TorchStepKernels  # noqa: E402
-from psrl.kernels.gpu.step import load_step_kernels  # noqa: E402
+from psrl.models.reference_step import TorchStepKernels  # noqa: E402
+from psrl.models.step_kernels import load_step_kernels  # noqa: E402
 
 DEVICE = torch.device("cuda" if ON_GPU else "cpu")
 # (query heads, kv heads, head_dim, hidden, intermediate): test models, Qwen2.5 0.5B, 1.5B, 7B

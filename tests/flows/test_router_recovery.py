@@ -13,7 +13,7 @@ from psrl.config import load_config
 from psrl.flows.effects import Effect, Publish, Send
 from psrl.flows.router import RECALL_TIMEOUT_S, RouterFlow
 from psrl.flows.router_recovery import RECALL, RouterRecovery, rebuild_router
-from psrl.replay.ledger_state import LedgerReplay
+from psrl.staleness.log_replay import LedgerReplay
 from psrl.staleness.types import LedgerSizes
 from tests.flows.flow_helpers import LoggedEvents, request, result, sent, status
 

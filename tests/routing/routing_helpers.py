@@ -13,8 +13,8 @@ import math
 from typing import Any
 
 from psrl.config.coordination import RoutingStrategy
+from psrl.engine_cost.model import CostModel
 from psrl.routing import InstanceSnapshot, RouterCore, RoutingRequest, make_policy
-from psrl.routing.cost_model import CostModel
 from psrl.routing.selector import select
 
 # Shaped like a 7B model on one GPU: the floor k2 meets k3 * n at n* = 52.

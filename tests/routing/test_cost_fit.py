@@ -7,8 +7,8 @@ import random
 
 import pytest
 
-from psrl.routing.cost_fit import ProfileSample, fit_cost_model, load_samples, save_samples
-from psrl.routing.cost_model import CostModel, CostModelError, load_cost_model
+from psrl.engine_cost.fit import ProfileSample, fit_cost_model, load_samples, save_samples
+from psrl.engine_cost.model import CostModel, CostModelError, load_cost_model
 
 TRUE = CostModel(3.35e-8, 0.0064, 1.231e-4, 0.0028, kp=2.0e-5)  # kink at n* = 52
 

@@ -9,8 +9,8 @@ import pytest
 from click.testing import CliRunner
 
 from psrl.cli.calibrate_cmd import calibrate
-from psrl.routing.cost_fit import load_samples
-from psrl.routing.cost_model import load_cost_model
+from psrl.engine_cost.fit import load_samples
+from psrl.engine_cost.model import load_cost_model
 from psrl.sim.profiling import EngineLimits, ProfileGrid, grid_points, lower_quartile
 
 

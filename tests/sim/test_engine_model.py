@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from psrl.routing.cost_model import CostModel
+from psrl.engine_cost.model import CostModel
 from psrl.sim.engine_model import FINISHED, EngineRequest, EngineShape, ModelledEngine, StayResult
 from psrl.sim.events import EventQueue
 

@@ -8,8 +8,8 @@ import pytest
 from click.testing import CliRunner
 
 from psrl.config import load_config
+from psrl.engine_cost.model import CostModel
 from psrl.errors import ConfigError
-from psrl.routing.cost_model import CostModel
 from psrl.sim.cli import main
 from psrl.sim.defaults import DEMO_COST_MODEL, demo_cost_model, load_run_models
 from psrl.sim.events import SimulationError

@@ -6,7 +6,7 @@ import torch
 
 from psrl.kernels.gpu import triton_decode_attention, triton_norm, triton_prefill_attention, triton_rotary
 from psrl.kernels.gpu.triton_sample import sample as triton_sample
-from psrl.models.attention import PackedPrefill
+from psrl.kernels.packed import PackedPrefill
 
 # the interpreter (no CUDA) runs programs one after another; any count gives the same results
 INTERPRETER_SMS = 4

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from psrl.config.coordination import RoutingStrategy
-from psrl.routing.cost_model import CostModel
+from psrl.engine_cost.model import CostModel
 from psrl.routing.policies.balance import RandomPolicy, RequestNumBalancePolicy, RoundRobinPolicy
 from psrl.routing.policies.base import Choice, Groups, RoutingPolicy
 from psrl.routing.policies.cache_aware import CacheAwareRoutingPolicy

@@ -15,8 +15,8 @@ weigh in before they are generated.
 
 from __future__ import annotations
 
+from psrl.engine_cost.model import CostModel
 from psrl.routing.budget import budget_request_tokens
-from psrl.routing.cost_model import CostModel
 from psrl.routing.decision import DecisionInputs, Reason
 from psrl.routing.instance import CandidateState
 from psrl.routing.policies.base import Choice, Groups

@@ -1,4 +1,4 @@
-from psrl.coordination.chunks import plan_chunks
+from psrl.config.chunk_plan import plan_chunks
 
 
 def plan(granularity, multiplier=1, *, buffer=64, n=8, mini=16, micro=4, dp=2):

@@ -39,6 +39,15 @@ def test_unknown_task_is_refused_before_launch() -> None:
     refused(show("task.name=gsm8k"), "task.name", "unknown task", "demo_short", "data.train_files")
 
 
+def test_sessions_need_an_environment_task() -> None:
+    refused(show("env.enable=True", "task.name=demo"), "task.name", "multi-turn sessions need an environment task",
+            "digit_chain")  # fmt: skip
+
+
+def test_an_environment_is_a_task_name() -> None:
+    assert show("task.name=digit_chain").exit_code == 0
+
+
 def test_missing_model_directory_is_refused() -> None:
     refused(show("model.path=/nonexistent"), "model.path", "no such directory")
 

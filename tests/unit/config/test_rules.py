@@ -3,8 +3,8 @@ import json
 import pytest
 
 from psrl.config import load_config
+from psrl.engine_cost.model import CostModel
 from psrl.errors import ConfigError
-from psrl.routing.cost_model import CostModel
 
 RC = "psrl.rollout_coordination."
 FGO = "psrl.fine_grain_overlap."
@@ -123,7 +123,7 @@ def test_grpo_needs_groups() -> None:
 
 
 def test_cost_model_json_round_trip(tmp_path) -> None:
-    from psrl.routing.cost_model import load_cost_model
+    from psrl.engine_cost.model import load_cost_model
 
     model = CostModel(2e-8, 0.004, 1.5e-4, 0.001, meta={"device": "cpu"})
     path = tmp_path / "m.json"
@@ -164,8 +164,3 @@ def test_kv_transfer_needs_the_p2p_tier() -> None:
 def test_hang_continue_needs_sessions() -> None:
     msg = refused(RC + "session_strategy.thunder_agent.enable=True")
     assert "env.enable" in msg
-
-
-def test_sessions_need_an_environment_task() -> None:
-    msg = refused("env.enable=True", "task.name=demo")
-    assert "task.name" in msg and "digit_chain" in msg

@@ -10,7 +10,8 @@ from __future__ import annotations
 import torch
 from torch.nn import functional
 
-from psrl.models.attention import AttentionBatch, PackedPrefill, attend, prefill_attention_batch
+from psrl.kernels.packed import PackedPrefill
+from psrl.models.attention import AttentionBatch, attend, prefill_attention_batch
 from psrl.models.llama import rms_norm, rotate_pairs
 
 WORD = 0xFFFFFFFF

@@ -24,7 +24,7 @@ from typing import Any
 import msgspec
 import numpy as np
 
-from psrl.routing.cost_model import CostModel, CostModelError
+from psrl.engine_cost.model import CostModel, CostModelError
 
 _GOLDEN = (math.sqrt(5) - 1) / 2
 _MIN_SAMPLES = 4
