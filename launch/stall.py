@@ -15,7 +15,7 @@ from bus.messages import (
 )
 from bus.schema import Event
 from psrl.config import Config
-from psrl.reliability.stall import Diagnosis, InstanceView, RouterView, StallFacts, StallWatch
+from psrl.reliability.stall import Diagnosis, InstanceProgress, RouterView, StallFacts, StallWatch
 
 # what the watch needs beyond the supervisor's own subscriptions
 SUBSCRIPTIONS = ("router.status", "wt.published", "wt.loaded", "wt.pull_retry", "wt.sync_failed")
@@ -37,7 +37,7 @@ class RunStallWatch:
                 msg.num_queued, msg.num_inflight, tuple(msg.versions), servable, msg.next_buffer, now
             )
         elif isinstance(msg, InstanceStatus):
-            facts.instances[msg.instance] = InstanceView(msg.weight_version, msg.num_running, now)
+            facts.instances[msg.instance] = InstanceProgress(msg.weight_version, msg.num_running, now)
         elif isinstance(msg, WeightsPublished):
             self.watch.published(msg.version)
         elif isinstance(msg, WeightsLoaded):

@@ -21,7 +21,7 @@ from psrl.tasks.base import Prompt, Reward
 
 
 @dataclass
-class Group:
+class PromptGroup:
     prompt_id: int
     prompt: Prompt
     prompt_token_ids: np.ndarray
@@ -47,13 +47,13 @@ class Group:
 class GroupBook:
     def __init__(self, responses_per_prompt: int, first_prompt_id: int = 0) -> None:
         self.n = responses_per_prompt
-        self.groups: dict[int, Group] = {}
+        self.groups: dict[int, PromptGroup] = {}
         self.num_dispatched = 0  # counted groups (the throttle's count)
         self.num_replacements = 0
         self.next_prompt_id = first_prompt_id
 
-    def open(self, prompt: Prompt, token_ids: np.ndarray, *, is_replacement: bool) -> Group:
-        group = Group(self.next_prompt_id, prompt, np.asarray(token_ids, np.int32), is_replacement=is_replacement)
+    def open(self, prompt: Prompt, token_ids: np.ndarray, *, is_replacement: bool) -> PromptGroup:
+        group = PromptGroup(self.next_prompt_id, prompt, np.asarray(token_ids, np.int32), is_replacement=is_replacement)
         self.groups[group.prompt_id] = group
         self.next_prompt_id += 1
         if is_replacement:
@@ -65,7 +65,7 @@ class GroupBook:
     def request_ids(self, prompt_id: int) -> list[int]:
         return [prompt_id * self.n + child for child in range(self.n)]
 
-    def record(self, result: TrajectoryDone, reward: Reward | None) -> Group | None:
+    def record(self, result: TrajectoryDone, reward: Reward | None) -> PromptGroup | None:
         group = self.groups.get(result.prompt_id)
         if group is None:
             return None
@@ -74,21 +74,21 @@ class GroupBook:
             group.rewards[result.request_id] = reward
         return group
 
-    def complete(self, prompt_id: int, winners: list[int]) -> Group | None:
+    def complete(self, prompt_id: int, winners: list[int]) -> PromptGroup | None:
         group = self.groups.get(prompt_id)
         if group is not None:
             group.winners = tuple(winners)
         return group
 
-    def drop(self, prompt_id: int) -> Group | None:
+    def drop(self, prompt_id: int) -> PromptGroup | None:
         return self.groups.pop(prompt_id, None)
 
-    def take(self, prompt_ids: list[int]) -> list[Group]:
+    def take(self, prompt_ids: list[int]) -> list[PromptGroup]:
         """Hand kept groups over for training (they leave the book)."""
         return [self.groups.pop(p) for p in prompt_ids if p in self.groups]
 
 
-def has_learning_signal(group: Group) -> bool:
+def has_learning_signal(group: PromptGroup) -> bool:
     """False when every kept response scored the same (GRPO would give them zero advantage)."""
     scores = [reward.score for _, reward in group.kept_results()]
     return len(scores) > 1 and pstdev(scores) > 0

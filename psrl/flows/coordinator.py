@@ -72,7 +72,7 @@ from psrl.engine_cost.model import CostModel
 from psrl.evaluation.planner import EvalPlanner
 from psrl.flows.base import Flow
 from psrl.flows.effects import Effect, Handler, Timer
-from psrl.flows.prompts import PromptSource, Scorer
+from psrl.flows.prompts import PromptSource, ResponseScorer
 from psrl.flows.status import snapshot_from_status
 from psrl.flows.train_data import train_data
 from psrl.rewards.failures import FailureWatch, step_failures, stop_reason
@@ -105,7 +105,7 @@ class CoordinatorFlow(Flow):
         self,
         config: Config,
         prompts: PromptSource,
-        scorer: Scorer,
+        scorer: ResponseScorer,
         *,
         cost: CostModel | None = None,
         initial_version: int = 0,

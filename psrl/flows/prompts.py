@@ -2,7 +2,7 @@
 
 ``CoordinatorFlow`` asks a ``PromptSource`` for the prompt of each new group (the dataset
 cursor is just the next prompt id), its token ids and each request's sampling settings, and a
-``Scorer`` for the reward of each finished response. ``TaskPrompts`` is the real one, over a
+``ResponseScorer`` for the reward of each finished response. ``TaskPrompts`` is the real one, over a
 task (``psrl.tasks``) and the model's tokenizer; the simulator plugs in its workload.
 """
 
@@ -32,7 +32,7 @@ class PromptSource(Protocol):
         ...
 
 
-class Scorer(Protocol):
+class ResponseScorer(Protocol):
     def score(self, prompt: Prompt, token_ids: np.ndarray) -> Reward:
         """The reward of one response (its token ids) to ``prompt``."""
         ...

@@ -13,15 +13,15 @@ import numpy as np
 
 from bus.messages import FinishReason, TrainData, TrajectoryDone
 from psrl.coordination.chunks import Chunk
-from psrl.coordination.groups import Group
+from psrl.coordination.groups import PromptGroup
 from psrl.rl.trajectory import Trajectory
 from psrl.tasks.base import Reward
 
 
-def train_data(chunk: Chunk, groups: list[Group], *, with_logprobs: bool = True) -> TrainData:
+def train_data(chunk: Chunk, groups: list[PromptGroup], *, with_logprobs: bool = True) -> TrainData:
     """Flatten the kept trajectories of ``groups`` into one TrainData message (engine log-probs only
     when the run uses them)."""
-    rows: list[tuple[Group, TrajectoryDone, Reward]] = [(g, r, w) for g in groups for r, w in g.kept_results()]
+    rows: list[tuple[PromptGroup, TrajectoryDone, Reward]] = [(g, r, w) for g in groups for r, w in g.kept_results()]
     i32, f32 = np.int32, np.float32
 
     def cat(arrays: list[np.ndarray], dtype: Any) -> np.ndarray:

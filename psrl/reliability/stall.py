@@ -46,7 +46,7 @@ class RouterView:
 
 
 @dataclass(frozen=True)
-class InstanceView:
+class InstanceProgress:
     version: int
     num_running: int
     at: float
@@ -67,7 +67,7 @@ class StallFacts:
     trained_version: int = 0
     published_version: int = 0
     router: RouterView | None = None
-    instances: dict[str, InstanceView] = field(default_factory=dict)
+    instances: dict[str, InstanceProgress] = field(default_factory=dict)
     pull_failures: dict[str, str] = field(default_factory=dict)  # actor -> latest failure since its last load
 
     def as_text(self) -> dict[str, str]:

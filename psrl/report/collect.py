@@ -41,7 +41,7 @@ from psrl.report.timeline import (
 _DISPATCH_KINDS = (RoutingRecord,)
 
 
-class TimelineBuilder:
+class PlotTimelineBuilder:
     """Feed events in any order with `observe`; `finish` sorts and returns the timeline."""
 
     def __init__(self) -> None:
@@ -129,7 +129,7 @@ def read_timeline(run_dir: str | Path) -> RunTimeline:
     """The timeline of ``run_dir``; unreadable parts of the log are listed in `RunTimeline.problems`."""
     run = Path(run_dir)
     reader = EventLogReader(run / "events")
-    builder = TimelineBuilder()
+    builder = PlotTimelineBuilder()
     for logged in reader.events():
         builder.observe(logged.event)
     problems = [f"event log: {p.describe()}" for p in reader.problems]

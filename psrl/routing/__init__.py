@@ -7,7 +7,7 @@ that carries the inputs its selection read (see ``psrl.routing.replay``).
 from psrl.routing.core import DispatchResult, RouterCore
 from psrl.routing.decision import DecisionInputs, LedgerAnswer, Reason, RoutingDecision
 from psrl.routing.instance import CandidateState, InstanceSnapshot
-from psrl.routing.ledger import StalenessLedger
+from psrl.routing.ledger import LedgerQueries
 from psrl.routing.offload import OffloadTierView
 from psrl.routing.policies import make_policy
 from psrl.routing.preemption import preempted_to_loop_back
@@ -22,6 +22,7 @@ __all__ = [
     "DispatchResult",
     "InstanceSnapshot",
     "LedgerAnswer",
+    "LedgerQueries",
     "OffloadTierView",
     "Reason",
     "RequestQueue",
@@ -29,7 +30,6 @@ __all__ = [
     "RoutingDecision",
     "RoutingRequest",
     "ServableCounts",
-    "StalenessLedger",
     "count_servable",
     "make_policy",
     "preempted_to_loop_back",

@@ -24,7 +24,7 @@ from psrl.routing.budget import budget_request_tokens
 from psrl.routing.cluster import Cluster
 from psrl.routing.decision import DecisionInputs, LedgerAnswer, Reason, RoutingDecision
 from psrl.routing.instance import CandidateState, InstanceSnapshot
-from psrl.routing.ledger import StalenessLedger
+from psrl.routing.ledger import LedgerQueries
 from psrl.routing.offload import OffloadTierView
 from psrl.routing.parking import (
     LEDGER,
@@ -60,7 +60,7 @@ class RouterCore:
     def __init__(
         self,
         settings: RoutingStrategy,
-        ledger: StalenessLedger,
+        ledger: LedgerQueries,
         policy: RoutingPolicy,
         *,
         offload_tier: OffloadTierView | None = None,

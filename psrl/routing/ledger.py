@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Protocol
 
 
-class StalenessLedger(Protocol):
+class LedgerQueries(Protocol):
     def can_reserve(self, prompt_id: int, version: int) -> bool:
         """Could a trajectory of this prompt started at ``version`` still land in some buffer?"""
         ...

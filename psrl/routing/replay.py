@@ -33,7 +33,7 @@ class Mismatch:
 
 
 @dataclass
-class ReplayReport:
+class DecisionAgreement:
     num_checked: int = 0
     num_agreed: int = 0
     num_without_inputs: int = 0
@@ -55,8 +55,8 @@ def replay_decision(decision: RoutingDecision, settings: SelectionSettings, poli
 
 def check_decisions(
     decisions: Iterable[RoutingDecision], settings: SelectionSettings, policy: RoutingPolicy
-) -> ReplayReport:
-    report = ReplayReport()
+) -> DecisionAgreement:
+    report = DecisionAgreement()
     for decision in decisions:
         if decision.inputs is None:
             report.num_without_inputs += 1

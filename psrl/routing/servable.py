@@ -13,7 +13,7 @@ from collections.abc import Iterable
 
 import msgspec
 
-from psrl.routing.ledger import StalenessLedger
+from psrl.routing.ledger import LedgerQueries
 from psrl.routing.request import RoutingRequest
 
 
@@ -28,7 +28,7 @@ class ServableCounts(msgspec.Struct, frozen=True, gc=False, array_like=True):
 
 
 def count_servable(
-    requests: Iterable[RoutingRequest], ledger: StalenessLedger, versions: Iterable[int]
+    requests: Iterable[RoutingRequest], ledger: LedgerQueries, versions: Iterable[int]
 ) -> dict[int, ServableCounts]:
     """Servable queued requests per version in ``versions`` (ledger answers cached per prompt)."""
     wanted = sorted(set(versions))
@@ -54,7 +54,7 @@ def count_servable(
     return {v: ServableCounts(v, without[v], with_new[v]) for v in wanted}
 
 
-def _kind(ledger: StalenessLedger, prompt_id: int, version: int) -> int:
+def _kind(ledger: LedgerQueries, prompt_id: int, version: int) -> int:
     if ledger.can_reserve_without_new_entry(prompt_id, version):
         return 1
     return 2 if ledger.can_reserve(prompt_id, version) else 0

@@ -5,7 +5,7 @@ from __future__ import annotations
 from psrl.reliability.stall import (
     END,
     RESTART,
-    InstanceView,
+    InstanceProgress,
     RouterView,
     StallFacts,
     StallWatch,
@@ -21,7 +21,7 @@ def _router(*, queued: int = 0, inflight: int = 0, versions=(5,), servable: int 
 
 def _facts(router: RouterView | None, *, trained: int = 5, published: int = 5, versions=(5, 5), running=(0, 0)):
     pairs = enumerate(zip(versions, running, strict=True))
-    instances = {f"rollout-{i}": InstanceView(v, r, NOW - 1) for i, (v, r) in pairs}
+    instances = {f"rollout-{i}": InstanceProgress(v, r, NOW - 1) for i, (v, r) in pairs}
     return StallFacts(2, trained_version=trained, published_version=published, router=router, instances=instances)
 
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from psrl.report.collect import TimelineBuilder
+from psrl.report.collect import PlotTimelineBuilder
 from psrl.report.summary import RunSummary, summarize, work_window
 from psrl.report.timeline import RunTimeline
 from tests.report.events import T0_NS
@@ -12,7 +12,7 @@ T0 = T0_NS / 1e9
 
 
 def scripted_timeline(reverse: bool = False) -> RunTimeline:
-    builder = TimelineBuilder()
+    builder = PlotTimelineBuilder()
     events = scenario_events()
     for event in reversed(events) if reverse else events:
         builder.observe(event)
