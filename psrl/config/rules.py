@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterator
 from psrl.config.agents import agent_rules
 from psrl.config.psrl_section import LMCache
 from psrl.config.root import Config
+from psrl.config.rules_lora import LORA_RULES
 from psrl.config.rules_rl import RL_RULES
 from psrl.coordination.chunks import chunk_plan
 from psrl.errors import ConfigProblem
@@ -513,7 +514,7 @@ def task_kwargs_used(c: Config) -> Iterator[ConfigProblem]:
                       "remove task.kwargs or data.train_files")  # fmt: skip
 
 
-RULES = (*RULES, eval_settings_used, agent_rules, task_kwargs_used)
+RULES = (*RULES, eval_settings_used, agent_rules, task_kwargs_used, *LORA_RULES)
 
 
 def check(config: Config) -> list[ConfigProblem]:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Literal
 
+from pydantic import field_validator
+
 from psrl.config.base import Section, field, section
 
 Level = Literal["token", "sequence", "geometric"]
@@ -103,6 +105,52 @@ class Algorithm(Section):
     filter_groups: FilterGroups = section(FilterGroups, "Dynamic sampling filter.")
 
 
+# the projections of a Llama-family decoder layer (Llama, Qwen2, Qwen3, Mistral), as Hugging Face names them:
+# the only linear layers the trainer wraps and the rollout engines merge
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+class Lora(Section):
+    rank: int = field(
+        0,
+        "LoRA rank: >0 trains only low-rank adapters (B @ A, rank r) on the target projections, the base frozen; "
+        "the parameter server then versions and syncs the adapters only. 0 = full fine-tuning.",
+        ge=0,
+    )
+    alpha: float = field(
+        32.0, "LoRA scale numerator: the update is (alpha / rank) * B @ A. Raise actor.lr with LoRA (see tuning).", gt=0
+    )
+    dropout: float = field(
+        0.0, "Dropout on the adapters' input in the trainer's gradient forwards (no-grad log-prob forwards: none).",
+        ge=0, lt=1,
+    )  # fmt: skip
+    target_modules: tuple[str, ...] = field(
+        LORA_TARGETS, "Projections given adapters, by Hugging Face module name: any of " + ", ".join(LORA_TARGETS) + "."
+    )
+
+    @field_validator("target_modules")
+    @classmethod
+    def _known_targets(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        unknown = [name for name in value if name not in LORA_TARGETS]
+        if unknown:
+            raise ValueError(
+                f"{unknown} are not projections of a decoder layer; fix: use names from {list(LORA_TARGETS)}"
+            )
+        if not value or len(set(value)) != len(value):
+            raise ValueError(
+                f"give at least one name, each once; fix: e.g. [q_proj, v_proj] or the default, every projection"
+            )
+        return value
+
+    @property
+    def enabled(self) -> bool:
+        return self.rank > 0
+
+    @property
+    def scaling(self) -> float:
+        return self.alpha / self.rank if self.rank else 0.0
+
+
 class Actor(Section):
     strategy: Literal["fsdp2", "ddp", "megatron"] = field(
         "fsdp2", "Data-parallel strategy of the trainer (megatron is not available in psrl)."
@@ -133,6 +181,7 @@ class Actor(Section):
         "Policy and critic keep only each transformer layer's input for the backward pass and recompute the "
         "rest (activation memory of long responses drops by about the layer count; one more forward per update).",
     )
+    lora: Lora = section(Lora, "LoRA: train low-rank adapters instead of every weight (rank 0 = off).")
 
 
 class Critic(Section):
