@@ -138,7 +138,7 @@ class Lora(Section):
             )
         if not value or len(set(value)) != len(value):
             raise ValueError(
-                f"give at least one name, each once; fix: e.g. [q_proj, v_proj] or the default, every projection"
+                "give at least one name, each once; fix: e.g. [q_proj, v_proj] or the default, every projection"
             )
         return value
 
