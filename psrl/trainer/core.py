@@ -41,6 +41,7 @@ from psrl.tms import TRAINER, SideMemory
 from psrl.trainer import checkpoint
 from psrl.trainer.checkpoint import Trainable
 from psrl.trainer.forward import compute_precision
+from psrl.trainer.lora import LoraSettings
 from psrl.trainer.metrics import MetricSums, buffer_metrics
 from psrl.trainer.models import (
     enable_gradient_checkpointing,
@@ -48,6 +49,7 @@ from psrl.trainer.models import (
     load_policy,
     load_reference,
     pad_token_id,
+    synced_names,
     torch_dtype,
 )
 from psrl.trainer.optimizer_state import allocate_adam_state
@@ -107,7 +109,7 @@ class TrainerCore:
         dtype = torch_dtype(config.actor.dtype)
         device = self.parallel.device
         with self.memory.region("weights"):
-            policy = load_policy(directory, dtype, device)
+            policy = load_policy(directory, dtype, device, LoraSettings.from_config(config.actor.lora))
             if config.actor.gradient_checkpointing:
                 enable_gradient_checkpointing(policy)
             self.policy = self._trainable("policy", policy, config.actor.lr)
@@ -187,11 +189,11 @@ class TrainerCore:
         return result
 
     def named_weights(self) -> Iterator[tuple[str, Tensor]]:
-        """The policy's weights as (Hugging Face name, full tensor), tied weights once.
+        """The policy's weights as (Hugging Face name, full tensor), tied weights once; under LoRA the adapters only.
 
         Under FSDP2 gathering a tensor is a collective: every rank must iterate to the end."""
         raw = self.policy.raw
-        persistent = set(raw.state_dict().keys())
+        persistent = synced_names(raw)
         for name, tensor in [*raw.named_parameters(), *raw.named_buffers()]:
             if name not in persistent:
                 continue
@@ -238,7 +240,7 @@ class TrainerCore:
         if self.parallel.world_size > 1:
             raise TrainerError("adopting published weights is supported with one trainer rank only")
         raw = self.policy.raw
-        persistent = set(raw.state_dict().keys())
+        persistent = synced_names(raw)
         # the names `named_weights` pushes: persistent parameters and buffers, tied weights once
         named = {n: t for n, t in [*raw.named_parameters(), *raw.named_buffers()] if n in persistent}
         missing = sorted(set(named) - set(tensors))

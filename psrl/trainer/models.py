@@ -19,6 +19,8 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 from transformers import AutoModel, AutoModelForCausalLM, PreTrainedModel
 
+from psrl.trainer.lora import LoraSettings, adapter_names, apply_lora, has_lora
+
 VALUE_HEAD_FILE = "value_head.safetensors"
 
 
@@ -34,13 +36,24 @@ def use_low_overhead_attention(device: torch.device) -> None:
         torch.backends.cuda.enable_cudnn_sdp(False)
 
 
-def load_policy(model_dir: str | Path, dtype: torch.dtype, device: torch.device) -> PreTrainedModel:
+def load_policy(
+    model_dir: str | Path, dtype: torch.dtype, device: torch.device, lora: LoraSettings | None = None
+) -> PreTrainedModel:
+    """The policy; with ``lora``, adapters on its target projections and every base weight frozen."""
     use_low_overhead_attention(device)
     model: PreTrainedModel = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype)
     module: nn.Module = model
+    if lora is not None:
+        apply_lora(module, lora)
     module.to(device)
     module.train(False)  # no dropout: log-probs must be those of the deterministic policy
     return model
+
+
+def synced_names(model: nn.Module) -> set[str]:
+    """The tensors a pushed version consists of: the adapters under LoRA (the base never changes), else
+    every persistent parameter and buffer."""
+    return set(adapter_names(model)) if has_lora(model) else set(model.state_dict().keys())
 
 
 def enable_gradient_checkpointing(model: nn.Module) -> int:
