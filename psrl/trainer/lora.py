@@ -56,9 +56,9 @@ class LoraLinear(nn.Linear):
         self.in_features, self.out_features = base.in_features, base.out_features
         self.weight = base.weight
         self.bias = base.bias
-        factory = {"dtype": base.weight.dtype, "device": base.weight.device}
-        self.lora_A = nn.Parameter(torch.empty(settings.rank, self.in_features, **factory))
-        self.lora_B = nn.Parameter(torch.zeros(self.out_features, settings.rank, **factory))
+        dtype, device = base.weight.dtype, base.weight.device
+        self.lora_A = nn.Parameter(torch.empty(settings.rank, self.in_features, dtype=dtype, device=device))
+        self.lora_B = nn.Parameter(torch.zeros(self.out_features, settings.rank, dtype=dtype, device=device))
         nn.init.kaiming_uniform_(self.lora_A, a=math.sqrt(5))
         self.scaling = settings.scaling
         self.dropout = settings.dropout
