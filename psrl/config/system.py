@@ -96,6 +96,24 @@ class Topology(Section):
         "Trainer ranks and rollout instances share the same GPUs and take turns: rollout releases its memory "
         "while the trainer steps on a full buffer, the trainer while rollout fills the next one (psrl.tms.range).",
     )
+    cluster: str | None = field(
+        None,
+        "Where the actors run: unset = this machine (or the hosts of --hosts); 'ray' or 'ray:ADDRESS' = a "
+        "running Ray cluster (the ray extra); 'slurm' = the Slurm allocation the launcher runs in "
+        "(`psrl launch --cluster` sets it).",
+        pattern=r"^(ray(:\S+)?|slurm)$",
+    )
+    cluster_strategy: Literal["PACK", "SPREAD"] = field(
+        "PACK",
+        "Ray placement-group strategy: PACK fills few nodes (GPUs of one rank group together), SPREAD puts "
+        "each reserved bundle on a different node where it can.",
+    )
+    cluster_shared_dir: bool = field(
+        False,
+        "The run directory is on a filesystem every cluster node mounts at the same path (NFS, Lustre): "
+        "trainer ranks and PS shards on other nodes write their checkpoints and snapshots there (actors on "
+        "the launcher's machine always do).",
+    )
 
 
 class Engine(Section):
