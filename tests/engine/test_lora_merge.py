@@ -97,7 +97,7 @@ def test_bad_adapters_change_nothing(trained: tuple[Checkpoint, TrainerCore, lis
     assert engine.weight_version == 0
     assert all(torch.equal(t, before[n]) for n, t in _engine_weights(engine).items())
     plain = Engine(_args(checkpoint, None))
-    with pytest.raises(AdapterError, match="without actor.lora"):
+    with pytest.raises(AdapterError, match=r"without actor\.lora"):
         plain.load_weights(list(versions[0].items()), version=1)
 
 
