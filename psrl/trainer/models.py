@@ -92,9 +92,12 @@ class ValueModel(nn.Module):
         nn.init.zeros_(self.value_head.weight)
         nn.init.zeros_(self.value_head.bias)
 
-    def forward(self, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor) -> Tensor:
+    def forward(
+        self, input_ids: Tensor, attention_mask: Tensor | None, position_ids: Tensor, **attention: object
+    ) -> Tensor:
+        """`attention`: the varlen keywords of a packed batch (psrl.trainer.packing), passed to the backbone."""
         hidden = self.backbone(
-            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False, **attention
         ).last_hidden_state
         values: Tensor = self.value_head(hidden).squeeze(-1).float()
         return values
