@@ -160,11 +160,14 @@ class Actor(Section):
     ppo_micro_batch_size_per_gpu: int = field(4, "Samples per forward/backward per rank.", ge=1)
     use_dynamic_bsz: bool = field(
         False,
-        "Pack each update's micro-batches up to ppo_max_token_len_per_gpu padded tokens instead of "
+        "Bound each micro-batch by ppo_max_token_len_per_gpu tokens instead of "
         "ppo_micro_batch_size_per_gpu samples (the step is the same; memory per micro-batch is bounded).",
     )
     ppo_max_token_len_per_gpu: int = field(
-        16384, "Padded tokens (rows x longest prompt + response) per micro-batch with use_dynamic_bsz.", ge=1
+        16384,
+        "Tokens per micro-batch with use_dynamic_bsz: real tokens when actor.packing, else padded ones "
+        "(rows x longest prompt + response).",
+        ge=1,
     )
     lr: float = field(1e-6, "Learning rate.", gt=0)
     weight_decay: float = field(0.0, "AdamW weight decay.", ge=0)
@@ -176,10 +179,17 @@ class Actor(Section):
         "dtype of the trainer's forward and backward arithmetic (torch.autocast). bfloat16 keeps parameters, "
         "gradients and optimizer state in actor.dtype (mixed precision) and runs the matmuls at bf16 speed.",
     )
-    gradient_checkpointing: bool = field(
-        False,
+    gradient_checkpointing: bool | Literal["auto"] = field(
+        "auto",
         "Policy and critic keep only each transformer layer's input for the backward pass and recompute the "
-        "rest (activation memory of long responses drops by about the layer count; one more forward per update).",
+        "rest (activation memory of long responses drops by about the layer count; one more forward per update). "
+        "auto: per micro-batch, only when its estimated activations exceed 60% of the free device memory "
+        "(psrl.trainer.memory).",
+    )
+    packing: bool = field(
+        True,
+        "Padding-free micro-batches: whole sequences end to end in one row with varlen attention, balanced by "
+        "token count (psrl.trainer.packing); false = padded rows (use_dynamic_bsz then counts padded tokens).",
     )
     lora: Lora = section(Lora, "LoRA: train low-rank adapters instead of every weight (rank 0 = off).")
 
