@@ -59,6 +59,7 @@ class Host:
     shares_run_dir: bool = False  # mounts the launcher's run directory at the same path
     devices: dict[str, str] = field(default_factory=dict)  # actor name -> CUDA_VISIBLE_DEVICES, set by a cluster
     node_id: str | None = None  # the Ray node it stands for
+    gpus: int = 0  # GPUs a cluster gives the job on this host (a Slurm job step asks for them all)
 
 
 @dataclass(frozen=True)
