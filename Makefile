@@ -13,7 +13,7 @@ TRL_VENV := .venv-trl
 TRL_BIN := $(TRL_VENV)/bin
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: install install-kv install-vllm install-trl test-trl install-reasoning-gym model-smollm2 test-reasoning-gym check lint imports types test test-gpu test-slow test-kv bench-kv test-restart chaos chaos-full chaos-agentic fuzz test-multihost test-wheel test-vllm test-all demo docs bench clean
+.PHONY: install install-kv install-vllm install-trl test-trl install-reasoning-gym model-smollm2 test-reasoning-gym check lint imports types test test-gpu test-slow test-kv bench-kv test-restart chaos chaos-full chaos-agentic fuzz test-multihost install-ray test-ray test-slurm test-wheel test-vllm test-all demo docs bench clean
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -92,7 +92,7 @@ types: install
 check: lint imports types
 
 test: check
-	$(PYTEST) -n 2 --dist worksteal --durations=15 -m "not slow and not multihost and not packaging and not vllm and not kv and not chaos and not reasoning_gym and not trl"
+	$(PYTEST) -n 2 --dist worksteal --durations=15 -m "not slow and not multihost and not packaging and not vllm and not kv and not chaos and not reasoning_gym and not trl and not ray and not slurm"
 
 # the offload tier and KV transfer against the real LMCache and NIXL (two instance processes)
 test-kv: install-kv
@@ -136,6 +136,19 @@ test-vllm: install-vllm
 
 test-multihost: install
 	$(PYTEST) -m multihost
+
+# the ray extra (`psrl launch --cluster ray`): its pins sit beside the main venv's, so it goes into it
+$(VENV)/.ray: $(VENV)/.installed
+	$(BIN)/pip install -q -c constraints.txt -e '.[ray]'
+	touch $@
+
+install-ray: $(VENV)/.ray
+
+test-ray: install-ray  # a local Ray cluster (head + 2 worker raylets); a worker node is killed mid-run
+	$(PYTEST) -m ray tests/cluster
+
+test-slurm: install  # root, network namespaces, Debian's slurm-wlm and munge (apt-get install slurm-wlm munge)
+	$(PYTEST) -m slurm tests/cluster
 
 # builds the wheel, installs it (and torch) in a fresh venv, runs the CLI and the example from outside the repo
 test-wheel: install
