@@ -13,7 +13,7 @@ TRL_VENV := .venv-trl
 TRL_BIN := $(TRL_VENV)/bin
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: install install-kv install-vllm install-trl test-trl install-reasoning-gym model-smollm2 test-reasoning-gym check lint imports types test test-gpu test-slow test-kv bench-kv test-restart chaos chaos-full chaos-agentic fuzz test-multihost install-ray test-ray test-slurm test-wheel test-vllm test-all demo docs bench clean
+.PHONY: install install-kv install-vllm install-trl test-trl install-reasoning-gym model-smollm2 test-reasoning-gym check lint imports types test test-gpu test-slow test-kv bench-kv test-restart test-elastic chaos chaos-full chaos-agentic fuzz test-multihost install-ray test-ray test-slurm test-wheel test-vllm test-all demo docs bench clean
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -92,7 +92,7 @@ types: install
 check: lint imports types
 
 test: check
-	$(PYTEST) -n 2 --dist worksteal --durations=15 -m "not slow and not multihost and not packaging and not vllm and not kv and not chaos and not reasoning_gym and not trl and not ray and not slurm"
+	$(PYTEST) -n 2 --dist worksteal --durations=15 -m "not slow and not multihost and not packaging and not vllm and not kv and not chaos and not reasoning_gym and not trl and not ray and not slurm and not elastic"
 
 # the offload tier and KV transfer against the real LMCache and NIXL (two instance processes)
 test-kv: install-kv
@@ -113,6 +113,10 @@ test-slow: install
 chaos: install
 	$(PYTEST) -m chaos
 	$(BIN)/python tools/chaos.py --quick
+
+# elastic rollout: a real demo run scaled 2 -> 4 -> 1 with psrl scale, one instance lost for good (a minute or two)
+test-elastic: install
+	$(PYTEST) -m elastic tests/elastic
 
 # the router, the coordinator and every PS shard SIGKILLed mid-run (a run each), replaced, nothing lost
 # (a few minutes on 2 cores; CI runs it)

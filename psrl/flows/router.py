@@ -508,7 +508,7 @@ class RouterFlow(RouterLedgerFlow):
     def _on_scaled(self, decided: ScaleDecided, now: float) -> None:
         """Instances removed from the set retire: no new work, their requests handed back to continue
         elsewhere from their tokens; the supervisor stops each once it is reported drained."""
-        if decided.error:
+        if decided.error or not decided.token:  # a loss, not a request: its exit re-routed its requests
             return
         for name in decided.removed:
             if name not in self.retiring:
