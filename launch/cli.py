@@ -79,7 +79,8 @@ def launch(
         config = load_config(preset, [*(hosts_overrides(hosts) if hosts else []), *overrides, *cluster_override])
         on_cluster = config.topology.cluster is not None
         if on_cluster and hosts is not None:
-            raise ConfigError("--hosts and --cluster (topology.cluster) both place the actors; fix: use one of them")
+            click.echo("--hosts and --cluster (topology.cluster) both place the actors; fix: use one of them", err=True)
+            sys.exit(2)
         config = checked(config, spans_hosts=on_cluster or (hosts is not None and hosts.spans_hosts))
     except (ConfigError, HostsFileError) as exc:
         click.echo(str(exc), err=True)

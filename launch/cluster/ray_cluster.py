@@ -38,6 +38,8 @@ from psrl.errors import MissingExtraError
 CONNECT_TIMEOUT_S = 10.0
 PLACEMENT_TIMEOUT_S = 120.0
 REPLACE_WAIT_S = 120.0  # for Ray to notice a lost node and re-place its bundles
+NODE_ANSWER_TIMEOUT_S = 10.0  # a node that runs no task within this is taken as lost
+NO_ROOM_GRACE_S = 10.0  # the surviving nodes' free resources cannot hold a lost bundle: give up after this
 STATUS_INTERVAL_S = 0.3
 LOST_EXIT_CODE = 137  # a runner that Ray reports dead: its node is gone or it was killed
 
@@ -178,6 +180,9 @@ class RayCluster:
     def start(self, spec: ActorSpec, boot: Boot, log_path: Path) -> ActorProcess:
         """Start ``spec`` in its bundle; after a node loss, wait for Ray to re-place the bundle."""
         bundle = self.bundle_of[spec.name]
+        previous = self.children.get(spec.name)
+        if previous is not None and previous.code == LOST_EXIT_CODE:
+            self._settle_lost_runner(bundle)
         node_id = self._live_node_of(bundle, spec)
         address = self.nodes()[node_id]["NodeManagerAddress"]
         if spec.host is not None and address != spec.host.address:
@@ -196,19 +201,50 @@ class RayCluster:
         self.children[spec.name] = child
         return ActorProcess(spec, boot.incarnation, child, time.monotonic(), log_path.open("ab"))
 
-    def _live_node_of(self, bundle: int, spec: ActorSpec) -> str:
+    def _settle_lost_runner(self, bundle: int) -> None:
+        """A runner Ray reported dead: if its node does not answer either, wait until Ray declares the
+        node dead (and starts re-placing its bundles) rather than start the replacement there."""
+        node_id = self.bundle_nodes().get(bundle, "")
+        if not node_id or self._node_answers(node_id):
+            return
         deadline = time.monotonic() + REPLACE_WAIT_S
+        while time.monotonic() < deadline and self.nodes().get(node_id, {}).get("Alive", False):
+            time.sleep(0.5)
+
+    def _node_answers(self, node_id: str) -> bool:
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        from launch.cluster.ray_runner import node_answer
+
+        task = self.ray.remote(num_cpus=0, max_retries=0)(node_answer)
+        ref = task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False)).remote()
+        try:
+            return bool(self.ray.get(ref, timeout=NODE_ANSWER_TIMEOUT_S))
+        except Exception:  # GetTimeoutError, a dead node's scheduling error
+            with contextlib.suppress(Exception):
+                self.ray.cancel(ref, force=True)
+            return False
+
+    def _live_node_of(self, bundle: int, spec: ActorSpec) -> str:
+        """The bundle's node once it is alive; a lost node's bundles wait for Ray to re-place them,
+        and give up when no node has room for NO_ROOM_GRACE_S (or REPLACE_WAIT_S in all)."""
+        started = time.monotonic()
+        no_room_since: float | None = None
         while True:
             nodes = self.nodes()
             node_id = self.bundle_nodes().get(bundle, "")
             if node_id in nodes and nodes[node_id]["Alive"]:
                 return node_id
-            if time.monotonic() > deadline:
+            now = time.monotonic()
+            room = _fits(self.pg.bundle_specs[bundle], self.ray.available_resources())
+            no_room_since = None if room else (no_room_since or now)
+            if now - started > REPLACE_WAIT_S or (no_room_since is not None and now - no_room_since > NO_ROOM_GRACE_S):
                 alive = sum(1 for n in nodes.values() if n["Alive"])
                 raise ClusterError(
-                    f"{spec.name}'s node is gone and Ray found no other node for its bundle within "
-                    f"{REPLACE_WAIT_S:.0f} s ({alive} node(s) alive); the run ends here (the trainer checkpoints on "
-                    f"the way out); fix: add a node, then resume with the same command and --name"
+                    f"{spec.name}'s node {spec.host.name if spec.host else '?'} is gone and the {alive} Ray node(s) "
+                    f"left have no room for its bundle {self.pg.bundle_specs[bundle]}; the run ends here (the trainer "
+                    f"checkpoints on the way out); fix: add a node (`ray start --address=...`), then resume with the "
+                    f"same command and --name"
                 )
             time.sleep(0.5)
 
@@ -228,6 +264,10 @@ class RayCluster:
                     .remote(self.launcher_ip, port) for n in nodes]  # fmt: skip
             answers = self.ray.get(refs, timeout=60)
         return [f"ray node {n[:8]}: {why}" for n, why in zip(nodes, answers, strict=True) if why]
+
+
+def _fits(bundle: dict[str, float], available: dict[str, float]) -> bool:
+    return all(available.get(k, 0.0) + 1e-9 >= v for k, v in bundle.items())
 
 
 def demand_count(hosts: HostsFile, role: str) -> int:

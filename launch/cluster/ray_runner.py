@@ -115,3 +115,8 @@ def probe_connect(address: str, port: int) -> str | None:
     except OSError as exc:
         return f"cannot connect to {address}:{port}: {exc}"
     return None
+
+
+def node_answer() -> bool:
+    """A task pinned to a node: it returns at all only when the node is alive."""
+    return True
