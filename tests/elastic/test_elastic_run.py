@@ -101,7 +101,7 @@ def test_rollout_scales_2_4_1_with_a_loss_and_nothing_is_lost(tmp_path: Path) ->
                 "--root",
                 str(root),
                 "--quiet",
-            ],  # fmt: skip
+            ],
             stdout=sink,
             stderr=subprocess.STDOUT,
         )

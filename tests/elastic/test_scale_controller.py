@@ -49,7 +49,7 @@ def test_a_request_is_applied_once_and_answered_again_when_re_sent() -> None:
 
 
 def test_a_refused_request_changes_nothing() -> None:
-    controller, published, started = _controller(room=3)
+    controller, _, started = _controller(room=3)
     answer = controller.on_request(ScaleRequest(token="b", role="rollout", delta=2))
     assert answer.error and "room for 3" in answer.error and not answer.added
     refused = controller.on_request(ScaleRequest(token="c", role="rollout", delta=-1), refuse="stopping")
