@@ -13,7 +13,7 @@ TRL_VENV := .venv-trl
 TRL_BIN := $(TRL_VENV)/bin
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: install install-kv install-vllm install-trl test-trl install-reasoning-gym model-smollm2 test-reasoning-gym check lint imports types test test-gpu test-slow test-kv bench-kv test-restart test-elastic chaos chaos-full chaos-agentic fuzz test-multihost install-ray test-ray test-slurm test-wheel test-vllm test-all demo docs bench clean
+.PHONY: install install-kv install-vllm install-trl test-trl install-verifiers test-verifiers install-reasoning-gym model-smollm2 test-reasoning-gym check lint imports types test test-gpu test-slow test-kv bench-kv test-restart test-elastic chaos chaos-full chaos-agentic fuzz test-multihost install-ray test-ray test-slurm test-wheel test-vllm test-all demo docs bench clean
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -58,6 +58,24 @@ install-trl: $(TRL_VENV)/.installed
 test-trl: install-trl
 	$(TRL_BIN)/python -m pytest -m trl
 
+# the verifiers extra (task.name=verifiers:<env>) in its own venv: its ~45 dependencies (anthropic, mcp,
+# openai-agents, uvloop, ...) stay out of the main venv, and later verifiers releases pin openai < 3
+VF_VENV := .venv-verifiers
+VF_BIN := $(VF_VENV)/bin
+$(VF_VENV)/.installed: pyproject.toml constraints.txt
+	test -x $(VF_BIN)/python || $(PY) -m venv $(VF_VENV)
+	$(VF_BIN)/pip install -q -c constraints.txt torch==2.13.0
+	$(VF_BIN)/pip install -q -c constraints.txt -e '.[dev,verifiers]'
+	$(VF_BIN)/python -c 'import verifiers as vf; vf.SingleTurnEnv, vf.MultiTurnEnv, vf.ToolEnv'
+	touch $@
+
+install-verifiers: $(VF_VENV)/.installed
+
+# verifiers environments: unit tests against the library's rubric, and single- and multi-turn launches
+# that replay 100%
+test-verifiers: install-verifiers
+	$(VF_BIN)/python -m pytest -m verifiers tests/tasks/test_verifiers.py tests/system/test_verifiers_launch.py
+
 # the reasoning-gym extra: its dependencies (pure-Python puzzles, sympy, numpy) sit beside the main venv's,
 # so it goes into the main venv
 $(VENV)/.reasoning-gym: $(VENV)/.installed
@@ -92,7 +110,7 @@ types: install
 check: lint imports types
 
 test: check
-	$(PYTEST) -n 2 --dist worksteal --durations=15 -m "not slow and not multihost and not packaging and not vllm and not kv and not chaos and not reasoning_gym and not trl and not ray and not slurm and not elastic"
+	$(PYTEST) -n 2 --dist worksteal --durations=15 -m "not slow and not multihost and not packaging and not vllm and not kv and not chaos and not reasoning_gym and not trl and not ray and not slurm and not elastic and not verifiers"
 
 # the offload tier and KV transfer against the real LMCache and NIXL (two instance processes)
 test-kv: install-kv
