@@ -218,6 +218,8 @@ class RouterFlow(RouterLedgerFlow):
         self.recall_deadline = now + RECALL_TIMEOUT_S
         for command in recovery.commands:
             self._handlers[type(command)](command, now)
+        for instance in recovery.retiring:  # it hands back what it holds when it is shut down
+            self._retire(instance)
         self.counters["restored_requests"] += len(recovery.requests)
         self.counters["owed_finishes"] += sum(1 for r in recovery.requests.values() if r.counted is not None)
         self.counters["recalled_requests"] += sum(len(ids) for ids in recalls.values())

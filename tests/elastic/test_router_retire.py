@@ -107,3 +107,27 @@ def test_the_coordinators_view_drops_a_retired_instance_and_ignores_its_later_re
     book.retire("rollout-1")
     book.report(snapshot_from_status(status("rollout-1", seq=2)))  # sent while it drained
     assert [s.instance_id for s in book.states()] == ["rollout-0"]
+
+
+def test_a_restarted_router_and_coordinator_know_which_instances_retire() -> None:
+    from bus.messages import ActorExited
+    from psrl.flows.router_recovery import rebuild_router
+    from psrl.staleness.types import LedgerSizes
+    from tests.flows.flow_helpers import LoggedEvents
+
+    log = LoggedEvents()
+    log.add("supervisor", _removed("rollout-1"))
+    log.add("supervisor", ScaleDecided(token="u", role="rollout", delta=1, target=-1, before=["rollout-0"], limit=4,
+                                       next_index=2, added=["rollout-2"]))  # fmt: skip
+    log.add("supervisor", _removed("rollout-0", error="would leave 0"))  # refused: nothing retires
+    config = load_config("demo", SMALL)
+    recovery = rebuild_router(log.events, LedgerSizes.from_config(config), 0)
+    assert recovery.retiring == ["rollout-1"]
+    log.add("supervisor", ActorExited(actor="rollout-1", incarnation=0, returncode=0))
+    assert rebuild_router(log.events, LedgerSizes.from_config(config), 0).retiring == []
+    flow = RouterFlow(config, recovery=recovery)
+    out = flow.start(0.0)
+    assert [d.instance for d in published(out, InstanceDrained)] == ["rollout-1"]  # it holds nothing routed here
+    flow.handle(status("rollout-0"), 0.1)
+    flow.handle(status("rollout-1"), 0.1)  # its report while it drains: it does not join
+    assert sorted(flow.instances) == ["rollout-0"]
