@@ -13,7 +13,7 @@ TRL_VENV := .venv-trl
 TRL_BIN := $(TRL_VENV)/bin
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: install install-kv install-vllm install-trl test-trl install-verifiers test-verifiers install-reasoning-gym model-smollm2 test-reasoning-gym check lint imports types test test-gpu test-slow test-kv bench-kv test-restart test-elastic chaos chaos-full chaos-agentic fuzz test-multihost install-ray test-ray test-slurm test-wheel test-vllm test-all demo docs bench clean
+.PHONY: install install-kv install-vllm install-trl test-trl install-verifiers test-verifiers install-reasoning-gym model-smollm2 test-reasoning-gym check lint imports types test test-gpu test-slow test-kv bench-kv test-restart test-elastic chaos chaos-full chaos-elastic chaos-agentic fuzz test-multihost install-ray test-ray test-slurm test-wheel test-vllm test-all demo docs bench clean
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -144,6 +144,10 @@ test-restart: install
 # >= 200 faults: 25 runs of 8, half of them timed against weight syncs (an hour or more on 2 cores); figures in docs/reliability.md
 chaos-full: install
 	$(BIN)/python tools/chaos.py --cases 25 --faults 8 --anchored 0.5 topology.warm_spares=2
+
+# elastic rollout under faults: scale-ups and scale-downs mixed with kills and hangs (about 6 minutes on 2 cores)
+chaos-elastic: install
+	$(BIN)/python tools/chaos.py --cases 3 --faults 6 --steps 12 --elastic 0.6 --roles rollout,router,coordinator,ps
 
 # the agentic workload (session scheduler, env workers and every other role faulted): 48 faults
 chaos-agentic: install
