@@ -43,8 +43,8 @@ run's room is ``topology.max_rollout_instances`` (two more than it starts with u
 then land on an instance that was just added, and a retired instance's requests continue elsewhere.
 
     python tools/chaos.py --quick --elastic 0.5 --roles rollout,router
-    python tools/chaos.py --cases 3 --faults 6 --steps 12 --elastic 0.6 \
-        --roles rollout,router,coordinator,ps             # make chaos-elastic
+    # make chaos-elastic: 3 runs, 6 faults each, a scale event before about 60% of them
+    python tools/chaos.py --cases 3 --faults 6 --steps 12 --elastic 0.6 --roles rollout,router,coordinator,ps
 
 Ends with ``RESULT faults=<n> lost=<n> duplicated=<n> mixed_versions=<n> max_recovery_s=<s> ...
 warm_restarts=<n> warm_recovery_p50_s=<s> warm_max_recovery_s=<s> scale_ups=<n> scale_downs=<n>
