@@ -56,6 +56,7 @@ class ScaleController:
     restart_rollout: bool = True
     next_index: int = 0
     retiring: dict[str, _Retiring] = field(default_factory=dict)
+    joining: set[str] = field(default_factory=set)  # added by a request, not serving yet
     answers: dict[str, ScaleDecided] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -78,7 +79,8 @@ class ScaleController:
             self.publish(known)  # the asker did not hear it: the same answer again, nothing done twice
             return known
         ask = ScaleAsk(request.role, request.delta, request.target)
-        before, limit = self.active, self.placement.limit()
+        # a retiring instance holds its place (its GPU, its core) until it has exited
+        before, limit = self.active, max(0, self.placement.limit() - len(self.retiring))
         plan = decide_scale(ask, before, limit, self.next_index)
         error = refuse or plan.error
         decided = ScaleDecided(
@@ -104,6 +106,7 @@ class ScaleController:
         for name in decided.added:
             index = instance_index(name)
             self.next_index = max(self.next_index, index + 1)
+            self.joining.add(name)
             self.start(ActorSpec(name, ROLE, index, self.placement.host_for(index, self.active)))
 
     # ------------------------------------------------------------------ drain
@@ -139,16 +142,27 @@ class ScaleController:
         self.processes.pop(name, None)
         return True
 
+    def joined(self, name: str) -> None:
+        """An added instance reported ready: from now on it dies and restarts like any instance."""
+        self.joining.discard(name)
+
     def loses_for_good(self, name: str, reason: str) -> ScaleDecided | None:
-        """With ``topology.restart_rollout=false`` a dead instance leaves the set (None: restart it)."""
-        if self.restart_rollout or not _is_rollout(name) or name not in self.processes:
+        """A dead instance that leaves the set (None: restart it): any, with ``topology.restart_rollout=false``;
+        and an added one that never served (a start that fails would fail again: the run goes on as before)."""
+        if not _is_rollout(name) or name not in self.processes:
             return None
+        if name in self.joining:
+            why = f"{name} failed to start ({reason}): not restarted, the run continues as before it was added"
+        elif not self.restart_rollout:
+            why = f"{name} lost ({reason}); topology.restart_rollout=false: not restarted"
+        else:
+            return None
+        self.joining.discard(name)
         before = self.active
         self.processes.pop(name, None)
         decided = ScaleDecided(
             token="", role=ROLE, delta=-1, target=NO_TARGET, before=before, limit=self.placement.limit(),
-            next_index=self.next_index, removed=[name],
-            reason=f"{name} lost ({reason}); topology.restart_rollout=false: not restarted",
+            next_index=self.next_index, removed=[name], reason=why,
         )  # fmt: skip
         self.publish(decided)
         self.log.warning("instance lost for good; the run continues on the others", instance=name,

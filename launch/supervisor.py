@@ -405,6 +405,8 @@ class Supervisor:
             elif isinstance(msg, Ready):
                 process.is_ready = True
                 process.last_heartbeat = time.monotonic()
+                if self.scaler is not None:
+                    self.scaler.joined(name)
             elif isinstance(msg, ActorDead):
                 self.dead_reasons[name] = msg.reason
             elif isinstance(msg, ActorStatus) and msg.detail == CHECKPOINT_ON_STOP:

@@ -91,3 +91,22 @@ def test_an_instance_lost_for_good_leaves_the_set_only_when_restarts_are_off() -
     assert controller.loses_for_good("ps-0", "killed") is None  # only rollout instances
     again = controller.on_request(ScaleRequest(token="f", role="rollout", delta=1))
     assert again.added == ["rollout-2"]  # a lost instance's index is not reused
+
+
+def test_an_added_instance_that_dies_before_serving_leaves_the_set_without_a_restart() -> None:
+    controller, _, _ = _controller()  # restarts on: a serving instance would be restarted
+    controller.on_request(ScaleRequest(token="g", role="rollout", delta=2))
+    controller.joined("rollout-2")
+    assert controller.loses_for_good("rollout-2", "killed") is None  # it served: restarted as any
+    failed = controller.loses_for_good("rollout-3", "exit code 1")
+    assert failed is not None and failed.removed == ["rollout-3"] and "failed to start" in failed.reason
+    assert controller.active == ["rollout-0", "rollout-1", "rollout-2"]
+
+
+def test_a_retiring_instance_holds_its_room_until_it_exits() -> None:
+    controller, _, _ = _controller(room=3)
+    controller.on_request(ScaleRequest(token="h", role="rollout", delta=-1))  # rollout-1 drains
+    refused = controller.on_request(ScaleRequest(token="i", role="rollout", delta=2))
+    assert refused.error and "room for 2" in refused.error and refused.limit == 2
+    controller.takes_death("rollout-1")
+    assert controller.on_request(ScaleRequest(token="j", role="rollout", delta=2)).added == ["rollout-2", "rollout-3"]
