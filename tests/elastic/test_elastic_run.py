@@ -22,6 +22,7 @@ from bus.messages import (
     ActorStarted,
     GenerateResult,
     InstanceDrained,
+    InstanceStatus,
     Ready,
     RoutingRecord,
     ScaleDecided,
@@ -164,6 +165,9 @@ def _check_the_instance_set(events: list[Any], steps_at_down: int) -> None:
     refused = [d for d in decided if d.error]
     assert len(refused) == 2 and not any(d.added or d.removed for d in refused)
     assert not [e for e in _kinds(events, ActorRestarted) if e.message.actor.startswith("rollout")]
+    for added in ("rollout-2", "rollout-3"):  # joined with the current weights, not the initial ones
+        first = next(e.message for e in _kinds(events, InstanceStatus) if e.message.instance == added)
+        assert first.weight_version >= 1, (added, first.weight_version)
     ready = {e.envelope.sender for e in _kinds(events, Ready) if e.envelope.sender.startswith("rollout")}
     assert ready == {"rollout-0", "rollout-1", "rollout-2", "rollout-3"}
     exited = {e.message.actor: e.message.returncode for e in _kinds(events, ActorExited)}
