@@ -52,16 +52,12 @@ def targeted_module(weight_name: str, targets: Iterable[str]) -> str | None:
     return module if module.rpartition(".")[2] in set(targets) else None
 
 
-def lora_delta(lora_a: Tensor, lora_b: Tensor, scaling: float) -> Tensor:
-    """``scaling * B @ A`` in fp32 (whatever the adapters' dtype), shaped like the base weight."""
-    return torch.mm(lora_b.float(), lora_a.float()).mul_(scaling)
-
-
 def merge_weight(base: Tensor, lora_a: Tensor, lora_b: Tensor, scaling: float) -> Tensor:
     """``base + scaling * B @ A``, summed in fp32 and returned in the base's dtype (a new tensor)."""
     check_adapter_shapes("", base.shape, lora_a.shape, lora_b.shape)
-    delta = lora_delta(lora_a.to(base.device), lora_b.to(base.device), scaling)
-    return delta.add_(base.float()).to(base.dtype)
+    # one fused pass (base + scaling * B @ A), no separate delta tensor: the merge is memory-bound
+    merged = torch.addmm(base.float(), lora_b.to(base.device).float(), lora_a.to(base.device).float(), alpha=scaling)
+    return merged.to(base.dtype)
 
 
 def check_adapter_shapes(module: str, base: torch.Size, lora_a: torch.Size, lora_b: torch.Size) -> None:
