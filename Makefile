@@ -13,7 +13,7 @@ TRL_VENV := .venv-trl
 TRL_BIN := $(TRL_VENV)/bin
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: install install-kv install-vllm install-trl test-trl install-reasoning-gym model-smollm2 test-reasoning-gym check lint imports types test test-gpu test-slow test-kv bench-kv test-restart chaos chaos-full chaos-agentic fuzz test-multihost test-wheel test-vllm test-all demo docs bench clean
+.PHONY: install install-kv install-vllm install-trl test-trl install-verifiers test-verifiers install-reasoning-gym model-smollm2 test-reasoning-gym check lint imports types test test-gpu test-slow test-kv bench-kv test-restart test-elastic chaos chaos-full chaos-elastic chaos-agentic fuzz test-multihost install-ray test-ray test-slurm test-wheel test-vllm test-all demo docs bench clean
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -58,6 +58,24 @@ install-trl: $(TRL_VENV)/.installed
 test-trl: install-trl
 	$(TRL_BIN)/python -m pytest -m trl
 
+# the verifiers extra (task.name=verifiers:<env>) in its own venv: its ~45 dependencies (anthropic, mcp,
+# openai-agents, uvloop, ...) stay out of the main venv, and later verifiers releases pin openai < 3
+VF_VENV := .venv-verifiers
+VF_BIN := $(VF_VENV)/bin
+$(VF_VENV)/.installed: pyproject.toml constraints.txt
+	test -x $(VF_BIN)/python || $(PY) -m venv $(VF_VENV)
+	$(VF_BIN)/pip install -q -c constraints.txt torch==2.13.0
+	$(VF_BIN)/pip install -q -c constraints.txt -e '.[dev,verifiers]'
+	$(VF_BIN)/python -c 'import verifiers as vf; vf.SingleTurnEnv, vf.MultiTurnEnv, vf.ToolEnv'
+	touch $@
+
+install-verifiers: $(VF_VENV)/.installed
+
+# verifiers environments: unit tests against the library's rubric, and single- and multi-turn launches
+# that replay 100%
+test-verifiers: install-verifiers
+	$(VF_BIN)/python -m pytest -m verifiers tests/tasks/test_verifiers.py tests/system/test_verifiers_launch.py
+
 # the reasoning-gym extra: its dependencies (pure-Python puzzles, sympy, numpy) sit beside the main venv's,
 # so it goes into the main venv
 $(VENV)/.reasoning-gym: $(VENV)/.installed
@@ -92,7 +110,7 @@ types: install
 check: lint imports types
 
 test: check
-	$(PYTEST) -n 2 --dist worksteal --durations=15 -m "not slow and not multihost and not packaging and not vllm and not kv and not chaos and not reasoning_gym and not trl"
+	$(PYTEST) -n 2 --dist worksteal --durations=15 -m "not slow and not multihost and not packaging and not vllm and not kv and not chaos and not reasoning_gym and not trl and not ray and not slurm and not elastic and not verifiers"
 
 # the offload tier and KV transfer against the real LMCache and NIXL (two instance processes)
 test-kv: install-kv
@@ -114,6 +132,10 @@ chaos: install
 	$(PYTEST) -m chaos
 	$(BIN)/python tools/chaos.py --quick
 
+# elastic rollout: a real demo run scaled 2 -> 4 -> 1 with psrl scale, one instance lost for good (a minute or two)
+test-elastic: install
+	$(PYTEST) -m elastic tests/elastic
+
 # the router, the coordinator and every PS shard SIGKILLed mid-run (a run each), replaced, nothing lost
 # (a few minutes on 2 cores; CI runs it)
 test-restart: install
@@ -122,6 +144,10 @@ test-restart: install
 # >= 200 faults: 25 runs of 8, half of them timed against weight syncs (an hour or more on 2 cores); figures in docs/reliability.md
 chaos-full: install
 	$(BIN)/python tools/chaos.py --cases 25 --faults 8 --anchored 0.5 topology.warm_spares=2
+
+# elastic rollout under faults: scale-ups and scale-downs mixed with kills and hangs (about 6 minutes on 2 cores)
+chaos-elastic: install
+	$(BIN)/python tools/chaos.py --cases 3 --faults 6 --steps 12 --elastic 0.6 --roles rollout,router,coordinator,ps
 
 # the agentic workload (session scheduler, env workers and every other role faulted): 48 faults
 chaos-agentic: install
@@ -136,6 +162,19 @@ test-vllm: install-vllm
 
 test-multihost: install
 	$(PYTEST) -m multihost
+
+# the ray extra (`psrl launch --cluster ray`): its pins sit beside the main venv's, so it goes into it
+$(VENV)/.ray: $(VENV)/.installed
+	$(BIN)/pip install -q -c constraints.txt -e '.[ray]'
+	touch $@
+
+install-ray: $(VENV)/.ray
+
+test-ray: install-ray  # a local Ray cluster (head + 2 worker raylets); a worker node is killed mid-run
+	$(PYTEST) -m ray tests/cluster
+
+test-slurm: install  # root, network namespaces, Debian's slurm-wlm and munge (apt-get install slurm-wlm munge)
+	$(PYTEST) -m slurm tests/cluster
 
 # builds the wheel, installs it (and torch) in a fresh venv, runs the CLI and the example from outside the repo
 test-wheel: install

@@ -44,7 +44,9 @@ class RolloutActor(FlowActor):
         self.kv = kv_port(self.config, engine)
         flow = InstanceFlow(self.name, self.config, engine, self.weights, log=self.log, kv=self.kv)
         self.attach(flow, peers={ROUTER: self.make_link(ROUTER, serve=False)})
-        committed = self.weights.puller.latest_version() if is_replacement(self.boot.incarnation) else -1
+        # a replacement, or an instance added to a running run (psrl scale): the run is ahead of the initial weights
+        joins = is_replacement(self.boot.incarnation) or bool(self.boot.options.get("joins_running"))
+        committed = self.weights.puller.latest_version() if joins else -1
         self.perform(flow.start(time.monotonic(), committed_version=committed))
         return {"kv_blocks": engine.status().num_kv_blocks_total, "max_num_seqs": self.config.engine.max_num_seqs}
 

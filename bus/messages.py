@@ -163,6 +163,50 @@ class StallDiagnosed(Message, frozen=True):
     facts: dict[str, str] = field(default_factory=dict)
 
 
+@message("sup.scale")
+class ScaleDecided(Message, frozen=True):
+    """A change of a role's instance set, with what it was decided from: the answer to a scale request
+    (``ctl.scale``), or the supervisor's own when an instance is lost for good
+    (``topology.restart_rollout=false``) (added in 1.10).
+
+    token: the request's token; empty for a change the supervisor made on its own.
+    role: the role scaled ("rollout").
+    delta: instances asked to add (> 0) or remove (< 0); 0 when target was given.
+    target: the number of instances asked for; -1: delta was given.
+    before: the instances running before the change.
+    limit: the most instances the placement has room for.
+    next_index: the index a new instance would take.
+    added: instances started.
+    removed: instances that drain and stop (their requests continue elsewhere).
+    error: why the request was refused (then nothing changed); empty: accepted.
+    reason: who asked and why.
+    """
+
+    token: str
+    role: str
+    delta: int
+    target: int
+    before: list[str]
+    limit: int
+    next_index: int
+    added: list[str] = field(default_factory=list)
+    removed: list[str] = field(default_factory=list)
+    error: str = ""
+    reason: str = ""
+
+
+@message("router.drained")
+class InstanceDrained(Message, frozen=True):
+    """A retiring instance holds no request any more: the supervisor may stop it (added in 1.10).
+
+    instance: the instance's actor name.
+    num_moved: requests handed back from it and routed elsewhere with their tokens.
+    """
+
+    instance: str
+    num_moved: int = 0
+
+
 @message("sup.restarted")
 class ActorRestarted(Message, frozen=True):
     """The supervisor restarted an actor after it exited.
@@ -230,6 +274,25 @@ class Drain(Message, frozen=True):
 
     targets: list[str] = field(default_factory=list)
     timeout_s: float = 0.0
+
+
+@message("ctl.scale", channel=Channel.CONTROL)
+class ScaleRequest(Message, frozen=True):
+    """Ask the supervisor to change how many instances of a role run (`psrl scale`); it answers with
+    ``sup.scale`` (added in 1.10).
+
+    token: chosen by the asker; the answer echoes it.
+    role: the role to scale ("rollout").
+    delta: instances to add (> 0) or remove (< 0); used when target is -1.
+    target: the number of instances wanted; -1: use delta.
+    reason: who asks and why.
+    """
+
+    token: str
+    role: str
+    delta: int = 0
+    target: int = -1
+    reason: str = ""
 
 
 @message("ctl.shutdown", channel=Channel.CONTROL)

@@ -9,6 +9,9 @@
 
 `result.metrics()` is every record of metrics.jsonl (the trainer's, weight syncs, evaluations too).
 
+A running run gains or loses rollout instances with `psrl.scale(run_dir, "rollout=+2")` (the same
+request as `psrl scale`, over the run's bus; `psrl.scale_request`), from another process or thread.
+
 `config` is a preset name, a YAML path or a `psrl.config.Config` (e.g. from
 `psrl.config.load_config`); `overrides` are `key=value` strings as on the command line. The same
 checks as `psrl launch` run first (a `ConfigError` lists every problem), then the actors start on
@@ -24,6 +27,9 @@ from pathlib import Path
 
 from psrl.config import Config, load_config
 from psrl.run_result import RunResult
+from psrl.scale_request import ScaleResult, scale
+
+__all__ = ["ScaleResult", "run", "scale"]
 
 
 def run(

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import click
 
-from launch.hosts import HostsFile
+from launch.hosts import Host, HostsFile
+from psrl.config import Config
 from psrl.config.loader import split_preset
 from psrl.errors import ConfigError
 
@@ -16,6 +17,8 @@ Examples:
   psrl launch                              the demo (preset 'demo') on this machine
   psrl launch reasoning psrl.staleness=1   a preset with dotted overrides
   psrl launch demo --hosts hosts.txt       actors placed on several hosts over ssh
+  psrl launch demo --cluster ray           on the Ray cluster this machine belongs to
+  psrl launch demo --cluster slurm         inside a Slurm allocation (sbatch/salloc), job steps per node
 
 \b
 PRESET is a name from configs/ (see `psrl config presets`) or a path to a YAML file;
@@ -34,6 +37,13 @@ rollout; '#' starts a comment (format: launch/hosts.py).
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
     help="Place actors on several hosts (started over ssh; CURVE encryption on).",
 )
+@click.option(
+    "--cluster",
+    metavar="ray[:ADDRESS]|slurm",
+    default=None,
+    help="Place actors on a Ray cluster (placement group; the ray extra) or the current Slurm allocation "
+    "(job steps); sets topology.cluster.",
+)
 @click.option("--name", help="Run name (default: a timestamp); an existing run is resumed.")
 @click.option("--root", default=None, help="Directory of run directories (default: run.root, 'runs').")
 @click.option(
@@ -47,6 +57,7 @@ rollout; '#' starts a comment (format: launch/hosts.py).
 def launch(
     args: tuple[str, ...],
     hosts_file: Path | None,
+    cluster: str | None,
     name: str | None,
     root: str | None,
     actor_classes: tuple[str, ...],
@@ -64,16 +75,45 @@ def launch(
     preset = preset or "demo"
     try:
         hosts = parse_hosts_file(hosts_file) if hosts_file is not None else None
-        config = load_config(preset, [*(hosts_overrides(hosts) if hosts else []), *overrides])
-        config = checked(config, spans_hosts=hosts is not None and hosts.spans_hosts)
+        cluster_override = [f"topology.cluster={cluster}"] if cluster else []
+        config = load_config(preset, [*(hosts_overrides(hosts) if hosts else []), *overrides, *cluster_override])
+        on_cluster = config.topology.cluster is not None
+        if on_cluster and hosts is not None:
+            click.echo("--hosts and --cluster (topology.cluster) both place the actors; fix: use one of them", err=True)
+            sys.exit(2)
+        config = checked(config, spans_hosts=on_cluster or (hosts is not None and hosts.spans_hosts))
     except (ConfigError, HostsFileError) as exc:
         click.echo(str(exc), err=True)
         sys.exit(2)
     configure(config.run.log_level)
+    classes = dict(item.split("=", 1) for item in actor_classes)
+    if config.topology.cluster is not None:
+        sys.exit(_launch_on_cluster(config, config.topology.cluster, name, root, classes, quiet))
     if hosts is not None:
         _exit_if_unreachable(hosts)
-    classes = dict(item.split("=", 1) for item in actor_classes)
     sys.exit(run_launch(config, hosts, name=name, root=root, actor_classes=classes, quiet=quiet).exit_code)
+
+
+def _launch_on_cluster(
+    config: Config, target: str, name: str | None, root: str | None, classes: dict[str, str], quiet: bool
+) -> int:
+    """Hosts from the cluster, held while the run lasts; a cluster that cannot run it: exit 2, nothing started."""
+    from launch.cluster import ClusterError, open_cluster, parse_target
+    from launch.runner import run_launch
+    from psrl.errors import MissingExtraError
+
+    try:
+        with open_cluster(parse_target(target), config) as hosts:
+            click.echo(f"{hosts.path}: " + "; ".join(_host_line(h) for h in hosts.hosts))
+            return run_launch(config, hosts, name=name, root=root, actor_classes=classes, quiet=quiet).exit_code
+    except (ClusterError, MissingExtraError) as exc:
+        click.echo(f"cannot launch on {target}: {exc}", err=True)
+        return 2
+
+
+def _host_line(host: Host) -> str:
+    roles = " ".join(f"{r}:{n}" for r, n in host.roles.items())
+    return f"{host.name} {host.address} {roles}"
 
 
 def _exit_if_unreachable(hosts: HostsFile) -> None:

@@ -13,7 +13,10 @@ Format: one host per line, ``#`` starts a comment, blank lines are ignored::
   ``trainer[:ranks]``, ``ps[:shards]``, ``rollout[:instances]``.
 * options: ``python=`` (interpreter with psrl installed on that host; default: the launcher's own
   path), ``ssh=`` (command used to reach it; default ``ssh``), ``workdir=`` (remote working
-  directory), ``local=true`` (start actors directly instead of over ssh).
+  directory), ``local=true`` (start actors directly instead of over ssh), ``shared=true`` (the host
+  mounts the run directory at the same path: its trainer ranks and shards checkpoint there).
+
+`psrl launch --cluster ray|slurm` builds the same structure from the cluster (launch.cluster).
 
 The bus proxy and the logger run on the launching host, which owns the run directory; the first
 host that is the launching machine (``local=true`` or an address of this machine) takes them.
@@ -30,7 +33,7 @@ from pathlib import Path
 SINGLETON_ROLES = ("coordinator", "router", "logger", "session")
 COUNTED_ROLES = ("trainer", "ps", "rollout")
 ROLES = SINGLETON_ROLES + COUNTED_ROLES
-OPTIONS = ("python", "ssh", "workdir", "local")
+OPTIONS = ("python", "ssh", "workdir", "local", "shared")
 
 
 class HostsFileError(ValueError):
@@ -51,6 +54,12 @@ class Host:
     workdir: str | None = None
     is_local: bool = False
     line_no: int = 0
+    # how its actors start: "ssh" (hosts file), "srun" (a Slurm job step), "ray" (a Ray actor on the node)
+    starter: str = "ssh"
+    shares_run_dir: bool = False  # mounts the launcher's run directory at the same path
+    devices: dict[str, str] = field(default_factory=dict)  # actor name -> CUDA_VISIBLE_DEVICES, set by a cluster
+    node_id: str | None = None  # the Ray node it stands for
+    gpus: int = 0  # GPUs a cluster gives the job on this host (a Slurm job step asks for them all)
 
 
 @dataclass(frozen=True)
@@ -122,9 +131,14 @@ def _parse_line(path: str, line_no: int, line: str, resolve: Resolver) -> Host:
         python=options.get("python"),
         ssh=tuple(shlex.split(options.get("ssh", "ssh"))),
         workdir=options.get("workdir"),
-        is_local=options.get("local", "false").lower() in ("1", "true", "yes"),
+        is_local=_is_true(options.get("local", "false")),
         line_no=line_no,
+        shares_run_dir=_is_true(options.get("shared", "false")),
     )
+
+
+def _is_true(text: str) -> bool:
+    return text.lower() in ("1", "true", "yes")
 
 
 def _looks_like_address(token: str) -> bool:

@@ -1,9 +1,11 @@
-"""One actor process, started on this machine or over ssh, with its boot line on stdin.
+"""One actor process, started on this machine, over ssh or as a Slurm job step, with its boot line on stdin.
 
 Locally the actor is ``python -m actors`` in a new session (so a terminal Ctrl-C reaches only
 the launcher, which then shuts actors down in order). Remotely it is the same command run by
-ssh; the actor watches its stdin, so when the launcher or its ssh client dies the actor stops
-itself, and the launcher can also kill it by the pid it announced in its Hello event.
+ssh (``Host.starter == "ssh"``) or by ``srun --overlap -w NODE`` (``"srun"``, launch.cluster.slurm);
+the actor watches its stdin, so when the launcher or its ssh/srun client dies the actor stops
+itself, and the launcher can also kill it by the pid it announced in its Hello event. Other
+starters (``"ray"``: a Ray actor on the node) register in ``STARTERS``.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Protocol
@@ -69,8 +72,13 @@ class ActorProcess:
         return self.popen.poll()
 
     def signal(self, signum: int) -> None:
-        """Signal the actor (its whole process group locally; by pid over ssh remotely)."""
+        """Signal the actor (its whole process group locally; by pid over ssh or srun remotely; through
+        its runner on a Ray node)."""
         if self.popen.poll() is not None and not self.is_remote:
+            return
+        send = getattr(self.popen, "send_signal", None)
+        if self.is_remote and self.spec.host is not None and self.spec.host.starter in STARTERS and send:
+            send(signum)
             return
         if self.is_remote:
             if self.remote_pid is not None:
@@ -93,6 +101,21 @@ class ActorProcess:
             return None
 
 
+# starters that are not a command line (a Ray cluster registers "ray"): spec, boot, log file -> process
+STARTERS: dict[str, Callable[[ActorSpec, Boot, Path], ActorProcess]] = {}
+
+
+def remote_shell(spec: ActorSpec, command: str) -> list[str]:
+    """``command`` (a shell line) run on the actor's host: over its ssh command, or as a job step."""
+    host = spec.host
+    assert host is not None
+    if host.starter == "srun":
+        from launch.cluster.slurm import step_command
+
+        return step_command(host.name, command, gpus=host.gpus if spec.name in host.devices else 0)
+    return [*host.ssh, "-o", "BatchMode=yes", host.name, command]
+
+
 def actor_command(spec: ActorSpec) -> list[str]:
     host = spec.host
     python = (host.python if host is not None else None) or sys.executable
@@ -100,13 +123,14 @@ def actor_command(spec: ActorSpec) -> list[str]:
     if host is None or host.is_local:
         return local
     workdir = host.workdir or str(REPO_ROOT)
-    remote = f"cd {shlex.quote(workdir)} && exec {' '.join(shlex.quote(p) for p in local)}"
-    return [*host.ssh, "-o", "BatchMode=yes", host.name, remote]
+    return remote_shell(spec, f"cd {shlex.quote(workdir)} && exec {' '.join(shlex.quote(p) for p in local)}")
 
 
 def start_actor(spec: ActorSpec, boot: Boot, log_path: Path) -> ActorProcess:
     """Start the actor and hand it its boot line; stdin stays open as the launcher's lifeline."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
+    if spec.host is not None and not spec.host.is_local and spec.host.starter in STARTERS:
+        return STARTERS[spec.host.starter](spec, boot, log_path)
     log = log_path.open("ab")
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     preload = boot.options.get("ld_preload")
@@ -129,10 +153,10 @@ def start_actor(spec: ActorSpec, boot: Boot, log_path: Path) -> ActorProcess:
 
 
 def run_on_host(spec: ActorSpec, command: str, timeout_s: float = 10.0) -> None:
+    """``command`` on the actor's host over ssh or srun; a no-op where a registered starter (Ray) owns
+    the process, which it signals and kills itself."""
     host = spec.host
-    if host is None:
+    if host is None or host.starter in STARTERS:
         return
     with contextlib.suppress(subprocess.TimeoutExpired):
-        subprocess.run(
-            [*host.ssh, "-o", "BatchMode=yes", host.name, command], capture_output=True, timeout=timeout_s, check=False
-        )
+        subprocess.run(remote_shell(spec, command), capture_output=True, timeout=timeout_s, check=False)

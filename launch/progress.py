@@ -6,7 +6,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from bus.messages import InstanceStatus, Metrics, RunFinished, TrainerProgress
+from bus.messages import InstanceStatus, Metrics, RunFinished, ScaleDecided, TrainerProgress
 from bus.schema import Event
 from psrl.config import Config
 from psrl.report.busy import BusyClock
@@ -33,6 +33,7 @@ class ProgressView:
         self.reward_failures = [0, 0]  # (failed, calls) over the run
         self.summary: dict[str, float] = {}
         self.evals: list[tuple[int, float]] = []  # (version, held-out accuracy)
+        self.retired: set[str] = set()  # instances that left the set (psrl scale, lost for good)
 
     def on_event(self, event: Event[Any]) -> None:
         msg = event.message
@@ -47,6 +48,15 @@ class ProgressView:
             self._print_step(msg)
         elif isinstance(msg, RunFinished):
             self.summary = dict(msg.summary)
+        elif isinstance(msg, ScaleDecided) and not msg.error:
+            self.retired.update(msg.removed)
+            self._print_scale(msg)
+
+    def _print_scale(self, msg: ScaleDecided) -> None:
+        after = [n for n in msg.before if n not in msg.removed] + list(msg.added)
+        if self.echo is not None and (msg.added or msg.removed):
+            change = " ".join([*(f"+{n}" for n in msg.added), *(f"-{n}" for n in msg.removed)])
+            self.echo(f"rollout instances {len(msg.before)} -> {len(after)}: {change} ({msg.reason or 'psrl scale'})")
 
     def _print_step(self, msg: TrainerProgress) -> None:
         step = self.by_step.pop(msg.step, {})
@@ -57,7 +67,9 @@ class ProgressView:
         reward = step.get("reward/mean", float("nan"))
         staleness = step.get("staleness/mean", float("nan"))
         rate = step.get("throughput/trajectories_per_s", float("nan"))
-        util = " ".join(f"{name}:{spent.busy:.0%}" for name, spent in sorted(self.busy.take().items()))
+        util = " ".join(
+            f"{name}:{spent.busy:.0%}" for name, spent in sorted(self.busy.take().items()) if name not in self.retired
+        )
         elapsed = time.monotonic() - self.started
         if not self.legend_shown:
             self.legend_shown = True

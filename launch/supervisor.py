@@ -14,6 +14,7 @@ The exit code says how the run ended: 0 finished, 1 failed, 130 interrupted.
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import socket
@@ -35,8 +36,10 @@ from bus.messages import (
     ActorStatus,
     Heartbeat,
     Hello,
+    InstanceDrained,
     Ready,
     RunFinished,
+    ScaleRequest,
     Shutdown,
     StallDiagnosed,
 )
@@ -45,10 +48,12 @@ from bus.security import generate_keys, load_keys
 from launch.forkserver import ForkServer
 from launch.hosts import HostsFile
 from launch.liveness import Liveness
-from launch.placement import memory_saver_preload, visible_gpus
+from launch.placement import boot_run_dir, memory_saver_preload, visible_gpus
 from launch.plan import ActorSpec, plan_actors, plan_endpoints
 from launch.policy import RestartPolicy, Verdict
 from launch.process import ActorProcess, run_on_host, start_actor
+from launch.scale import ScaleController
+from launch.scale_placement import RolloutPlacement, default_placement
 from launch.spare_policy import SparePolicy
 from launch.spares import SparePool
 from launch.stall import SUBSCRIPTIONS as STALL_SUBSCRIPTIONS
@@ -56,6 +61,7 @@ from launch.stall import RunStallWatch
 from psrl.checkpoint_dirs import latest_checkpoint, read_trainer_state, remove_snapshots
 from psrl.config import Config, to_yaml
 from psrl.config.bus_settings import bus_settings
+from psrl.coordination.scaling import RUN_STATE_REFUSAL
 from psrl.launches import INCARNATIONS_PER_LAUNCH, is_replacement
 from psrl.log import get_logger
 from psrl.reliability.stall import END
@@ -111,6 +117,9 @@ class Supervisor:
         self.spares: SparePool | None = None
         self.stall: RunStallWatch | None = None
         self.fork_server: ForkServer | None = None
+        # where `psrl scale` starts new rollout instances (a cluster placement may set its own before run())
+        self.rollout_placement: RolloutPlacement = default_placement(config, hosts)
+        self.scaler: ScaleController | None = None
 
     # ------------------------------------------------------------------ public
 
@@ -127,6 +136,7 @@ class Supervisor:
             self._start_bus()
             self._start_all()
             self.spares = self._spare_pool()
+            self.scaler = self._scale_controller()
             if not self.is_stopping:
                 self.run_dir.write_state(status="running")
                 self._watch()
@@ -167,13 +177,15 @@ class Supervisor:
         self.proxy = BusProxy(plan, self.settings.options, self.ctx)
         self.addresses = self.proxy.start()
         self.addresses.save(self.run_dir.path)
-        self.endpoints = plan_endpoints(
-            self.specs,
+        # kept: an instance added later (psrl scale) takes the next slot's endpoints
+        self.plan_endpoints = functools.partial(
+            plan_endpoints,
             use_tcp=multi or transport == "tcp",
             ipc_directory=str(ipc_dir(self.run_dir.path)),
             base_port=self.config.bus.base_port,
             local_address=host,
         )
+        self.endpoints = self.plan_endpoints(self.specs)
         self.dist_master = _dist_master(self.endpoints)
         resume = self.config.trainer.resume
         self.resume = resume_point(self.run_dir, self.config.entries_per_buffer) if resume else ResumePoint()
@@ -194,6 +206,7 @@ class Supervisor:
                 "inst.status",
                 "sup.",
                 "session.env_worker",
+                InstanceDrained.KIND,  # a retiring instance (psrl scale) may stop
                 *STALL_SUBSCRIPTIONS,
             ],
             options=self.settings.options,
@@ -202,7 +215,8 @@ class Supervisor:
         self.control_watcher = Subscriber(
             self.ctx,
             self.addresses.control_out,
-            ["run.", "coord.sync"],  # coord.sync: a moment chaos plans time faults against (launch.chaos)
+            # coord.sync: a moment chaos plans time faults against (launch.chaos); ctl.scale: psrl scale
+            ["run.", "coord.sync", ScaleRequest.KIND],
             options=self.settings.options,
             name="supervisor:control",
         )
@@ -228,7 +242,6 @@ class Supervisor:
 
     def _boot(self, spec: ActorSpec, incarnation: int) -> Boot:
         bus = {k: v for k, v in vars(self.addresses).items() if k != "curve_dir"}
-        is_local = spec.host is None or spec.host.is_local
         return Boot(
             name=spec.name,
             role=spec.role,
@@ -238,7 +251,7 @@ class Supervisor:
             bus=bus,
             endpoints=self.endpoints,
             host=spec.host.address if spec.host is not None else self.config.bus.host,
-            run_dir=str(self.run_dir.path) if is_local else None,
+            run_dir=boot_run_dir(spec.host, self.run_dir.path),
             curve_files=self.curve_files,
             options={
                 "log_level": self.config.run.log_level,
@@ -358,6 +371,8 @@ class Supervisor:
             self._pump_events(WATCH_INTERVAL_S)
             self._check_processes()
             self._check_stall()
+            if self.scaler is not None:
+                self.scaler.tick(time.monotonic())
             if self.spares is not None:
                 self.spares.tend(run_settled=self._is_settled())
 
@@ -390,12 +405,18 @@ class Supervisor:
             elif isinstance(msg, Ready):
                 process.is_ready = True
                 process.last_heartbeat = time.monotonic()
+                if self.scaler is not None:
+                    self.scaler.joined(name)
             elif isinstance(msg, ActorDead):
                 self.dead_reasons[name] = msg.reason
             elif isinstance(msg, ActorStatus) and msg.detail == CHECKPOINT_ON_STOP:
                 process.saving_since = time.monotonic()
         if isinstance(msg, RunFinished):
             self._end(EXIT_OK if msg.success else EXIT_FAILED, msg.reason or "run finished")
+        elif isinstance(msg, ScaleRequest):
+            self._on_scale_request(msg)
+        elif isinstance(msg, InstanceDrained) and self.scaler is not None:
+            self.scaler.on_drained(msg)
         if self.stall is not None:
             self.stall.observe(event, time.monotonic())
         for listener in self.listeners:
@@ -465,9 +486,14 @@ class Supervisor:
         self.publisher.publish(ActorExited(spec.name, process.incarnation, code))
         reason = self._death_reason(spec.name, code)
         self.dead_reasons.pop(spec.name, None)
-        self.log.warning("actor died", actor=spec.name, incarnation=process.incarnation, reason=reason)
+        if self.scaler is not None and spec.name in self.scaler.retiring:
+            self.log.info("retired instance exited", actor=spec.name, incarnation=process.incarnation, reason=reason)
+        else:
+            self.log.warning("actor died", actor=spec.name, incarnation=process.incarnation, reason=reason)
         process.close_stdin()
         process.log.close()
+        if self._leaves_the_set(spec.name, reason):
+            return
         verdict, why = self.policy.decide(spec.name, spec.role, time.monotonic(), shutting_down=self.is_stopping)
         if verdict is Verdict.RESTART:
             self.num_restarts[spec.name] = self.num_restarts.get(spec.name, 0) + 1
@@ -480,6 +506,52 @@ class Supervisor:
         elif verdict is Verdict.END_RUN:
             del self.processes[spec.name]
             self._end(EXIT_FAILED, f"{spec.name} died ({reason}): {why}")
+
+    # ------------------------------------------------------------------ elastic rollout (launch.scale)
+
+    def _scale_controller(self) -> ScaleController:
+        return ScaleController(
+            self.rollout_placement,
+            self.publisher.publish,
+            self._start_added,
+            self.processes,
+            self.config.topology.drain_timeout_s,
+            restart_rollout=self.config.topology.restart_rollout,
+        )
+
+    def _on_scale_request(self, request: ScaleRequest) -> None:
+        if self.scaler is None:  # still starting: refused by the same controller once it exists
+            return
+        refuse = ""
+        if self.is_stopping:
+            refuse = f"{RUN_STATE_REFUSAL}it is stopping ({self.end_reason})"
+        elif self.config.topology.colocate:
+            refuse = (f"{RUN_STATE_REFUSAL}topology.colocate=true: its instances share the trainer's GPUs "
+                      "and cannot be added or removed; launch without colocate to scale")  # fmt: skip
+        self.scaler.on_request(request, refuse=refuse)
+
+    def _start_added(self, spec: ActorSpec) -> ActorProcess:
+        """A new instance of this launch: its own endpoints, started as any actor, joining a running run."""
+        self.specs.append(spec)
+        slot_endpoints = self.plan_endpoints(self.specs)
+        self.endpoints.update({k: v for k, v in slot_endpoints.items() if k.split(".")[0] == spec.name})
+        self.actor_options.setdefault(spec.name, {})["joins_running"] = True
+        return self._start(spec, self.incarnation_base)
+
+    def _leaves_the_set(self, name: str, reason: str) -> bool:
+        """A retired instance's exit, or an instance lost for good (topology.restart_rollout=false): not
+        restarted; the run fails only when no instance is left."""
+        if self.scaler is None or self.is_stopping:
+            return False
+        if self.scaler.takes_death(name):
+            return True
+        if self.scaler.loses_for_good(name, reason) is None:
+            return False
+        if not self.scaler.active:
+            self._end(EXIT_FAILED, f"{name} died ({reason}) and no rollout instance is left "
+                      "(topology.restart_rollout=false); resume with psrl launch --name "
+                      f"{self.run_dir.name}, or set topology.restart_rollout=true")  # fmt: skip
+        return True
 
     # ------------------------------------------------------------------ stop
 
@@ -592,7 +664,7 @@ def _dist_master(endpoints: dict[str, str]) -> str:
 
 
 def _placement(spec: ActorSpec, config: Config) -> dict[str, str]:
-    gpus = visible_gpus(spec.role, spec.index, config.topology)
+    gpus = visible_gpus(spec.role, spec.index, config.topology, spec.host)
     options = {} if gpus is None else {"cuda_visible_devices": gpus}
     preload = memory_saver_preload(spec.role, config)
     return options if preload is None else {**options, "ld_preload": preload}

@@ -12,7 +12,7 @@ try:
 except PackageNotFoundError:  # running from a source tree without an install
     __version__ = "0.0.0+source"
 
-__all__ = ["RunResult", "__version__", "run"]
+__all__ = ["RunResult", "__version__", "run", "scale"]
 
 
 def run(*args: Any, **kwargs: Any) -> RunResult:
@@ -23,3 +23,10 @@ def run(*args: Any, **kwargs: Any) -> RunResult:
     api = importlib.import_module("launch.api")
     result: RunResult = api.run(*args, **kwargs)
     return result
+
+
+def scale(*args: Any, **kwargs: Any) -> Any:
+    """Add or remove rollout instances of a running run: `psrl.scale("runs/x", "rollout=+2")` (psrl.scale_request)."""
+    from psrl.scale_request import scale as ask
+
+    return ask(*args, **kwargs)

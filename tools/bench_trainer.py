@@ -1,16 +1,26 @@
-"""The trainer step alone on the real-scale workload, against the GPU's own matmul rate.
+"""The trainer step alone on the real-scale workload, against the device's own matmul rate.
 
 Builds the trainer core the trainer actor runs (same config path), feeds it synthetic buffers shaped
 like ``bench_e2e.py --scale gpu`` (64 prompts x 8 responses, log-normal response lengths with
 median 512 and max 4096), and times each step split into no-grad forwards and
-forward+backward+optimizer. The limit measured in the same run is a large bf16 matmul: the
-step's model FLOPs (2 per parameter and token for a forward, 6 for forward+backward, 2 more
-where layers are recomputed) over its time, divided by that rate, is the fraction of the GPU the
-step uses. Variants are override sets run back to back on the same buffers:
+forward+backward+optimizer. The limit measured in the same run is a large matmul (bf16 on a GPU,
+float32 on a CPU). The step's model FLOPs over its time, divided by that rate, is the fraction of
+the device the step uses (``vs_gemm``). Model FLOPs count real tokens only (padding never counts):
+2 per parameter and token for each no-grad forward (old log-probs, reference log-probs, values), 6
+for forward+backward; layers recomputed under checkpointing do not count again. The input
+embedding is a lookup, not a matmul, so it counts only where it is also the LM head (tied).
+Attention's own FLOPs (causal: 2 x layers x heads x head_dim x length^2 per forward, 3x that for
+forward+backward) are reported apart (``attn_vs_gemm``).
 
-    python tools/bench_trainer.py --model /tmp/q05 --variants base,no_recompute --profile
+The model: ``--model DIR``, or ``--shape`` (a random checkpoint with a published model's layers and
+the demo tokenizer, see tools/random_model.py, written to a temporary directory; ``demo`` is the
+bundled demo model). Variants are override sets run back to back on the same buffers; ``default``
+is the trainer's default configuration (packed micro-batches, checkpointing by memory budget):
 
-Ends with ``RESULT <variant>_tok_s=... <variant>_vs_gemm=... ...``.
+    python tools/bench_trainer.py --shape qwen2.5-0.5b --variants default,padded --profile
+
+Ends with ``RESULT shape=<shape> gemm_tflops=... best_vs_gemm=<default's vs_gemm> <variant>_tok_s=...
+<variant>_vs_gemm=... <variant>_attn_vs_gemm=... <variant>_step_s=... default_vs_padded=...``.
 """
 
 from __future__ import annotations
@@ -20,29 +30,32 @@ import contextlib
 import math
 import random
 import statistics
+import sys
+import tempfile
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import torch
 
-from psrl.config import load_config
+from psrl.config import Config, load_config
+from psrl.engine import DEMO_MODEL_DIR
 from psrl.log import configure
+from psrl.models.shapes import BODIES
 from psrl.rl.trajectory import Trajectory
 from psrl.trainer.core import TrainerCore
 from psrl.trainer.parallel import ParallelContext
 
-BASE = [
-    "actor.use_dynamic_bsz=True",
-    "actor.ppo_max_token_len_per_gpu=16384",
-    "actor.gradient_checkpointing=True",
-    "actor.compute_dtype=bfloat16",
-]
+BASE = ["actor.use_dynamic_bsz=True", "actor.ppo_max_token_len_per_gpu=16384"]
 VARIANTS = {
-    "base": [],
+    "default": [],
+    "padded": ["actor.packing=False"],
+    "recompute": ["actor.gradient_checkpointing=True"],
     "no_recompute": ["actor.gradient_checkpointing=False"],
     "no_recompute_8k": ["actor.gradient_checkpointing=False", "actor.ppo_max_token_len_per_gpu=8192"],
-    "cudnn_attention": ["actor.gradient_checkpointing=False"],
+    "cudnn_attention": ["actor.packing=False", "actor.gradient_checkpointing=False"],
 }
+SHAPES = ["demo", *sorted(BODIES)]
 
 
 def buffer(buffer_id: int, args: argparse.Namespace, vocab: int) -> list[Trajectory]:
@@ -61,8 +74,10 @@ def buffer(buffer_id: int, args: argparse.Namespace, vocab: int) -> list[Traject
 
 
 def gemm_tflops(device: torch.device, size: int, reps: int = 10) -> float:
-    a = torch.randn(size, size, device=device, dtype=torch.bfloat16)
-    b = torch.randn(size, size, device=device, dtype=torch.bfloat16)
+    """The matmul rate of the dtype the step computes in: bf16 on a GPU, float32 on a CPU."""
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    a = torch.randn(size, size, device=device, dtype=dtype)
+    b = torch.randn(size, size, device=device, dtype=dtype)
     a @ b  # warm-up
     synchronize(device)
     started = time.perf_counter()
@@ -77,24 +92,43 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def run_variant(name: str, args: argparse.Namespace, peak: float) -> dict[str, float]:
-    device = torch.device(args.device)
+def variant_config(name: str, args: argparse.Namespace, device: torch.device) -> Config:
     sizes = [f"psrl.staleness_buffer_entries={args.groups}", f"psrl.rollout_n={args.group_size}",
              f"actor.ppo_mini_batch_size={args.groups}"]  # fmt: skip
-    config = load_config("demo", [*BASE, f"topology.device={device.type}", f"model.path={args.model}", *sizes,
-                                  *VARIANTS[name]])  # fmt: skip
-    core = TrainerCore(config, parallel=ParallelContext(device=device))
+    dtype = "bfloat16" if device.type == "cuda" else "float32"  # CPU autocast to bf16 is slower than float32
+    return load_config("demo", [*BASE, f"actor.compute_dtype={dtype}", f"topology.device={device.type}",
+                                f"model.path={args.model}", *sizes, *VARIANTS[name]])  # fmt: skip
+
+
+def model_flops(core: TrainerCore, trajectories: list[Trajectory]) -> tuple[float, float]:
+    """(model FLOPs, attention FLOPs) of one step on these trajectories (see the module docstring)."""
+    raw = core.policy.raw
+    config = raw.config
+    params = sum(p.numel() for p in raw.parameters())
+    if not config.tie_word_embeddings:
+        params -= raw.get_input_embeddings().weight.numel()
+    tokens = sum(len(t.prompt_token_ids) + len(t.response_token_ids) for t in trajectories)
+    squares = sum((len(t.prompt_token_ids) + len(t.response_token_ids)) ** 2 for t in trajectories)
+    forwards = 1 + (core.reference is not None) + (core.critic is not None)  # no-grad forwards per sample
+    updates = 1 + (core.critic is not None)  # forward+backward per sample
+    head_dim = config.hidden_size // config.num_attention_heads
+    attention_per_forward = 2 * config.num_hidden_layers * config.num_attention_heads * head_dim * squares
+    model = params * tokens * (2 * forwards + 6 * updates)
+    return float(model), float(attention_per_forward * (forwards + 3 * updates))
+
+
+def run_variant(name: str, args: argparse.Namespace, peak: float) -> dict[str, float]:
+    device = torch.device(args.device)
+    core = TrainerCore(variant_config(name, args, device), parallel=ParallelContext(device=device))
     # the trainer keeps SDPA off cuDNN (psrl.trainer.models.use_low_overhead_attention); this variant
     # measures what that saves
     torch.backends.cuda.enable_cudnn_sdp(name == "cudnn_attention")
     vocab = core.policy.raw.config.vocab_size
-    params = sum(p.numel() for p in core.policy.raw.parameters())
     rows = []
     profile = args.profile and name == args.variants.split(",")[0]
     # step 0 warms up kernels and the allocator; a profiled step (the last) is not timed
     for step in range(args.steps + 1 + profile):
         trajectories = buffer(step, args, vocab)
-        tokens = sum(len(t.prompt_token_ids) + len(t.response_token_ids) for t in trajectories)
         is_profiled = profile and step == args.steps + 1
         synchronize(device)
         started = time.perf_counter()
@@ -103,13 +137,16 @@ def run_variant(name: str, args: argparse.Namespace, peak: float) -> dict[str, f
         synchronize(device)
         seconds = time.perf_counter() - started
         if step and not is_profiled:
-            rows.append({"s": seconds, "tokens": tokens, "forward_s": result.metrics["perf/forward_s"],
+            flops, attention = model_flops(core, trajectories)
+            tokens = sum(len(t.prompt_token_ids) + len(t.response_token_ids) for t in trajectories)
+            rows.append({"s": seconds, "tokens": tokens, "flops": flops, "attention": attention,
+                         "forward_s": result.metrics["perf/forward_s"],
                          "update_s": result.metrics["perf/update_s"]})  # fmt: skip
-    recompute = 2 if config.actor.gradient_checkpointing else 0
-    flops_per_token = params * (2 + 6 + recompute)
     seconds = statistics.median(r["s"] for r in rows)
-    tokens = statistics.median(r["tokens"] for r in rows)
-    out = {"tok_s": tokens / seconds, "vs_gemm": flops_per_token * tokens / seconds / 1e12 / peak, "step_s": seconds,
+    out = {"tok_s": statistics.median(r["tokens"] / r["s"] for r in rows),
+           "vs_gemm": statistics.median(r["flops"] / r["s"] for r in rows) / 1e12 / peak,
+           "attn_vs_gemm": statistics.median(r["attention"] / r["s"] for r in rows) / 1e12 / peak,
+           "step_s": seconds,
            "forward_s": statistics.median(r["forward_s"] for r in rows),
            "update_s": statistics.median(r["update_s"] for r in rows),
            "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else 0.0}  # fmt: skip
@@ -119,6 +156,19 @@ def run_variant(name: str, args: argparse.Namespace, peak: float) -> dict[str, f
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
     return out
+
+
+def model_dir(args: argparse.Namespace, scratch: Path) -> Path:
+    """`--model`, the bundled demo model, or a random checkpoint of `--shape` written under `scratch`."""
+    if args.model:
+        return Path(args.model)
+    if args.shape == "demo":
+        return Path(DEMO_MODEL_DIR)
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: the repository root
+    from tools.random_model import write_model
+
+    write_model(args.shape, scratch / args.shape, max_positions=max(8192, args.prompt_len + args.max_len))
+    return scratch / args.shape
 
 
 @contextlib.contextmanager
@@ -137,8 +187,11 @@ def profiled(enabled: bool) -> Iterator[None]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", required=True, help="a Hugging Face checkpoint directory (tools/random_model.py)")
-    ap.add_argument("--variants", default="base,no_recompute", help=f"comma list of {sorted(VARIANTS)}")
+    ap.add_argument("--model", default=None, help="a Hugging Face checkpoint directory (else --shape)")
+    ap.add_argument(
+        "--shape", choices=SHAPES, default="qwen2.5-0.5b", help="the model's layers (with --model: a label)"
+    )
+    ap.add_argument("--variants", default="default,padded", help=f"comma list of {sorted(VARIANTS)}")
     ap.add_argument("--steps", type=int, default=2, help="measured steps per variant (after one warm-up)")
     ap.add_argument("--groups", type=int, default=64)
     ap.add_argument("--group-size", type=int, default=8)
@@ -150,16 +203,22 @@ def main() -> None:
     ap.add_argument("--profile", action="store_true", help="profile the first variant's last step")
     args = ap.parse_args()
     configure("warning")
-    unknown = sorted(set(args.variants.split(",")) - set(VARIANTS))
+    names = args.variants.split(",")
+    unknown = sorted(set(names) - set(VARIANTS))
     if unknown:
         ap.error(f"--variants: unknown {unknown}; choose from {sorted(VARIANTS)}")
     size = 8192 if args.device == "cuda" else 1024
     peak = gemm_tflops(torch.device(args.device), size)
-    print(f"bf16 matmul {size}^3: {peak:.1f} TFLOP/s", flush=True)
-    results = {name: run_variant(name, args, peak) for name in args.variants.split(",")}
-    print(f"RESULT gemm_tflops={peak:.0f} " + " ".join(
-        f"{name}_tok_s={r['tok_s']:.0f} {name}_vs_gemm={r['vs_gemm']:.3f} {name}_step_s={r['step_s']:.2f}"
-        for name, r in results.items()))  # fmt: skip
+    print(f"matmul {size}^3: {peak:.3f} TFLOP/s", flush=True)
+    with tempfile.TemporaryDirectory(prefix="bench_trainer_") as scratch:
+        args.model = str(model_dir(args, Path(scratch)))
+        results = {name: run_variant(name, args, peak) for name in names}
+    best = results.get("default", max(results.values(), key=lambda r: r["vs_gemm"]))
+    extra = f" default_vs_padded={results['padded']['step_s'] / results['default']['step_s']:.2f}" if {
+        "default", "padded"} <= set(results) else ""  # fmt: skip
+    print(f"RESULT shape={args.shape} gemm_tflops={peak:.3f} best_vs_gemm={best['vs_gemm']:.4f} " + " ".join(
+        f"{name}_tok_s={r['tok_s']:.0f} {name}_vs_gemm={r['vs_gemm']:.4f} {name}_attn_vs_gemm={r['attn_vs_gemm']:.4f} "
+        f"{name}_step_s={r['step_s']:.3f}" for name, r in results.items()) + extra)  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -37,8 +37,18 @@ so replacements are warm; ``topology.warm_spares=0`` measures cold replacements.
 
     python tools/chaos.py --quick topology.warm_spares=0   # cold replacements, for comparison
 
+Elastic rollout: ``--elastic 0.5`` mixes scale-ups and scale-downs (one rollout instance more or fewer,
+asked over the run's bus as `psrl scale` does) in between the faults, before about half of them; the
+run's room is ``topology.max_rollout_instances`` (two more than it starts with unless given). A kill may
+then land on an instance that was just added, and a retired instance's requests continue elsewhere.
+
+    python tools/chaos.py --quick --elastic 0.5 --roles rollout,router
+    # make chaos-elastic: 3 runs, 6 faults each, a scale event before about 60% of them
+    python tools/chaos.py --cases 3 --faults 6 --steps 12 --elastic 0.6 --roles rollout,router,coordinator,ps
+
 Ends with ``RESULT faults=<n> lost=<n> duplicated=<n> mixed_versions=<n> max_recovery_s=<s> ...
-warm_restarts=<n> warm_recovery_p50_s=<s> warm_max_recovery_s=<s>``.
+warm_restarts=<n> warm_recovery_p50_s=<s> warm_max_recovery_s=<s> scale_ups=<n> scale_downs=<n>
+scale_refused=<n>``.
 """
 
 from __future__ import annotations
@@ -47,11 +57,11 @@ import argparse
 import tempfile
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from bus.eventlog.reader import EventLogReader
-from launch.chaos import FaultInjector
+from launch.chaos import SCALE_DOWN, SCALE_UP, FaultInjector, mix_scale_events
 from launch.plan import plan_actors
 from launch.policy import RestartPolicy
 from launch.supervisor import EXIT_INTERRUPTED, EXIT_OK, Supervisor
@@ -121,6 +131,8 @@ class CaseResult:
     cold_starts: dict[str, float]
     skipped: list[str]
     wall_s: float
+    scaled: list[tuple[str, str]] = field(default_factory=list)  # elastic events done: (kind, instance)
+    refused: list[str] = field(default_factory=list)  # elastic events the run refused (no room, last one)
 
 
 @dataclass(frozen=True)
@@ -132,19 +144,24 @@ class Plan:
     gap_s: float
     anchored_share: float = 0.0
     explicit: str = ""
+    elastic_share: float = 0.0  # share of faults preceded by a scale-up or scale-down
 
     def faults(self, seed: int, config: Config) -> list[Fault]:
         targets = fault_targets(config, self.roles)
         if self.explicit:
-            return parse_plan(self.explicit, [spec.name for spec in plan_actors(config)] + targets)
-        return plan_faults(seed, targets, self.num_faults, mean_gap_s=self.gap_s, anchored_share=self.anchored_share)
+            faults = parse_plan(self.explicit, [spec.name for spec in plan_actors(config)] + targets)
+        else:
+            faults = plan_faults(
+                seed, targets, self.num_faults, mean_gap_s=self.gap_s, anchored_share=self.anchored_share
+            )
+        return mix_scale_events(seed, faults, self.elastic_share, self.gap_s)
 
 
 def run_case(
     seed: int, config: Config, plan_of: Plan, root: Path, deadline_s: float = CASE_DEADLINE_S
 ) -> CaseResult:  # fmt: skip
     plan = plan_of.faults(seed, config)
-    num_faults = len(plan)
+    num_faults = sum(f.kind not in (SCALE_UP, SCALE_DOWN) for f in plan)
     supervisor = Supervisor(config, RunDir.create(root, f"chaos-{seed}"))
     # the harness measures recovery, so the restart budget must not be what ends a run
     supervisor.policy = RestartPolicy(max_restarts=num_faults + 1)
@@ -171,6 +188,8 @@ def run_case(
         cold_starts(events),
         injector.skipped,
         time.monotonic() - started,
+        injector.scaled,
+        injector.refused,
     )
 
 
@@ -190,6 +209,8 @@ def describe(case: CaseResult) -> str:
             if sessions.num_sessions
             else ""
         )
+        + (f"scaled {[f'{k}:{n}' for k, n in case.scaled]}; " if case.scaled else "")
+        + (f"scale refused {len(case.refused)}; " if case.refused else "")
         + f"violations {bad or 'none'}"
         + (f"; skipped {case.skipped}" if case.skipped else "")
     )
@@ -250,7 +271,10 @@ def summary_line(cases: list[CaseResult]) -> str:
         f"max_recovery_s={max(healed, default=0.0):.2f} "
         f"recovery_vs_cold_start_p50={percentile(ratios, 0.5):.2f} "
         f"warm_restarts={len(warm)} warm_recovery_p50_s={percentile(warm, 0.5):.2f} "
-        f"warm_max_recovery_s={max(warm, default=0.0):.2f}"
+        f"warm_max_recovery_s={max(warm, default=0.0):.2f} "
+        f"scale_ups={sum(k == SCALE_UP for c in cases for k, _ in c.scaled)} "
+        f"scale_downs={sum(k == SCALE_DOWN for c in cases for k, _ in c.scaled)} "
+        f"scale_refused={sum(len(c.refused) for c in cases)}"
     )
 
 
@@ -276,6 +300,9 @@ def main() -> None:
     parser.add_argument("--anchored", type=float, default=0.0, help="share of faults timed against a sync moment")
     parser.add_argument("--plan", default="", help="explicit faults of every case, e.g. rollout-0@4,router@publish+0.1")
     parser.add_argument("--curve", action="store_true", help="every case over CURVE (bus.curve=on)")
+    parser.add_argument(
+        "--elastic", type=float, default=0.0, help="share of faults preceded by a rollout scale-up or scale-down"
+    )
     parser.add_argument("overrides", nargs="*", help="config overrides for every case")
     args = parser.parse_args()
     configure("warning")
@@ -287,8 +314,12 @@ def main() -> None:
     root = args.root or Path(tempfile.mkdtemp(prefix="psrl-chaos-"))
     preset, workload = WORKLOADS[args.workload]
     curve = ["bus.curve=on"] if args.curve else []
-    config = checked(load_config(preset, [*workload, f"trainer.total_steps={steps}", *curve, *args.overrides]))
-    plan = Plan(roles, args.faults or faults, args.gap, args.anchored, args.plan)
+    overrides = [*workload, f"trainer.total_steps={steps}", *curve, *args.overrides]
+    if args.elastic > 0 and not any(o.startswith("topology.max_rollout_instances=") for o in args.overrides):
+        started = load_config(preset, overrides).topology.n_rollout_instances
+        overrides.append(f"topology.max_rollout_instances={started + 2}")  # room to scale up into
+    config = checked(load_config(preset, overrides))
+    plan = Plan(roles, args.faults or faults, args.gap, args.anchored, args.plan, args.elastic)
     results = []
     for k in range(args.cases or cases):
         case = run_case(args.seed + k, config, plan, root, args.case_deadline)

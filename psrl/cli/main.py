@@ -15,6 +15,7 @@ COMMANDS: dict[str, str] = {
     "keys": "psrl.cli.keys_cmd:keys",
     "launch": "launch.cli:launch",  # the launcher sits above the actors, outside the library
     "tap": "psrl.cli.tap_cmd:tap",
+    "scale": "psrl.cli.scale_cmd:scale",
     "replay": "psrl.cli.replay_cmd:replay",
     "calibrate": "psrl.cli.calibrate_cmd:calibrate",
     "report": "psrl.cli.report_cmd:report",

@@ -288,6 +288,7 @@ _FIXES = {
     "greater_than_equal": "use a value >= {ge}",
     "greater_than": "use a value > {gt}",
     "less_than_equal": "use a value <= {le}",
+    "less_than": "use a value < {lt}",
     "literal_error": "use one of {expected}",
 }
 
@@ -298,7 +299,9 @@ def _validation_problems(exc: ValidationError) -> list[ConfigProblem]:
         path = ".".join(str(p) for p in err["loc"])
         template = _FIXES.get(err["type"], "see `psrl config docs` for the field's type")
         fix = template.format(**err.get("ctx", {}))
-        out.append(ConfigProblem((path,), repr(err.get("input")), err["msg"], fix))
+        # a field validator states its own fix after "; fix: "
+        message, _, own_fix = err["msg"].removeprefix("Value error, ").partition("; fix: ")
+        out.append(ConfigProblem((path,), repr(err.get("input")), message, own_fix or fix))
     return out
 
 

@@ -12,6 +12,7 @@ from psrl.config.agents import agent_rules
 from psrl.config.chunk_plan import chunk_plan
 from psrl.config.psrl_section import LMCache
 from psrl.config.root import Config
+from psrl.config.rules_lora import LORA_RULES
 from psrl.config.rules_rl import RL_RULES
 from psrl.engine_cost.model import CostModelError, load_cost_model
 from psrl.errors import ConfigProblem
@@ -507,7 +508,7 @@ def task_kwargs_used(c: Config) -> Iterator[ConfigProblem]:
                       "remove task.kwargs or data.train_files")  # fmt: skip
 
 
-RULES = (*RULES, eval_settings_used, agent_rules, task_kwargs_used)
+RULES = (*RULES, eval_settings_used, agent_rules, task_kwargs_used, *LORA_RULES)
 
 
 def check(config: Config) -> list[ConfigProblem]:

@@ -74,10 +74,45 @@ class Topology(Section):
         "dead actor's replacement becomes one of them instead of a cold process (0 = always start cold).",
         ge=0,
     )
+    restart_rollout: bool = field(
+        True,
+        "Restart a rollout instance that dies; off: an instance lost for good is not replaced: its requests "
+        "continue on the other instances from their tokens and the run goes on with fewer (it fails when none is left).",
+    )
+    max_rollout_instances: int = field(
+        0,
+        "The most rollout instances `psrl scale` may run at once (0 = one per rollout_gpus entry when that list "
+        "is set, else one per CPU core of the launching host; never fewer than n_rollout_instances).",
+        ge=0,
+    )
+    drain_timeout_s: float = field(
+        30.0,
+        "How long an instance removed by `psrl scale` may take to hand its requests back before it is stopped "
+        "anyway (what it still held then continues from the tokens the router received).",
+        gt=0,
+    )
     colocate: bool = field(
         False,
         "Trainer ranks and rollout instances share the same GPUs and take turns: rollout releases its memory "
         "while the trainer steps on a full buffer, the trainer while rollout fills the next one (psrl.tms.range).",
+    )
+    cluster: str | None = field(
+        None,
+        "Where the actors run: unset = this machine (or the hosts of --hosts); 'ray' or 'ray:ADDRESS' = a "
+        "running Ray cluster (the ray extra); 'slurm' = the Slurm allocation the launcher runs in "
+        "(`psrl launch --cluster` sets it).",
+        pattern=r"^(ray(:\S+)?|slurm)$",
+    )
+    cluster_strategy: Literal["PACK", "SPREAD"] = field(
+        "PACK",
+        "Ray placement-group strategy: PACK fills few nodes (GPUs of one rank group together), SPREAD puts "
+        "each reserved bundle on a different node where it can.",
+    )
+    cluster_shared_dir: bool = field(
+        False,
+        "The run directory is on a filesystem every cluster node mounts at the same path (NFS, Lustre): "
+        "trainer ranks and PS shards on other nodes write their checkpoints and snapshots there (actors on "
+        "the launcher's machine always do).",
     )
 
 

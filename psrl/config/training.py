@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Literal
 
+from pydantic import field_validator
+
 from psrl.config.base import Section, field, section
 
 Level = Literal["token", "sequence", "geometric"]
@@ -103,6 +105,52 @@ class Algorithm(Section):
     filter_groups: FilterGroups = section(FilterGroups, "Dynamic sampling filter.")
 
 
+# the projections of a Llama-family decoder layer (Llama, Qwen2, Qwen3, Mistral), as Hugging Face names them:
+# the only linear layers the trainer wraps and the rollout engines merge
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+class Lora(Section):
+    rank: int = field(
+        0,
+        "LoRA rank: >0 trains only low-rank adapters (B @ A, rank r) on the target projections, the base frozen; "
+        "the parameter server then versions and syncs the adapters only. 0 = full fine-tuning.",
+        ge=0,
+    )
+    alpha: float = field(
+        32.0, "LoRA scale numerator: the update is (alpha / rank) * B @ A. Raise actor.lr with LoRA (see tuning).", gt=0
+    )
+    dropout: float = field(
+        0.0, "Dropout on the adapters' input in the trainer's gradient forwards (no-grad log-prob forwards: none).",
+        ge=0, lt=1,
+    )  # fmt: skip
+    target_modules: tuple[str, ...] = field(
+        LORA_TARGETS, "Projections given adapters, by Hugging Face module name: any of " + ", ".join(LORA_TARGETS) + "."
+    )
+
+    @field_validator("target_modules")
+    @classmethod
+    def _known_targets(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        unknown = [name for name in value if name not in LORA_TARGETS]
+        if unknown:
+            raise ValueError(
+                f"{unknown} are not projections of a decoder layer; fix: use names from {list(LORA_TARGETS)}"
+            )
+        if not value or len(set(value)) != len(value):
+            raise ValueError(
+                "give at least one name, each once; fix: e.g. [q_proj, v_proj] or the default, every projection"
+            )
+        return value
+
+    @property
+    def enabled(self) -> bool:
+        return self.rank > 0
+
+    @property
+    def scaling(self) -> float:
+        return self.alpha / self.rank if self.rank else 0.0
+
+
 class Actor(Section):
     strategy: Literal["fsdp2", "ddp", "megatron"] = field(
         "fsdp2", "Data-parallel strategy of the trainer (megatron is not available in psrl)."
@@ -112,11 +160,14 @@ class Actor(Section):
     ppo_micro_batch_size_per_gpu: int = field(4, "Samples per forward/backward per rank.", ge=1)
     use_dynamic_bsz: bool = field(
         False,
-        "Pack each update's micro-batches up to ppo_max_token_len_per_gpu padded tokens instead of "
+        "Bound each micro-batch by ppo_max_token_len_per_gpu tokens instead of "
         "ppo_micro_batch_size_per_gpu samples (the step is the same; memory per micro-batch is bounded).",
     )
     ppo_max_token_len_per_gpu: int = field(
-        16384, "Padded tokens (rows x longest prompt + response) per micro-batch with use_dynamic_bsz.", ge=1
+        16384,
+        "Tokens per micro-batch with use_dynamic_bsz: real tokens when actor.packing, else padded ones "
+        "(rows x longest prompt + response).",
+        ge=1,
     )
     lr: float = field(1e-6, "Learning rate.", gt=0)
     weight_decay: float = field(0.0, "AdamW weight decay.", ge=0)
@@ -128,11 +179,19 @@ class Actor(Section):
         "dtype of the trainer's forward and backward arithmetic (torch.autocast). bfloat16 keeps parameters, "
         "gradients and optimizer state in actor.dtype (mixed precision) and runs the matmuls at bf16 speed.",
     )
-    gradient_checkpointing: bool = field(
-        False,
+    gradient_checkpointing: bool | Literal["auto"] = field(
+        "auto",
         "Policy and critic keep only each transformer layer's input for the backward pass and recompute the "
-        "rest (activation memory of long responses drops by about the layer count; one more forward per update).",
+        "rest (activation memory of long responses drops by about the layer count; one more forward per update). "
+        "auto: per micro-batch, only when its estimated activations exceed 60% of the free device memory "
+        "(psrl.trainer.memory).",
     )
+    packing: bool = field(
+        True,
+        "Padding-free micro-batches: whole sequences end to end in one row with varlen attention, balanced by "
+        "token count (psrl.trainer.packing); false = padded rows (use_dynamic_bsz then counts padded tokens).",
+    )
+    lora: Lora = section(Lora, "LoRA: train low-rank adapters instead of every weight (rank 0 = off).")
 
 
 class Critic(Section):

@@ -9,6 +9,7 @@
     groups      prompt groups, their results and rewards, the group filter
     chunks      how buffers go to the trainer: the chunk plan and ChunkEmitter
     instances   the coordinator's view of the fleet
+    scaling     decide_scale: which rollout instances a scale request adds or removes (elastic rollout)
 
 Every decision is a function of its inputs only; ``psrl.flows.coordinator`` drives them.
 """

@@ -1,4 +1,9 @@
-"""The coordinator's view of the rollout instances, from their status reports and sync events."""
+"""The coordinator's view of the rollout instances, from their status reports and sync events.
+
+An instance removed from the set (``psrl scale``) is retired: it leaves the view at once and its
+later reports, sent while it drains, do not bring it back, so no sync, migration or evaluation
+is planned on it.
+"""
 
 from __future__ import annotations
 
@@ -22,11 +27,14 @@ class _Instance:
 class InstanceBook:
     def __init__(self) -> None:
         self._instances: dict[str, _Instance] = {}
+        self._retired: set[str] = set()
 
     def __contains__(self, instance_id: str) -> bool:
         return instance_id in self._instances
 
     def report(self, snapshot: InstanceSnapshot) -> None:
+        if snapshot.instance_id in self._retired:
+            return
         inst = self._instances.get(snapshot.instance_id)
         if inst is None:
             inst = self._instances[snapshot.instance_id] = _Instance(snapshot.instance_id, snapshot.model_version)
@@ -58,6 +66,11 @@ class InstanceBook:
             inst.is_syncing = False
 
     def remove(self, instance_id: str) -> None:
+        self._instances.pop(instance_id, None)
+
+    def retire(self, instance_id: str) -> None:
+        """Out of the view for good (an instance name is never reused within a launch)."""
+        self._retired.add(instance_id)
         self._instances.pop(instance_id, None)
 
     def states(self) -> tuple[InstanceState, ...]:

@@ -14,7 +14,8 @@ hung until it is not: env sessions first (already off the GPU, cheapest to shed)
 sessions, smallest first. Hanging never aborts a turn: the session router blocks its next turn.
 
 Hung sessions come back when there is room: ``bucketed`` readmits each instance's own hung
-sessions smallest first while ``tokens + buffer_per_session`` fits its remaining capacity;
+sessions smallest first while ``tokens + buffer_per_session`` fits its remaining capacity (sessions
+hung on an instance no longer in the capacity view, scaled down or lost, are placed as ``global`` does);
 ``global`` takes the largest smallest-first set of hung sessions that fits the total remaining
 capacity of instances with room and places them largest first on the instance with the most
 remaining capacity (best-fit decreasing). ``continue_force_pin`` pins the next turn of a
@@ -71,7 +72,11 @@ def schedule_sessions(
         remaining[cap.instance_id] = left
     hung = sorted((s for s in live if s.hang_state == "hung"), key=_size_key)
     if settings.continue_scope == "bucketed":
-        orders = _continue_bucketed(hung, remaining, settings)
+        # a session hung on an instance that left the set (scaled down, lost) has no bucket: its pin moves,
+        # best-fit over the room the buckets leave
+        stranded = [s for s in hung if s.instance_id not in remaining]
+        kept = [s for s in hung if s.instance_id in remaining]
+        orders = _continue_bucketed(kept, remaining, settings) + _continue_global(stranded, remaining, settings)
     else:
         orders = _continue_global(hung, remaining, settings)
     return SessionDecision(tuple(hang), tuple(orders), remaining)

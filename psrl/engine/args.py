@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING, Literal
 
 import torch
 
+from psrl.engine.lora_merge import LoraServing
+
 if TYPE_CHECKING:
     from psrl.config import Config
 
@@ -50,6 +52,8 @@ class EngineArgs:
     offload_policy: Literal["LRU", "FIFO"] = "LRU"
     offload_clear_on_update: bool = False
     offload_pin_budget: int = 0  # most tier blocks pinned for pin_sync transfers at once (0 = no limit)
+    # LoRA (actor.lora): versions are adapters, merged on load into these projections' base weights; None = off
+    lora: LoraServing | None = None
 
     @classmethod
     def from_config(cls, config: Config) -> EngineArgs:
@@ -73,6 +77,7 @@ class EngineArgs:
             offload_policy=config.psrl.lmcache.cache_policy,
             offload_clear_on_update=config.psrl.lmcache.clear_on_weight_update,
             offload_pin_budget=config.psrl.lmcache.gpu_pin_block_budget,
+            lora=_lora(config),
         )
 
     def resolve_device(self) -> torch.device:
@@ -92,3 +97,8 @@ def _offload_bytes(config: Config) -> int:
     if not lm.enable:
         return 0
     return int(lm.offload_size_gb / max(1, config.topology.n_rollout_instances) * 1024**3)
+
+
+def _lora(config: Config) -> LoraServing | None:
+    lora = config.actor.lora
+    return LoraServing(lora.alpha, tuple(lora.target_modules)) if lora.enabled else None

@@ -20,6 +20,7 @@ from bus.messages import FinishReason
 from psrl.engine.args import EngineArgs
 from psrl.engine.block_manager import BlockManager
 from psrl.engine.kv_offload import EngineOffload, make_tier
+from psrl.engine.lora_merge import AdapterMerger
 from psrl.engine.model_runner import ModelRunner, RunnerShape
 from psrl.engine.outputs import EngineStatus, RequestOutput, RequestResult, StepOutput, WaitingQueue
 from psrl.engine.request_checks import check_prior_outputs, check_room, check_token_ids, coerce_sampling_params
@@ -34,6 +35,7 @@ from psrl.kvcache.index import TierKey
 from psrl.kvcache.keys import prefix_hashes, reusable_blocks
 from psrl.kvcache.tier import KvTier
 from psrl.models import ModelSpec, build_model, iter_safetensors
+from psrl.models.lora import AdapterError, is_adapter_name
 from psrl.models.step_kernels import resolve_step_kernels
 from psrl.tms import ROLLOUT, SideMemory, SwitchReport
 
@@ -61,8 +63,14 @@ class Engine:
         self.max_model_len = _max_model_len(args, self.spec)
         # an iterable is consumed as it goes: a checkpoint never sits in memory twice
         source = iter_safetensors(args.model_path) if weights is None else _weight_items(weights)
+        # under LoRA the base weights of the targeted projections are kept as they stream in
+        self.lora = None if args.lora is None else AdapterMerger(args.lora, self.device, self.dtype)
+        if self.lora is not None:
+            source = self.lora.capture(source)
         with self.memory.region("weights"):
             model = build_model(self.spec, self.max_model_len, self.dtype, self.device, source)
+            if self.lora is not None:  # kept as the checkpoint streamed in: in the weights' region (psrl.tms)
+                self.lora.check_targets()
         shape = RunnerShape(args.num_kv_blocks, args.block_size, args.max_num_seqs, self.max_model_len)
         if args.cpu_kernels == "on" and self.dtype != torch.float32:
             raise ValueError(f"engine.cpu_kernels=on needs dtype float32, not {self.dtype}")
@@ -327,8 +335,14 @@ class Engine:
         if self.offload is not None and not reset_prefix_cache:
             raise ValueError("with an offload tier every weight load resets the prefix cache (version tags)")
         named = _named_tensors(weights)
+        if self.lora is not None:  # adapters become their projections' merged weights
+            named = self.lora.prepare(named)
+        elif any(is_adapter_name(name) for name, _ in named):
+            raise AdapterError("LoRA adapters sent to an engine built without actor.lora (EngineArgs.lora is None)")
         self._check_weights(named)
         self.runner.model.load_weights(named)
+        if self.lora is not None:
+            self.lora.commit()
         self.weight_version = version
         if reset_prefix_cache:
             self.reset_prefix_cache()

@@ -48,6 +48,7 @@ from bus.messages import (
     Refill,
     RouterStatus,
     RunFinished,
+    ScaleDecided,
     SyncCommand,
     TickRecord,
     TrainBatch,
@@ -98,7 +99,7 @@ def make_sync_policy(config: Config, cost: CostModel | None) -> SyncPolicy:
 class CoordinatorFlow(Flow):
     BUS_KINDS = (
         InstanceStatus, WeightsPublished, WeightsLoaded, InstanceSyncFailed, ActorExited, TrainerProgress,
-        MemorySwitched, EvalResult,
+        MemorySwitched, EvalResult, ScaleDecided,
     )  # fmt: skip
 
     def __init__(
@@ -178,6 +179,7 @@ class CoordinatorFlow(Flow):
             WeightsLoaded: self._on_loaded,
             InstanceSyncFailed: self._on_sync_failed,
             ActorExited: self._on_exited,
+            ScaleDecided: self._on_scaled,  # from the supervisor: instances removed (psrl scale) or lost for good
             TrainerProgress: self._on_progress,
             MemorySwitched: self._on_switched,
             EvalResult: self._on_eval_result,
@@ -417,6 +419,14 @@ class CoordinatorFlow(Flow):
             self._switch(self.switch.exited(exited.actor, now))
         if self.evaluation is not None and self.evaluation.abandon(exited.actor) and self.log is not None:
             self.log.warning("evaluation round lost with its instance; it starts again", instance=exited.actor)
+
+    def _on_scaled(self, decided: ScaleDecided, now: float) -> None:
+        if decided.error:
+            return
+        for name in decided.removed:
+            self.instances.retire(name)
+            if self.evaluation is not None and self.evaluation.abandon(name) and self.log is not None:
+                self.log.warning("evaluation round moved off a retiring instance", instance=name)
 
     def _resend(self, trainer: str) -> None:
         """Hand a lost rank's replacement every chunk not yet trained (the link delivers them once it

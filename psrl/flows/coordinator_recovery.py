@@ -33,6 +33,7 @@ from bus.messages import (
     GroupComplete,
     GroupDrop,
     RunFinished,
+    ScaleDecided,
     TrainBatch,
     TrainData,
     TrainerProgress,
@@ -44,7 +45,8 @@ from psrl.flows.effects import Effect, Publish, Send
 from psrl.flows.router_recovery import COORDINATOR, ROUTER, actor_of
 from psrl.launches import launch_of
 
-FACTS = (WeightsPublished, TrainerProgress)  # bus events the coordinator's book and buffers depend on
+# bus events the coordinator's book, buffers and instance view depend on (ScaleDecided: retired instances)
+FACTS = (WeightsPublished, TrainerProgress, ScaleDecided)
 
 
 @dataclass

@@ -45,12 +45,14 @@ from bus.messages import (
     GenerateResult,
     GroupComplete,
     GroupDrop,
+    InstanceDrained,
     InstanceStatus,
     InstanceSyncFailed,
     KvTierReport,
     Reserve,
     RouterStatus,
     RoutingRecord,
+    ScaleDecided,
     SessionEnd,
     SessionGone,
     SyncCommand,
@@ -83,6 +85,7 @@ SESSION = "session"  # the session scheduler's actor name
 STATUS_INTERVAL_S = 0.1  # RouterStatus to the coordinator (its sync decisions read the servable counts)
 JOIN_GRACE_S = 10.0  # route after this long even if not every instance has joined
 RECALL_TIMEOUT_S = 10.0  # a restarted router's wait for its predecessor's requests to come back
+DRAIN = "migrate"  # why a retiring instance hands its requests back: they continue elsewhere, as migrated
 
 
 def effective_routing(config: Config) -> RoutingStrategy:
@@ -97,7 +100,7 @@ def effective_routing(config: Config) -> RoutingStrategy:
 
 
 class RouterFlow(RouterLedgerFlow):
-    BUS_KINDS = (WeightsPublished, SyncCommand, WeightsLoaded, InstanceSyncFailed, ActorExited)
+    BUS_KINDS = (WeightsPublished, SyncCommand, WeightsLoaded, InstanceSyncFailed, ActorExited, ScaleDecided)
 
     def __init__(
         self,
@@ -152,6 +155,9 @@ class RouterFlow(RouterLedgerFlow):
         self.num_expected_instances = config.topology.n_rollout_instances
         self.first_join: float | None = None
         self.syncing: set[str] = set()
+        # instances removed by psrl scale, until they exit: no new work; -> requests handed back so far
+        self.retiring: dict[str, int] = {}
+        self.drained: set[str] = set()  # retiring instances reported drained (router.drained)
 
     def handlers(self) -> dict[type[Message], Handler]:
         return {
@@ -169,6 +175,7 @@ class RouterFlow(RouterLedgerFlow):
             WeightsLoaded: self._on_loaded,
             InstanceSyncFailed: self._on_sync_failed,
             ActorExited: self._on_exited,
+            ScaleDecided: self._on_scaled,  # from the supervisor: the instance set changed (psrl scale)
             KvTierReport: self._on_tier_report,  # from an instance: its offload tier's changes
             TurnNext: self._on_turn_next,  # from the session scheduler: a session's next turn
             SessionEnd: self._on_session_end,  # from the session scheduler: a session is over
@@ -211,6 +218,8 @@ class RouterFlow(RouterLedgerFlow):
         self.recall_deadline = now + RECALL_TIMEOUT_S
         for command in recovery.commands:
             self._handlers[type(command)](command, now)
+        for instance in recovery.retiring:  # it hands back what it holds when it is shut down
+            self._retire(instance)
         self.counters["restored_requests"] += len(recovery.requests)
         self.counters["owed_finishes"] += sum(1 for r in recovery.requests.values() if r.counted is not None)
         self.counters["recalled_requests"] += sum(len(ids) for ids in recalls.values())
@@ -306,6 +315,11 @@ class RouterFlow(RouterLedgerFlow):
             start = end
 
     def _on_result(self, result: GenerateResult, now: float) -> None:
+        self._take_result(result, now)
+        if result.instance in self.retiring:
+            self._report_if_drained(result.instance)
+
+    def _take_result(self, result: GenerateResult, now: float) -> None:
         traj = self.tracker.live.get(result.request_id)
         if traj is None:
             self.counters["late_results"] += 1
@@ -365,8 +379,8 @@ class RouterFlow(RouterLedgerFlow):
         if traj is None or turn.turn != traj.turn + 1:
             return
         self.tracker.start_turn(traj, turn.observation_token_ids, turn.max_tokens)
-        pinned = turn.force_pin_instance if turn.force_pin_instance in self.instances else None
-        last = traj.instance if traj.instance in self.instances else None
+        pinned = turn.force_pin_instance if self._serves(turn.force_pin_instance) else None
+        last = traj.instance if traj.instance is not None and self._serves(traj.instance) else None
         self.core.submit(self._routing_request(traj, hint=pinned or last, force_pin=pinned is not None))
 
     def _on_session_end(self, end: SessionEnd, now: float) -> None:
@@ -413,7 +427,13 @@ class RouterFlow(RouterLedgerFlow):
 
     # ------------------------------------------------------------------ instances
 
+    def _serves(self, instance: str) -> bool:
+        """The instance takes new work: it has joined and is not retiring (a session's pin moves off it)."""
+        return instance in self.instances and instance not in self.retiring
+
     def _on_status(self, status: InstanceStatus, now: float) -> None:
+        if status.instance in self.retiring and status.instance not in self.instances:
+            return  # removed before it joined: it never will
         if status.instance not in self.instances:
             self.instances[status.instance] = status.weight_version
             self.core.add_instance(status.instance, status.weight_version, status.kv_capacity_tokens)
@@ -455,7 +475,7 @@ class RouterFlow(RouterLedgerFlow):
         self.syncing.discard(instance)
         self.core.set_version(instance, version)
         self.core.set_paused(instance, False)
-        self.core.set_healthy(instance, True)
+        self.core.set_healthy(instance, instance not in self.retiring)
         self._hold_routing_while_syncing()
 
     def _on_sync_failed(self, failed: InstanceSyncFailed, now: float) -> None:
@@ -471,6 +491,8 @@ class RouterFlow(RouterLedgerFlow):
             # cannot be restarted, the supervisor ends the run)
             self.counters["session_scheduler_exits"] += 1
             return
+        self.retiring.pop(name, None)
+        self.drained.discard(name)
         if name not in self.instances:
             return
         del self.instances[name]
@@ -484,6 +506,35 @@ class RouterFlow(RouterLedgerFlow):
             self._recall_lost(request_id)
         if self.log is not None:
             self.log.warning("instance lost; its requests are re-routed", instance=name)
+
+    def _on_scaled(self, decided: ScaleDecided, now: float) -> None:
+        """Instances removed from the set retire: no new work, their requests handed back to continue
+        elsewhere from their tokens; the supervisor stops each once it is reported drained."""
+        if decided.error or not decided.token:  # a loss, not a request: its exit re-routed its requests
+            return
+        for name in decided.removed:
+            if name not in self.retiring:
+                self._retire(name)
+
+    def _retire(self, instance: str) -> None:
+        held = self.core.routed_requests(instance) if instance in self.instances else []
+        self.retiring[instance] = len(held)
+        self.counters["instances_retired"] += 1
+        if instance in self.instances:
+            self.core.set_healthy(instance, False)  # out of every candidate set, pins included
+            self.syncing.discard(instance)
+            self._hold_routing_while_syncing()
+        if held:
+            self.send(instance, Abort(request_ids=sorted(held), reason=DRAIN))
+        if self.log is not None:
+            self.log.info("instance retiring; its requests continue elsewhere", instance=instance, requests=len(held))
+        self._report_if_drained(instance)
+
+    def _report_if_drained(self, instance: str) -> None:
+        if instance in self.drained or self.core.routed_requests(instance):
+            return
+        self.drained.add(instance)
+        self.publish(InstanceDrained(instance=instance, num_moved=self.retiring.get(instance, 0)))
 
     def _route_again(self, request_id: int) -> None:
         """A request left its instance without a result (the instance is gone): route it again."""
@@ -578,7 +629,7 @@ class RouterFlow(RouterLedgerFlow):
     # ------------------------------------------------------------------ status
 
     def _status(self) -> RouterStatus:
-        versions = sorted(set(self.instances.values()))
+        versions = sorted({v for name, v in self.instances.items() if name not in self.retiring})
         counts = self.core.servable_counts(versions) if versions else {}
         return RouterStatus(
             num_queued=self.core.num_queued,

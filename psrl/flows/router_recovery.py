@@ -55,12 +55,14 @@ import numpy as np
 from bus.gaps import GapTracker
 from bus.messages import (
     Abort,
+    ActorExited,
     Consume,
     GenerateRequest,
     GenerateResult,
     GroupComplete,
     GroupDrop,
     RoutingRecord,
+    ScaleDecided,
     TrajectoryDone,
     TurnDone,
     TurnNext,
@@ -167,6 +169,7 @@ class RouterRecovery:
     seen_event_ids: set[str] = field(default_factory=set)  # every coordinator message logged so far
     ps_version: int = 0
     num_missing_events: int = 0  # sequence gaps in the launch's log: events the logger never got
+    retiring: list[str] = field(default_factory=list)  # instances removed by psrl scale that had not exited
 
     @property
     def num_recalled(self) -> int:
@@ -200,7 +203,7 @@ def rebuild_router(events: Iterable[Event[Any]], sizes: LedgerSizes, launch: int
         restored.session.resolve(len(restored.request.prompt_token_ids), restored.dispatch)
     recovery = RouterRecovery(
         ledger.current(), state.requests, seen_event_ids=state.seen, ps_version=state.ps_version,
-        num_missing_events=gaps.num_missing,
+        num_missing_events=gaps.num_missing, retiring=sorted(state.retiring),
     )  # fmt: skip
     recovery.commands = [e.message for e in state.commands if e.envelope.event_id not in state.handled]
     return recovery
@@ -221,6 +224,7 @@ class _Walk:
     seen: set[str] = field(default_factory=set)
     instance_of: dict[int, str] = field(default_factory=dict)  # request -> instance of its last routing record
     ps_version: int = 0
+    retiring: set[str] = field(default_factory=set)  # removed by a scale request, not exited yet
 
     def observe(self, event: Event[Any]) -> None:
         env, msg = event.envelope, event.message
@@ -230,6 +234,10 @@ class _Walk:
             return
         if isinstance(msg, WeightsPublished):
             self.ps_version = max(self.ps_version, msg.version)
+        elif isinstance(msg, ScaleDecided) and msg.token and not msg.error:
+            self.retiring.update(msg.removed)
+        elif isinstance(msg, ActorExited):
+            self.retiring.discard(msg.actor)
         elif actor == ROUTER:
             if env.parent is not None:
                 self.handled.add(env.parent)

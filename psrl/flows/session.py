@@ -39,6 +39,7 @@ from bus.messages import (
     ActorExited,
     EnvStepDone,
     InstanceStatus,
+    ScaleDecided,
     SessionEnd,
     SessionGone,
     SessionTick,
@@ -101,7 +102,7 @@ class Session:
 
 
 class SessionFlow(GatewayCalls, Flow):
-    BUS_KINDS = (InstanceStatus, ActorExited)
+    BUS_KINDS = (InstanceStatus, ActorExited, ScaleDecided)
 
     def __init__(self, config: Config, env: EnvRunner, *, log: Any = None, gateway: Gateway | None = None) -> None:
         super().__init__()
@@ -114,6 +115,7 @@ class SessionFlow(GatewayCalls, Flow):
         self.sessions: dict[int, Session] = {}
         self.ended: dict[int, SessionEnd] = {}  # every session ended here, sent again if asked again
         self.capacity: dict[str, InstanceCapacity] = {}
+        self.gone: set[str] = set()  # instances removed from the set (psrl scale): never back
         self.counters: Counter[str] = Counter()
         self.num_hung_s = 0.0  # session-seconds spent hung (summed over ticks)
 
@@ -125,6 +127,7 @@ class SessionFlow(GatewayCalls, Flow):
             EnvStepDone: self._on_env_step,  # from the environment port
             InstanceStatus: self._on_instance_status,
             ActorExited: self._on_exited,
+            ScaleDecided: self._on_scaled,  # instances removed (psrl scale): no capacity to schedule on
         }
 
     def timers(self) -> list[Timer]:
@@ -257,12 +260,20 @@ class SessionFlow(GatewayCalls, Flow):
     # ------------------------------------------------------------------ instances
 
     def _on_instance_status(self, status: InstanceStatus, now: float) -> None:
+        if status.instance in self.gone:
+            return
         total = status.kv_capacity_tokens
         used = total * status.kv_blocks_used / status.kv_blocks_total if status.kv_blocks_total else 0.0
         self.capacity[status.instance] = InstanceCapacity(status.instance, total, used)
 
     def _on_exited(self, exited: ActorExited, now: float) -> None:
-        self.capacity.pop(exited.actor, None)
+        self.capacity.pop(exited.actor, None)  # a restarted instance reports again
+
+    def _on_scaled(self, decided: ScaleDecided, now: float) -> None:
+        """A retiring instance leaves the capacity view at once; its later reports do not bring it back."""
+        for name in [] if decided.error else decided.removed:
+            self.capacity.pop(name, None)
+            self.gone.add(name)
 
     # ------------------------------------------------------------------ ThunderAgent
 

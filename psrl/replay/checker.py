@@ -31,6 +31,7 @@ CHECKER_MODULES: list[str] = [
     "psrl.replay.decisions",
     "psrl.replay.staleness",
     "psrl.replay.sessions",
+    "psrl.replay.scaling",
 ]
 """Modules that register checkers; a missing module is skipped (its extra is not installed)."""
 

@@ -10,6 +10,10 @@ a directory with the final name is always whole):
     trainer_state.json          version, next prompt id, Python `random` state, format number
     policy/ also holds the tokenizer (with its chat template) and generation config, so
     `transformers` (and any engine) loads it as it is.
+    policy_adapter/             only under LoRA (actor.lora): the adapters, in peft's file layout
+                                (adapter_model.safetensors + adapter_config.json); policy/ is then
+                                the merged model (base + adapters), and resuming reads the adapters
+                                only (the base comes from model.path, as at the start)
 
 Under data parallelism the full (unsharded) state is gathered to rank 0, which writes; on resume
 every rank reads the files (one host, or a shared filesystem across hosts).
@@ -37,6 +41,8 @@ from psrl.checkpoint_dirs import (
     read_trainer_state,
     version_of,
 )
+from psrl.trainer import lora_files
+from psrl.trainer.lora import has_lora
 from psrl.trainer.parallel import ParallelContext
 
 if TYPE_CHECKING:
@@ -162,6 +168,8 @@ def _model_state(trainable: Trainable, options: StateDictOptions) -> dict[str, T
 
 def _write_model(trainable: Trainable, model_state: dict[str, Tensor], directory: Path) -> None:
     directory.mkdir(parents=True)
+    if has_lora(trainable.raw):  # the adapters next to the merged Hugging Face export
+        model_state = lora_files.write_adapter(trainable.raw, model_state, adapter_dir(directory))
     save = getattr(trainable.raw, "save", None)
     if save is not None:  # ValueModel: backbone in HF layout + head
         save(directory, model_state)
@@ -169,7 +177,23 @@ def _write_model(trainable: Trainable, model_state: dict[str, Tensor], directory
         trainable.raw.save_pretrained(str(directory), state_dict=model_state)  # type: ignore[operator]
 
 
+def adapter_dir(model_dir: Path) -> Path:
+    return model_dir.with_name(f"{model_dir.name}_adapter")
+
+
 def _load_model(trainable: Trainable, directory: Path) -> None:
+    is_lora, has_adapter = has_lora(trainable.raw), adapter_dir(directory).is_dir()
+    if is_lora != has_adapter:
+        raise CheckpointError(
+            f"{directory.parent}: a checkpoint {'with' if has_adapter else 'without'} LoRA adapters cannot resume a "
+            f"trainer {'with' if is_lora else 'without'} them; fix: set actor.lora.rank as in the run that wrote "
+            "it, or trainer.resume=false (or start from its merged policy/ with model.path)"
+        )
+    if is_lora:
+        adapters = lora_files.read_adapter(trainable.raw, adapter_dir(directory))
+        options = _state_dict_api().StateDictOptions(full_state_dict=True, strict=False)
+        _state_dict_api().set_model_state_dict(trainable.model, cast(dict[str, Any], adapters), options=options)
+        return
     files = sorted(directory.glob("*.safetensors"))
     if not files:
         raise CheckpointError(f"{directory}: no safetensors files")

@@ -20,11 +20,13 @@ Fine-grain overlap (`psrl.fine_grain_overlap`, chunk size from `psrl.config.chun
 
 from __future__ import annotations
 
+import contextlib
 import random
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 import torch
 from torch import Tensor
@@ -41,19 +43,25 @@ from psrl.tms import TRAINER, SideMemory
 from psrl.trainer import checkpoint
 from psrl.trainer.checkpoint import Trainable
 from psrl.trainer.forward import compute_precision
+from psrl.trainer.lora import LoraSettings
+from psrl.trainer.memory import CheckpointPolicy, checkpoint_mode
 from psrl.trainer.metrics import MetricSums, buffer_metrics
 from psrl.trainer.models import (
-    enable_gradient_checkpointing,
     load_critic,
     load_policy,
     load_reference,
     pad_token_id,
+    synced_names,
     torch_dtype,
 )
 from psrl.trainer.optimizer_state import allocate_adam_state
+from psrl.trainer.packing import micro_batch_count, plan_packed
 from psrl.trainer.parallel import ParallelContext
 from psrl.trainer.stages import ForwardModels, TrainerError, advantage_stage, per_sample_stage
 from psrl.trainer.update import UpdateSettings, actor_step, critic_step, denominators, token_budget_batches
+from psrl.trainer.varlen import use_varlen_attention
+
+ModelT = TypeVar("ModelT", bound=torch.nn.Module)
 
 
 @dataclass(frozen=True)
@@ -106,17 +114,19 @@ class TrainerCore:
         self.assets_dir = Path(config.model.tokenizer_path) if config.model.tokenizer_path else directory
         dtype = torch_dtype(config.actor.dtype)
         device = self.parallel.device
+        compute_dtype = torch_dtype(config.actor.compute_dtype)
+        checkpointing = checkpoint_mode(config.actor.gradient_checkpointing)
         with self.memory.region("weights"):
-            policy = load_policy(directory, dtype, device)
-            if config.actor.gradient_checkpointing:
-                enable_gradient_checkpointing(policy)
+            policy = self._prepared(load_policy(directory, dtype, device, LoraSettings.from_config(config.actor.lora)))
+            self.checkpointing = {"policy": CheckpointPolicy(policy, checkpointing, compute_dtype)}
             self.policy = self._trainable("policy", policy, config.actor.lr)
-            self.reference = load_reference(directory, dtype, device) if config.algorithm.kl_loss_coef > 0 else None
+            self.reference = None
+            if config.algorithm.kl_loss_coef > 0:
+                self.reference = self._prepared(load_reference(directory, dtype, device))
             self.critic = None
             if config.algorithm.adv_estimator == "gae":
-                critic = load_critic(directory, dtype, device)
-                if config.actor.gradient_checkpointing:
-                    enable_gradient_checkpointing(critic)
+                critic = self._prepared(load_critic(directory, dtype, device))
+                self.checkpointing["critic"] = CheckpointPolicy(critic, checkpointing, compute_dtype)
                 self.critic = self._trainable("critic", critic, config.critic.lr)
         self.group_size = config.psrl.rollout_n
         self.plan = plan_chunks(
@@ -134,7 +144,8 @@ class TrainerCore:
             temperature=config.task.temperature,
             pad_token_id=pad_token_id(self.policy.raw),  # type: ignore[arg-type]
             max_tokens_per_micro_batch=config.actor.ppo_max_token_len_per_gpu if config.actor.use_dynamic_bsz else None,
-            compute_dtype=torch_dtype(config.actor.compute_dtype),
+            compute_dtype=compute_dtype,
+            packing=config.actor.packing,
         )
         self._check_sizes()
 
@@ -187,11 +198,11 @@ class TrainerCore:
         return result
 
     def named_weights(self) -> Iterator[tuple[str, Tensor]]:
-        """The policy's weights as (Hugging Face name, full tensor), tied weights once.
+        """The policy's weights as (Hugging Face name, full tensor), tied weights once; under LoRA the adapters only.
 
         Under FSDP2 gathering a tensor is a collective: every rank must iterate to the end."""
         raw = self.policy.raw
-        persistent = set(raw.state_dict().keys())
+        persistent = synced_names(raw)
         for name, tensor in [*raw.named_parameters(), *raw.named_buffers()]:
             if name not in persistent:
                 continue
@@ -238,7 +249,7 @@ class TrainerCore:
         if self.parallel.world_size > 1:
             raise TrainerError("adopting published weights is supported with one trainer rank only")
         raw = self.policy.raw
-        persistent = set(raw.state_dict().keys())
+        persistent = synced_names(raw)
         # the names `named_weights` pushes: persistent parameters and buffers, tied weights once
         named = {n: t for n, t in [*raw.named_parameters(), *raw.named_buffers()] if n in persistent}
         missing = sorted(set(named) - set(tensors))
@@ -277,7 +288,7 @@ class TrainerCore:
                 return
             groups = state.own[state.num_forwarded : state.num_forwarded + unit]
             started = time.perf_counter()
-            with compute_precision(self.parallel.device, self.settings.compute_dtype):
+            with compute_precision(self.parallel.device, self.settings.compute_dtype), self._no_checkpointing():
                 for part in self._forward_batches([s for g in groups for s in g]):
                     per_sample_stage(
                         part,
@@ -287,6 +298,7 @@ class TrainerCore:
                         pad_token_id=self.settings.pad_token_id,
                         parallel=self.parallel,
                         sums=state.sums,
+                        packing=self.settings.packing,
                         buffer_id=state.buffer_id,
                         max_staleness=self.config.psrl.staleness,
                     )
@@ -294,9 +306,20 @@ class TrainerCore:
             state.num_forwarded += len(groups)
 
     def _forward_batches(self, samples: list[Sample]) -> list[list[Sample]]:
-        """A forward unit as one batch, or token-budgeted length-sorted batches under actor.use_dynamic_bsz."""
+        """A forward unit's micro-batches: token-balanced when packed (psrl.trainer.packing), else the
+        unit as one batch, or token-budgeted length-sorted batches under actor.use_dynamic_bsz."""
         budget = self.settings.max_tokens_per_micro_batch
+        if self.settings.packing:
+            count = micro_batch_count(samples, max_tokens=budget, micro_batch_size=self.settings.micro_batch_size)
+            return plan_packed(samples, count, max_tokens=budget)
         return [samples] if budget is None else token_budget_batches(samples, budget)
+
+    @contextlib.contextmanager
+    def _no_checkpointing(self) -> Iterator[None]:
+        with contextlib.ExitStack() as stack:
+            for policy in self.checkpointing.values():
+                stack.enter_context(policy.no_grad_forwards())
+            yield
 
     # ---------------------------------------------------------------- updates
 
@@ -339,7 +362,8 @@ class TrainerCore:
         started = time.perf_counter()
         algorithm = self.config.algorithm
         scale = denominators(everyone, float(algorithm.loss_scale_factor or self.config.task.max_response_length))
-        actor_step(self.policy, own, scale, self.config.algorithm, self.settings, self.parallel, sums)
+        actor_step(self.policy, own, scale, self.config.algorithm, self.settings, self.parallel, sums,
+                   self.checkpointing["policy"])  # fmt: skip
         if self.critic is not None:
             critic_step(
                 self.critic,
@@ -351,6 +375,7 @@ class TrainerCore:
                 sums,
                 clip_range=self.config.critic.cliprange_value,
                 vf_coef=self.config.critic.vf_coef,
+                checkpointing=self.checkpointing["critic"],
             )
         state.update_s += time.perf_counter() - started
 
@@ -375,6 +400,12 @@ class TrainerCore:
 
     # ---------------------------------------------------------------- helpers
 
+    def _prepared(self, model: ModelT) -> ModelT:
+        """A loaded model set up for this trainer's micro-batches (varlen attention when packed)."""
+        if self.config.actor.packing:
+            use_varlen_attention(model)
+        return model
+
     def _trainable(self, name: str, raw: torch.nn.Module, lr: float) -> Trainable:
         model = self.parallel.wrap(raw, self.config.actor.strategy)
         optimizer = torch.optim.AdamW(
@@ -382,6 +413,7 @@ class TrainerCore:
             lr=lr,
             betas=self.config.actor.betas,
             weight_decay=self.config.actor.weight_decay,
+            fused=uses_fused_adam(self.parallel.device),
         )
         if self.memory.is_managed:  # the state in its region now; steps (and their temporaries) outside it
             with self.memory.region("optimizer"):
@@ -402,6 +434,11 @@ class TrainerCore:
                 f"actor.ppo_mini_batch_size={self.config.actor.ppo_mini_batch_size} prompt groups cannot be split "
                 f"evenly over {world} data-parallel ranks"
             )
+
+
+def uses_fused_adam(device: torch.device) -> bool | None:
+    """Fused AdamW (one kernel over all parameters) on CUDA; elsewhere torch's default (foreach)."""
+    return True if device.type == "cuda" else None
 
 
 def group_trajectories(trajectories: Sequence[Trajectory], group_size: int) -> list[list[Trajectory]]:

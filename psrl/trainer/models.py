@@ -19,6 +19,8 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 from transformers import AutoModel, AutoModelForCausalLM, PreTrainedModel
 
+from psrl.trainer.lora import LoraSettings, adapter_names, apply_lora, has_lora
+
 VALUE_HEAD_FILE = "value_head.safetensors"
 
 
@@ -34,13 +36,24 @@ def use_low_overhead_attention(device: torch.device) -> None:
         torch.backends.cuda.enable_cudnn_sdp(False)
 
 
-def load_policy(model_dir: str | Path, dtype: torch.dtype, device: torch.device) -> PreTrainedModel:
+def load_policy(
+    model_dir: str | Path, dtype: torch.dtype, device: torch.device, lora: LoraSettings | None = None
+) -> PreTrainedModel:
+    """The policy; with ``lora``, adapters on its target projections and every base weight frozen."""
     use_low_overhead_attention(device)
     model: PreTrainedModel = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype)
     module: nn.Module = model
+    if lora is not None:
+        apply_lora(module, lora)
     module.to(device)
     module.train(False)  # no dropout: log-probs must be those of the deterministic policy
     return model
+
+
+def synced_names(model: nn.Module) -> set[str]:
+    """The tensors a pushed version consists of: the adapters under LoRA (the base never changes), else
+    every persistent parameter and buffer."""
+    return set(adapter_names(model)) if has_lora(model) else set(model.state_dict().keys())
 
 
 def enable_gradient_checkpointing(model: nn.Module) -> int:
@@ -79,9 +92,12 @@ class ValueModel(nn.Module):
         nn.init.zeros_(self.value_head.weight)
         nn.init.zeros_(self.value_head.bias)
 
-    def forward(self, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor) -> Tensor:
+    def forward(
+        self, input_ids: Tensor, attention_mask: Tensor | None, position_ids: Tensor, **attention: object
+    ) -> Tensor:
+        """`attention`: the varlen keywords of a packed batch (psrl.trainer.packing), passed to the backbone."""
         hidden = self.backbone(
-            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False, **attention
         ).last_hidden_state
         values: Tensor = self.value_head(hidden).squeeze(-1).float()
         return values

@@ -23,8 +23,9 @@ from psrl.rl.batch import Batch, Sample, collate, scatter_rows
 from psrl.rl.correction import CorrectionSpec, correct, is_statistics, level_log_ratio, spec_of
 from psrl.rl.correction_stats import PREFIX, correction_metrics, token_staleness
 from psrl.rl.objective import compute_advantages, shaped_rewards
-from psrl.trainer.forward import no_grad_log_probs, no_grad_values
+from psrl.trainer.forward import MicroBatch, no_grad_log_probs, no_grad_values, padded_of
 from psrl.trainer.metrics import MetricSums
+from psrl.trainer.packing import pack
 from psrl.trainer.parallel import ParallelContext
 
 
@@ -50,9 +51,13 @@ def per_sample_stage(
     sums: MetricSums,
     buffer_id: int = 0,
     max_staleness: int = 0,
+    packing: bool = False,
 ) -> None:
-    """Fill `old_log_probs`, `is_weights`, `rs_accept`, `ref_log_probs` and `values` of one forward unit."""
-    batch = collate(samples, pad_token_id).to(parallel.device)
+    """Fill `old_log_probs`, `is_weights`, `rs_accept`, `ref_log_probs` and `values` of one micro-batch
+    (packed when `packing`: the models then run varlen attention, see `psrl.trainer.packing`)."""
+    micro: MicroBatch = pack(samples, pad_token_id) if packing else collate(samples, pad_token_id)
+    micro = micro.to(parallel.device)
+    batch = padded_of(micro)
     correction = algorithm.rollout_correction
     spec = spec_of(correction)
     if (correction.bypass_mode or spec.is_active) and not batch.has_rollout_log_probs:
@@ -61,7 +66,7 @@ def per_sample_stage(
         old_log_probs = batch.rollout_log_probs
     else:
         # the policy stays in eval mode from load_policy (checkpointed layers alone carry training=True)
-        old_log_probs = no_grad_log_probs(models.policy, batch, temperature)
+        old_log_probs = no_grad_log_probs(models.policy, micro, temperature)
     scatter_rows(old_log_probs, samples, "old_log_probs")
     if batch.has_rollout_log_probs and not correction.bypass_mode:
         staleness = token_staleness(buffer_id, batch.token_versions, batch.versions).clamp(0, max_staleness)
@@ -69,9 +74,9 @@ def per_sample_stage(
     if batch.has_rollout_log_probs:
         _add_mismatch(sums, old_log_probs, batch.rollout_log_probs, batch.response_mask)
     if models.reference is not None:
-        scatter_rows(no_grad_log_probs(models.reference, batch, temperature), samples, "ref_log_probs")
+        scatter_rows(no_grad_log_probs(models.reference, micro, temperature), samples, "ref_log_probs")
     if models.critic is not None:
-        scatter_rows(no_grad_values(models.critic, batch), samples, "values")
+        scatter_rows(no_grad_values(models.critic, micro), samples, "values")
 
 
 def _correct(

@@ -19,8 +19,10 @@ from psrl.rl.losses import aggregate, value_loss
 from psrl.rl.objective import Denominators, actor_loss
 from psrl.rl.trajectory import Trajectory
 from psrl.trainer.checkpoint import Trainable
-from psrl.trainer.forward import compute_precision, response_log_probs, response_values
+from psrl.trainer.forward import MicroBatch, compute_precision, padded_of, response_log_probs, response_values
+from psrl.trainer.memory import CheckpointPolicy
 from psrl.trainer.metrics import MetricSums
+from psrl.trainer.packing import PackedBatch, micro_batch_count, pack, plan_packed, sample_tokens
 from psrl.trainer.parallel import ParallelContext
 
 
@@ -30,9 +32,17 @@ class UpdateSettings:
     grad_clip: float  # 0 = no clipping
     temperature: float
     pad_token_id: int
-    # actor.use_dynamic_bsz: micro-batches packed to this many padded tokens instead of micro_batch_size samples
+    # actor.use_dynamic_bsz: micro-batches of at most this many tokens (real ones when packed, else padded)
     max_tokens_per_micro_batch: int | None = None
     compute_dtype: torch.dtype = torch.float32  # actor.compute_dtype: autocast of the forward
+    packing: bool = False  # actor.packing: padding-free micro-batches (psrl.trainer.packing)
+
+
+def build_micro_batch(samples: Sequence[Sample], settings: UpdateSettings, device: torch.device) -> MicroBatch:
+    """Samples as one micro-batch on `device`: packed or padded, as configured."""
+    if settings.packing:
+        return pack(samples, settings.pad_token_id).to(device)
+    return collate(samples, settings.pad_token_id).to(device)
 
 
 def denominators(trajectories: Sequence[Trajectory], token_norm: float | None = None) -> Denominators:
@@ -54,10 +64,6 @@ def padded_tokens(samples: Sequence[Sample]) -> int:
     prompt = max(len(s.trajectory.prompt_token_ids) for s in samples)
     response = max([1, *(s.trajectory.num_response_tokens for s in samples)])
     return len(samples) * (prompt + response)
-
-
-def sample_tokens(sample: Sample) -> int:
-    return len(sample.trajectory.prompt_token_ids) + sample.trajectory.num_response_tokens
 
 
 def token_budget_batches(samples: Sequence[Sample], max_tokens: int) -> list[list[Sample]]:
@@ -90,18 +96,31 @@ def split_to_count(parts: list[list[Sample]], count: int) -> list[list[Sample]]:
 def plan_micro_batches(
     own: Sequence[Sample], settings: UpdateSettings, parallel: ParallelContext
 ) -> list[list[Sample]]:
-    """This rank's micro-batches: fixed sample counts, or token-budgeted with the same count on every rank."""
+    """This rank's micro-batches, as many on every rank: token-balanced when packed
+    (`psrl.trainer.packing.plan_packed`), else fixed sample counts or padded-token budgets."""
+    if settings.packing:
+        count = micro_batch_count(
+            own, max_tokens=settings.max_tokens_per_micro_batch, micro_batch_size=settings.micro_batch_size
+        )
+        return plan_packed(own, _most_over_ranks(count, parallel), max_tokens=settings.max_tokens_per_micro_batch)
     if settings.max_tokens_per_micro_batch is None:
         return micro_batches(own, settings.micro_batch_size)
     parts = token_budget_batches(own, settings.max_tokens_per_micro_batch)
     if parallel.world_size > 1:
-        counts = torch.zeros(parallel.world_size, dtype=torch.float64, device=parallel.device)
-        counts[parallel.rank] = len(parts)
-        parts = split_to_count(parts, int(parallel.all_reduce_sum(counts).max()))
+        parts = split_to_count(parts, _most_over_ranks(len(parts), parallel))
     return parts
 
 
-LossOfBatch = Callable[[Batch], tuple[Tensor, dict[str, float]]]
+def _most_over_ranks(count: int, parallel: ParallelContext) -> int:
+    """The largest `count` of any rank (one all-reduce; the count itself on one rank)."""
+    if parallel.world_size == 1:
+        return count
+    counts = torch.zeros(parallel.world_size, dtype=torch.float64, device=parallel.device)
+    counts[parallel.rank] = count
+    return int(parallel.all_reduce_sum(counts).max())
+
+
+LossOfBatch = Callable[[MicroBatch], tuple[Tensor, dict[str, float]]]
 
 
 def actor_step(
@@ -112,16 +131,17 @@ def actor_step(
     settings: UpdateSettings,
     parallel: ParallelContext,
     sums: MetricSums,
+    checkpointing: CheckpointPolicy | None = None,
 ) -> None:
     """One optimizer step of the policy on this rank's share of a mini-batch."""
 
-    def loss_of(batch: Batch) -> tuple[Tensor, dict[str, float]]:
+    def loss_of(micro: MicroBatch) -> tuple[Tensor, dict[str, float]]:
         log_probs, entropy = response_log_probs(
-            policy.model, batch, temperature=settings.temperature, with_entropy=True
+            policy.model, micro, temperature=settings.temperature, with_entropy=True
         )
-        return actor_loss(log_probs, entropy, batch, algorithm, scale)
+        return actor_loss(log_probs, entropy, padded_of(micro), algorithm, scale)
 
-    _accumulated_step(policy, own, settings, parallel, sums, loss_of, "actor")
+    _accumulated_step(policy, own, settings, parallel, sums, loss_of, "actor", checkpointing)
 
 
 def critic_step(
@@ -135,11 +155,13 @@ def critic_step(
     *,
     clip_range: float,
     vf_coef: float,
+    checkpointing: CheckpointPolicy | None = None,
 ) -> None:
     """One optimizer step of the critic on this rank's share of a mini-batch."""
 
-    def loss_of(batch: Batch) -> tuple[Tensor, dict[str, float]]:
-        values = response_values(critic.model, batch)
+    def loss_of(micro: MicroBatch) -> tuple[Tensor, dict[str, float]]:
+        values = response_values(critic.model, micro)
+        batch = padded_of(micro)
         losses, is_clipped = value_loss(values, batch.fields["values"], batch.fields["returns"], clip_range=clip_range)
         loss = vf_coef * aggregate(losses, batch.response_mask, algorithm.loss_agg_mode, **_scale(scale))
         metrics = {
@@ -149,7 +171,7 @@ def critic_step(
         }
         return loss, metrics
 
-    _accumulated_step(critic, own, settings, parallel, sums, loss_of, "critic")
+    _accumulated_step(critic, own, settings, parallel, sums, loss_of, "critic", checkpointing)
 
 
 def _accumulated_step(
@@ -160,22 +182,32 @@ def _accumulated_step(
     sums: MetricSums,
     loss_of: LossOfBatch,
     prefix: str,
+    checkpointing: CheckpointPolicy | None,
 ) -> None:
     """Zero, accumulate gradients over micro-batches (syncing ranks on the last), clip and step."""
+    checkpointing = checkpointing or CheckpointPolicy(trainable.model, "off", settings.compute_dtype)
     trainable.optimizer.zero_grad(set_to_none=True)
     parts = plan_micro_batches(own, settings, parallel)
     contributions: dict[str, float] = {}
     for index, part in enumerate(parts):
-        batch = collate(part, settings.pad_token_id).to(parallel.device)
+        micro = build_micro_batch(part, settings, parallel.device)
         with parallel.gradient_sync(trainable.model, enabled=index == len(parts) - 1):
-            with compute_precision(parallel.device, settings.compute_dtype):
-                loss, metrics = loss_of(batch)
+            with (
+                compute_precision(parallel.device, settings.compute_dtype),
+                checkpointing.around(_tokens_of(micro), parallel.device),
+            ):
+                loss, metrics = loss_of(micro)
             _backward(loss * parallel.loss_scale)
         for name, value in metrics.items():
             contributions[name] = contributions.get(name, 0.0) + value
     for name, value in contributions.items():
         sums.add_share(name, value, 1.0 / parallel.world_size)
     _finish_step(trainable, settings.grad_clip, sums, prefix)
+
+
+def _tokens_of(micro: MicroBatch) -> int:
+    """Tokens the forward runs: the packed row, or every padded row's full width."""
+    return micro.num_tokens if isinstance(micro, PackedBatch) else int(micro.input_ids.numel())
 
 
 def _finish_step(trainable: Trainable, grad_clip: float, sums: MetricSums, prefix: str) -> None:

@@ -1,0 +1,71 @@
+"""`psrl launch --cluster slurm` on a real Slurm (Debian's slurmctld, slurmd, munge): a controller
+and two nodes in network namespaces. `sbatch examples/slurm/psrl.sbatch` trains across both nodes
+(actors on the second node are job steps, no ssh) and the run replays 100%; an allocation that
+cannot hold the topology fails before any actor starts, with the problem and the fix."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bus.messages import Hello, TrainerProgress
+from psrl.rundir import RunDir
+from tests.cluster.fakeslurm import FakeSlurm, can_run_slurm
+from tests.system.launch_helpers import logged_events
+
+pytestmark = pytest.mark.slurm
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "slurm" / "psrl.sbatch"
+PSRL = str(Path(sys.executable).with_name("psrl"))
+
+
+@pytest.fixture(scope="module")
+def slurm(tmp_path_factory):
+    reason = can_run_slurm()
+    if reason is not None:
+        pytest.skip(f"fake Slurm unavailable: {reason}")
+    cluster = FakeSlurm(tmp_path_factory.mktemp("slurm"))
+    try:
+        yield cluster.up()
+    finally:
+        cluster.down()
+
+
+def submit(slurm: FakeSlurm, root: Path, name: str, *overrides: str) -> tuple[str, str]:
+    env = {"PSRL": PSRL, "PSRL_ROOT": str(root), "PSRL_RUN_NAME": name}
+    job = slurm.sbatch(EXAMPLE, *overrides, options=(f"--output={root.parent}/{name}-%j.out",), env=env)
+    state = slurm.wait_job(job, timeout_s=600)
+    return state, (root.parent / f"{name}-{job}.out").read_text()
+
+
+def test_sbatch_of_the_example_trains_across_two_nodes_and_replays(slurm, tmp_path) -> None:
+    steps = 5
+    root = tmp_path / "runs"
+    state, out = submit(slurm, root, "slurm-demo", "demo", f"trainer.total_steps={steps}",
+                        "bus.handshake_timeout_s=300")  # fmt: skip
+    assert state == "COMPLETED", out[-6000:]
+    assert "the Slurm allocation: n1 10.97.0.11" in out and "n2 10.97.0.12" in out, out[-3000:]
+    run = RunDir(root / "slurm-demo")
+    events = logged_events(run)
+    assert max(e.message.version for e in events if isinstance(e.message, TrainerProgress)) == steps
+    hosts = {e.envelope.sender: e.message.host for e in events if isinstance(e.message, Hello)}
+    assert hosts["coordinator"] == "n1" and hosts["router"] == "n1", hosts
+    on_n2 = sorted(name for name, host in hosts.items() if host == "n2")
+    assert on_n2 and {n.rsplit("-", 1)[0] for n in on_n2} <= {"trainer", "ps", "rollout"}, hosts
+    assert (run.keys / "server.key_secret").exists()  # CURVE across nodes, as with --hosts
+    replay = subprocess.run([sys.executable, "-m", "psrl.cli.main", "replay", str(run.path), "--check", "all"],
+                            capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert replay.returncode == 0, replay.stdout[-3000:] + replay.stderr[-2000:]
+    assert "disagree" not in replay.stdout.lower() or " 0 disagree" in replay.stdout.lower()
+
+
+def test_an_allocation_without_the_gpus_the_topology_needs_fails_before_starting(slurm, tmp_path) -> None:
+    root = tmp_path / "runs"
+    state, out = submit(slurm, root, "slurm-nogpu", "demo", "topology.device=cuda")
+    assert state == "FAILED", out[-3000:]
+    assert "has 0 GPU(s) on 2 node(s), the topology needs 3" in out, out[-3000:]
+    assert "fix: allocate more GPUs" in out
+    assert not (root / "slurm-nogpu").exists()  # nothing started: no run directory

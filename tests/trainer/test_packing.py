@@ -1,0 +1,221 @@
+"""Padding-free packed micro-batches: the plan, the layout, the varlen attention, and packed == padded steps."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+import torch
+
+from psrl.rl.batch import Sample
+from psrl.rl.trajectory import Trajectory
+from psrl.trainer import TrainerCore
+from psrl.trainer.models import load_policy
+from psrl.trainer.packing import micro_batch_count, pack, plan_packed, sample_tokens
+from psrl.trainer.varlen import VarlenError, use_varlen_attention
+
+from .trainer_helpers import VOCAB, make_buffer, trainer_config
+
+ESTIMATORS = ["grpo", "rloo", "gae", "reinforce_plus_plus"]
+AGGREGATIONS = ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
+
+
+def samples_of(lengths: list[tuple[int, int]], seed: int = 0) -> list[Sample]:
+    rng = random.Random(seed)
+    out = []
+    for i, (p, r) in enumerate(lengths):
+        prompt = tuple(rng.randrange(2, VOCAB) for _ in range(p))
+        response = tuple(rng.randrange(2, VOCAB) for _ in range(r))
+        out.append(Sample(Trajectory(prompt_id=i, child=0, prompt_token_ids=prompt, response_token_ids=response,
+                                     rollout_log_probs=tuple(-3.0 for _ in response), token_versions=(0,) * r,
+                                     version=0, reward=0.0)))  # fmt: skip
+    return out
+
+
+class TestPlan:
+    def test_every_sample_once_and_balanced_by_tokens(self) -> None:
+        rng = random.Random(3)
+        samples = samples_of([(rng.randint(2, 20), rng.randint(0, 200)) for _ in range(40)])
+        parts = plan_packed(samples, 4, max_tokens=None)
+        assert sorted(id(s) for p in parts for s in p) == sorted(id(s) for s in samples)
+        loads = [sum(sample_tokens(s) for s in p) for p in parts]
+        # LPT: the heaviest exceeds the mean by less than the longest sample
+        assert max(loads) - sum(loads) / len(loads) < max(sample_tokens(s) for s in samples)
+        assert len(parts) == 4
+
+    def test_token_budget_holds_and_a_longer_sample_goes_alone(self) -> None:
+        samples = samples_of([(4, 10), (4, 30), (4, 300), (4, 5), (4, 50), (4, 12)])
+        count = micro_batch_count(samples, max_tokens=64, micro_batch_size=2)
+        parts = plan_packed(samples, count, max_tokens=64)
+        for part in parts:
+            tokens = sum(sample_tokens(s) for s in part)
+            assert tokens <= 64 or len(part) == 1
+        assert [len(p) for p in parts if sum(sample_tokens(s) for s in p) > 64] == [1]
+
+    def test_without_a_budget_as_many_micro_batches_as_fixed_sizes(self) -> None:
+        samples = samples_of([(3, n) for n in range(1, 10)])
+        assert micro_batch_count(samples, max_tokens=None, micro_batch_size=4) == 3
+        assert len(plan_packed(samples, 5, max_tokens=None)) == 5  # a data-parallel peer needs 5
+
+
+class TestLayout:
+    def test_positions_restart_and_logits_positions_predict_the_response(self) -> None:
+        samples = samples_of([(3, 2), (2, 0), (4, 3)])
+        packed = pack(samples, pad_token_id=0)
+        assert packed.input_ids.shape == (1, 14)
+        assert packed.position_ids[0].tolist() == [0, 1, 2, 3, 4, 0, 1, 0, 1, 2, 3, 4, 5, 6]
+        assert packed.cu_seqlens.tolist() == [0, 5, 7, 14]
+        ids = packed.input_ids[0]
+        # the position before each response token predicts it
+        assert ids[packed.logit_positions + 1].tolist() == packed.targets.tolist()
+        assert packed.targets.tolist() == [*samples[0].trajectory.response_token_ids,
+                                           *samples[2].trajectory.response_token_ids]  # fmt: skip
+        padded = packed.to_padded(torch.arange(1.0, 6.0))
+        assert padded.tolist() == [[1.0, 2.0, 0.0], [0.0, 0.0, 0.0], [3.0, 4.0, 5.0]]
+
+
+class TestVarlenAttention:
+    def test_packed_forward_equals_each_sequence_alone(self, tiny_model_dir: Path) -> None:
+        model = load_policy(tiny_model_dir, torch.float32, torch.device("cpu"))
+        samples = samples_of([(3, 5), (6, 1), (2, 9), (5, 4)])
+        alone = [model(input_ids=torch.tensor([[*s.trajectory.prompt_token_ids, *s.trajectory.response_token_ids]]))
+                 .logits[0] for s in samples]  # fmt: skip
+        use_varlen_attention(model)
+        packed = pack(samples, pad_token_id=0)
+        logits = model(**packed.model_kwargs()).logits[0]
+        torch.testing.assert_close(logits, torch.cat(alone), atol=2e-5, rtol=1e-5)
+
+    def test_no_token_attends_across_a_boundary(self, tiny_model_dir: Path) -> None:
+        model = load_policy(tiny_model_dir, torch.float32, torch.device("cpu"))
+        use_varlen_attention(model)
+        samples = samples_of([(3, 5), (4, 4)])
+        changed = samples_of([(3, 5), (4, 4)], seed=9)  # other tokens everywhere
+        first = pack([samples[0], samples[1]], pad_token_id=0)
+        other = pack([changed[0], samples[1]], pad_token_id=0)
+        out_first = model(**first.model_kwargs()).logits[0, 8:]
+        out_other = model(**other.model_kwargs()).logits[0, 8:]
+        torch.testing.assert_close(out_first, out_other, atol=1e-6, rtol=0)
+
+    def test_plain_forwards_still_work_and_packed_needs_the_varlen_model(self, tiny_model_dir: Path) -> None:
+        model = load_policy(tiny_model_dir, torch.float32, torch.device("cpu"))
+        ids = torch.tensor([[5, 6, 7, 8]])
+        expected = model(input_ids=ids).logits
+        use_varlen_attention(model)
+        torch.testing.assert_close(model(input_ids=ids).logits, expected)
+        plain = load_policy(tiny_model_dir, torch.float32, torch.device("cpu"))
+        from psrl.trainer.forward import response_log_probs
+
+        with pytest.raises(VarlenError, match="use_varlen_attention"):
+            response_log_probs(plain, pack(samples_of([(2, 2)]), pad_token_id=0))
+
+
+def captured_steps(core: TrainerCore, buffers: int) -> list[dict[str, object]]:
+    """Per optimizer step: the policy's (and critic's) gradients before the step, and the metrics."""
+    steps: list[dict[str, object]] = []
+    for trainable in [core.policy] + ([core.critic] if core.critic is not None else []):
+
+        def record(optimizer: torch.optim.Optimizer, *_: object, name: str = trainable.name) -> None:
+            params = [p for g in optimizer.param_groups for p in g["params"]]
+            steps.append({f"{name}:{i}": p.grad.clone() for i, p in enumerate(params) if p.grad is not None})
+
+        trainable.optimizer.register_step_pre_hook(record)
+    metrics = [core.train_buffer(b, make_buffer(b)).metrics for b in range(buffers)]
+    return [*steps, *({"metrics": m} for m in metrics)]
+
+
+def assert_same_steps(packed: list[dict[str, object]], padded: list[dict[str, object]]) -> None:
+    assert len(packed) == len(padded)
+    for a, b in zip(packed, padded, strict=True):
+        if "metrics" in a:
+            ma, mb = a["metrics"], b["metrics"]
+            assert isinstance(ma, dict) and isinstance(mb, dict)
+            for key in ("actor/pg_loss", "actor/entropy", "actor/ppo_kl", "actor/grad_norm", "critic/vf_loss",
+                        "rollout/log_prob_abs_diff", "actor/kl_loss"):  # fmt: skip
+                if key in mb:
+                    assert ma[key] == pytest.approx(mb[key], rel=1e-4, abs=1e-5), key
+            continue
+        assert a.keys() == b.keys()
+        for name in a:
+            torch.testing.assert_close(a[name], b[name], atol=2e-5, rtol=1e-4, msg=name)
+
+
+@pytest.mark.parametrize("estimator", ESTIMATORS)
+@pytest.mark.parametrize("aggregation", AGGREGATIONS)
+def test_packed_step_equals_padded_step(tiny_model_dir: Path, estimator: str, aggregation: str) -> None:
+    overrides = [f"algorithm.adv_estimator={estimator}", f"algorithm.loss_agg_mode={aggregation}",
+                 "algorithm.entropy_coeff=0.01", "actor.ppo_micro_batch_size_per_gpu=3"]  # fmt: skip
+    packed = TrainerCore(trainer_config([*overrides, "actor.packing=True"]), model_dir=tiny_model_dir)
+    padded = TrainerCore(trainer_config([*overrides, "actor.packing=False"]), model_dir=tiny_model_dir)
+    assert_same_steps(captured_steps(packed, 1), captured_steps(padded, 1))
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["algorithm.policy_loss.loss_mode=gspo", "algorithm.loss_agg_mode=seq-mean-token-mean"],
+        ["algorithm.policy_loss.loss_mode=cispo"],
+        ["algorithm.kl_loss_coef=0.1", "algorithm.kl_loss_type=low_var_kl"],
+        ["actor.use_dynamic_bsz=True", "actor.ppo_max_token_len_per_gpu=24", "task.temperature=0.7"],
+        ["actor.gradient_checkpointing=True"],
+    ],
+    ids=["gspo", "cispo", "kl_loss", "token_budget", "checkpointed"],
+)
+def test_packed_step_equals_padded_step_for_the_other_losses(tiny_model_dir: Path, overrides: list[str]) -> None:
+    packed = TrainerCore(trainer_config([*overrides, "actor.packing=True"]), model_dir=tiny_model_dir)
+    padded = TrainerCore(trainer_config([*overrides, "actor.packing=False"]), model_dir=tiny_model_dir)
+    assert_same_steps(captured_steps(packed, 2), captured_steps(padded, 2))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("estimator", ESTIMATORS)
+def test_packed_step_equals_padded_step_on_the_gpu_in_bf16(tiny_model_dir: Path, estimator: str) -> None:
+    overrides = [f"algorithm.adv_estimator={estimator}", "actor.compute_dtype=bfloat16", "topology.device=cuda",
+                 "actor.ppo_micro_batch_size_per_gpu=3"]  # fmt: skip
+    from psrl.trainer.parallel import ParallelContext
+
+    cuda = ParallelContext(device=torch.device("cuda"))
+    packed = TrainerCore(trainer_config([*overrides, "actor.packing=True"]), model_dir=tiny_model_dir, parallel=cuda)
+    padded = TrainerCore(trainer_config([*overrides, "actor.packing=False"]), model_dir=tiny_model_dir, parallel=cuda)
+    a, b = captured_steps(packed, 1), captured_steps(padded, 1)
+    for x, y in zip(a, b, strict=True):
+        if "metrics" in x:
+            continue
+        for name in x:  # bf16 matmuls: compare gradient directions and sizes
+            gx, gy = x[name].float().flatten(), y[name].float().flatten()  # type: ignore[union-attr]
+            assert torch.nn.functional.cosine_similarity(gx, gy, dim=0) > 0.99, name
+            assert gx.norm() == pytest.approx(float(gy.norm()), rel=0.05), name
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_flash_varlen_equals_the_gathered_sdpa_path() -> None:
+    from psrl.trainer.varlen import _flash_varlen, _gathered_sdpa, flash_varlen_available
+
+    assert flash_varlen_available()
+    torch.manual_seed(0)
+    lengths = [17, 130, 1, 64]
+    tokens = sum(lengths)
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], device="cuda", dtype=torch.int32)
+    q = torch.randn(8, tokens, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    k = torch.randn(2, tokens, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    v = torch.randn(2, tokens, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    fast = _flash_varlen(q, k, v, cu, max(lengths), None)
+    grads_fast = torch.autograd.grad(fast.float().square().sum(), (q, k, v))
+    slow = _gathered_sdpa(q, k, v, cu, max(lengths), None)
+    grads_slow = torch.autograd.grad(slow.float().square().sum(), (q, k, v))
+    torch.testing.assert_close(fast, slow, atol=2e-2, rtol=2e-2)
+    for a, b in zip(grads_fast, grads_slow, strict=True):
+        torch.testing.assert_close(a, b, atol=5e-2, rtol=5e-2)
+
+
+def test_the_unfused_head_path_gives_the_same_step(tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # FSDP2-sharded models and heads that are not a plain Linear project the kept positions with the model's head
+    from psrl.trainer import forward
+
+    monkeypatch.setattr(forward, "fusable_head", lambda _model: None)
+    overrides = ["algorithm.entropy_coeff=0.01", "task.temperature=0.8"]
+    packed = TrainerCore(trainer_config([*overrides, "actor.packing=True"]), model_dir=tiny_model_dir)
+    padded = TrainerCore(trainer_config([*overrides, "actor.packing=False"]), model_dir=tiny_model_dir)
+    assert_same_steps(captured_steps(packed, 1), captured_steps(padded, 1))
