@@ -9,7 +9,7 @@ from psrl.config.base import Section, field, section
 from psrl.errors import ConfigProblem
 
 
-class Gateway(Section):
+class GatewaySettings(Section):
     host: str = field(
         "127.0.0.1", "Interface the gateway's HTTP server binds (loopback; across hosts, the run's interface)."
     )
@@ -40,7 +40,9 @@ class Agent(Section):
     )
     dataset: str = field("", "JSONL rows, one per prompt: messages (or prompt), optional tools, any other columns.")
     timeout_s: float = field(300.0, "An agent running longer fails its session.", gt=0)
-    gateway: Gateway = section(Gateway, "The OpenAI-compatible session gateway (needs the agents extra).")
+    gateway: GatewaySettings = section(
+        GatewaySettings, "The OpenAI-compatible session gateway (needs the agents extra)."
+    )
 
     @property
     def enabled(self) -> bool:

@@ -40,7 +40,7 @@ class Data(Section):
         return [value] if isinstance(value, str) else value
 
 
-class Reward(Section):
+class RewardSettings(Section):
     function: str | None = field(
         None,
         "Reward function as path/to/file.py:name or package.module:name (e.g. psrl.rewards.builtin:math_answer), "

@@ -6,10 +6,10 @@ from pydantic import model_validator
 
 from psrl.config.agents import Agent
 from psrl.config.base import Section, section
-from psrl.config.data import Data, Logging, Reward
+from psrl.config.data import Data, Logging, RewardSettings
 from psrl.config.psrl_section import PsrlSection
-from psrl.config.system import Bus, Engine, Env, Model, Run, Task, Topology
-from psrl.config.training import Actor, Algorithm, Critic, Eval, TrainerLoop
+from psrl.config.system import Bus, EngineSettings, Env, Model, RunSettings, TaskSettings, Topology
+from psrl.config.training import ActorSettings, Algorithm, Critic, Eval, TrainerLoop
 
 
 class Config(Section):
@@ -17,20 +17,20 @@ class Config(Section):
 
     psrl: PsrlSection = section(PsrlSection, "Staleness control and rollout coordination.")
     algorithm: Algorithm = section(Algorithm, "RL algorithm.")
-    actor: Actor = section(Actor, "Policy optimisation on the trainer.")
+    actor: ActorSettings = section(ActorSettings, "Policy optimisation on the trainer.")
     critic: Critic = section(Critic, "Value model (GAE only).")
     trainer: TrainerLoop = section(TrainerLoop, "Training loop and checkpoints.")
     eval: Eval = section(Eval, "Held-out evaluation during training (every trainer.eval_interval versions).")
     model: Model = section(Model, "Policy checkpoint.")
-    task: Task = section(Task, "Prompt generator, prompt and response lengths, sampling.")
+    task: TaskSettings = section(TaskSettings, "Prompt generator, prompt and response lengths, sampling.")
     env: Env = section(Env, "Multi-turn environments (agentic RL sessions).")
     agent: Agent = section(Agent, "Agents with their own loop, through the OpenAI-compatible session gateway.")
     data: Data = section(Data, "A dataset of prompts (instead of the task's generator).")
-    reward: Reward = section(Reward, "A reward function of your own, or a built-in verifier.")
+    reward: RewardSettings = section(RewardSettings, "A reward function of your own, or a built-in verifier.")
     topology: Topology = section(Topology, "How many actors of each kind.")
-    engine: Engine = section(Engine, "Rollout engine.")
+    engine: EngineSettings = section(EngineSettings, "Rollout engine.")
     bus: Bus = section(Bus, "Message bus.")
-    run: Run = section(Run, "Run directory and logging.")
+    run: RunSettings = section(RunSettings, "Run directory and logging.")
     logging: Logging = section(Logging, "Experiment trackers besides TensorBoard and metrics.jsonl.")
 
     @model_validator(mode="after")

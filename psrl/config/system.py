@@ -14,7 +14,7 @@ class Model(Section):
     tokenizer_path: str | None = field(None, "Tokenizer directory; unset = the model directory.")
 
 
-class Task(Section):
+class TaskSettings(Section):
     name: str = field("demo", "Task module: prompt generator and reward function (see psrl.tasks).")
     seed: int = field(0, "Seed of the prompt generator.")
     kwargs: dict[str, Any] = field(
@@ -116,7 +116,7 @@ class Topology(Section):
     )
 
 
-class Engine(Section):
+class EngineSettings(Section):
     backend: Literal["embedded", "vllm"] = field(
         "embedded",
         "Rollout engine: psrl's own, or vLLM (the vllm extra: `make install-vllm` on a CPU, "
@@ -182,7 +182,7 @@ class Bus(Section):
     log_segment_mib: int = field(64, "Event-log segment size before the logger starts a new segment.", ge=1)
 
 
-class Run(Section):
+class RunSettings(Section):
     name: str | None = field(None, "Run name; unset = a timestamp.")
     root: str = field("runs", "Directory under which run directories are created.")
     log_level: Literal["debug", "info", "warning", "error"] = field("info", "Console log level.")

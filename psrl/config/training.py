@@ -151,7 +151,7 @@ class Lora(Section):
         return self.alpha / self.rank if self.rank else 0.0
 
 
-class Actor(Section):
+class ActorSettings(Section):
     strategy: Literal["fsdp2", "ddp", "megatron"] = field(
         "fsdp2", "Data-parallel strategy of the trainer (megatron is not available in psrl)."
     )

@@ -25,7 +25,7 @@ class Chunk:
 
 
 @dataclass
-class _BufferState:
+class _ChunkedBuffer:
     occupied: list[int] = field(default_factory=list)
     num_emitted_groups: int = 0
     num_emitted_chunks: int = 0
@@ -40,10 +40,10 @@ class ChunkEmitter:
         self.buffer_groups = buffer_groups
         self.num_chunks = -(-buffer_groups // chunk_groups)
         self.current = first_buffer
-        self._buffers: dict[int, _BufferState] = {}
+        self._buffers: dict[int, _ChunkedBuffer] = {}
 
     def on_occupied(self, buffer: int, prompt_id: int) -> list[Chunk]:
-        state = self._buffers.setdefault(buffer, _BufferState())
+        state = self._buffers.setdefault(buffer, _ChunkedBuffer())
         if prompt_id not in state.occupied:
             state.occupied.append(prompt_id)
         return self._emit() if buffer == self.current else []
@@ -56,7 +56,7 @@ class ChunkEmitter:
         return self.on_occupied(to_buffer, prompt_id)
 
     def on_ready(self, buffer: int, prompt_ids: list[int]) -> list[Chunk]:
-        state = self._buffers.setdefault(buffer, _BufferState())
+        state = self._buffers.setdefault(buffer, _ChunkedBuffer())
         state.occupied = list(prompt_ids)  # the router's authoritative order
         state.is_ready = True
         return self._emit() if buffer == self.current else []

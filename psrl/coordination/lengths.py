@@ -13,10 +13,10 @@ from __future__ import annotations
 import math
 import random
 
-from psrl.config.system import Task
+from psrl.config.system import TaskSettings
 
 
-def forced_length(task: Task, request_id: int) -> int | None:
+def forced_length(task: TaskSettings, request_id: int) -> int | None:
     """The response length request ``request_id`` must generate, or None for natural lengths."""
     if task.response_lengths == "natural":
         return None

@@ -64,7 +64,7 @@ def _import_lmcache() -> dict[str, Any]:
 
 
 @dataclass(eq=False, slots=True)
-class Run:
+class StoredRun:
     """Blocks back to back in one LMCache object stored under one key; freed with its last live block."""
 
     lm_key: Any
@@ -92,7 +92,7 @@ class LmcacheStore:
             chunk_size=int(block_shape[1]), local_cpu=True, max_local_cpu_size=buffer.numel() / 1024**3
         )
         self.backend = lm["backend"](config, memory_allocator=lm["allocator"](buffer))
-        self._rows: dict[TierKey, tuple[Run, int]] = {}  # a block's run and its place in it
+        self._rows: dict[TierKey, tuple[StoredRun, int]] = {}  # a block's run and its place in it
         self._run_numbers = itertools.count(1)
         # hand LMCache its references back before the buffer goes, or it warns about each one
         weakref.finalize(self, self.backend.clear)
@@ -182,7 +182,7 @@ class LmcacheStore:
             kept = [(row, key) for row, key in enumerate(keys[first : first + count]) if key is not None]
             first += count
             if kept:
-                run = Run(self._run_key(kept, count), obj.meta.address, len(kept))
+                run = StoredRun(self._run_key(kept, count), obj.meta.address, len(kept))
                 self.backend.submit_put_task(run.lm_key, obj)
                 for row, key in kept:
                     self._rows[key] = (run, row)
@@ -236,7 +236,7 @@ class LmcacheStore:
         """Offsets of the blocks of ``keys`` up to the first one missing, and their runs' LMCache
         objects, each referenced once (the caller lets go of them)."""
         offsets: list[int] = []
-        held: dict[Run, Any] = {}
+        held: dict[StoredRun, Any] = {}
         for key in keys:
             entry = self._rows.get(key)
             if entry is None:

@@ -19,7 +19,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any, Protocol
 
-from psrl.config.data import Reward as RewardSettings
+from psrl.config.data import RewardSettings
 from psrl.log import get_logger
 from psrl.rewards.loader import RewardFunction
 from psrl.tasks.base import Prompt, Reward, Task

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from psrl.config.data import Reward as RewardSettings
+from psrl.config.data import RewardSettings
 from psrl.rewards import FunctionScorer, RewardLoadError, TaskScorer, load_reward_function, to_reward
 from psrl.rewards.builtin import exact_match, extract_boxed, math_answer, regex_format
 from psrl.tasks import DemoTask
