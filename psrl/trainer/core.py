@@ -119,7 +119,7 @@ class TrainerCore:
         with self.memory.region("weights"):
             policy = self._prepared(load_policy(directory, dtype, device, LoraSettings.from_config(config.actor.lora)))
             self.checkpointing = {"policy": CheckpointPolicy(policy, checkpointing, compute_dtype)}
-            self.policy = self._trainable("policy", policy, config.actor.lr)
+            self.policy = self._trainable("policy", policy, config.actor.lora.policy_lr(config.actor.lr))
             self.reference = None
             if config.algorithm.kl_loss_coef > 0:
                 self.reference = self._prepared(load_reference(directory, dtype, device))
@@ -246,8 +246,6 @@ class TrainerCore:
         those; the optimizer state (and a critic) stay as loaded, the closest this rank still has."""
         if self._buffer is not None:
             raise TrainerError("cannot adopt weights with a half-trained buffer")
-        if self.parallel.world_size > 1:
-            raise TrainerError("adopting published weights is supported with one trainer rank only")
         raw = self.policy.raw
         persistent = synced_names(raw)
         # the names `named_weights` pushes: persistent parameters and buffers, tied weights once
@@ -257,7 +255,7 @@ class TrainerCore:
             raise TrainerError(f"version {version} lacks {len(missing)} policy tensors, e.g. {missing[:3]}")
         with torch.no_grad():
             for name, tensor in named.items():
-                tensor.copy_(tensors[name])
+                tensor.copy_(_as_placed_like(tensor, tensors[name]))
         self.version = version
 
     # ---------------------------------------------------------------- buffer bookkeeping
@@ -476,3 +474,15 @@ def _merge(total: MetricSums, part: MetricSums) -> None:
     total.sparse |= part.sparse
     for name, values in part.pooled.items():
         total.pooled.setdefault(name, []).extend(values)
+
+
+def _as_placed_like(target: Tensor, full: Tensor) -> Tensor:
+    """``full`` laid out as ``target``: under FSDP2 a parameter is this rank's shard of a DTensor, and
+    every rank holds the whole published tensor, so each takes its own part without communication."""
+    mesh = getattr(target, "device_mesh", None)
+    if mesh is None:
+        return full
+    from torch.distributed.tensor import distribute_tensor
+
+    source = full.to(device=target.device, dtype=target.dtype)
+    return distribute_tensor(source, mesh, target.placements, src_data_rank=None)  # type: ignore[attr-defined]
