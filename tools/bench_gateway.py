@@ -7,7 +7,9 @@ another (``psrl.gateway.local.EngineGateway`` with ``engine_process``: as in a r
 steps never hold the gateway's interpreter). The engine gets one torch thread (one core; the other
 serves the gateway and the clients) and room in its KV cache for every session's prefix, with
 steps of at most 256 batched tokens (``--batched-tokens``: its padded prefill grows with the
-longest query of a step), so that short turns stay short.
+longest query of a step), so that short turns stay short. Its process runs at a lower priority
+(``--engine-nice 10``): on two shared cores the gateway answers as soon as it has work, as it would
+beside an engine on its own accelerator, rather than waiting out the engine's time slice.
 
 Per turn, the engine's time (``x-psrl-engine-ms``) is its own request latency: from the hand-off to
 its input queue to its result (the step in progress included: any frontend waits for it). What
@@ -134,7 +136,7 @@ async def http_floor(url: str, calls: int = 200) -> float:
     return statistics.median(spent)
 
 
-def serve(max_tokens: int, batched_tokens: int, urls: Any, stop: Any) -> None:
+def serve(max_tokens: int, batched_tokens: int, nice: int, urls: Any, stop: Any) -> None:
     """The gateway in a process of its own (the client's work does not share its interpreter)."""
     from psrl.gateway.local import EngineGateway
     from psrl.gateway.sessions import Settings
@@ -142,7 +144,10 @@ def serve(max_tokens: int, batched_tokens: int, urls: Any, stop: Any) -> None:
     sys.setswitchinterval(SWITCH_S)
     engine = {"num_kv_blocks": KV_BLOCKS, "max_num_batched_tokens": batched_tokens}
     settings = Settings(max_turn_tokens=max(max_tokens, 1))
-    with EngineGateway(DEMO, settings=settings, engine_process=True, torch_threads=1, engine=engine) as gateway:
+    gateway = EngineGateway(
+        DEMO, settings=settings, engine_process=True, torch_threads=1, engine_niceness=nice, engine=engine
+    )
+    with gateway:
         urls.put(gateway.url)
         stop.wait()
 
@@ -159,10 +164,11 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=1)
     parser.add_argument("--batched-tokens", type=int, default=256, help="the engine's max_num_batched_tokens")
     parser.add_argument("--client", choices=("raw", "httpx"), default="raw")
+    parser.add_argument("--engine-nice", type=int, default=10, help="niceness added to the engine's process")
     args = parser.parse_args()
     context = multiprocessing.get_context("spawn")
     urls, stop = context.Queue(), context.Event()
-    server = context.Process(target=serve, args=(args.max_tokens, args.batched_tokens, urls, stop))
+    server = context.Process(target=serve, args=(args.max_tokens, args.batched_tokens, args.engine_nice, urls, stop))
     server.start()
     url = urls.get(timeout=300)
     run = run_raw if args.client == "raw" else run_httpx

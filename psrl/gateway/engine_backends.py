@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing
+import os
 import queue
 import socket
 import threading
@@ -35,6 +36,7 @@ class EngineSpec:
     stop_token_ids: tuple[int, ...] = ()
     num_logprobs: int = 0  # alternatives per generated token (top_logprobs)
     torch_threads: int = 0  # 0: torch's default
+    niceness: int = 0  # added to the engine process's nice value (the gateway answers first on a shared core)
     args: tuple[tuple[str, Any], ...] = ()  # more EngineArgs
 
 
@@ -213,6 +215,8 @@ class ProcessEngine:
 
 def _serve(conn: Any, spec: EngineSpec) -> None:
     """The engine process: requests in, finished turns out, until the parent says stop or goes away."""
+    if spec.niceness:
+        os.nice(spec.niceness)
     engine = build_engine(spec)
     stepper = _Stepper(engine, spec)
     decoder, encoder = msgspec.msgpack.Decoder(_Request), msgspec.msgpack.Encoder()

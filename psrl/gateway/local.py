@@ -41,6 +41,7 @@ class EngineGateway:
         seed: int = 0,
         engine_process: bool = False,  # the engine in a child process (the benchmark) or on a thread
         torch_threads: int = 0,
+        engine_niceness: int = 0,
         num_logprobs: int = 0,  # alternatives the engine returns per token (top_logprobs up to this)
         engine: dict[str, Any] | None = None,  # more EngineArgs (the benchmark's KV room)
     ) -> None:
@@ -53,6 +54,7 @@ class EngineGateway:
             tuple(self.codec.stop_ids(_close(chat, self.codec), chat.eos_token)),
             num_logprobs,
             torch_threads,
+            engine_niceness,
             tuple(sorted((engine or {}).items())),
         )
         self.engine: ThreadEngine | ProcessEngine = ProcessEngine(spec) if engine_process else ThreadEngine(spec)
