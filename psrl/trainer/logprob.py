@@ -51,7 +51,7 @@ def fused_log_probs(
         raise ValueError(f"temperature must be positive for log-probs; got {temperature}")
     rows = chunk_size or chunk_rows(weight.shape[0])
     dtype = _matmul_dtype(hidden, weight)
-    log_probs, entropy = _FusedLogProbs.apply(hidden, weight, targets, temperature, with_entropy, rows, dtype)
+    log_probs, entropy = _FusedLogProbs.apply(hidden, weight, targets, temperature, with_entropy, rows, dtype)  # type: ignore[no-untyped-call]
     return log_probs, entropy if with_entropy else None
 
 
@@ -70,7 +70,7 @@ def _chunk_logits(hidden: Tensor, weight: Tensor, dtype: torch.dtype, temperatur
 
 class _FusedLogProbs(torch.autograd.Function):
     @staticmethod
-    def forward(  # type: ignore[override]
+    def forward(
         ctx: Any,
         hidden: Tensor,
         weight: Tensor,
@@ -100,7 +100,7 @@ class _FusedLogProbs(torch.autograd.Function):
         return log_probs, entropy
 
     @staticmethod
-    def backward(ctx: Any, grad_log_probs: Tensor, grad_entropy: Tensor) -> tuple[Tensor | None, ...]:  # type: ignore[override]
+    def backward(ctx: Any, grad_log_probs: Tensor, grad_entropy: Tensor) -> tuple[Tensor | None, ...]:
         hidden, weight, targets = ctx.saved_tensors
         temperature, with_entropy, rows, dtype = ctx.options
         need_hidden, need_weight = ctx.needs_input_grad[0], ctx.needs_input_grad[1]

@@ -219,3 +219,22 @@ def test_the_unfused_head_path_gives_the_same_step(tiny_model_dir: Path, monkeyp
     packed = TrainerCore(trainer_config([*overrides, "actor.packing=True"]), model_dir=tiny_model_dir)
     padded = TrainerCore(trainer_config([*overrides, "actor.packing=False"]), model_dir=tiny_model_dir)
     assert_same_steps(captured_steps(packed, 1), captured_steps(padded, 1))
+
+
+def test_checkpointing_by_memory_budget(tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from psrl.trainer import memory
+
+    core = TrainerCore(trainer_config(), model_dir=tiny_model_dir)  # actor.gradient_checkpointing=auto
+    policy = core.checkpointing["policy"]
+    assert policy.mode == "auto" and policy.bytes_per_token > 0
+    core.train_buffer(0, make_buffer(0))
+    assert policy.micro_batches > 0 and policy.checkpointed == 0  # a tiny model fits in memory
+    monkeypatch.setattr(memory, "free_bytes", lambda _device: 1.0)  # nothing free: every micro-batch recomputes
+    calls = []
+    layer = policy.layers[0]
+    real = layer._gradient_checkpointing_func
+    monkeypatch.setattr(layer, "_gradient_checkpointing_func", lambda *a, **k: calls.append(1) or real(*a, **k))
+    core.train_buffer(1, make_buffer(1))
+    assert policy.checkpointed == policy.micro_batches - policy.checkpointed > 0
+    assert calls  # the layer really was recomputed
+    assert not any(layer.gradient_checkpointing for layer in policy.layers)  # off again after the update
