@@ -334,6 +334,12 @@ class RayChild:
         return int(self.info.get("pid", -1))
 
     def _pump(self) -> None:
+        try:
+            self._follow()
+        finally:
+            self._log.close()
+
+    def _follow(self) -> None:
         while not self._stop.is_set() and self.code is None:
             try:
                 code, data = self.ray.get(self.handle.status.remote(self._offset), timeout=30)
@@ -379,4 +385,3 @@ class RayChild:
         self._stop.set()
         self._thread.join(2.0)
         self.kill()
-        self._log.close()
