@@ -49,7 +49,9 @@ class _RubricErrors(logging.Handler):
 
 
 MODULE_LOGGER = "verifiers"
-MAX_TURNS_CODE = "'max_turns'"  # the gateway's error code for a call past env.max_turns (HTTP 409)
+# the gateway's answer to a call past env.max_turns (HTTP 409, code max_turns); verifiers keeps only the
+# exception's text, which for openai's errors is the message, not the code
+MAX_TURNS_TEXT = "used its env.max_turns="
 
 
 async def rollout(client: Any, row: dict[str, Any]) -> dict[str, float]:
@@ -86,7 +88,7 @@ def gateway_refusal(error: Any) -> str | None:
     if not chain & openai_error_names():
         return None
     detail = str(error.get("error_chain_repr", "")) or str(error.get("message", ""))
-    if MAX_TURNS_CODE in detail:
+    if MAX_TURNS_TEXT in detail:
         return None
     return detail[:500]
 
