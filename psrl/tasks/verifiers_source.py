@@ -19,11 +19,14 @@ before launch names it (`make install-verifiers`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import importlib
 import importlib.util
 import json
 import os
+import signal
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -53,8 +56,24 @@ def load_env(task_name: str, kwargs: dict[str, Any]) -> Any:
     """The verifiers environment `task_name` names, built with `kwargs` (cached per process)."""
     key = json.dumps([task_name, kwargs], sort_keys=True, default=str)
     if key not in _LOADED:
-        _LOADED[key] = _load_uncached(env_reference(task_name), kwargs)
+        with _own_signal_handlers():
+            _LOADED[key] = _load_uncached(env_reference(task_name), kwargs)
     return _LOADED[key]
+
+
+@contextlib.contextmanager
+def _own_signal_handlers() -> Iterator[None]:
+    """Keep the process's SIGINT and SIGTERM handlers: a verifiers environment installs its own (teardown,
+    then exit) when built, which would take the launcher's and the actors' shutdown from them."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # off the main thread nothing can install handlers
+        return
+    kept = {number: signal.getsignal(number) for number in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for number, handler in kept.items():
+            signal.signal(number, handler)
 
 
 def _load_uncached(reference: str, kwargs: dict[str, Any]) -> Any:

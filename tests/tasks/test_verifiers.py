@@ -204,3 +204,11 @@ def test_checked_turns_a_verifiers_task_into_agent_sessions_over_its_rows(tmp_pa
     again = checked(config)  # a resolved config (a replay's, a resume's) is kept as it is
     assert again.agent.dataset == config.agent.dataset
     assert isinstance(load_env(task("load_retry"), {"num_examples": 6}), vf.MultiTurnEnv)
+
+
+def test_loading_an_environment_keeps_the_process_signal_handlers() -> None:
+    import signal
+
+    before = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
+    load_env(task("load_single"), {"num_examples": 3, "seed": 7})  # verifiers installs its own while building
+    assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) == before
