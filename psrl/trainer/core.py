@@ -87,6 +87,9 @@ class _BufferState:
     seconds: float = 0.0
     forward_s: float = 0.0  # no-grad forwards (old/ref log-probs, values)
     update_s: float = 0.0  # forward, backward and optimizer steps
+    round: list[list[Trajectory]] = field(default_factory=list)  # groups waiting for a full round of ranks
+    num_rounds: int = 0
+    rank_tokens: list[int] = field(default_factory=list)  # tokens each rank holds in the current mini-batch
 
 
 class TrainerCore:
@@ -272,11 +275,21 @@ class TrainerCore:
         return self._buffer
 
     def _add_groups(self, state: _BufferState, groups: list[list[Trajectory]]) -> None:
-        rank, world = self.parallel.rank, self.parallel.world_size
+        """Record the groups and take this rank's share, one group of every round of `world_size`
+        (see `round_owners`): ownership depends only on the groups' order, never on the chunking."""
+        world = self.parallel.world_size
+        rounds_per_mini = max(1, self.config.actor.ppo_mini_batch_size // world)
         for group in groups:
-            if len(state.groups) % world == rank:
-                state.own.append([Sample(t) for t in group])
             state.groups.append(group)
+            state.round.append(group)
+            if len(state.round) < world:
+                continue
+            if state.num_rounds % rounds_per_mini == 0:  # a new mini-batch: its ranks start even
+                state.rank_tokens = [0] * world
+            owners = round_owners([group_tokens(g) for g in state.round], state.rank_tokens)
+            state.own.append([Sample(t) for t in state.round[owners.index(self.parallel.rank)]])
+            state.round = []
+            state.num_rounds += 1
 
     def _forward_units(self, state: _BufferState, *, is_final: bool) -> None:
         unit = max(1, self.config.actor.ppo_micro_batch_size_per_gpu // self.group_size)
@@ -432,6 +445,25 @@ class TrainerCore:
                 f"actor.ppo_mini_batch_size={self.config.actor.ppo_mini_batch_size} prompt groups cannot be split "
                 f"evenly over {world} data-parallel ranks"
             )
+
+
+def group_tokens(group: Sequence[Trajectory]) -> int:
+    return sum(len(t.prompt_token_ids) + t.num_response_tokens for t in group)
+
+
+def round_owners(tokens: Sequence[int], rank_tokens: list[int]) -> list[int]:
+    """The rank of each group of one round (one group per rank): the round's largest group goes to the
+    rank holding the fewest tokens of the mini-batch so far, the next largest to the next, and so on
+    (ties: arrival order, lower rank). `rank_tokens` is updated. Data-parallel ranks balance by token
+    count this way while each still holds whole prompt groups, one per round, so a mini-batch of
+    `ppo_mini_batch_size` groups gives every rank the same number of groups."""
+    by_size = sorted(range(len(tokens)), key=lambda i: (-tokens[i], i))
+    by_load = sorted(range(len(rank_tokens)), key=lambda r: (rank_tokens[r], r))
+    owners = [0] * len(tokens)
+    for group, rank in zip(by_size, by_load, strict=True):
+        owners[group] = rank
+        rank_tokens[rank] += tokens[group]
+    return owners
 
 
 def uses_fused_adam(device: torch.device) -> bool | None:

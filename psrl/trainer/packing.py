@@ -14,8 +14,10 @@ micro-batches to keep each within the token budget under ``actor.use_dynamic_bsz
 fixed-size micro-batches of ``ppo_micro_batch_size_per_gpu`` samples), then the samples, longest
 first, each go to the micro-batch with the fewest tokens so far that still has room (the LPT rule:
 the heaviest micro-batch carries at most 4/3 of the optimum, and exceeds the mean by less than
-one sample). Data-parallel ranks run the same number of micro-batches (the largest `k`, one all-reduce),
-so none waits on a collective with nothing to do. Within a micro-batch, samples keep the order of
+one sample). Data-parallel ranks hold whole prompt groups, one of every round of `world_size`
+groups in arrival order, the round's largest group going to the rank with the fewest tokens in the
+mini-batch so far (`psrl.trainer.core.round_owners`); they run the same number of micro-batches
+(the largest `k`, one all-reduce), so none waits on a collective with nothing to do. Within a micro-batch, samples keep the order of
 their lengths, which keeps the varlen attention's CPU path (one row per sequence) compact.
 """
 
