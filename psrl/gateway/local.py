@@ -66,6 +66,8 @@ class EngineGateway:
         self.http_settings = server or ServerSettings()  # its error counts too
         self.server = GatewayServer(make_app(self.bridge, self.http_settings))
         self.waiting: dict[str, Job] = {}
+        self.prompts: dict[str, list[int]] = {}
+        self.generations: list[tuple[list[int], list[int]]] = []  # (prompt, output) of every turn, in order
         self._ids = itertools.count()
 
     def __enter__(self) -> EngineGateway:
@@ -92,6 +94,7 @@ class EngineGateway:
         job = self.waiting.pop(result.request_id, None)
         if job is None:  # deleted while the engine finished it
             return
+        self.generations.append((self.prompts.pop(result.request_id), list(result.output_ids)))
         finish = finish_name(result.finish_reason)
         try:
             answer = self.gateway.generated(
@@ -126,6 +129,7 @@ class EngineGateway:
             job.resolve(outcome)
             return
         self.waiting[job.session_id] = job
+        self.prompts[job.session_id] = outcome.plan.prompt
         self.engine.submit(job.session_id, outcome.plan.prompt, outcome.max_tokens)
 
     def _delete(self, sid: str) -> dict[str, Any]:

@@ -27,6 +27,7 @@ class Settings:
     context_tokens: int = 4096  # a prompt longer than this is refused (413)
     can_branch: bool = True  # the router's sessions are one trajectory: an edited history gets 409
     max_top_logprobs: int = 0  # alternatives per token the generator returns (a call asking more: 400)
+    logprobs: bool = True  # the generator gives each token's log-prob (a run's router turns do not yet: 400)
 
 
 @dataclass(frozen=True)
@@ -131,6 +132,13 @@ class Gateway:
         )
 
     def _check_logprobs(self, call: ChatCall | CompletionCall) -> None:
+        if isinstance(call, ChatCall) and call.logprobs and not self.settings.logprobs:
+            raise ApiError(
+                400,
+                "'logprobs' is not served in a training run yet (its turns reach the gateway without their "
+                "log-probs; the trainer gets them with the trajectory): leave logprobs unset",
+                param="logprobs",
+            )
         wanted = call.top_logprobs if isinstance(call, ChatCall) else 0
         if wanted > self.settings.max_top_logprobs:
             where = (
