@@ -26,7 +26,7 @@ from tests.cluster.rank_faults import (  # noqa: E402
 )
 from tests.cluster.raynodes import start_cluster  # noqa: E402
 
-pytestmark = pytest.mark.ray
+pytestmark = [pytest.mark.ray, pytest.mark.timeout(900)]  # real clusters on a loaded 2-core machine
 
 HOSTS_LINE = re.compile(r"^ray cluster \S+: (.*)$", re.M)
 

@@ -16,7 +16,7 @@ from psrl.rundir import RunDir
 from tests.cluster.fakeslurm import FakeSlurm, can_run_slurm
 from tests.system.launch_helpers import logged_events
 
-pytestmark = pytest.mark.slurm
+pytestmark = [pytest.mark.slurm, pytest.mark.timeout(900)]
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "slurm" / "psrl.sbatch"
 PSRL = str(Path(sys.executable).with_name("psrl"))

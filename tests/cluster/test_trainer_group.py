@@ -12,7 +12,7 @@ import pytest
 from psrl.rundir import RunDir
 from tests.cluster.rank_faults import check_group_recovered, kill_ranks_one_at_a_time
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 
 def test_two_ranks_killed_one_at_a_time_re_form_and_the_run_finishes(tmp_path) -> None:
