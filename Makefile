@@ -13,7 +13,7 @@ TRL_VENV := .venv-trl
 TRL_BIN := $(TRL_VENV)/bin
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: install install-kv install-vllm install-trl test-trl install-verifiers test-verifiers install-reasoning-gym model-smollm2 test-reasoning-gym check lint imports types test test-gpu test-slow test-kv bench-kv test-restart test-elastic chaos chaos-full chaos-elastic chaos-agentic fuzz test-multihost install-ray test-ray test-slurm test-wheel test-vllm test-all demo docs bench clean
+.PHONY: install install-kv install-vllm install-trl test-trl install-verifiers test-verifiers install-reasoning-gym install-mini-swe test-mini-swe model-smollm2 test-reasoning-gym check lint imports types test test-gpu test-slow test-kv bench-kv test-restart test-elastic chaos chaos-full chaos-elastic chaos-agentic fuzz test-multihost install-ray test-ray test-slurm test-wheel test-vllm test-all demo docs bench clean
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -76,6 +76,19 @@ install-verifiers: $(VF_VENV)/.installed
 test-verifiers: install-verifiers
 	$(VF_BIN)/python -m pytest -m verifiers tests/tasks/test_verifiers.py tests/system/test_verifiers_launch.py
 
+# mini-swe-agent (PyPI), driven as a black-box agent command, in its own venv: it brings litellm and its
+# pins; the test runs from the main venv and starts `mini` from this one
+MINI_VENV := .venv-mini
+$(MINI_VENV)/.installed:
+	test -x $(MINI_VENV)/bin/python || $(PY) -m venv $(MINI_VENV)
+	$(MINI_VENV)/bin/pip install -q mini-swe-agent
+	touch $@
+
+install-mini-swe: $(MINI_VENV)/.installed
+
+test-mini-swe: install install-mini-swe model-smollm2
+	$(PYTEST) -m mini_swe tests/system/test_mini_swe_agent.py
+
 # the reasoning-gym extra: its dependencies (pure-Python puzzles, sympy, numpy) sit beside the main venv's,
 # so it goes into the main venv
 $(VENV)/.reasoning-gym: $(VENV)/.installed
@@ -110,7 +123,7 @@ types: install
 check: lint imports types
 
 test: check
-	$(PYTEST) -n 2 --dist worksteal --durations=15 -m "not slow and not multihost and not packaging and not vllm and not kv and not chaos and not reasoning_gym and not trl and not ray and not slurm and not elastic and not verifiers"
+	$(PYTEST) -n 2 --dist worksteal --durations=15 -m "not slow and not multihost and not packaging and not vllm and not kv and not chaos and not reasoning_gym and not trl and not ray and not slurm and not elastic and not verifiers and not mini_swe"
 
 # the offload tier and KV transfer against the real LMCache and NIXL (two instance processes)
 test-kv: install-kv

@@ -71,7 +71,7 @@ class TrainerActor(FlowActor):
             self.core.load_checkpoint(path)
             self.log.info("resumed", checkpoint=str(path), version=self.core.version)
         committed = -1  # the parameter server's version; a fresh (or resumed) run's PS holds none
-        if self.boot.options.get("restarted") and self.world_size == 1:
+        if self.boot.options.get("restarted"):  # every rank of a re-formed group adopts the same committed version
             committed = self._catch_up_with_ps()
         self.saved_version = self.core.version
         self.pusher = None
@@ -110,8 +110,8 @@ class TrainerActor(FlowActor):
         self.log.warning("continuing from the committed version", checkpoint_version=self.core.version,
                          committed=committed)  # fmt: skip
         self.core.adopt_weights(committed, tensors)
-        # the step that produced it may have died before reporting: report it (a repeat is harmless)
-        self.publisher.publish(TrainerProgress(step=committed, version=committed, num_samples=0))
+        if self.rank == 0:  # the step that produced it may have died before reporting: report it (a repeat is harmless)
+            self.publisher.publish(TrainerProgress(step=committed, version=committed, num_samples=0))
         return committed
 
     def perform_other(self, effect: Effect) -> None:

@@ -520,7 +520,7 @@ class Supervisor:
         )
 
     def _on_scale_request(self, request: ScaleRequest) -> None:
-        if self.scaler is None:  # still starting: refused by the same controller once it exists
+        if self.scaler is None:  # still starting: not answered yet (the asker re-sends until it is)
             return
         refuse = ""
         if self.is_stopping:
@@ -532,10 +532,12 @@ class Supervisor:
 
     def _start_added(self, spec: ActorSpec) -> ActorProcess:
         """A new instance of this launch: its own endpoints, started as any actor, joining a running run."""
+        sibling = next(s.name for s in self.specs if s.role == spec.role)  # its actor class, if one was given
         self.specs.append(spec)
         slot_endpoints = self.plan_endpoints(self.specs)
         self.endpoints.update({k: v for k, v in slot_endpoints.items() if k.split(".")[0] == spec.name})
-        self.actor_options.setdefault(spec.name, {})["joins_running"] = True
+        actor_class = self.actor_options.get(sibling, {}).get("actor_class")
+        self.actor_options[spec.name] = {"joins_running": True, **({"actor_class": actor_class} if actor_class else {})}
         return self._start(spec, self.incarnation_base)
 
     def _leaves_the_set(self, name: str, reason: str) -> bool:

@@ -44,6 +44,13 @@ def checked(config: Config, *, spans_hosts: bool = False) -> Config:
     problems = check_environment(config, spans_hosts=spans_hosts)
     if problems:
         raise ConfigError(problems)
+    from psrl.tasks.verifiers_source import AGENT_ENTRY, agent_overrides, is_verifiers
+
+    if is_verifiers(config.task.name) and config.agent.entry != AGENT_ENTRY:  # run as agent sessions (the gateway)
+        from psrl.config import load_config
+
+        overrides = agent_overrides(config.task.name, config.task.kwargs, config.agent.gateway.model_name)
+        return checked(load_config(None, overrides, base=config), spans_hosts=spans_hosts)
     return config
 
 
@@ -75,6 +82,7 @@ def prompts(c: Config, found: dict[str, Any]) -> Iterator[ConfigProblem]:
     from psrl.data import DataError, load_split
     from psrl.envs.catalog import all_task_names, is_task_name
     from psrl.tasks.reasoning_gym import is_reasoning_gym
+    from psrl.tasks.verifiers_source import is_verifiers
 
     if c.trainer.eval_interval and c.data.train_files and not c.data.val_files:
         yield problem(("trainer.eval_interval", "data.val_files"), c.trainer.eval_interval,
@@ -85,6 +93,8 @@ def prompts(c: Config, found: dict[str, Any]) -> Iterator[ConfigProblem]:
                           "a validation split needs a training dataset", "set data.train_files too")  # fmt: skip
         elif is_reasoning_gym(c.task.name):
             yield from reasoning_gym_source(c, found)
+        elif is_verifiers(c.task.name):
+            yield from verifiers_source(c)
         elif not is_task_name(c.task.name):
             yield problem("task.name", c.task.name, "unknown task",
                           f"use one of {all_task_names()}, or give a dataset with data.train_files")  # fmt: skip
@@ -128,6 +138,18 @@ def reasoning_gym_source(c: Config, found: dict[str, Any]) -> Iterator[ConfigPro
         yield problem("task.max_prompt_length", c.task.max_prompt_length,
                       f"{c.task.name} renders prompts of {longest} tokens",
                       f"set task.max_prompt_length={longest * 2} or more")  # fmt: skip
+
+
+def verifiers_source(c: Config) -> Iterator[ConfigProblem]:
+    """The extra and the environment (it loads, its rubric scores one rollout at a time, it has data); a
+    verifiers task runs its own agent."""
+    from psrl.tasks.verifiers_source import AGENT_ENTRY, source_problems
+
+    if c.agent.enabled and c.agent.entry != AGENT_ENTRY:
+        yield problem(("agent.entry", "agent.command", "task.name"), c.agent.entry or c.agent.command,
+                      "a verifiers task runs the environment's own rollouts as its agent",
+                      "remove agent.entry and agent.command")  # fmt: skip
+    yield from source_problems(c.task.name, c.task.kwargs)
 
 
 def reward_function(c: Config, found: dict[str, Any]) -> Iterator[ConfigProblem]:

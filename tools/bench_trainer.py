@@ -93,10 +93,12 @@ def synchronize(device: torch.device) -> None:
 
 
 def variant_config(name: str, args: argparse.Namespace, device: torch.device) -> Config:
-    sizes = [f"psrl.staleness_buffer_entries={args.groups}", f"psrl.rollout_n={args.group_size}",
-             f"actor.ppo_mini_batch_size={args.groups}"]  # fmt: skip
+    """The demo preset with the buffer's sizes; one mini-batch a buffer and token-budgeted micro-batches
+    (`BASE`) unless `--demo-batching` keeps the demo's own (4 groups a step, 32 samples a micro-batch)."""
+    sizes = [f"psrl.staleness_buffer_entries={args.groups}", f"psrl.rollout_n={args.group_size}"]
+    batching = [] if args.demo_batching else [*BASE, f"actor.ppo_mini_batch_size={args.groups}"]
     dtype = "bfloat16" if device.type == "cuda" else "float32"  # CPU autocast to bf16 is slower than float32
-    return load_config("demo", [*BASE, f"actor.compute_dtype={dtype}", f"topology.device={device.type}",
+    return load_config("demo", [*batching, f"actor.compute_dtype={dtype}", f"topology.device={device.type}",
                                 f"model.path={args.model}", *sizes, *VARIANTS[name]])  # fmt: skip
 
 
@@ -117,45 +119,70 @@ def model_flops(core: TrainerCore, trajectories: list[Trajectory]) -> tuple[floa
     return float(model), float(attention_per_forward * (forwards + 3 * updates))
 
 
-def run_variant(name: str, args: argparse.Namespace, peak: float) -> dict[str, float]:
-    device = torch.device(args.device)
-    core = TrainerCore(variant_config(name, args, device), parallel=ParallelContext(device=device))
-    # the trainer keeps SDPA off cuDNN (psrl.trainer.models.use_low_overhead_attention); this variant
-    # measures what that saves
-    torch.backends.cuda.enable_cudnn_sdp(name == "cudnn_attention")
-    vocab = core.policy.raw.config.vocab_size
-    rows = []
-    profile = args.profile and name == args.variants.split(",")[0]
-    # step 0 warms up kernels and the allocator; a profiled step (the last) is not timed
-    for step in range(args.steps + 1 + profile):
-        trajectories = buffer(step, args, vocab)
-        is_profiled = profile and step == args.steps + 1
-        synchronize(device)
-        started = time.perf_counter()
-        with profiled(is_profiled):
-            result = core.train_buffer(step, trajectories)
-        synchronize(device)
-        seconds = time.perf_counter() - started
-        if step and not is_profiled:
-            flops, attention = model_flops(core, trajectories)
-            tokens = sum(len(t.prompt_token_ids) + len(t.response_token_ids) for t in trajectories)
-            rows.append({"s": seconds, "tokens": tokens, "flops": flops, "attention": attention,
-                         "forward_s": result.metrics["perf/forward_s"],
-                         "update_s": result.metrics["perf/update_s"]})  # fmt: skip
-    seconds = statistics.median(r["s"] for r in rows)
+def timed_step(core: TrainerCore, step: int, args: argparse.Namespace, *, profile: bool) -> dict[str, float]:
+    device = core.parallel.device
+    trajectories = buffer(step, args, core.policy.raw.config.vocab_size)
+    synchronize(device)
+    started = time.perf_counter()
+    with profiled(profile):
+        result = core.train_buffer(step, trajectories)
+    synchronize(device)
+    seconds = time.perf_counter() - started
+    flops, attention = model_flops(core, trajectories)
+    tokens = sum(len(t.prompt_token_ids) + len(t.response_token_ids) for t in trajectories)
+    return {"s": seconds, "tokens": tokens, "flops": flops, "attention": attention,
+            "forward_s": result.metrics["perf/forward_s"], "update_s": result.metrics["perf/update_s"]}  # fmt: skip
+
+
+def summary(name: str, rows: list[dict[str, float]], peak: float, peak_gib: float) -> dict[str, float]:
     out = {"tok_s": statistics.median(r["tokens"] / r["s"] for r in rows),
            "vs_gemm": statistics.median(r["flops"] / r["s"] for r in rows) / 1e12 / peak,
            "attn_vs_gemm": statistics.median(r["attention"] / r["s"] for r in rows) / 1e12 / peak,
-           "step_s": seconds,
+           "step_s": statistics.median(r["s"] for r in rows),
            "forward_s": statistics.median(r["forward_s"] for r in rows),
            "update_s": statistics.median(r["update_s"] for r in rows),
-           "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else 0.0}  # fmt: skip
+           "peak_gib": peak_gib}  # fmt: skip
     print(f"{name}: " + " ".join(f"{k}={v:.3f}" for k, v in out.items()), flush=True)
+    return out
+
+
+def new_core(name: str, args: argparse.Namespace) -> TrainerCore:
+    device = torch.device(args.device)
+    return TrainerCore(variant_config(name, args, device), parallel=ParallelContext(device=device))
+
+
+def run_variant(name: str, args: argparse.Namespace, peak: float) -> dict[str, float]:
+    """One variant alone: its own core, warm-up step, measured steps (and its peak GPU memory)."""
+    core = new_core(name, args)
+    device = core.parallel.device
+    # the trainer keeps SDPA off cuDNN (psrl.trainer.models.use_low_overhead_attention); this variant
+    # measures what that saves
+    torch.backends.cuda.enable_cudnn_sdp(name == "cudnn_attention")
+    profile = args.profile and name == args.variants.split(",")[0]
+    # step 0 warms up kernels and the allocator; a profiled step (the last) is not timed
+    rows = [timed_step(core, step, args, profile=False) for step in range(args.steps + 1)][1:]
+    if profile:
+        timed_step(core, args.steps + 1, args, profile=True)
+    peak_gib = torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else 0.0
     del core
     if device.type == "cuda":
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
-    return out
+    return summary(name, rows, peak, peak_gib)
+
+
+def run_interleaved(names: list[str], args: argparse.Namespace, peak: float) -> dict[str, dict[str, float]]:
+    """Every variant's core at once, one step of each in turn: on a loaded machine the variants see the
+    same load, so their ratio holds even where absolute times do not."""
+    cores = {name: new_core(name, args) for name in names}
+    rows: dict[str, list[dict[str, float]]] = {name: [] for name in names}
+    for step in range(args.steps + 1):
+        for name, core in cores.items():
+            torch.backends.cuda.enable_cudnn_sdp(name == "cudnn_attention")
+            row = timed_step(core, step, args, profile=args.profile and step == args.steps and name == names[0])
+            if step:
+                rows[name].append(row)
+    return {name: summary(name, rows[name], peak, 0.0) for name in names}
 
 
 def model_dir(args: argparse.Namespace, scratch: Path) -> Path:
@@ -201,6 +228,8 @@ def main() -> None:
     ap.add_argument("--max-len", type=int, default=4096)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--profile", action="store_true", help="profile the first variant's last step")
+    ap.add_argument("--demo-batching", action="store_true", help="the demo's mini- and micro-batches (CPU demo step)")
+    ap.add_argument("--interleave", action="store_true", help="alternate the variants step by step (loaded machines)")
     args = ap.parse_args()
     configure("warning")
     names = args.variants.split(",")
@@ -212,7 +241,10 @@ def main() -> None:
     print(f"matmul {size}^3: {peak:.3f} TFLOP/s", flush=True)
     with tempfile.TemporaryDirectory(prefix="bench_trainer_") as scratch:
         args.model = str(model_dir(args, Path(scratch)))
-        results = {name: run_variant(name, args, peak) for name in names}
+        if args.interleave:
+            results = run_interleaved(names, args, peak)
+        else:
+            results = {name: run_variant(name, args, peak) for name in names}
     best = results.get("default", max(results.values(), key=lambda r: r["vs_gemm"]))
     extra = f" default_vs_padded={results['padded']['step_s'] / results['default']['step_s']:.2f}" if {
         "default", "padded"} <= set(results) else ""  # fmt: skip

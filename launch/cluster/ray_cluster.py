@@ -10,8 +10,9 @@
    psrl actor process on the node (launch.cluster.ray_runner); the psrl supervisor supervises it as
    any other actor (restarts, heartbeats, the event log).
 
-When a node is lost its actors die with their runners; the supervisor restarts them, and the
-restart waits for Ray to re-place their bundles on the surviving nodes. An actor's bus address is
+An actor that exits is restarted in the same runner (its bundle stays reserved). When a node is
+lost its actors die with their runners; the supervisor restarts them, and the restart waits for
+Ray to re-place their bundles on the surviving nodes. An actor's bus address is
 fixed for the run (peers dial it), so a bundle re-placed on a node with another IP cannot take it:
 the run then ends with a ClusterError that says so, after the trainer's checkpoint, and the same
 ``psrl launch --cluster ray --name RUN`` resumes it on the nodes that are up.
@@ -181,7 +182,12 @@ class RayCluster:
         """Start ``spec`` in its bundle; after a node loss, wait for Ray to re-place the bundle."""
         bundle = self.bundle_of[spec.name]
         previous = self.children.get(spec.name)
-        if previous is not None and previous.code == LOST_EXIT_CODE:
+        if previous is not None and previous.code != LOST_EXIT_CODE:  # the runner lives: the replacement runs in it
+            child = RayChild.start_in(self.ray, previous.handle, spec, boot, log_path)
+            self.children[spec.name] = child
+            return ActorProcess(spec, boot.incarnation, child, time.monotonic(), log_path.open("ab"))
+        if previous is not None:
+            previous.kill()
             self._settle_lost_runner(bundle)
         node_id = self._live_node_of(bundle, spec)
         address = self.nodes()[node_id]["NodeManagerAddress"]
@@ -301,7 +307,7 @@ class RayChild:
         self.code: int | None = None
         self.why: str | None = None
         self.stdin = None
-        self._offset = 0
+        self._offset = int(info.get("offset", 0))
         self._log = log_path.open("ab")
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._pump, name=f"ray-{spec.name}", daemon=True)
@@ -319,8 +325,12 @@ class RayChild:
             scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=bundle),
         )  # fmt: skip
         host = spec.host
-        handle = runner.remote(f"{spec.name}-{boot.incarnation}", host.python if host else None,
-                               host.workdir if host else None)  # fmt: skip
+        handle = runner.remote(spec.name, host.python if host else None, host.workdir if host else None)
+        return cls.start_in(ray, handle, spec, boot, log_path)
+
+    @classmethod
+    def start_in(cls, ray: Any, handle: Any, spec: ActorSpec, boot: Boot, log_path: Path) -> RayChild:
+        """Start the actor's process in the runner ``handle`` (new, or the one its predecessor ran in)."""
         try:
             info = ray.get(handle.start.remote(boot.to_json()), timeout=PLACEMENT_TIMEOUT_S)
         except Exception as exc:
@@ -334,6 +344,12 @@ class RayChild:
         return int(self.info.get("pid", -1))
 
     def _pump(self) -> None:
+        try:
+            self._follow()
+        finally:
+            self._log.close()
+
+    def _follow(self) -> None:
         while not self._stop.is_set() and self.code is None:
             try:
                 code, data = self.ray.get(self.handle.status.remote(self._offset), timeout=30)
@@ -379,4 +395,3 @@ class RayChild:
         self._stop.set()
         self._thread.join(2.0)
         self.kill()
-        self._log.close()

@@ -3,7 +3,8 @@
 It is a plain class here (this module imports without ray); launch.cluster.ray_cluster wraps it
 with ``ray.remote`` and places it in the run's placement group. It runs on its node:
 
-* ``start``: ``python -m actors`` with the boot line on stdin, the GPUs Ray gave it passed on as
+* ``start``: ``python -m actors`` with the boot line on stdin (again for a replacement of an actor
+  that exited: the runner and its bundle stay, no new Ray worker), the GPUs Ray gave it passed on as
   the actor's ``cuda_visible_devices``, stdout into a node-local log file;
 * ``status``: the exit code (None while it runs) and the log bytes written since ``offset``, which
   the launcher copies into the run directory's log;
@@ -66,6 +67,7 @@ class ActorRunner:
             boot.setdefault("options", {})["cuda_visible_devices"] = ",".join(gpu_ids)
         from launch.process import REPO_ROOT  # on this node: where psrl is installed here
 
+        offset = self.log_path.stat().st_size if self.log_path.exists() else 0  # a restart appends here
         log = self.log_path.open("ab")
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         if gpu_ids:
@@ -86,7 +88,7 @@ class ActorRunner:
         assert self.popen.stdin is not None
         self.popen.stdin.write((json.dumps(boot) + "\n").encode())
         self.popen.stdin.flush()
-        return {"pid": self.popen.pid, "node": socket.gethostname(), "log": str(self.log_path)}
+        return {"pid": self.popen.pid, "node": socket.gethostname(), "log": str(self.log_path), "offset": offset}
 
     def status(self, offset: int) -> tuple[int | None, bytes]:
         code = self.popen.poll() if self.popen is not None else None

@@ -498,10 +498,11 @@ def eval_settings_used(c: Config) -> Iterator[ConfigProblem]:
 
 
 def task_kwargs_used(c: Config) -> Iterator[ConfigProblem]:
-    """task.kwargs configure a reasoning-gym dataset; any other task would silently ignore them."""
-    if c.task.kwargs and not c.task.name.startswith("reasoning_gym:"):
+    """task.kwargs configure a reasoning-gym dataset or a verifiers environment's loader; any other task
+    would silently ignore them."""
+    if c.task.kwargs and not c.task.name.startswith(("reasoning_gym:", "verifiers:")):
         yield problem(("task.kwargs", "task.name"), c.task.kwargs, f"task {c.task.name!r} takes no kwargs",
-                      "remove task.kwargs or use task.name=reasoning_gym:<dataset>")  # fmt: skip
+                      "remove task.kwargs or use task.name=reasoning_gym:<dataset> or verifiers:<env>")  # fmt: skip
     elif c.task.kwargs and c.data.train_files:
         yield problem(("task.kwargs", "data.train_files"), c.task.kwargs,
                       "the task's kwargs are unused: data.train_files replaces the task's prompts",

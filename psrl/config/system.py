@@ -15,12 +15,17 @@ class Model(Section):
 
 
 class TaskSettings(Section):
-    name: str = field("demo", "Task module: prompt generator and reward function (see psrl.tasks).")
+    name: str = field(
+        "demo",
+        "Task module: prompt generator and reward function (see psrl.tasks); reasoning_gym:<dataset>; "
+        "verifiers:<env id | module:function | file.py:function> (needs the verifiers extra).",
+    )
     seed: int = field(0, "Seed of the prompt generator.")
     kwargs: dict[str, Any] = field(
         {},
         "reasoning_gym:<dataset> tasks: the dataset's config (the fields of its config class) and size, the number "
-        "of distinct training problems; reasoning_gym:composite takes datasets=[{name, weight, config}].",
+        "of distinct training problems; reasoning_gym:composite takes datasets=[{name, weight, config}]. "
+        "verifiers:<env> tasks: the keyword arguments of the environment's loader.",
     )
     answer_tag: str | None = field(
         "answer",

@@ -108,6 +108,7 @@ class Algorithm(Section):
 # the projections of a Llama-family decoder layer (Llama, Qwen2, Qwen3, Mistral), as Hugging Face names them:
 # the only linear layers the trainer wraps and the rollout engines merge
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+LORA_LR_SCALE = 10.0  # the adapters' default learning rate over actor.lr
 
 
 class Lora(Section):
@@ -117,8 +118,12 @@ class Lora(Section):
         "the parameter server then versions and syncs the adapters only. 0 = full fine-tuning.",
         ge=0,
     )
-    alpha: float = field(
-        32.0, "LoRA scale numerator: the update is (alpha / rank) * B @ A. Raise actor.lr with LoRA (see tuning).", gt=0
+    alpha: float = field(32.0, "LoRA scale numerator: the update is (alpha / rank) * B @ A.", gt=0)
+    lr: float | None = field(
+        None,
+        "Learning rate of the adapters; unset = 10 x actor.lr (LoRA's best rate is about ten times full "
+        "fine-tuning's; see docs/tuning.md).",
+        gt=0,
     )
     dropout: float = field(
         0.0, "Dropout on the adapters' input in the trainer's gradient forwards (no-grad log-prob forwards: none).",
@@ -149,6 +154,12 @@ class Lora(Section):
     @property
     def scaling(self) -> float:
         return self.alpha / self.rank if self.rank else 0.0
+
+    def policy_lr(self, actor_lr: float) -> float:
+        """The policy's learning rate: actor.lr without LoRA; with it ``lr`` when set, else LORA_LR_SCALE x actor.lr."""
+        if not self.enabled:
+            return actor_lr
+        return self.lr if self.lr is not None else LORA_LR_SCALE * actor_lr
 
 
 class ActorSettings(Section):

@@ -158,6 +158,9 @@ class RouterFlow(RouterLedgerFlow):
         # instances removed by psrl scale, until they exit: no new work; -> requests handed back so far
         self.retiring: dict[str, int] = {}
         self.drained: set[str] = set()  # retiring instances reported drained (router.drained)
+        # out of rotation: a send could not reach it (until it reports again), or its last sync failed
+        self.unreachable: set[str] = set()
+        self.sync_failed: set[str] = set()
 
     def handlers(self) -> dict[type[Message], Handler]:
         return {
@@ -431,9 +434,17 @@ class RouterFlow(RouterLedgerFlow):
         """The instance takes new work: it has joined and is not retiring (a session's pin moves off it)."""
         return instance in self.instances and instance not in self.retiring
 
+    def _refresh_health(self, instance: str) -> None:
+        """In rotation unless it retires, could not be reached since its last report, or failed its last sync."""
+        out = instance in self.retiring or instance in self.unreachable or instance in self.sync_failed
+        self.core.set_healthy(instance, not out)
+
     def _on_status(self, status: InstanceStatus, now: float) -> None:
         if status.instance in self.retiring and status.instance not in self.instances:
             return  # removed before it joined: it never will
+        if status.instance in self.unreachable and status.instance in self.instances:
+            self.unreachable.discard(status.instance)  # it reports: it can be reached again
+            self._refresh_health(status.instance)
         if status.instance not in self.instances:
             self.instances[status.instance] = status.weight_version
             self.core.add_instance(status.instance, status.weight_version, status.kv_capacity_tokens)
@@ -475,12 +486,14 @@ class RouterFlow(RouterLedgerFlow):
         self.syncing.discard(instance)
         self.core.set_version(instance, version)
         self.core.set_paused(instance, False)
-        self.core.set_healthy(instance, instance not in self.retiring)
+        self.sync_failed.discard(instance)
+        self._refresh_health(instance)
         self._hold_routing_while_syncing()
 
     def _on_sync_failed(self, failed: InstanceSyncFailed, now: float) -> None:
         if failed.instance in self.instances:  # out of rotation until a sync succeeds
-            self.core.set_healthy(failed.instance, False)
+            self.sync_failed.add(failed.instance)
+            self._refresh_health(failed.instance)
             self.syncing.discard(failed.instance)
             self._hold_routing_while_syncing()
 
@@ -493,6 +506,8 @@ class RouterFlow(RouterLedgerFlow):
             return
         self.retiring.pop(name, None)
         self.drained.discard(name)
+        self.unreachable.discard(name)
+        self.sync_failed.discard(name)
         if name not in self.instances:
             return
         del self.instances[name]
@@ -616,8 +631,7 @@ class RouterFlow(RouterLedgerFlow):
             if not isinstance(message, RouterStatus):
                 self.held.append(send)
         elif isinstance(message, GenerateRequest) and message.request_id in self.tracker.live:
-            self.core.release(message.request_id)
-            self._route_again(message.request_id)
+            self._not_delivered(message.request_id, send.to)
         elif isinstance(message, Abort) and message.reason == RECALL:  # the instance is gone
             for request_id in message.request_ids:
                 self._recall_lost(request_id)
@@ -625,6 +639,19 @@ class RouterFlow(RouterLedgerFlow):
             self.counters["session_messages_held"] += 1
             self.held_sessions.append(send)
         return self.take()
+
+    def _not_delivered(self, request_id: int, instance: str) -> None:
+        """The request never reached ``instance`` (it is gone, or restarting): routed again as it was, not
+        as interrupted (nothing of it ran; the log holds no send of it), and ``instance`` stays out of
+        rotation until it reports again, so the next pass does not pick it again and again."""
+        self.core.release(request_id)
+        self.counters["undelivered_requests"] += 1
+        if instance in self.instances and instance not in self.unreachable:
+            self.unreachable.add(instance)
+            self._refresh_health(instance)
+        traj = self.tracker.live[request_id]
+        traj.instance = None
+        self.core.submit(self._routing_request(traj))
 
     # ------------------------------------------------------------------ status
 

@@ -46,6 +46,7 @@ class ChatCall:
     logprobs: bool = False
     stream: bool = False
     model: str = ""
+    top_logprobs: int = 0  # alternatives per generated token (needs logprobs)
 
 
 @dataclass(frozen=True)
@@ -77,7 +78,19 @@ def parse_chat(body: Any) -> ChatCall:
         bool(body.get("logprobs")),
         bool(body.get("stream")),
         str(body.get("model", "")),
+        _top_logprobs(body),
     )
+
+
+def _top_logprobs(body: dict[str, Any]) -> int:
+    value = body.get("top_logprobs")
+    if value is None:
+        return 0
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= 20:
+        raise ApiError(400, "'top_logprobs' must be an integer in [0, 20]", param="top_logprobs")
+    if value and not body.get("logprobs"):
+        raise ApiError(400, "'top_logprobs' needs 'logprobs': true", param="top_logprobs")
+    return value
 
 
 def parse_completion(body: Any) -> CompletionCall:

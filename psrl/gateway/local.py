@@ -1,22 +1,32 @@
-"""The gateway over an engine in this process: its own thread runs the sessions and the embedded
-engine (tests, ``tools/bench_gateway.py``, trying an agent out). A run's gateway lives in the session
-scheduler instead and generates through the router (``actors.session``)."""
+"""The gateway over an embedded engine (tests, ``tools/bench_gateway.py``, trying an agent out).
+A run's gateway lives in the session scheduler instead and generates through the router
+(``actors.session``).
+
+The sessions (TITO, replies) are handled on uvicorn's event loop as calls come (an
+``InlineBridge``: their work is a fraction of a millisecond and never blocks), and the engine's
+finished turns are read there too (its ``fileno``), so a call crosses no thread. The engine steps
+apart (``psrl.gateway.engine_backends``: a thread, or a process of its own), so that a call is
+handed to it at once rather than after the step in progress (which, prefilling 64 sessions' turns,
+takes tens of milliseconds). A turn's engine time (``x-psrl-engine-ms``) is the engine's own request
+latency: from the hand-off to its input queue to its result.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import itertools
-import threading
-from collections.abc import Callable
 from typing import Any
 
 from psrl.gateway.api import ApiError, ChatCall, CompletionCall
-from psrl.gateway.bridge import Bridge, Job
-from psrl.gateway.chat_templates import load_template
-from psrl.gateway.codec import load_codec
+from psrl.gateway.bridge import InlineBridge, Job
+from psrl.gateway.chat_templates import ChatTemplate, load_template
+from psrl.gateway.codec import Codec, load_codec
+from psrl.gateway.engine_backends import EngineSpec, Finished, ProcessEngine, ThreadEngine
 from psrl.gateway.replies import finish_name
 from psrl.gateway.server import GatewayServer, ServerSettings, make_app
-from psrl.gateway.sessions import Answer, Gateway, Order, Settings
+from psrl.gateway.sessions import Answer, Gateway, Settings
+from psrl.gateway.tito import TitoSession
 
 
 class EngineGateway:
@@ -29,65 +39,68 @@ class EngineGateway:
         server: ServerSettings | None = None,
         temperature: float = 1.0,
         seed: int = 0,
+        engine_process: bool = False,  # the engine in a child process (the benchmark) or on a thread
+        torch_threads: int = 0,
+        engine_niceness: int = 0,
+        num_logprobs: int = 0,  # alternatives the engine returns per token (top_logprobs up to this)
+        engine: dict[str, Any] | None = None,  # more EngineArgs (the benchmark's KV room)
     ) -> None:
-        from psrl.engine import Engine, EngineArgs, SamplingParams
-
         chat = load_template(model_dir, template)
         self.codec = load_codec(model_dir)
-        self.engine = Engine(EngineArgs(model_path=model_dir, seed=seed, cpu_kernels="off"))
-        settings = dataclasses.replace(settings or Settings(), context_tokens=self.engine.max_model_len)
-        self.gateway = Gateway(chat, self.codec.encode, self.codec.decode, self.codec.text, settings)
-        stop = tuple(self.codec.stop_ids(_close(self.gateway), chat.eos_token))
-        self.sampling: Callable[[int], Any] = lambda n: SamplingParams(
-            max_tokens=n, temperature=temperature, stop_token_ids=stop
+        spec = EngineSpec(
+            model_dir,
+            seed,
+            temperature,
+            tuple(self.codec.stop_ids(_close(chat, self.codec), chat.eos_token)),
+            num_logprobs,
+            torch_threads,
+            engine_niceness,
+            tuple(sorted((engine or {}).items())),
         )
-        self.bridge = Bridge()
+        self.engine: ThreadEngine | ProcessEngine = ProcessEngine(spec) if engine_process else ThreadEngine(spec)
+        settings = dataclasses.replace(
+            settings or Settings(), context_tokens=self.engine.max_model_len, max_top_logprobs=num_logprobs
+        )
+        self.gateway = Gateway(chat, self.codec.encode, self.codec.decode, self.codec.text, settings)
+        self.bridge = InlineBridge(self._handle, self._watch_engine)
         self.http_settings = server or ServerSettings()  # its error counts too
         self.server = GatewayServer(make_app(self.bridge, self.http_settings))
-        self.waiting: dict[str, tuple[Job, Order]] = {}
-        self.engine_ms: dict[str, float] = {}  # per session: engine time of its turn (x-psrl-engine-ms)
+        self.waiting: dict[str, Job] = {}
+        self.prompts: dict[str, list[int]] = {}
+        self.generations: list[tuple[list[int], list[int]]] = []  # (prompt, output) of every turn, in order
         self._ids = itertools.count()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="gateway-engine", daemon=True)
 
     def __enter__(self) -> EngineGateway:
+        self.engine.start()
         self.server.start()
-        self._thread.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(timeout=10)
         self.server.stop()
-        self.bridge.close()
+        self.engine.stop()
 
     @property
     def url(self) -> str:
         return self.server.url
 
-    def _loop(self) -> None:
-        import time
+    def _watch_engine(self, loop: asyncio.AbstractEventLoop) -> None:
+        loop.add_reader(self.engine.fileno(), self._engine_results)
 
-        while not self._stop.is_set():
-            for job in self.bridge.take():
-                self._handle(job)
-            if not self.waiting:
-                self.bridge.wait(0.05)
-                continue
-            started = time.perf_counter()
-            out = self.engine.step()
-            spent = (time.perf_counter() - started) * 1000
-            for sid in self.waiting:
-                self.engine_ms[sid] = self.engine_ms.get(sid, 0.0) + spent
-            for result in out.finished:
-                self._finish(result)
+    def _engine_results(self) -> None:
+        for result in self.engine.results():
+            self._finish(result)
 
-    def _finish(self, result: Any) -> None:
-        job, _order = self.waiting.pop(result.request_id)
+    def _finish(self, result: Finished) -> None:
+        job = self.waiting.pop(result.request_id, None)
+        if job is None:  # deleted while the engine finished it
+            return
+        self.generations.append((self.prompts.pop(result.request_id), list(result.output_ids)))
         finish = finish_name(result.finish_reason)
         try:
-            answer = self.gateway.generated(job.session_id, list(result.output_ids), finish, list(result.logprobs))
-            job.resolve(dataclasses.replace(answer, engine_ms=self.engine_ms.get(job.session_id, 0.0)))
+            answer = self.gateway.generated(
+                job.session_id, result.output_ids, finish, result.logprobs, result.top_logprobs
+            )
+            job.resolve(dataclasses.replace(answer, engine_ms=result.engine_ms))
         except ApiError as error:
             job.fail(error)
 
@@ -115,14 +128,14 @@ class EngineGateway:
         if isinstance(outcome, Answer):
             job.resolve(outcome)
             return
-        self.engine_ms[job.session_id] = 0.0
-        self.waiting[job.session_id] = (job, outcome)
-        self.engine.add_request(job.session_id, outcome.plan.prompt, self.sampling(outcome.max_tokens))
+        self.waiting[job.session_id] = job
+        self.prompts[job.session_id] = outcome.plan.prompt
+        self.engine.submit(job.session_id, outcome.plan.prompt, outcome.max_tokens)
 
     def _delete(self, sid: str) -> dict[str, Any]:
         if sid in self.waiting:
             self.engine.abort(sid)
-            job, _ = self.waiting.pop(sid)
+            job = self.waiting.pop(sid)
             self.gateway.failed(sid)
             job.fail(ApiError(409, f"session {sid} was deleted while its call ran", code="session_closing"))
         if not self.gateway.close(sid):
@@ -132,7 +145,5 @@ class EngineGateway:
         return {"id": sid, "object": "session.deleted", "deleted": True, "record": record}
 
 
-def _close(gateway: Gateway) -> str:
-    from psrl.gateway.tito import TitoSession
-
-    return TitoSession("", gateway.template, gateway.encode, gateway.decode).close()
+def _close(chat: ChatTemplate, codec: Codec) -> str:
+    return TitoSession("", chat, codec.encode, codec.decode).close()

@@ -77,15 +77,21 @@ def chat_completion(cid: str, model: str, reply: Reply, use: dict[str, int], log
     }
 
 
-def chat_chunks(cid: str, model: str, reply: Reply, use: dict[str, int]) -> list[dict[str, Any]]:
-    """The answer as stream chunks: the role, the content, each tool call, the finish, the usage."""
+def chat_chunks(cid: str, model: str, reply: Reply, use: dict[str, int], logprobs: Any = None) -> list[dict[str, Any]]:
+    """The answer as stream chunks: the role, the content (with the tokens' log-probs), each tool call,
+    the finish, the usage."""
     head = {"id": cid, "object": "chat.completion.chunk", "created": int(time.time()), "model": model}
     deltas: list[dict[str, Any]] = [{"role": "assistant", "content": ""}]
     if reply.message.get("content"):
         deltas.append({"content": reply.message["content"]})
     for i, call in enumerate(reply.message.get("tool_calls", [])):
         deltas.append({"tool_calls": [{"index": i, **call}]})
-    chunks = [{**head, "choices": [{"index": 0, "delta": d, "finish_reason": None}]} for d in deltas]
+    chunks: list[dict[str, Any]] = []
+    for number, delta in enumerate(deltas):
+        choice: dict[str, Any] = {"index": 0, "delta": delta, "finish_reason": None}
+        if logprobs is not None and number == len(deltas) - 1:  # the whole turn's, once
+            choice["logprobs"] = logprobs
+        chunks.append({**head, "choices": [choice]})
     chunks.append({**head, "choices": [{"index": 0, "delta": {}, "finish_reason": reply.finish_reason}]})
     chunks.append({**head, "choices": [], "usage": use})
     return chunks
@@ -103,11 +109,20 @@ def completion(cid: str, model: str, text: str, finish: str, use: dict[str, int]
     }
 
 
-def token_logprobs(pieces: list[str], logprobs: list[float]) -> dict[str, Any]:
-    """OpenAI's chat ``logprobs``: each generated token's text and log-prob (no alternatives)."""
+def token_logprobs(
+    pieces: list[str], logprobs: list[float], top: list[list[tuple[str, float]]] | None = None
+) -> dict[str, Any]:
+    """OpenAI's chat ``logprobs``: each generated token's text, log-prob and likeliest alternatives."""
+    alternatives = top or [[] for _ in pieces]
     return {
         "content": [
-            {"token": t, "logprob": float(lp), "bytes": list(t.encode()), "top_logprobs": []}
-            for t, lp in zip(pieces, logprobs, strict=False)
-        ]
+            {
+                "token": t,
+                "logprob": float(lp),
+                "bytes": list(t.encode()),
+                "top_logprobs": [{"token": a, "logprob": float(alp), "bytes": list(a.encode())} for a, alp in alts],
+            }
+            for t, lp, alts in zip(pieces, logprobs, alternatives, strict=True)
+        ],
+        "refusal": None,
     }

@@ -26,6 +26,8 @@ class Settings:
     max_turn_tokens: int = 256  # a call's max_tokens is capped here
     context_tokens: int = 4096  # a prompt longer than this is refused (413)
     can_branch: bool = True  # the router's sessions are one trajectory: an edited history gets 409
+    max_top_logprobs: int = 0  # alternatives per token the generator returns (a call asking more: 400)
+    logprobs: bool = True  # the generator gives each token's log-prob (a run's router turns do not yet: 400)
 
 
 @dataclass(frozen=True)
@@ -36,6 +38,7 @@ class Answer:
     text: str  # the whole turn decoded without special tokens (completions answer this)
     logprobs: list[float] = field(default_factory=list)
     pieces: list[str] = field(default_factory=list)
+    top_logprobs: list[list[tuple[str, float]]] = field(default_factory=list)  # per token: (text, log-prob)
     engine_ms: float = 0.0  # the engine's time for this turn, where the generator measures it
 
 
@@ -103,6 +106,7 @@ class Gateway:
             raise ApiError(409, f"session {session_id} is ending", code="session_closing")
         if session.pending is not None:
             raise ApiError(429, f"session {session_id} already has a call in flight", code="session_busy")
+        self._check_logprobs(call)
         plan = self._plan(session, call)
         if plan.kind == "recorded":
             traj = session.tito.trajectories[plan.trajectory]
@@ -127,6 +131,24 @@ class Gateway:
             session_id, plan, min(call.max_tokens or self.settings.max_turn_tokens, self.settings.max_turn_tokens, room)
         )
 
+    def _check_logprobs(self, call: ChatCall | CompletionCall) -> None:
+        if isinstance(call, ChatCall) and call.logprobs and not self.settings.logprobs:
+            raise ApiError(
+                400,
+                "'logprobs' is not served in a training run yet (its turns reach the gateway without their "
+                "log-probs; the trainer gets them with the trajectory): leave logprobs unset",
+                param="logprobs",
+            )
+        wanted = call.top_logprobs if isinstance(call, ChatCall) else 0
+        if wanted > self.settings.max_top_logprobs:
+            where = (
+                f"at most {self.settings.max_top_logprobs} alternatives per token"
+                if self.settings.max_top_logprobs
+                else "no alternatives per token (only each generated token's own log-prob: logprobs=true)"
+            )
+            message = f"'top_logprobs' is {wanted}; this gateway's engine returns {where}"
+            raise ApiError(400, message, param="top_logprobs")
+
     def _plan(self, session: GatewaySession, call: ChatCall | CompletionCall) -> Plan:
         try:
             if isinstance(call, ChatCall):
@@ -137,7 +159,14 @@ class Gateway:
         except ValueError as exc:  # the template refused the conversation
             raise ApiError(400, str(exc), param="messages") from exc
 
-    def generated(self, session_id: str, tokens: list[int], finish: str, logprobs: list[float] | None = None) -> Answer:
+    def generated(
+        self,
+        session_id: str,
+        tokens: list[int],
+        finish: str,
+        logprobs: list[float] | None = None,
+        top_logprobs: list[list[tuple[int, float]]] | None = None,
+    ) -> Answer:
         """The engine's tokens for the session's pending call: recorded, and its answer."""
         session = self._session(session_id)
         pending, session.pending = session.pending, None
@@ -149,7 +178,8 @@ class Gateway:
             self.text(tokens), finish, self._parser(call), stop, f"call-{session_id}-{pending.plan.turn}"
         )
         turn = session.tito.record(pending.plan, tokens, reply.canonical, reply.finish_reason, logprobs)
-        return self._answer(session, call, turn, pending.plan, logprobs)
+        turn.top_logprobs = top_logprobs
+        return self._answer(session, call, turn, pending.plan)
 
     def failed(self, session_id: str) -> None:
         """The pending call's generation failed (its answer is an error): the session takes calls again."""
@@ -163,7 +193,6 @@ class Gateway:
         call: ChatCall | CompletionCall,
         turn: Turn,
         plan: Plan,
-        logprobs: list[float] | None = None,
     ) -> Answer:
         text = self.text(turn.generated)
         reply = make_reply(
@@ -173,8 +202,13 @@ class Gateway:
             call.stop,
             f"call-{session.session_id}-{plan.turn}",
         )
-        pieces = [self.text([t]) for t in turn.generated] if logprobs else []
-        return Answer(reply, usage(turn.prompt_len, len(turn.generated)), plan.turn, text, list(logprobs or []), pieces)
+        want = isinstance(call, ChatCall) and call.logprobs and turn.logprobs is not None
+        pieces = [self.decode([t]) for t in turn.generated] if want else []
+        top: list[list[tuple[str, float]]] = []
+        if want and isinstance(call, ChatCall) and call.top_logprobs and turn.top_logprobs is not None:
+            top = [[(self.decode([t]), lp) for t, lp in alts[: call.top_logprobs]] for alts in turn.top_logprobs]
+        logprobs = list(turn.logprobs or []) if want else []
+        return Answer(reply, usage(turn.prompt_len, len(turn.generated)), plan.turn, text, logprobs, pieces, top)
 
     def _parser(self, call: ChatCall | CompletionCall) -> str:
         return self.parser if isinstance(call, ChatCall) and call.use_tools and call.tools else "none"

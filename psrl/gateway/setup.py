@@ -25,7 +25,14 @@ def build_gateway(config: Any) -> Gateway:
         codec.encode,
         codec.decode,
         codec.text,
-        Settings(settings.max_trim_tokens, settings.tool_parser, config.env.max_turn_tokens, context, can_branch=False),
+        Settings(
+            settings.max_trim_tokens,
+            settings.tool_parser,
+            config.env.max_turn_tokens,
+            context,
+            can_branch=False,
+            logprobs=False,  # the router's turns carry no log-probs to the scheduler
+        ),
     )
 
 

@@ -49,6 +49,7 @@ class Turn:
     reply: dict[str, Any]  # the assistant message returned (canonical)
     finish_reason: str = "stop"
     logprobs: list[float] | None = None  # the generated tokens' log-probs, where the generator gives them
+    top_logprobs: list[list[tuple[int, float]]] | None = None  # per token: the likeliest (token, log-prob)
 
     @property
     def history(self) -> list[dict[str, Any]]:

@@ -87,6 +87,9 @@ class _BufferState:
     seconds: float = 0.0
     forward_s: float = 0.0  # no-grad forwards (old/ref log-probs, values)
     update_s: float = 0.0  # forward, backward and optimizer steps
+    round: list[list[Trajectory]] = field(default_factory=list)  # groups waiting for a full round of ranks
+    num_rounds: int = 0
+    rank_tokens: list[int] = field(default_factory=list)  # tokens each rank holds in the current mini-batch
 
 
 class TrainerCore:
@@ -119,7 +122,7 @@ class TrainerCore:
         with self.memory.region("weights"):
             policy = self._prepared(load_policy(directory, dtype, device, LoraSettings.from_config(config.actor.lora)))
             self.checkpointing = {"policy": CheckpointPolicy(policy, checkpointing, compute_dtype)}
-            self.policy = self._trainable("policy", policy, config.actor.lr)
+            self.policy = self._trainable("policy", policy, config.actor.lora.policy_lr(config.actor.lr))
             self.reference = None
             if config.algorithm.kl_loss_coef > 0:
                 self.reference = self._prepared(load_reference(directory, dtype, device))
@@ -246,8 +249,6 @@ class TrainerCore:
         those; the optimizer state (and a critic) stay as loaded, the closest this rank still has."""
         if self._buffer is not None:
             raise TrainerError("cannot adopt weights with a half-trained buffer")
-        if self.parallel.world_size > 1:
-            raise TrainerError("adopting published weights is supported with one trainer rank only")
         raw = self.policy.raw
         persistent = synced_names(raw)
         # the names `named_weights` pushes: persistent parameters and buffers, tied weights once
@@ -257,7 +258,7 @@ class TrainerCore:
             raise TrainerError(f"version {version} lacks {len(missing)} policy tensors, e.g. {missing[:3]}")
         with torch.no_grad():
             for name, tensor in named.items():
-                tensor.copy_(tensors[name])
+                tensor.copy_(_as_placed_like(tensor, tensors[name]))
         self.version = version
 
     # ---------------------------------------------------------------- buffer bookkeeping
@@ -274,11 +275,21 @@ class TrainerCore:
         return self._buffer
 
     def _add_groups(self, state: _BufferState, groups: list[list[Trajectory]]) -> None:
-        rank, world = self.parallel.rank, self.parallel.world_size
+        """Record the groups and take this rank's share, one group of every round of `world_size`
+        (see `round_owners`): ownership depends only on the groups' order, never on the chunking."""
+        world = self.parallel.world_size
+        rounds_per_mini = max(1, self.config.actor.ppo_mini_batch_size // world)
         for group in groups:
-            if len(state.groups) % world == rank:
-                state.own.append([Sample(t) for t in group])
             state.groups.append(group)
+            state.round.append(group)
+            if len(state.round) < world:
+                continue
+            if state.num_rounds % rounds_per_mini == 0:  # a new mini-batch: its ranks start even
+                state.rank_tokens = [0] * world
+            owners = round_owners([group_tokens(g) for g in state.round], state.rank_tokens)
+            state.own.append([Sample(t) for t in state.round[owners.index(self.parallel.rank)]])
+            state.round = []
+            state.num_rounds += 1
 
     def _forward_units(self, state: _BufferState, *, is_final: bool) -> None:
         unit = max(1, self.config.actor.ppo_micro_batch_size_per_gpu // self.group_size)
@@ -436,6 +447,25 @@ class TrainerCore:
             )
 
 
+def group_tokens(group: Sequence[Trajectory]) -> int:
+    return sum(len(t.prompt_token_ids) + t.num_response_tokens for t in group)
+
+
+def round_owners(tokens: Sequence[int], rank_tokens: list[int]) -> list[int]:
+    """The rank of each group of one round (one group per rank): the round's largest group goes to the
+    rank holding the fewest tokens of the mini-batch so far, the next largest to the next, and so on
+    (ties: arrival order, lower rank). `rank_tokens` is updated. Data-parallel ranks balance by token
+    count this way while each still holds whole prompt groups, one per round, so a mini-batch of
+    `ppo_mini_batch_size` groups gives every rank the same number of groups."""
+    by_size = sorted(range(len(tokens)), key=lambda i: (-tokens[i], i))
+    by_load = sorted(range(len(rank_tokens)), key=lambda r: (rank_tokens[r], r))
+    owners = [0] * len(tokens)
+    for group, rank in zip(by_size, by_load, strict=True):
+        owners[group] = rank
+        rank_tokens[rank] += tokens[group]
+    return owners
+
+
 def uses_fused_adam(device: torch.device) -> bool | None:
     """Fused AdamW (one kernel over all parameters) on CUDA; elsewhere torch's default (foreach)."""
     return True if device.type == "cuda" else None
@@ -476,3 +506,15 @@ def _merge(total: MetricSums, part: MetricSums) -> None:
     total.sparse |= part.sparse
     for name, values in part.pooled.items():
         total.pooled.setdefault(name, []).extend(values)
+
+
+def _as_placed_like(target: Tensor, full: Tensor) -> Tensor:
+    """``full`` laid out as ``target``: under FSDP2 a parameter is this rank's shard of a DTensor, and
+    every rank holds the whole published tensor, so each takes its own part without communication."""
+    mesh = getattr(target, "device_mesh", None)
+    if mesh is None:
+        return full
+    from torch.distributed.tensor import distribute_tensor
+
+    source = full.to(device=target.device, dtype=target.dtype)
+    return distribute_tensor(source, mesh, target.placements, src_data_rank=None)  # type: ignore[attr-defined]

@@ -51,7 +51,7 @@ def fused_log_probs(
         raise ValueError(f"temperature must be positive for log-probs; got {temperature}")
     rows = chunk_size or chunk_rows(weight.shape[0])
     dtype = _matmul_dtype(hidden, weight)
-    log_probs, entropy = _FusedLogProbs.apply(hidden, weight, targets, temperature, with_entropy, rows, dtype)
+    log_probs, entropy = _FusedLogProbs.apply(hidden, weight, targets, temperature, with_entropy, rows, dtype)  # type: ignore[no-untyped-call]
     return log_probs, entropy if with_entropy else None
 
 
@@ -63,13 +63,14 @@ def _matmul_dtype(hidden: Tensor, weight: Tensor) -> torch.dtype:
 
 
 def _chunk_logits(hidden: Tensor, weight: Tensor, dtype: torch.dtype, temperature: float) -> Tensor:
-    logits = (hidden.to(dtype) @ weight.to(dtype).T).float()
+    """`weight` already in `dtype` (cast once per pass, not per chunk)."""
+    logits = (hidden.to(dtype) @ weight.T).float()
     return logits / temperature if temperature != 1.0 else logits
 
 
 class _FusedLogProbs(torch.autograd.Function):
     @staticmethod
-    def forward(  # type: ignore[override]
+    def forward(
         ctx: Any,
         hidden: Tensor,
         weight: Tensor,
@@ -83,45 +84,57 @@ class _FusedLogProbs(torch.autograd.Function):
         log_probs = torch.empty(n, dtype=torch.float32, device=hidden.device)
         entropy = torch.zeros(n, dtype=torch.float32, device=hidden.device)
         with torch.autocast(hidden.device.type, enabled=False):
+            head = weight.to(dtype)
             for start in range(0, n, rows):
                 end = min(n, start + rows)
-                logits = _chunk_logits(hidden[start:end], weight, dtype, temperature)
+                logits = _chunk_logits(hidden[start:end], head, dtype, temperature)
                 lse = torch.logsumexp(logits, dim=-1)
                 log_probs[start:end] = logits.gather(-1, targets[start:end, None]).squeeze(-1) - lse
                 if with_entropy:
-                    probs = torch.exp(logits - lse[:, None])
-                    entropy[start:end] = lse - (probs * logits).sum(dim=-1)
+                    probs = (logits - lse[:, None]).exp_()  # one more chunk-sized buffer
+                    entropy[start:end] = lse - torch.bmm(probs[:, None, :], logits[:, :, None]).flatten()
+                    del probs
         ctx.save_for_backward(hidden, weight, targets)
         ctx.options = (temperature, with_entropy, rows, dtype)
         ctx.mark_non_differentiable(targets)
         return log_probs, entropy
 
     @staticmethod
-    def backward(ctx: Any, grad_log_probs: Tensor, grad_entropy: Tensor) -> tuple[Tensor | None, ...]:  # type: ignore[override]
+    def backward(ctx: Any, grad_log_probs: Tensor, grad_entropy: Tensor) -> tuple[Tensor | None, ...]:
         hidden, weight, targets = ctx.saved_tensors
         temperature, with_entropy, rows, dtype = ctx.options
         need_hidden, need_weight = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         grad_hidden = torch.empty_like(hidden) if need_hidden else None
         grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_weight else None
         with torch.autocast(hidden.device.type, enabled=False):
+            head = weight.to(dtype)
             for start in range(0, hidden.shape[0], rows):
                 end = min(hidden.shape[0], start + rows)
-                h = hidden[start:end]
-                logits = _chunk_logits(h, weight, dtype, temperature)
+                h = hidden[start:end].to(dtype)
+                logits = _chunk_logits(h, head, dtype, temperature)
                 probs = torch.softmax(logits, dim=-1)
-                # d logp / dz = onehot - p, scaled by the incoming gradient
-                grad_z = probs * -grad_log_probs[start:end, None]
-                grad_z.scatter_add_(-1, targets[start:end, None], grad_log_probs[start:end, None])
                 if with_entropy and grad_entropy is not None:
-                    mean = (probs * logits).sum(dim=-1, keepdim=True)
-                    grad_z -= grad_entropy[start:end, None] * probs * (logits - mean)
+                    # d entropy / dz = -p (z - mu), built in place of the logits
+                    mean = torch.bmm(probs[:, None, :], logits[:, :, None]).squeeze(-1)  # sum p z, no [n x V] temporary
+                    entropy_term = logits.sub_(mean).mul_(probs).mul_(-grad_entropy[start:end, None])
+                else:
+                    entropy_term = None
+                del logits
+                # d logp / dz = onehot - p, scaled by the incoming gradient, in place of the softmax
+                grad_z = probs.mul_(-grad_log_probs[start:end, None])
+                grad_z.scatter_add_(-1, targets[start:end, None], grad_log_probs[start:end, None])
+                if entropy_term is not None:
+                    grad_z += entropy_term
+                    del entropy_term
                 if temperature != 1.0:
                     grad_z /= temperature
                 grad_z = grad_z.to(dtype)
                 if grad_hidden is not None:
-                    grad_hidden[start:end] = (grad_z @ weight.to(dtype)).to(hidden.dtype)
-                if grad_weight is not None:
-                    grad_weight += (grad_z.T @ h.to(dtype)).float()
+                    grad_hidden[start:end] = (grad_z @ head).to(hidden.dtype)
+                if grad_weight is not None and dtype == torch.float32:
+                    grad_weight.addmm_(grad_z.T, h)
+                elif grad_weight is not None:
+                    grad_weight += (grad_z.T @ h).float()
         if grad_weight is not None:
             grad_weight = grad_weight.to(weight.dtype)
         return grad_hidden, grad_weight, None, None, None, None, None

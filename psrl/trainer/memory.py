@@ -51,7 +51,8 @@ class CheckpointPolicy:
     compute_dtype: torch.dtype
     layers: list[nn.Module] = field(default_factory=list)
     bytes_per_token: float = 0.0
-    decisions: list[bool] = field(default_factory=list)  # the last step's, for metrics and tests
+    checkpointed: int = 0  # micro-batches that recomputed their layers, since the model was loaded
+    micro_batches: int = 0  # micro-batches the rule decided on
 
     def __post_init__(self) -> None:
         if self.mode == "off":
@@ -63,7 +64,7 @@ class CheckpointPolicy:
 
     def _set(self, enabled: bool) -> None:
         for layer in self.layers:
-            layer.gradient_checkpointing = enabled
+            setattr(layer, "gradient_checkpointing", enabled)  # noqa: B010 - transformers' flag, not a module attribute mypy knows
 
     def wants(self, num_tokens: int, device: torch.device) -> bool:
         if self.mode != "auto":
@@ -74,7 +75,8 @@ class CheckpointPolicy:
     def around(self, num_tokens: int, device: torch.device) -> Iterator[None]:
         """Checkpoint the layers during one forward+backward of `num_tokens` tokens if the rule says so."""
         enabled = self.wants(num_tokens, device)
-        self.decisions.append(enabled)
+        self.micro_batches += 1
+        self.checkpointed += enabled
         self._set(enabled)
         try:
             yield

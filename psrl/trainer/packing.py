@@ -14,13 +14,17 @@ micro-batches to keep each within the token budget under ``actor.use_dynamic_bsz
 fixed-size micro-batches of ``ppo_micro_batch_size_per_gpu`` samples), then the samples, longest
 first, each go to the micro-batch with the fewest tokens so far that still has room (the LPT rule:
 the heaviest micro-batch carries at most 4/3 of the optimum, and exceeds the mean by less than
-one sample). Data-parallel ranks run the same number of micro-batches (the largest `k`, one all-reduce),
-so none waits on a collective with nothing to do. Within a micro-batch, samples keep the order of
-their lengths, which keeps the varlen attention's CPU path (one row per sequence) compact.
+one sample). Data-parallel ranks hold whole prompt groups, one of every round of `world_size`
+groups in arrival order, the round's largest group going to the rank with the fewest tokens in the
+mini-batch so far (`psrl.trainer.core.round_owners`); they run the same number of micro-batches
+(the largest `k`, one all-reduce), so none waits on a collective with nothing to do. Within a
+micro-batch, samples keep the order of their lengths, which keeps the varlen attention's CPU path
+(one row per sequence) compact.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import itertools
 from collections.abc import Sequence
@@ -68,16 +72,27 @@ class PackedBatch:
         return flat.view(rows, width)
 
     def to(self, device: torch.device) -> PackedBatch:
+        """On `device`; to a GPU through pinned memory without blocking the host (no sync per micro-batch)."""
+        batch = self.batch
+        moved = {f.name: _to_device(getattr(batch, f.name), device) for f in dataclasses.fields(batch)
+                 if isinstance(getattr(batch, f.name), Tensor)}  # fmt: skip
+        fields = {name: _to_device(value, device) for name, value in batch.fields.items()}
         return PackedBatch(
-            batch=self.batch.to(device),
-            input_ids=self.input_ids.to(device),
-            position_ids=self.position_ids.to(device),
-            cu_seqlens=self.cu_seqlens.to(device),
+            batch=dataclasses.replace(batch, **moved, fields=fields),  # type: ignore[arg-type]
+            input_ids=_to_device(self.input_ids, device),
+            position_ids=_to_device(self.position_ids, device),
+            cu_seqlens=_to_device(self.cu_seqlens, device),
             max_length=self.max_length,
-            logit_positions=self.logit_positions.to(device),
-            targets=self.targets.to(device),
-            response_slots=self.response_slots.to(device),
+            logit_positions=_to_device(self.logit_positions, device),
+            targets=_to_device(self.targets, device),
+            response_slots=_to_device(self.response_slots, device),
         )
+
+
+def _to_device(tensor: Tensor, device: torch.device) -> Tensor:
+    if device.type == "cuda" and tensor.device.type == "cpu":
+        return tensor.pin_memory().to(device, non_blocking=True)
+    return tensor.to(device)
 
 
 def sample_tokens(sample: Sample) -> int:

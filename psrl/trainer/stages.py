@@ -67,16 +67,21 @@ def per_sample_stage(
     else:
         # the policy stays in eval mode from load_policy (checkpointed layers alone carry training=True)
         old_log_probs = no_grad_log_probs(models.policy, micro, temperature)
-    scatter_rows(old_log_probs, samples, "old_log_probs")
+    _store(old_log_probs, samples, "old_log_probs")
     if batch.has_rollout_log_probs and not correction.bypass_mode:
         staleness = token_staleness(buffer_id, batch.token_versions, batch.versions).clamp(0, max_staleness)
         _correct(samples, batch, old_log_probs, spec, staleness, sums, max_staleness)
     if batch.has_rollout_log_probs:
         _add_mismatch(sums, old_log_probs, batch.rollout_log_probs, batch.response_mask)
     if models.reference is not None:
-        scatter_rows(no_grad_log_probs(models.reference, micro, temperature), samples, "ref_log_probs")
+        _store(no_grad_log_probs(models.reference, micro, temperature), samples, "ref_log_probs")
     if models.critic is not None:
-        scatter_rows(no_grad_values(models.critic, micro), samples, "values")
+        _store(no_grad_values(models.critic, micro), samples, "values")
+
+
+def _store(values: Tensor, samples: Sequence[Sample], name: str) -> None:
+    """Per-row values onto the samples: one copy to the host for the whole batch, not one per row."""
+    scatter_rows(values.detach().to("cpu", torch.float32), samples, name)
 
 
 def _correct(
@@ -95,11 +100,11 @@ def _correct(
     mask = batch.response_mask
     result = correct(old_log_probs, batch.rollout_log_probs, mask, spec)
     if result.is_weights is not None and spec.is_level is not None:
-        scatter_rows(result.is_weights, samples, "is_weights")
+        _store(result.is_weights, samples, "is_weights")
         raw = torch.exp(level_log_ratio(result.log_ratio, mask, spec.is_level))  # the weight before truncation
         _add_is_stats(sums, is_statistics(raw, mask, spec.is_upper, result.log_ratio), float(mask.sum()))
     if result.accept is not None:
-        scatter_rows(result.accept, samples, "rs_accept")
+        _store(result.accept, samples, "rs_accept")
     for name, (mean, weight) in correction_metrics(result, mask, staleness).items():
         sums.add(name, mean, weight)
     for s in range(max_staleness + 1):

@@ -7,7 +7,7 @@ batch with the mini-batch's data, whatever the micro-batch size or the number of
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -120,7 +120,8 @@ def _most_over_ranks(count: int, parallel: ParallelContext) -> int:
     return int(parallel.all_reduce_sum(counts).max())
 
 
-LossOfBatch = Callable[[MicroBatch], tuple[Tensor, dict[str, float]]]
+# a micro-batch's loss and metric contributions (floats, or tensors the step reads back once at its end)
+LossOfBatch = Callable[[MicroBatch], tuple[Tensor, Mapping[str, float | Tensor]]]
 
 
 def actor_step(
@@ -159,13 +160,13 @@ def critic_step(
 ) -> None:
     """One optimizer step of the critic on this rank's share of a mini-batch."""
 
-    def loss_of(micro: MicroBatch) -> tuple[Tensor, dict[str, float]]:
+    def loss_of(micro: MicroBatch) -> tuple[Tensor, Mapping[str, float | Tensor]]:
         values = response_values(critic.model, micro)
         batch = padded_of(micro)
         losses, is_clipped = value_loss(values, batch.fields["values"], batch.fields["returns"], clip_range=clip_range)
         loss = vf_coef * aggregate(losses, batch.response_mask, algorithm.loss_agg_mode, **_scale(scale))
-        metrics = {
-            "critic/vf_loss": float(loss.detach()) / vf_coef,
+        metrics = {  # tensors: read back once per step, not per micro-batch
+            "critic/vf_loss": loss.detach() / vf_coef,
             "critic/vf_clip_frac": _token_share(is_clipped.float(), batch, scale),
             "critic/values_mean": _token_share(values.detach(), batch, scale),
         }
@@ -188,7 +189,7 @@ def _accumulated_step(
     checkpointing = checkpointing or CheckpointPolicy(trainable.model, "off", settings.compute_dtype)
     trainable.optimizer.zero_grad(set_to_none=True)
     parts = plan_micro_batches(own, settings, parallel)
-    contributions: dict[str, float] = {}
+    contributions: dict[str, float | Tensor] = {}
     for index, part in enumerate(parts):
         micro = build_micro_batch(part, settings, parallel.device)
         with parallel.gradient_sync(trainable.model, enabled=index == len(parts) - 1):
@@ -201,7 +202,7 @@ def _accumulated_step(
         for name, value in metrics.items():
             contributions[name] = contributions.get(name, 0.0) + value
     for name, value in contributions.items():
-        sums.add_share(name, value, 1.0 / parallel.world_size)
+        sums.add_share(name, float(value), 1.0 / parallel.world_size)
     _finish_step(trainable, settings.grad_clip, sums, prefix)
 
 
@@ -224,8 +225,8 @@ def _scale(scale: Denominators) -> dict[str, float | None]:
     return scale.scale()
 
 
-def _token_share(values: Tensor, batch: Batch, scale: Denominators) -> float:
-    return float(aggregate(values, batch.response_mask, "token-mean", num_tokens=scale.num_tokens))
+def _token_share(values: Tensor, batch: Batch, scale: Denominators) -> Tensor:
+    return aggregate(values, batch.response_mask, "token-mean", num_tokens=scale.num_tokens)
 
 
 def _to_float(value: Tensor) -> float:

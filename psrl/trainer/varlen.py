@@ -62,7 +62,7 @@ def varlen_attention(
     max_length = kwargs.get("max_length_q")
     if cu_seqlens is None:
         return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout,
-                                      **kwargs)  # fmt: skip
+                                      **kwargs)  # type: ignore[arg-type]  # fmt: skip
     if not isinstance(cu_seqlens, Tensor) or not isinstance(max_length, int):
         raise VarlenError(f"cu_seq_lens_q must be a tensor and max_length_q an int; got {cu_seqlens!r}, {max_length!r}")
     if query.shape[0] != 1:
@@ -130,8 +130,8 @@ def _flash_varlen(
         else:  # older torch: one key/value head per query head
             k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
             v = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)
-    out: Tensor = varlen_attn(q, k, v, cu, cu, max_length, max_length, **options)
-    return out
+    out = varlen_attn(q, k, v, cu, cu, max_length, max_length, **options)  # type: ignore[arg-type]
+    return out if isinstance(out, Tensor) else out[0]
 
 
 @cache

@@ -9,7 +9,6 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -20,17 +19,23 @@ from tests.system.launch_helpers import logged_events
 
 ray = pytest.importorskip("ray", reason="the ray extra (make install-ray)")
 
+from tests.cluster.rank_faults import (  # noqa: E402
+    check_group_recovered,
+    kill_ranks_one_at_a_time,
+    wait_for_version,
+)
 from tests.cluster.raynodes import start_cluster  # noqa: E402
 
-pytestmark = pytest.mark.ray
+pytestmark = [pytest.mark.ray, pytest.mark.timeout(900)]  # real clusters on a loaded 2-core machine
 
 HOSTS_LINE = re.compile(r"^ray cluster \S+: (.*)$", re.M)
 
 
-def launch(address: str, root: Path, name: str, steps: int) -> subprocess.Popen[str]:
+def launch(address: str, root: Path, name: str, steps: int, *overrides: str) -> subprocess.Popen[str]:
     cmd = [sys.executable, "-m", "psrl.cli.main", "launch", "demo", "--cluster", f"ray:{address}",
            "--root", str(root), "--name", name, f"trainer.total_steps={steps}", "trainer.save_freq=2",
-           "topology.cluster_strategy=SPREAD", "topology.warm_spares=0", "bus.handshake_timeout_s=300"]  # fmt: skip
+           "topology.cluster_strategy=SPREAD", "topology.warm_spares=0", "bus.handshake_timeout_s=300",
+           *overrides]  # fmt: skip
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
@@ -44,18 +49,6 @@ def placed_roles(output: str) -> dict[str, set[str]]:
         if name.startswith("ray-"):
             nodes[name.removeprefix("ray-")] = {r.split(":")[0] for r in roles}
     return nodes
-
-
-def wait_for_version(run: RunDir, launcher: subprocess.Popen[str], version: int, timeout_s: float = 300) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        assert launcher.poll() is None, "the run ended before the node was killed"
-        if run.path.joinpath("events").exists():
-            seen = [e.message.version for e in logged_events(run) if isinstance(e.message, TrainerProgress)]
-            if seen and max(seen) >= version:
-                return
-        time.sleep(1.0)
-    raise AssertionError(f"no version {version} within {timeout_s} s")
 
 
 def read_hosts_line(launcher: subprocess.Popen[str]) -> str:
@@ -135,4 +128,26 @@ def test_no_room_after_a_node_loss_ends_the_run_resumably_and_it_resumes_on_a_ne
     assert resumed.returncode == 0, out2[-6000:]
     versions = [e.message.version for e in logged_events(run) if isinstance(e.message, TrainerProgress)]
     assert max(versions) == ended_at + 3
+    replay_ok(run.path)
+
+
+def test_trainer_ranks_on_two_nodes_re_form_after_each_is_killed(tmp_path) -> None:
+    """Two data-parallel ranks (gloo) on different Ray nodes; each is killed once, one at a time: the
+    group re-forms at trainer-0's rendezvous from the PS's committed version and the run finishes."""
+    cluster = start_cluster(workers=2, cpus_per_worker=3)
+    try:
+        steps = 20
+        launcher = launch(cluster.address, tmp_path / "runs", "ray-dp", steps, "topology.n_trainer_ranks=2")
+        head = read_hosts_line(launcher)
+        nodes = placed_roles(head)
+        line = HOSTS_LINE.search(head)
+        assert line is not None and all(p.count("trainer:") <= 1 for p in line.group(1).split("; ")), head
+        assert sum("trainer" in roles for roles in nodes.values()) == 2, head  # one rank per node
+        run = RunDir(tmp_path / "runs" / "ray-dp")
+        kill_ranks_one_at_a_time(run, launcher, [1, 0])
+        out, _ = launcher.communicate(timeout=600)
+    finally:
+        cluster.shutdown()
+    assert launcher.returncode == 0, (head + out)[-6000:]
+    check_group_recovered(run.path, steps, [0, 1])
     replay_ok(run.path)

@@ -16,7 +16,7 @@ from psrl.rundir import RunDir
 from tests.cluster.fakeslurm import FakeSlurm, can_run_slurm
 from tests.system.launch_helpers import logged_events
 
-pytestmark = pytest.mark.slurm
+pytestmark = [pytest.mark.slurm, pytest.mark.timeout(900)]
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "slurm" / "psrl.sbatch"
 PSRL = str(Path(sys.executable).with_name("psrl"))
@@ -69,3 +69,18 @@ def test_an_allocation_without_the_gpus_the_topology_needs_fails_before_starting
     assert "has 0 GPU(s) on 2 node(s), the topology needs 3" in out, out[-3000:]
     assert "fix: allocate more GPUs" in out
     assert not (root / "slurm-nogpu").exists()  # nothing started: no run directory
+
+
+def test_a_node_that_cannot_reach_the_launcher_is_named_before_anything_starts(slurm, tmp_path) -> None:
+    """n2 loses its route to n1 (the launcher's node): the probe job step reports it, no actor starts."""
+    namespace, launcher = slurm.net.namespace("n2"), slurm.net.address("n1")
+    subprocess.run(["ip", "-n", namespace, "route", "add", "prohibit", f"{launcher}/32"], check=True)
+    try:
+        root = tmp_path / "runs"
+        state, out = submit(slurm, root, "slurm-cut", "demo")
+    finally:
+        subprocess.run(["ip", "-n", namespace, "route", "del", "prohibit", f"{launcher}/32"], check=True)
+    assert state == "FAILED", out[-3000:]
+    assert f"1 node(s) cannot reach the launcher's bus at {launcher}; nothing was started" in out, out[-3000:]
+    assert "n2 (10.97.0.12):" in out and "fix: let the nodes reach each other on tcp" in out
+    assert not (root / "slurm-cut").exists()

@@ -131,3 +131,22 @@ def test_a_restarted_router_and_coordinator_know_which_instances_retire() -> Non
     flow.handle(status("rollout-0"), 0.1)
     flow.handle(status("rollout-1"), 0.1)  # its report while it drains: it does not join
     assert sorted(flow.instances) == ["rollout-0"]
+
+
+def test_a_request_that_never_reached_its_instance_is_routed_again_as_it_was_and_the_instance_rests() -> None:
+    from psrl.flows.effects import Send
+
+    flow = _router()
+    effects = _submit(flow, 0)
+    routed = dict(zip(destinations(effects, GenerateRequest), sent(effects, GenerateRequest), strict=False))
+    lost = routed["rollout-1"]
+    flow.undeliverable(Send("rollout-1", lost), 1.0)  # rollout-1 is gone (or restarting)
+    assert flow.tracker.live[lost.request_id].flags == 0  # nothing of it ran: not an interruption
+    again = flow.route(1.1)
+    assert [(r.request_id, where) for r, where in zip(sent(again, GenerateRequest),
+            destinations(again, GenerateRequest), strict=True)] == [(lost.request_id, "rollout-0")]  # fmt: skip
+    more = _submit(flow, 1)
+    assert set(destinations(more, GenerateRequest)) == {"rollout-0"}  # out of rotation until it reports
+    flow.handle(status("rollout-1", seq=2), 2.0)
+    back = _submit(flow, 2)
+    assert "rollout-1" in destinations(back, GenerateRequest)

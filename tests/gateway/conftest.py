@@ -13,9 +13,11 @@ from psrl.gateway.sessions import Settings
 
 DEMO = "psrl/assets/demo_model"
 TOKEN = "run-secret"
+TOP_LOGPROBS = 5  # alternatives per token the engine returns
 
 
 @pytest.fixture(scope="session")
 def gateway() -> Iterator[EngineGateway]:
-    with EngineGateway(DEMO, settings=Settings(max_turn_tokens=12), server=ServerSettings(token=TOKEN)) as running:
+    settings, server = Settings(max_turn_tokens=12), ServerSettings(token=TOKEN)
+    with EngineGateway(DEMO, settings=settings, server=server, num_logprobs=TOP_LOGPROBS) as running:
         yield running

@@ -23,7 +23,7 @@ pytestmark = [pytest.mark.system, pytest.mark.slow, pytest.mark.timeout(900)]
 EXIT_BOUND_S = 600  # far beyond a few steps on a loaded 2-core machine: a hang fails, a slow machine does not
 SMALL = ["psrl.staleness_buffer_entries=8", "psrl.rollout_n=4", "task.name=demo_short", "bus.handshake_timeout_s=120",
          "trainer.save_freq=0"]  # fmt: skip
-LORA = ["actor.lora.rank=8", "actor.lora.alpha=16", "actor.lora.target_modules=[q_proj,v_proj]", "actor.lr=3e-3"]
+LORA = ["actor.lora.rank=8", "actor.lora.alpha=16", "actor.lora.target_modules=[q_proj,v_proj]"]
 DEMO_WEIGHTS = Path(psrl.__file__).parent / "assets" / "demo_model" / "model.safetensors"
 
 

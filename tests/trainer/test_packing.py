@@ -219,3 +219,51 @@ def test_the_unfused_head_path_gives_the_same_step(tiny_model_dir: Path, monkeyp
     packed = TrainerCore(trainer_config([*overrides, "actor.packing=True"]), model_dir=tiny_model_dir)
     padded = TrainerCore(trainer_config([*overrides, "actor.packing=False"]), model_dir=tiny_model_dir)
     assert_same_steps(captured_steps(packed, 1), captured_steps(padded, 1))
+
+
+def test_checkpointing_by_memory_budget(tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from psrl.trainer import memory
+
+    core = TrainerCore(trainer_config(), model_dir=tiny_model_dir)  # actor.gradient_checkpointing=auto
+    policy = core.checkpointing["policy"]
+    assert policy.mode == "auto" and policy.bytes_per_token > 0
+    core.train_buffer(0, make_buffer(0))
+    assert policy.micro_batches > 0 and policy.checkpointed == 0  # a tiny model fits in memory
+    monkeypatch.setattr(memory, "free_bytes", lambda _device: 1.0)  # nothing free: every micro-batch recomputes
+    calls = []
+    layer = policy.layers[0]
+    real = layer._gradient_checkpointing_func
+    monkeypatch.setattr(layer, "_gradient_checkpointing_func", lambda *a, **k: calls.append(1) or real(*a, **k))
+    core.train_buffer(1, make_buffer(1))
+    assert policy.checkpointed == policy.micro_batches - policy.checkpointed > 0
+    assert calls  # the layer really was recomputed
+    assert not any(layer.gradient_checkpointing for layer in policy.layers)  # off again after the update
+
+
+def test_ranks_take_one_group_a_round_balanced_by_tokens() -> None:
+    from psrl.trainer.core import round_owners
+
+    loads = [0, 0]
+    assert round_owners([10, 50], loads) == [1, 0] and loads == [50, 10]  # largest to the lightest (rank 0 on a tie)
+    assert round_owners([40, 5], loads) == [1, 0] and loads == [55, 50]  # rank 1 is lighter now: the 40 goes there
+    loads = [0, 0, 0]
+    owners = round_owners([7, 7, 7], loads)
+    assert sorted(owners) == [0, 1, 2] and owners == [0, 1, 2]  # ties: arrival order to rank order
+
+
+def test_two_ranks_share_every_mini_batch_evenly_and_by_tokens(tiny_model_dir: Path) -> None:
+    from psrl.trainer.parallel import ParallelContext
+
+    buffer = make_buffer(0, num_groups=8)
+    owned = []
+    for rank in (0, 1):
+        core = TrainerCore(trainer_config(["psrl.staleness_buffer_entries=8"]), model_dir=tiny_model_dir)
+        core.parallel = ParallelContext(rank=rank, world_size=2)  # ownership only: no collective runs
+        state = core._state_for(0)
+        core._add_groups(state, [buffer[i : i + 2] for i in range(0, 16, 2)])
+        owned.append([g[0].trajectory.prompt_id for g in state.own])
+    assert len(owned[0]) == len(owned[1]) == 4
+    assert sorted(owned[0] + owned[1]) == sorted({t.prompt_id for t in buffer})
+    for start in (0, 1, 2, 3):  # every round of two groups: one each
+        round_ids = {buffer[4 * start].prompt_id, buffer[4 * start + 2].prompt_id}
+        assert {owned[0][start], owned[1][start]} == round_ids
