@@ -1199,6 +1199,7 @@ class TurnDone(Message, frozen=True):
     token_ids: the tokens generated in this turn, exactly as the engine produced them (int32).
     num_tokens: tokens of the session so far, this turn included.
     finish_reason: stop or length.
+    logprobs: the engine's log-probs of token_ids (float32; what the gateway answers a call asking for logprobs).
     """
 
     request_id: int
@@ -1208,6 +1209,7 @@ class TurnDone(Message, frozen=True):
     token_ids: np.ndarray
     num_tokens: int
     finish_reason: FinishReason
+    logprobs: np.ndarray | None = None
 
 
 @message("session.turn_next")

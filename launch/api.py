@@ -40,7 +40,8 @@ def run(
     root: str | Path | None = None,
     quiet: bool = True,
 ) -> RunResult:
-    """Check the configuration, run it on this machine and return how it ended."""
+    """Check the configuration, run it on this machine (or where ``topology.cluster`` says) and return
+    how it ended."""
     from launch.runner import run_launch
     from psrl.preflight import checked
 
@@ -48,6 +49,14 @@ def run(
         resolved = load_config(None, overrides, base=config)
     else:
         resolved = load_config(config, overrides)
-    resolved = checked(resolved)
-    result = run_launch(resolved, None, name=name, root=None if root is None else str(root), quiet=quiet)
+    cluster = resolved.topology.cluster
+    resolved = checked(resolved, spans_hosts=cluster is not None)
+    root_dir = None if root is None else str(root)
+    if cluster is None:
+        result = run_launch(resolved, None, name=name, root=root_dir, quiet=quiet)
+    else:  # a Ray cluster or the Slurm allocation places the actors (a ClusterError: nothing started)
+        from launch.cluster import open_cluster, parse_target
+
+        with open_cluster(parse_target(cluster), resolved) as hosts:
+            result = run_launch(resolved, hosts, name=name, root=root_dir, quiet=quiet)
     return RunResult(result.exit_code, result.reason, result.run_dir)

@@ -4,7 +4,8 @@ parameter-server shards and computed for published shapes from their parameter c
 rollout engine does on load, timed at a published shape on ``--device``.
 
     python3 tools/bench_lora_sync.py                                   # CPU: demo measured, shapes counted
-    python3 tools/bench_lora_sync.py --rank 16 --merge-shape qwen2.5-1.5b --device cuda   # on the GPU
+    python3 tools/bench_lora_sync.py --rank 16 --merge-shape qwen2.5-1.5b --device cuda \
+        --engine-shape qwen2.5-1.5b --transport shm                   # on the GPU: merge, and sync + load
 
 Measured: two shard processes (``psrl.ps.local``, zmq); the demo model's full weights pushed and
 pulled as one version, then ``--versions`` adapter versions (rank ``--rank`` on ``--targets``) pushed and
@@ -13,7 +14,10 @@ shape in ``psrl.models.shapes``, the adapters' parameters (a meta-device model w
 by ``psrl.trainer.lora``) against the model's (tied head once); bytes per version are those counts
 times the served dtype's size, so the ratio is the parameter ratio. Merge: the base weights of every
 target projection at ``--merge-shape`` (random, served dtype) and one adapter version, merged the way
-the engine merges on load (``AdapterMerger.prepare``), median of ``--rounds``.
+the engine merges on load (``AdapterMerger.prepare``), median of ``--rounds``. Sync + load
+(``--engine-shape``): a random checkpoint of that shape (``tools/random_model.py``) served by an embedded
+engine on ``--device``; each adapter version is pushed, then pulled, merged and loaded, timed from the
+pull's start to the engine holding it (median over the versions after the first).
 """
 
 from __future__ import annotations
@@ -90,6 +94,41 @@ def measure_demo(rank: int, targets: tuple[str, ...], versions: int) -> dict[str
             "demo_ratio": full_pull.num_bytes / pulled_bytes}  # fmt: skip
 
 
+def measure_sync_load(shape: str, rank: int, targets: tuple[str, ...], device: torch.device, versions: int,
+                      transport: str) -> float:  # fmt: skip
+    """Median milliseconds from a committed adapter version to an engine that serves it merged (pull + merge
+    + load), for an engine on ``device`` over a random checkpoint of ``shape`` (the demo tokenizer's vocabulary)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from random_model import write_model
+
+    with tempfile.TemporaryDirectory(prefix="lora_model") as model_dir:
+        write_model(shape, Path(model_dir), max_positions=512)
+        base = dict(iter_safetensors(model_dir))
+        args = EngineArgs(model_path=model_dir, device=device.type, num_kv_blocks=64, cuda_graphs=False,
+                          lora=LoraServing(2.0 * rank, targets))  # fmt: skip
+        engine = Engine(args)
+        serve = "bfloat16" if engine.dtype == torch.bfloat16 else None  # what psrl.ps.serve_dtype=engine does
+        with (
+            tempfile.TemporaryDirectory(prefix="lora", dir="/tmp") as sockets,
+            LocalShards(sockets, 2, transport=transport, serve_dtype=serve) as shards,
+        ):
+            pusher = Pusher(shards.push_endpoints, incarnation=1, transport=transport, timeout_s=120)
+            puller = Puller(shards.pull_endpoints, transport=transport, timeout_s=60)
+            try:
+                seconds = []
+                for version in range(1, versions + 1):
+                    pusher.push(version, random_adapters(base, targets, rank, seed=version))
+                    started = time.perf_counter()
+                    engine.load_weights(puller.stream(version), version)
+                    if device.type == "cuda":
+                        torch.cuda.synchronize(device)
+                    seconds.append(time.perf_counter() - started)
+            finally:
+                pusher.close()
+                puller.close()
+    return statistics.median(seconds[1:] if len(seconds) > 1 else seconds) * 1000  # the first pull warms up
+
+
 def shape_counts(shape: str, rank: int, targets: tuple[str, ...]) -> tuple[int, int]:
     """(parameters of a full version, parameters of an adapter version) at a published shape."""
     body = {k: v for k, v in BODIES[shape].items() if k != "rope_theta"}
@@ -147,6 +186,13 @@ def main() -> None:
     parser.add_argument("--merge-shape", default="qwen2.5-1.5b", choices=sorted(BODIES))
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--engine-shape",
+        default="",
+        choices=["", *sorted(BODIES)],
+        help="also time pull + merge + load into an engine on --device at this shape",
+    )
+    parser.add_argument("--transport", default="zmq", help="PS transport of the --engine-shape measurement")
     args = parser.parse_args()
     configure(level="warning")
     targets = tuple(args.targets.split(","))
@@ -161,6 +207,12 @@ def main() -> None:
     print(f"merge of one version at {args.merge_shape} (rank {args.rank}, {len(targets)} projections per layer) "
           f"on {args.device}: {merge_s * 1000:.1f} ms")  # fmt: skip
     result["merge_ms"] = merge_s * 1000
+    if args.engine_shape:
+        sync_ms = measure_sync_load(args.engine_shape, args.rank, targets, torch.device(args.device),
+                                    args.versions + 1, args.transport)  # fmt: skip
+        where = f"{args.engine_shape} on {args.device} ({args.transport})"
+        print(f"sync + load of one version at {where}: {sync_ms:.1f} ms")
+        result["sync_load_ms"] = sync_ms
     print("RESULT " + " ".join(f"{k}={v:.1f}" if isinstance(v, float) else f"{k}={v}" for k, v in result.items()))
 
 

@@ -86,7 +86,7 @@ def workload_from_config(config: Any, model_dir: str) -> Workload:
         norm_adv_by_std=algo.norm_adv_by_std_in_grpo,
         ppo_epochs=actor.ppo_epochs,
         loss_agg_mode=algo.loss_agg_mode,
-        gradient_checkpointing=actor.gradient_checkpointing,
+        gradient_checkpointing=actor.gradient_checkpointing is True,  # auto: psrl recomputes only what would not fit
         seed=config.trainer.seed,
     )
 

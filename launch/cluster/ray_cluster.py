@@ -92,6 +92,7 @@ class RayCluster:
     launcher_ip: str = ""
     bundle_of: dict[str, int] = field(default_factory=dict)
     children: dict[str, RayChild] = field(default_factory=dict)
+    node_of: dict[str, str] = field(default_factory=dict)  # the node each actor's runner was started on
 
     def connect(self) -> RayCluster:
         ray = self.ray = import_ray()
@@ -198,11 +199,13 @@ class RayCluster:
                 f"on the way out); fix: resume it with the same command and --name, which places it on the nodes "
                 f"that are up"
             )
-        if spec.host is not None and node_id != spec.host.node_id:
+        was_on = self.node_of.get(spec.name, spec.host.node_id if spec.host else None)
+        if was_on is not None and node_id != was_on:
             from psrl.log import get_logger
 
-            get_logger("psrl.launch").warning("re-placed on a surviving node", actor=spec.name,
-                                              lost=spec.host.node_id, node=node_id)  # fmt: skip
+            get_logger("psrl.launch").warning("re-placed on a surviving node", actor=spec.name, lost=was_on,
+                                              node=node_id)  # fmt: skip
+        self.node_of[spec.name] = node_id
         child = RayChild.create(self.ray, self.pg, bundle, spec, boot, log_path)
         self.children[spec.name] = child
         return ActorProcess(spec, boot.incarnation, child, time.monotonic(), log_path.open("ab"))

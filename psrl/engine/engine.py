@@ -331,6 +331,8 @@ class Engine:
 
         Every name and shape is checked before anything is copied, so a bad update changes nothing.
         Cached prefixes are dropped by default: their keys/values came from the old weights.
+        With ``EngineArgs.lora``, LoRA adapter tensors are merged onto the kept base weights first
+        (``lora_merge.py``); without it they are refused (AdapterError).
         """
         if self.offload is not None and not reset_prefix_cache:
             raise ValueError("with an offload tier every weight load resets the prefix cache (version tags)")

@@ -367,6 +367,7 @@ class RouterFlow(RouterLedgerFlow):
             token_ids=traj.token_ids[traj.turn_start :],
             num_tokens=len(traj.prompt_ids) + traj.num_generated,
             finish_reason=result.finish_reason,
+            logprobs=traj.logprobs[traj.turn_start :],
         )
         self.send(SESSION, turn, request_id=traj.request_id, prompt_id=traj.prompt_id, model_version=traj.v_traj)
 

@@ -91,6 +91,7 @@ class Session:
     pin_next: str = ""  # continue_force_pin: the instance the next turn goes to, once
     last_next: TurnNext | None = None  # the last next turn sent, sent again if its turn comes again
     finish: int = 0  # how its last turn ended (FinishReason): an agent's first call is answered with it
+    first_logprobs: list[float] | None = None  # the first turn's, for the agent's first call (logprobs)
     call_job: int = 0  # an agent session: the gateway call waiting for the turn now generating
     agent_open: bool = False  # an agent session whose agent has opened it at the gateway (its agent runs)
 
@@ -186,6 +187,8 @@ class SessionFlow(GatewayCalls, Flow):
         session.status, session.instance, session.num_tokens = "env", done.instance, done.num_tokens
         session.turn, session.finish = done.turn, done.finish_reason
         session.actions.append(np.asarray(done.token_ids, np.int32))
+        if done.turn == 0 and done.logprobs is not None:
+            session.first_logprobs = np.asarray(done.logprobs, np.float64).tolist()
         if session.marked_for_hang:  # the turn boundary: a marked session is hung now
             session.marked_for_hang, session.hang_state = False, "hung"
         if self.gateway is not None and done.turn > 0:

@@ -87,9 +87,8 @@ class GatewayCalls:
         prompt = [int(t) for t in body.get("prompt_token_ids", [])]
         first = session.actions[0].tolist()
         try:
-            gateway.seed(
-                sid, body.get("messages", []), body.get("tools", []), prompt, first, finish_name(session.finish)
-            )
+            messages, tools = body.get("messages", []), body.get("tools", [])
+            gateway.seed(sid, messages, tools, prompt, first, finish_name(session.finish), session.first_logprobs)
         except ApiError:
             gateway.forget(sid)
             raise
@@ -133,7 +132,9 @@ class GatewayCalls:
         job, session.call_job = session.call_job, 0
         sid = str(session.request_id)
         try:
-            answer: Any = gateway.generated(sid, np.asarray(done.token_ids).tolist(), finish_name(done.finish_reason))
+            logprobs = None if done.logprobs is None else np.asarray(done.logprobs, np.float64).tolist()
+            tokens = np.asarray(done.token_ids).tolist()
+            answer: Any = gateway.generated(sid, tokens, finish_name(done.finish_reason), logprobs)
         except ApiError as error:
             answer = error
         if job:

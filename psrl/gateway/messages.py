@@ -73,11 +73,12 @@ def same(a: dict[str, Any], b: dict[str, Any]) -> bool:
     return _key(a) == _key(b)
 
 
-def _key(message: dict[str, Any]) -> str:
-    calls = [[c["function"]["name"], c["function"]["arguments"]] for c in message.get("tool_calls", [])]
-    return json.dumps(
-        [message["role"], message["content"].strip() if calls else message["content"], calls], sort_keys=True
-    )
+def _key(message: dict[str, Any]) -> tuple[str, str, str]:
+    calls = message.get("tool_calls")
+    if not calls:  # most messages: no JSON to canonicalise (this runs for every message of every call)
+        return message["role"], message["content"], ""
+    named = [[c["function"]["name"], c["function"]["arguments"]] for c in calls]
+    return message["role"], message["content"].strip(), json.dumps(named, sort_keys=True)
 
 
 def starts_with(messages: list[dict[str, Any]], prefix: list[dict[str, Any]]) -> bool:

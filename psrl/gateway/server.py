@@ -18,7 +18,7 @@ from psrl.gateway import EXTRA_HINT
 
 try:
     import uvicorn
-    from fastapi import Depends, FastAPI, Request
+    from fastapi import FastAPI, Request
     from fastapi.responses import Response, StreamingResponse
     from starlette.exceptions import HTTPException
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
@@ -50,19 +50,12 @@ class ServerSettings:
     errors: Counter[int] = field(default_factory=Counter)  # answered errors by status
 
 
-def make_app(bridge: Submitter, settings: ServerSettings) -> FastAPI:
-    async def guard(request: Request) -> None:
-        # a dependency, not a middleware: a call cancelled at shutdown then ends quietly
-        _authorise(request, settings.token)
-        if int(request.headers.get("content-length") or 0) > settings.max_body_bytes:
-            raise ApiError(413, f"the body is over {settings.max_body_bytes} bytes", code="body_too_large")
-
+def make_app(bridge: Submitter, settings: ServerSettings) -> Guarded:
     app = FastAPI(
         title="psrl session gateway",
         docs_url=None,
         redoc_url=None,
         openapi_url=None,
-        dependencies=[Depends(guard)],
         default_response_class=JSONResponse,
     )
 
@@ -77,7 +70,35 @@ def make_app(bridge: Submitter, settings: ServerSettings) -> FastAPI:
 
     _session_routes(app, bridge, settings)
     _openai_routes(app, bridge, settings)
-    return app
+    return Guarded(app, settings)
+
+
+class Guarded:
+    """The bearer token and the body's declared size, checked before FastAPI sees the request: plain
+    ASGI, so a call costs no dependency resolution (a sixth of the server's time per call)."""
+
+    def __init__(self, app: FastAPI, settings: ServerSettings) -> None:
+        self.app, self.settings = app, settings
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            error = _refusal(dict(scope["headers"]), self.settings)
+            if error is not None:
+                await _error(error, self.settings)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+def _refusal(headers: dict[bytes, bytes], settings: ServerSettings) -> ApiError | None:
+    if settings.token and headers.get(b"authorization", b"") != f"Bearer {settings.token}".encode():
+        return ApiError(401, "missing or wrong bearer token", code="invalid_api_key")
+    try:
+        declared = int(headers.get(b"content-length") or 0)
+    except ValueError:
+        return ApiError(400, "the content-length header is not a number")
+    if declared > settings.max_body_bytes:
+        return ApiError(413, f"the body is over {settings.max_body_bytes} bytes", code="body_too_large")
+    return None
 
 
 def _session_routes(app: FastAPI, bridge: Submitter, settings: ServerSettings) -> None:
@@ -154,11 +175,6 @@ def _sse(chunks: list[dict[str, Any]]) -> StreamingResponse:
     return StreamingResponse(events(), media_type="text/event-stream")
 
 
-def _authorise(request: Request, token: str) -> None:
-    if token and request.headers.get("authorization", "") != f"Bearer {token}":
-        raise ApiError(401, "missing or wrong bearer token", code="invalid_api_key")
-
-
 async def _json(request: Request, settings: ServerSettings) -> Any:
     raw = await request.body()
     if len(raw) > settings.max_body_bytes:
@@ -187,7 +203,7 @@ def _error(error: ApiError, settings: ServerSettings) -> JSONResponse:
 class GatewayServer:
     """uvicorn serving ``app`` in a daemon thread, on a socket bound before it starts (port 0: any free one)."""
 
-    def __init__(self, app: FastAPI, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 0) -> None:
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         # IPPROTO_TCP named: asyncio sets TCP_NODELAY only on sockets whose proto says TCP, and without it
         # Nagle holds a response's body behind its headers until the client's delayed ACK (40 ms a call)

@@ -27,7 +27,6 @@ class Settings:
     context_tokens: int = 4096  # a prompt longer than this is refused (413)
     can_branch: bool = True  # the router's sessions are one trajectory: an edited history gets 409
     max_top_logprobs: int = 0  # alternatives per token the generator returns (a call asking more: 400)
-    logprobs: bool = True  # the generator gives each token's log-prob (a run's router turns do not yet: 400)
 
 
 @dataclass(frozen=True)
@@ -92,13 +91,14 @@ class Gateway:
         prompt: list[int],
         generated: list[int],
         finish: str,
+        logprobs: list[float] | None = None,
     ) -> None:
         """The session's first turn was generated ahead of any call (the run's prompt path)."""
         session = self._session(session_id)
         if self.decode(prompt) != self.template.render(messages, tools, True):
             raise ApiError(400, f"session {session_id}: the row's messages do not render to the run's prompt tokens")
         reply = make_reply(self.text(generated), finish, self.parser, [], f"call-{session_id}-0")
-        session.tito.seed(messages, tools, prompt, generated, reply.canonical, reply.finish_reason)
+        session.tito.seed(messages, tools, prompt, generated, reply.canonical, reply.finish_reason, logprobs)
 
     def call(self, session_id: str, call: ChatCall | CompletionCall) -> Answer | Order:
         session = self._session(session_id)
@@ -132,13 +132,6 @@ class Gateway:
         )
 
     def _check_logprobs(self, call: ChatCall | CompletionCall) -> None:
-        if isinstance(call, ChatCall) and call.logprobs and not self.settings.logprobs:
-            raise ApiError(
-                400,
-                "'logprobs' is not served in a training run yet (its turns reach the gateway without their "
-                "log-probs; the trainer gets them with the trajectory): leave logprobs unset",
-                param="logprobs",
-            )
         wanted = call.top_logprobs if isinstance(call, ChatCall) else 0
         if wanted > self.settings.max_top_logprobs:
             where = (
@@ -202,7 +195,14 @@ class Gateway:
             call.stop,
             f"call-{session.session_id}-{plan.turn}",
         )
-        want = isinstance(call, ChatCall) and call.logprobs and turn.logprobs is not None
+        want = isinstance(call, ChatCall) and call.logprobs
+        if want and turn.logprobs is None:  # a generator that gave none, or a turn rebuilt without them
+            raise ApiError(
+                400,
+                f"session {session.session_id} turn {plan.turn}: its log-probs are not known here; "
+                "ask again without logprobs",
+                param="logprobs",
+            )
         pieces = [self.decode([t]) for t in turn.generated] if want else []
         top: list[list[tuple[str, float]]] = []
         if want and isinstance(call, ChatCall) and call.top_logprobs and turn.top_logprobs is not None:

@@ -31,7 +31,6 @@ def build_gateway(config: Any) -> Gateway:
             config.env.max_turn_tokens,
             context,
             can_branch=False,
-            logprobs=False,  # the router's turns carry no log-probs to the scheduler
         ),
     )
 

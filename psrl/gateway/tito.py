@@ -230,12 +230,13 @@ class TitoSession:
         generated: list[int],
         reply: dict[str, Any],
         finish_reason: str,
+        logprobs: list[float] | None = None,
     ) -> Turn:
         """A first turn generated before any call (the run's prompt path): trajectory 0."""
         traj = Trajectory(list(prompt), tools, loss_mask=[0] * len(prompt))
         self.trajectories.append(traj)
         plan = Plan("continue", 0, 0, messages, [], list(prompt), tools)
-        return self.record(plan, generated, reply, finish_reason)
+        return self.record(plan, generated, reply, finish_reason, logprobs)
 
 
 def _own_close(generated: str, close: str, rest: str) -> int:

@@ -121,6 +121,7 @@ def source_problems(task_name: str, kwargs: dict[str, Any]) -> Iterator[ConfigPr
         yield ConfigProblem(("task.name",), repr(task_name), "its rubric has group reward functions, which score "
                             "all rollouts of an example together; a psrl session is scored on its own",
                             "use a rubric of per-rollout reward functions")  # fmt: skip
+        return
     try:
         size = len(env.get_dataset())
     except ValueError as exc:  # verifiers: 'dataset is not set' (an environment with an eval dataset only)
@@ -130,6 +131,21 @@ def source_problems(task_name: str, kwargs: dict[str, Any]) -> Iterator[ConfigPr
     if size == 0:
         yield ConfigProblem(("task.kwargs",), repr(kwargs), "the environment's dataset is empty",
                             "give kwargs that make a non-empty dataset")  # fmt: skip
+        return
+    yield from scoring_problems(task_name, kwargs)
+
+
+def scoring_problems(task_name: str, kwargs: dict[str, Any]) -> Iterator[ConfigProblem]:
+    """The first example's rollout with its reference answer (psrl.tasks.verifiers_probe): a rubric that
+    raises or scores with a non-number is refused here rather than failing every session."""
+    from psrl.tasks.verifiers_probe import probe
+
+    try:
+        probe(export_rows(task_name, kwargs, "psrl", limit=1)[0])
+    except Exception as exc:  # the environment and its rubric are user code
+        yield ConfigProblem(("task.name",), repr(task_name), f"a rollout of its first example answered with its "
+                            f"reference answer fails ({type(exc).__name__}: {exc})",
+                            "make every reward function of the rubric return a number for any completion")  # fmt: skip
 
 
 def plain(value: Any) -> Any:
@@ -168,12 +184,13 @@ def absolute(task_name: str) -> str:
     return f"{PREFIX}{Path(target).resolve()}:{name}"
 
 
-def export_rows(task_name: str, kwargs: dict[str, Any], model_name: str) -> list[dict[str, Any]]:
-    """One agent row per example of the environment's training dataset (dataset order)."""
+def export_rows(task_name: str, kwargs: dict[str, Any], model_name: str, limit: int = -1) -> list[dict[str, Any]]:
+    """One agent row per example of the environment's training dataset (dataset order; the first `limit`)."""
     task_name = absolute(task_name)
     env = load_env(task_name, kwargs)
+    dataset = env.get_dataset(n=limit)
     rows = []
-    for position, example in enumerate(env.get_dataset()):
+    for position, example in enumerate(dataset):
         messages, tools = asyncio.run(first_call(env, example))
         spec = {"task": task_name, "kwargs": kwargs, "example": position, "model": model_name}
         row = {"messages": messages, "tools": tools, "answer": str(example.get("answer", "")), "kind": "verifiers"}

@@ -15,6 +15,12 @@ softmax, log-prob and entropy in float32. The gradient of a chunk's logits `z` (
     d entropy / dz      = -p * (z - mu)
 
 and flows into `hidden` (`dz @ weight / T`) and `weight` (`dz.T @ hidden / T`).
+
+Why not Liger-kernel: its fused linear cross-entropy (0.8.5: per-token ``reduction="none"`` with
+recomputed chunk gradients) gives the log-prob but not the entropy the actor loss and its metrics
+need, and it is Triton-only (no CPU path). This pure-torch version runs the same chunked matmuls
+(cuBLAS on a GPU) on both devices; a Triton softmax-and-gradient kernel per chunk is what Liger
+would add on top, worth measuring on the GPU against `tools/bench_logprob.py`.
 """
 
 from __future__ import annotations

@@ -60,7 +60,7 @@ class LoraLinear(nn.Linear):
         self.lora_A = nn.Parameter(torch.empty(settings.rank, self.in_features, dtype=dtype, device=device))
         self.lora_B = nn.Parameter(torch.zeros(self.out_features, settings.rank, dtype=dtype, device=device))
         nn.init.kaiming_uniform_(self.lora_A, a=math.sqrt(5))
-        self.scaling = settings.scaling
+        self.alpha, self.scaling = settings.alpha, settings.scaling
         self.dropout = settings.dropout
 
     def forward(self, x: Tensor) -> Tensor:

@@ -48,7 +48,7 @@ def adapter_config(model: nn.Module) -> dict[str, object]:
         "task_type": "CAUSAL_LM",
         "base_model_name_or_path": str(getattr(getattr(model, "config", None), "_name_or_path", "")),
         "r": rank,
-        "lora_alpha": first.scaling * rank,
+        "lora_alpha": first.alpha,
         "lora_dropout": first.dropout,
         "target_modules": sorted({name.rpartition(".")[2] for name in modules}),
         "bias": "none",

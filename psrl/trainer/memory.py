@@ -10,7 +10,7 @@ are estimated from the model's shape and the micro-batch's tokens,
 (the inputs of the norms, projections, attention and MLP a decoder layer saves, and the float32
 norm statistics), and the layers are checkpointed when that exceeds `BUDGET_SHARE` of the memory
 still free on the device (on CUDA: free memory plus what the caching allocator holds unused; on a
-CPU: the host's available memory). No-grad forwards never checkpoint (nothing is kept for a
+CPU: the host's available memory, MemAvailable). No-grad forwards never checkpoint (nothing is kept for a
 backward). Fixed ``true`` / ``false`` keep the old behaviour for benchmarks that compare both.
 """
 
@@ -108,8 +108,19 @@ def free_bytes(device: torch.device) -> float:
         free, _total = torch.cuda.mem_get_info(device)
         cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
         return float(free + cached)
+    return _host_available_bytes()
+
+
+def _host_available_bytes() -> float:
+    """The kernel's estimate of memory available without swapping (MemAvailable: free plus reclaimable cache)."""
     try:
-        pages = os.sysconf("SC_AVPHYS_PAGES")
-        return float(pages * os.sysconf("SC_PAGE_SIZE"))
-    except (ValueError, OSError):  # pragma: no cover - a platform without sysconf
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return float(int(line.split()[1]) * 1024)
+    except OSError:
+        pass
+    try:
+        return float(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+    except (ValueError, OSError):  # pragma: no cover - a platform without either
         return float("inf")

@@ -14,8 +14,9 @@ transformers' own SDPA attention with its usual mask.
 
 The kernel, by device and dtype:
 
-* CUDA in bf16/fp16: ``torch.nn.attention.varlen.varlen_attn`` (FlashAttention-2 varlen, forward and
-  backward, grouped-query heads): work is the sum of the squared sequence lengths, no padding.
+* CUDA in bf16/fp16 (autocast's dtype, or the inputs'): ``torch.nn.attention.varlen.varlen_attn``
+  (FlashAttention-2 varlen, forward and backward, grouped-query heads; its signature is read at run
+  time, since it changed between torch releases): work is the sum of the squared sequence lengths.
 * Elsewhere (CPU, fp32): the sequences are gathered into a `[num_seqs, heads, longest, dim]` block
   and run through SDPA with ``is_causal``. Each sequence starts at offset 0 of its row, so the causal
   mask alone keeps every real query on its own real keys; the rows' tail slots are zeros whose
@@ -69,11 +70,26 @@ def varlen_attention(
         raise VarlenError(f"a packed batch is one row; got a query of shape {tuple(query.shape)}")
     if dropout > 0.0:
         raise VarlenError("the trainer runs attention without dropout")
-    if query.is_cuda and query.dtype in (torch.bfloat16, torch.float16) and flash_varlen_available():
-        out = _flash_varlen(query[0], key[0], value[0], cu_seqlens, max_length, scaling)
+    flash_dtype = _flash_dtype(query)
+    if flash_dtype is not None and _flash_takes(scaling, query.shape[-1]):
+        q, k, v = (x[0].to(flash_dtype) for x in (query, key, value))
+        out = _flash_varlen(q, k, v, cu_seqlens, max_length, scaling)
     else:
         out = _gathered_sdpa(query[0], key[0], value[0], cu_seqlens, max_length, scaling)
     return out.unsqueeze(0), None
+
+
+def _flash_dtype(query: Tensor) -> torch.dtype | None:
+    """The half dtype the flash kernel would run in (autocast's, else the query's), or None."""
+    if not query.is_cuda or not flash_varlen_available():
+        return None
+    dtype = torch.get_autocast_dtype("cuda") if torch.is_autocast_enabled("cuda") else query.dtype
+    return dtype if dtype in (torch.bfloat16, torch.float16) else None
+
+
+def _flash_takes(scaling: float | None, head_dim: int) -> bool:
+    """This torch's varlen kernel can apply `scaling` (older ones take no scale: only the default)."""
+    return "scale" in _varlen_parameters() or scaling is None or abs(scaling - head_dim**-0.5) < 1e-12
 
 
 def _gathered_sdpa(
@@ -118,8 +134,8 @@ def _flash_varlen(
 
     q, k, v = (x.transpose(0, 1).contiguous() for x in (query, key, value))  # [tokens, heads, dim]
     cu = cu_seqlens.to(torch.int32)
-    options: dict[str, object] = {"scale": scaling}
     parameters = _varlen_parameters()
+    options: dict[str, object] = {"scale": scaling} if "scale" in parameters else {}
     if "window_size" in parameters:
         options["window_size"] = (-1, 0)  # causal
     else:

@@ -45,3 +45,15 @@ def test_hosts_and_cluster_together_and_a_bad_cluster_name(tmp_path) -> None:
     assert code == 2 and "--hosts and --cluster (topology.cluster) both place the actors" in out, out
     code, out = run_cli("--cluster", "kube", tmp_path=tmp_path)
     assert code == 2 and "topology.cluster = 'kube'" in out, out
+
+
+def test_the_python_api_follows_topology_cluster(tmp_path, monkeypatch) -> None:
+    """psrl.run with topology.cluster set goes to the cluster, never silently to this machine."""
+    from launch.api import run
+    from launch.cluster import ClusterError
+
+    for name in ("SLURM_JOB_NODELIST", "SLURM_NODELIST"):
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(ClusterError, match="not a Slurm allocation"):
+        run("demo", ["topology.cluster=slurm"], root=tmp_path / "runs")
+    assert not (tmp_path / "runs").exists()

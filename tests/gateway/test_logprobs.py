@@ -1,6 +1,6 @@
 """Log-probs in chat answers, in the OpenAI SDK's shape: each generated token's own (the engine's,
 as the TITO record keeps them), its likeliest alternatives up to what the engine returns, and a 400
-naming the parameter for a call asking more, or asking a run's gateway (whose turns carry none)."""
+naming the parameter for a call asking more, or for a turn whose log-probs are not known."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from psrl.gateway.api import ApiError, parse_chat
 from psrl.gateway.chat_templates import bundled
 from psrl.gateway.local import EngineGateway
-from psrl.gateway.sessions import Gateway, Settings
+from psrl.gateway.sessions import Answer, Gateway, Settings
 from tests.gateway.conftest import TOP_LOGPROBS
 from tests.gateway.test_openai_sdk import client, open_session, record
 
@@ -55,17 +55,19 @@ def test_more_alternatives_than_the_engine_returns_is_a_400(gateway: EngineGatew
     assert "needs 'logprobs': true" in caught.value.body["message"]
 
 
-def test_a_runs_gateway_refuses_logprobs_clearly() -> None:
-    template = bundled("demo")
-    run = Gateway(template, _encode, _decode, _decode, Settings(can_branch=False, logprobs=False))
-    run.open("9")
+def test_a_turn_without_known_logprobs_is_a_400_naming_session_and_turn() -> None:
+    gateway = Gateway(bundled("demo"), _encode, _decode, _decode, Settings(can_branch=False))
+    gateway.open("9")
+    assert gateway.call("9", parse_chat({"messages": ASK, "logprobs": True})) is not None  # an order
     with pytest.raises(ApiError) as caught:
-        run.call("9", parse_chat({"messages": ASK, "logprobs": True}))
+        gateway.generated("9", _encode("ans 3"), "stop")  # the generator gave no log-probs
     assert caught.value.status == 400 and caught.value.param == "logprobs"
+    assert "session 9 turn 0" in caught.value.message
+    answer = gateway.call("9", parse_chat({"messages": ASK}))  # asked again without: the recorded turn
+    assert isinstance(answer, Answer) and answer.text == "ans 3"
     with pytest.raises(ApiError) as caught:
-        run.call("9", parse_chat({"messages": ASK, "logprobs": True, "top_logprobs": 1}))
-    assert caught.value.status == 400
-    assert run.call("9", parse_chat({"messages": ASK})) is not None  # without logprobs the call is served
+        gateway.call("9", parse_chat({"messages": ASK, "logprobs": True, "top_logprobs": 1}))
+    assert caught.value.status == 400 and caught.value.param == "top_logprobs"
 
 
 def _encode(text: str) -> list[int]:

@@ -77,6 +77,9 @@ def test_an_openai_agent_trains_through_the_gateway_with_exact_tokens(tmp_path: 
         mask = np.ones(len(traj.token_ids)) if traj.loss_mask is None else np.asarray(traj.loss_mask)
         assert recorded["loss_mask"] == [0] * len(prompt) + mask.astype(int).tolist()
         assert len(recorded["turns"]) == traj.num_turns
+        # every turn's log-probs (what a call asking logprobs is answered) are the trainer's, token for token
+        turn_logprobs = [lp for turn in recorded["turns"] for lp in turn["logprobs"]]
+        assert turn_logprobs == pytest.approx(np.asarray(traj.logprobs)[mask.astype(bool)].tolist(), abs=1e-6)
         checked += 1
     assert checked >= 4 and any(t.num_turns > 1 for t in trained)
 

@@ -25,6 +25,7 @@ from psrl.config import load_config  # noqa: E402
 from psrl.gateway.agent_task import AgentTask  # noqa: E402
 from psrl.preflight import checked  # noqa: E402
 from psrl.tasks.verifiers_agent import VerifiersRolloutError, rollout  # noqa: E402
+from psrl.tasks.verifiers_probe import MAX_CALLS, probe  # noqa: E402
 from psrl.tasks.verifiers_source import AGENT_ENTRY, export_rows, load_env, source_problems  # noqa: E402
 
 ENVS = Path(__file__).resolve().parents[2] / "examples" / "verifiers" / "sum_env.py"
@@ -178,6 +179,33 @@ def test_environments_that_cannot_train_are_refused_with_the_field_and_a_fix() -
     assert "unexpected keyword argument 'colour'" in bad_kwargs.message and "task.kwargs" in bad_kwargs.fix
     [not_an_env] = source_problems(f"verifiers:{ENVS}:sums", {"num_examples": 2, "seed": 0})
     assert "not a verifiers.Environment" in not_an_env.message
+
+
+@pytest.mark.parametrize(("loader", "named"), [("load_raising", "broken"), ("load_not_a_number", "wordy")])
+def test_a_rubric_that_raises_or_returns_a_non_number_is_refused_before_launch(loader: str, named: str) -> None:
+    [refused] = source_problems(task(loader), {})
+    assert refused.paths == ("task.name",) and f"reward function {named}" in refused.message
+    assert "reference answer" in refused.message and "return a number" in refused.fix
+
+
+def test_the_probe_answers_with_the_reference_and_scores_like_the_run() -> None:
+    for loader in ("load_single", "load_retry", "load_tool"):
+        assert probe(first_row(loader)) == {"score": 1.0, "acc": 1.0}, loader
+
+
+def test_the_probe_ends_an_environment_without_a_turn_limit(tmp_path: Path) -> None:
+    module = tmp_path / "endless_env.py"
+    module.write_text(
+        "import verifiers as vf\nfrom datasets import Dataset\n"
+        "class Endless(vf.MultiTurnEnv):\n"
+        "    async def env_response(self, messages, state, **kwargs):\n"
+        "        return [{'role': 'user', 'content': 'more'}]\n"
+        "def turns(state): return float(len(state['trajectory']))\n"
+        "def load():\n"
+        "    data = Dataset.from_list([{'question': 'sum 1 2', 'answer': '3'}])\n"
+        "    return Endless(dataset=data, rubric=vf.Rubric(funcs=[turns]))\n"
+    )
+    assert probe(export_rows(f"verifiers:{module}:load", {}, "psrl")[0])["score"] == MAX_CALLS
 
 
 def test_a_group_rubric_is_refused(tmp_path: Path) -> None:
