@@ -310,7 +310,7 @@ class Shutdown(Message, frozen=True):
 # ---------------------------------------------------------------------------- generation
 
 
-class SamplingParams(Part, frozen=True):
+class RequestSampling(Part, frozen=True):
     """Sampling settings of one generation request (nested in GenerateRequest, not a kind).
 
     max_tokens: largest number of new tokens in total (including already-generated ones).
@@ -355,7 +355,7 @@ class GenerateRequest(Message, frozen=True):
     request_id: int
     prompt_id: int
     prompt_token_ids: np.ndarray
-    sampling: SamplingParams
+    sampling: RequestSampling
     pinned_version: int = -1
     generated_token_ids: np.ndarray | None = None
     generated_logprobs: np.ndarray | None = None
@@ -979,7 +979,7 @@ class EvalRequest(Message, frozen=True):
     sample_ids: list[int]
     prompt_lengths: np.ndarray
     prompt_token_ids: np.ndarray
-    sampling: list[SamplingParams]
+    sampling: list[RequestSampling]
 
 
 @message("eval.result")

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 
-class Verdict(str, Enum):
+class RestartVerdict(str, Enum):
     RESTART = "restart"
     END_RUN = "end_run"
     IGNORE = "ignore"  # exited as asked (shutdown) or after the run finished
@@ -32,13 +32,13 @@ class RestartPolicy:
     window_s: float = 300.0
     _history: dict[str, list[float]] = field(default_factory=dict)
 
-    def decide(self, actor: str, role: str, now: float, *, shutting_down: bool) -> tuple[Verdict, str]:
+    def decide(self, actor: str, role: str, now: float, *, shutting_down: bool) -> tuple[RestartVerdict, str]:
         if shutting_down:
-            return Verdict.IGNORE, "run is shutting down"
+            return RestartVerdict.IGNORE, "run is shutting down"
         if role not in RESTARTABLE:
-            return Verdict.END_RUN, f"{actor} has no restart policy for role {role!r}"
+            return RestartVerdict.END_RUN, f"{actor} has no restart policy for role {role!r}"
         recent = [t for t in self._history.get(actor, []) if now - t <= self.window_s]
         if len(recent) >= self.max_restarts:
-            return Verdict.END_RUN, f"{actor} died {len(recent)} times within {self.window_s:.0f} s"
+            return RestartVerdict.END_RUN, f"{actor} died {len(recent)} times within {self.window_s:.0f} s"
         self._history[actor] = [*recent, now]
-        return Verdict.RESTART, f"restart {len(recent) + 1} of {self.max_restarts}"
+        return RestartVerdict.RESTART, f"restart {len(recent) + 1} of {self.max_restarts}"

@@ -50,7 +50,7 @@ from launch.hosts import HostsFile
 from launch.liveness import Liveness
 from launch.placement import boot_run_dir, memory_saver_preload, visible_gpus
 from launch.plan import ActorSpec, plan_actors, plan_endpoints
-from launch.policy import RestartPolicy, Verdict
+from launch.policy import RestartPolicy, RestartVerdict
 from launch.process import ActorProcess, run_on_host, start_actor
 from launch.scale import ScaleController
 from launch.scale_placement import RolloutPlacement, default_placement
@@ -495,7 +495,7 @@ class Supervisor:
         if self._leaves_the_set(spec.name, reason):
             return
         verdict, why = self.policy.decide(spec.name, spec.role, time.monotonic(), shutting_down=self.is_stopping)
-        if verdict is Verdict.RESTART:
+        if verdict is RestartVerdict.RESTART:
             self.num_restarts[spec.name] = self.num_restarts.get(spec.name, 0) + 1
             new = self._start(spec, process.incarnation + 1)
             self.publisher.publish(
@@ -503,7 +503,7 @@ class Supervisor:
                     spec.name, process.incarnation, new.incarnation, self.num_restarts[spec.name], f"{reason}; {why}"
                 )
             )
-        elif verdict is Verdict.END_RUN:
+        elif verdict is RestartVerdict.END_RUN:
             del self.processes[spec.name]
             self._end(EXIT_FAILED, f"{spec.name} died ({reason}): {why}")
 

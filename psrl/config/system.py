@@ -82,7 +82,8 @@ class Topology(Section):
     restart_rollout: bool = field(
         True,
         "Restart a rollout instance that dies; off: an instance lost for good is not replaced: its requests "
-        "continue on the other instances from their tokens and the run goes on with fewer (it fails when none is left).",
+        "continue on the other instances from their tokens and the run goes on with fewer "
+        "(it fails when none is left).",
     )
     max_rollout_instances: int = field(
         0,

@@ -18,7 +18,7 @@ from typing import Protocol
 
 import numpy as np
 
-from bus.messages import EvalRequest, EvalResult, FinishReason, SamplingParams
+from bus.messages import EvalRequest, EvalResult, FinishReason, RequestSampling
 from psrl.config import Config
 from psrl.evaluation.passk import pass_at_k
 from psrl.tasks.base import Prompt, Reward
@@ -104,9 +104,9 @@ class EvalPlanner:
             sampling=[self._sampling(self.num_rounds, i, s) for i, s in enumerate(self.samples)],
         )
 
-    def _sampling(self, round_number: int, sample_id: int, sample: EvalSample) -> SamplingParams:
+    def _sampling(self, round_number: int, sample_id: int, sample: EvalSample) -> RequestSampling:
         task = self.task
-        return SamplingParams(
+        return RequestSampling(
             max_tokens=self.settings.max_tokens or task.max_response_length,
             temperature=0.0 if sample.is_greedy else task.temperature,
             top_p=1.0 if sample.is_greedy else task.top_p,

@@ -18,7 +18,7 @@ from bus.schema import Message
 from psrl.flows.effects import Effect, Publish, Send
 
 
-class Node(Protocol):
+class MessageTarget(Protocol):
     """Anything that takes messages as a flow does (a flow, a modelled instance, a recorder)."""
 
     def handle(self, message: Message, now: float) -> list[Effect]: ...
@@ -31,13 +31,13 @@ Tap = Callable[[str, Effect, float], None]
 
 class LocalBus:
     def __init__(self, *, tap: Tap | None = None) -> None:
-        self.nodes: dict[str, Node] = {}
+        self.nodes: dict[str, MessageTarget] = {}
         self.subscribers: dict[type[Message], list[str]] = defaultdict(list)
         self.on_other: Callable[[str, Effect, float], None] | None = None
         self.tap = tap
         self._queue: deque[tuple[str, Message]] = deque()
 
-    def attach(self, name: str, node: Node, subscribes: Iterable[type[Message]] = ()) -> None:
+    def attach(self, name: str, node: MessageTarget, subscribes: Iterable[type[Message]] = ()) -> None:
         """Deliver sends to ``name`` and publications of the ``subscribes`` kinds to ``node``."""
         self.nodes[name] = node
         for kind in subscribes:

@@ -12,7 +12,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from bus.messages import SamplingParams
+from bus.messages import RequestSampling
 from psrl.config import Config
 from psrl.coordination.lengths import forced_length
 from psrl.tasks.base import Prompt, Reward
@@ -27,7 +27,7 @@ class PromptSource(Protocol):
         """The prompt as the model's tokens (int32)."""
         ...
 
-    def sampling(self, request_id: int, num_prompt_tokens: int) -> SamplingParams:
+    def sampling(self, request_id: int, num_prompt_tokens: int) -> RequestSampling:
         """How request ``request_id`` (one response of a group) is sampled."""
         ...
 
@@ -71,10 +71,10 @@ class TaskPrompts:
     def token_ids(self, prompt: Prompt) -> np.ndarray:
         return np.asarray(prompt.token_ids or self.tokenizer.encode(prompt.text), np.int32)
 
-    def sampling(self, request_id: int, num_prompt_tokens: int) -> SamplingParams:
+    def sampling(self, request_id: int, num_prompt_tokens: int) -> RequestSampling:
         task = self.settings
         length = forced_length(task, request_id)
-        return SamplingParams(
+        return RequestSampling(
             max_tokens=task.max_response_length if length is None else length,
             temperature=task.temperature,
             top_p=task.top_p,

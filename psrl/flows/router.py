@@ -77,7 +77,7 @@ from psrl.routing.decision import RoutingDecision
 from psrl.routing.policies import make_policy
 from psrl.routing.request import RoutingRequest
 from psrl.routing.tier_directory import TierDirectory
-from psrl.routing.trajectories import TrackerSettings, Trajectory, TrajectoryTracker, Verdict
+from psrl.routing.trajectories import TrackedTrajectory, TrackerSettings, TrackerVerdict, TrajectoryTracker
 from psrl.staleness.ledger import StalenessLedger
 from psrl.staleness.types import LedgerSizes
 
@@ -231,7 +231,7 @@ class RouterFlow(RouterLedgerFlow):
             self.log.warning("router restarted: ledger and trajectories rebuilt from the event log",
                              next_buffer=self.ledger.next_buffer_id, **dict(self.counters))  # fmt: skip
 
-    def _restored_trajectory(self, restored: RestoredRequest) -> Trajectory:
+    def _restored_trajectory(self, restored: RestoredRequest) -> TrackedTrajectory:
         traj = self.tracker.add(restored.request, restored.request.request_id % self.n_per_prompt)
         traj.flags, traj.result_instances = restored.flags, set(restored.result_instances)
         if restored.counted is not None:  # its finish is in the ledger; the coordinator never got it
@@ -285,7 +285,9 @@ class RouterFlow(RouterLedgerFlow):
         traj = self.tracker.add(req, req.request_id % self.n_per_prompt)
         self.core.submit(self._routing_request(traj))
 
-    def _routing_request(self, traj: Trajectory, *, hint: str | None = None, force_pin: bool = False) -> RoutingRequest:
+    def _routing_request(
+        self, traj: TrackedTrajectory, *, hint: str | None = None, force_pin: bool = False
+    ) -> RoutingRequest:
         tokens = tuple(traj.prompt_ids.tolist()) + tuple(traj.token_ids.tolist()) if self.needs_tokens else ()
         return RoutingRequest(
             traj.request_id,
@@ -333,11 +335,11 @@ class RouterFlow(RouterLedgerFlow):
             return
         self.recalled.pop(result.request_id, None)
         verdict = self.tracker.judge(result)
-        if traj.abort_reason == "truncate" and verdict in (Verdict.ABORTED, Verdict.FINISHED):
+        if traj.abort_reason == "truncate" and verdict in (TrackerVerdict.ABORTED, TrackerVerdict.FINISHED):
             self.core.release(result.request_id)
             self.truncated(traj, result.instance)
             return
-        if verdict in (Verdict.CONTINUE, Verdict.RESTART):
+        if verdict in (TrackerVerdict.CONTINUE, TrackerVerdict.RESTART):
             if self.kv_transfer and result.instance:
                 self.kv_holders[result.request_id] = result.instance
             if recalled is not None:  # routed by the dead router: this one's queue never had it
@@ -346,18 +348,18 @@ class RouterFlow(RouterLedgerFlow):
                 self.core.loop_back(result.request_id, traj.num_generated, self._routing_request(traj).token_ids)
             return
         self.core.release(result.request_id)
-        if verdict is Verdict.RETRY:
+        if verdict is TrackerVerdict.RETRY:
             self.core.submit(self._routing_request(traj))
-        elif verdict is Verdict.FINISHED and self.has_sessions:
+        elif verdict is TrackerVerdict.FINISHED and self.has_sessions:
             self._turn_done(traj, result)
-        elif verdict is Verdict.FINISHED:
+        elif verdict is TrackerVerdict.FINISHED:
             self.finished(traj, result.finish_reason, result.instance)
         else:
-            self.ended(traj.request_id, FinishReason.ERROR if verdict is Verdict.FAILED else FinishReason.ABORT)
+            self.ended(traj.request_id, FinishReason.ERROR if verdict is TrackerVerdict.FAILED else FinishReason.ABORT)
 
     # ------------------------------------------------------------------ sessions
 
-    def _turn_done(self, traj: Trajectory, result: GenerateResult) -> None:
+    def _turn_done(self, traj: TrackedTrajectory, result: GenerateResult) -> None:
         traj.in_env = True
         turn = TurnDone(
             request_id=traj.request_id,
@@ -371,7 +373,7 @@ class RouterFlow(RouterLedgerFlow):
         )
         self.send(SESSION, turn, request_id=traj.request_id, prompt_id=traj.prompt_id, model_version=traj.v_traj)
 
-    def _session_waiting(self, request_id: int) -> Trajectory | None:
+    def _session_waiting(self, request_id: int) -> TrackedTrajectory | None:
         traj = self.tracker.live.get(request_id)
         if traj is None or not traj.in_env:
             self.counters["late_session_messages"] += 1
@@ -399,7 +401,7 @@ class RouterFlow(RouterLedgerFlow):
         traj.env_reward, traj.env_acc = end.reward, end.acc
         self.finished(traj, FinishReason.STOP, traj.instance or "")
 
-    def left(self, traj: Trajectory) -> None:
+    def left(self, traj: TrackedTrajectory) -> None:
         """A trajectory ended at the router (abort, failure, truncation): its session is over too."""
         if self.has_sessions:
             self.send(SESSION, SessionGone(request_id=traj.request_id, reason=traj.abort_reason or traj.error))
@@ -683,7 +685,7 @@ class RouterFlow(RouterLedgerFlow):
         return self.take()
 
 
-def _continue_session(traj: Trajectory, restored: RestoredRequest, dispatch: GenerateRequest) -> None:
+def _continue_session(traj: TrackedTrajectory, restored: RestoredRequest, dispatch: GenerateRequest) -> None:
     """A session past its first turn: its earlier turns and answers (``router_recovery.SessionPrefix``)
     go before the current turn's tokens, sent as prompt, as the dead router held them."""
     ids, logprobs, versions, mask = restored.session.arrays(restored.session.turn)

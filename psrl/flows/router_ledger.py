@@ -28,7 +28,7 @@ from bus.messages import (
 from psrl.config import Config
 from psrl.flows.base import Flow
 from psrl.routing.core import RouterCore
-from psrl.routing.trajectories import Trajectory, TrajectoryTracker
+from psrl.routing.trajectories import TrackedTrajectory, TrajectoryTracker
 from psrl.staleness.ledger import StalenessLedger
 from psrl.staleness.oplog import describe_abort, describe_consume, describe_finish, describe_occupy, describe_proactive
 from psrl.staleness.proactive import RetryOutcome, TruncateOutcome, apply_proactive_filter
@@ -75,12 +75,12 @@ class RouterLedgerFlow(Flow, ABC):
     def filter_allowed(self) -> bool:
         """Whether the proactive filter may act now."""
 
-    def left(self, traj: Trajectory) -> None:
+    def left(self, traj: TrackedTrajectory) -> None:
         """A trajectory ended here without finishing normally (abort, failure, truncation)."""
 
     # ------------------------------------------------------------------ trajectories that end
 
-    def finished(self, traj: Trajectory, reason: FinishReason, instance: str) -> None:
+    def finished(self, traj: TrackedTrajectory, reason: FinishReason, instance: str) -> None:
         owed = self.owed_finishes.pop(traj.request_id, None)
         if owed is not None:
             self._deliver_owed(traj, reason, instance, owed)
@@ -98,7 +98,7 @@ class RouterLedgerFlow(Flow, ABC):
             self._abort_children(traj.prompt_id, [ref.child for ref in outcome.surplus], "surplus")
             self._send_group_complete(traj.prompt_id, outcome.winners)
 
-    def _deliver_owed(self, traj: Trajectory, reason: FinishReason, instance: str, owed: FinishOutcome) -> None:
+    def _deliver_owed(self, traj: TrackedTrajectory, reason: FinishReason, instance: str, owed: FinishOutcome) -> None:
         """A finish the dead router counted but never delivered: the ledger holds it already (counting it
         again would make it a duplicate), so only the coordinator learns of it, as it would have: the
         trajectory, then the group's winners if that finish completed the group. What else the dead
@@ -113,7 +113,7 @@ class RouterLedgerFlow(Flow, ABC):
         request_ids = [prompt_id * self.n_per_prompt + child for child in winners]
         self.send(COORDINATOR, GroupComplete(prompt_id=prompt_id, request_ids=request_ids), prompt_id=prompt_id)
 
-    def _send_done(self, traj: Trajectory, reason: FinishReason, instance: str) -> None:
+    def _send_done(self, traj: TrackedTrajectory, reason: FinishReason, instance: str) -> None:
         self.send(
             COORDINATOR,
             self.tracker.done(traj, reason, instance),
@@ -122,7 +122,7 @@ class RouterLedgerFlow(Flow, ABC):
             model_version=traj.v_traj,
         )
 
-    def truncated(self, traj: Trajectory, instance: str) -> None:
+    def truncated(self, traj: TrackedTrajectory, instance: str) -> None:
         """A child stopped by the proactive filter ``truncate``: its partial output is its response."""
         self.tracker.finish(traj.request_id)
         self.left(traj)

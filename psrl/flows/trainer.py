@@ -22,7 +22,7 @@ from psrl.flows.memory import MemorySwitcher
 from psrl.flows.train_data import trajectories_from
 from psrl.rl.correction import spec_of
 from psrl.rl.trajectory import InvalidTrajectoryError
-from psrl.trainer import StepResult, TrainerCore
+from psrl.trainer import TrainerCore, TrainStepResult
 
 
 class TrainerFlow(Flow):
@@ -113,7 +113,7 @@ class TrainerFlow(Flow):
         for chunk in sorted(chunks):
             self._on_data(chunks[chunk], now)
 
-    def _after_step(self, data: TrainData, result: StepResult) -> None:
+    def _after_step(self, data: TrainData, result: TrainStepResult) -> None:
         self.publish(Metrics(step=data.buffer + 1, values=dict(result.metrics)), model_version=result.version)
         if result.is_push_ready and self.publishes_certificate:
             cert = certificate.build(

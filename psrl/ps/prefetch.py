@@ -29,7 +29,7 @@ CLOSE_WAIT_S = 10.0
 
 
 @dataclass
-class _Job:
+class _PrefetchJob:
     version: int
     tensors: dict[str, torch.Tensor] = field(default_factory=dict)  # by name: a retried pull replaces
     error: Exception | None = None
@@ -43,7 +43,7 @@ class Prefetcher:
         self.puller = puller
         self.max_attempts = max_attempts
         self.num_started = self.num_used = 0
-        self._job: _Job | None = None
+        self._job: _PrefetchJob | None = None
         self._log = get_logger("psrl.ps.prefetch")
 
     @property
@@ -58,7 +58,7 @@ class Prefetcher:
         """Start pulling ``version`` unless a pull is running or this or a newer version is held."""
         if self.is_running or (self._job is not None and self._job.version >= version):
             return False
-        job = _Job(version)
+        job = _PrefetchJob(version)
         job.thread = threading.Thread(target=self._run, args=(job,), name=f"ps-prefetch-{version}", daemon=True)
         self._job = job
         self.num_started += 1
@@ -91,7 +91,7 @@ class Prefetcher:
         job.thread.join(CLOSE_WAIT_S)
         return not job.thread.is_alive()
 
-    def _run(self, job: _Job) -> None:
+    def _run(self, job: _PrefetchJob) -> None:
         try:
             result = self.puller.sync(job.tensors.__setitem__, job.version, self.max_attempts)
             job.version = result.version  # a retired version moves on to the newest one

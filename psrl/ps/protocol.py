@@ -6,14 +6,14 @@ own sockets, never on the event bus; only ``WeightsPublished`` (emitted by the h
 there.
 
 Push (pusher DEALER -> shard ROUTER): PushBegin -> PushReady | PushRefused; PushChunk* or
-PushWritten* [PushSealed] -> PushAck; Commit -> Committed | CommitRefused; Abort. A push whose
+PushWritten* [PushSealed] -> PushAck; Commit -> Committed | CommitRefused; PushAbort. A push whose
 checksums follow the bytes (``PushBegin.checksums_follow``: shared memory, where the pusher hashes
 each entry in the shard's own pages as it writes them) carries them in ``PushWritten`` and the
 version's digest in ``PushSealed``, sent once every shard's entries are hashed. When the pusher also
 checked every landed entry against a word sum taken on its source device (``source_checked``), the
 shard adopts those checksums without reading the bytes again.
 Pull (puller DEALER -> shard ROUTER): ManifestRequest -> ManifestReply | Unavailable;
-PullRequest -> PullChunk* | PullDone | PullError; LiveCheck -> LiveReply; StatusRequest -> ShardStatus.
+ShardPullRequest -> PullChunk* | PullDone | PullError; LiveCheck -> LiveReply; StatusRequest -> ShardStatus.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import msgspec
 from psrl.ps.manifest import ManifestEntry
 
 # 2: sparse pull chunks in psrl.ps.delta's packed format (SPARSE=2, PullChunk.num_bytes) for the
-# entries a puller names as held at its base version (PullRequest.base_indices). A shard and a
+# entries a puller names as held at its base version (ShardPullRequest.base_indices). A shard and a
 # puller of different versions refuse each other at the manifest exchange.
 PROTOCOL_VERSION = 2
 LATEST = -1  # ManifestRequest.version meaning "the newest version this shard has committed"
@@ -117,7 +117,7 @@ class CommitRefused(_Msg, frozen=True, tag="commit_refused"):
     reason: str
 
 
-class Abort(_Msg, frozen=True, tag="abort"):
+class PushAbort(_Msg, frozen=True, tag="abort"):
     version: int
     incarnation: int
 
@@ -148,7 +148,7 @@ class Unavailable(_Msg, frozen=True, tag="unavailable"):
     reason: str
 
 
-class PullRequest(_Msg, frozen=True, tag="pull_request"):
+class ShardPullRequest(_Msg, frozen=True, tag="pull_request"):
     request_id: int
     version: int
     entry_indices: tuple[int, ...]
@@ -213,11 +213,11 @@ Message = Union[  # noqa: UP007 (msgspec needs a typing.Union of the tagged stru
     Commit,
     Committed,
     CommitRefused,
-    Abort,
+    PushAbort,
     ManifestRequest,
     ManifestReply,
     Unavailable,
-    PullRequest,
+    ShardPullRequest,
     PullChunk,
     PullDone,
     PullError,

@@ -40,7 +40,7 @@ from psrl.ps.dtypes import tensor_from_buffer
 from psrl.ps.errors import PullFailedError
 from psrl.ps.manifest import NO_CHECKSUM, ManifestEntry
 from psrl.ps.mirror import Mirror
-from psrl.ps.protocol import LATEST, ManifestReply, ProtocolError, PullChunk, PullDone, PullError, PullRequest
+from psrl.ps.protocol import LATEST, ManifestReply, ProtocolError, PullChunk, PullDone, PullError, ShardPullRequest
 from psrl.ps.pull_stream import PullResult, PullStream
 from psrl.ps.serving import is_intact
 from psrl.ps.shard_links import ShardLinks, VersionPlan
@@ -195,7 +195,7 @@ class Puller:
             request_ids[shard] = self._links.next_request_id()
             base_version, base_indices = self._sparse_base(plan, part)
             indices = tuple(e.index for e in part)
-            request = PullRequest(
+            request = ShardPullRequest(
                 request_ids[shard], plan.version, indices, self._plane.peer, base_version, base_indices
             )
             # In-band transports receive each payload where it belongs when it arrives.

@@ -38,12 +38,12 @@ from psrl.ps.errors import PushFailedError, PushRefusedError
 from psrl.ps.manifest import Manifest, ManifestEntry, build_manifest, entry_bytes, with_sums
 from psrl.ps.plan import ShardPlan, TensorSpec, plan_shards
 from psrl.ps.protocol import (
-    Abort,
     Commit,
     CommitRefused,
     Committed,
     Message,
     ProtocolError,
+    PushAbort,
     PushAck,
     PushBegin,
     PushReady,
@@ -192,14 +192,14 @@ class Pusher:
 
     def _prepare(
         self, version: int, tensors: Mapping[str, torch.Tensor] | DeviceWeights, ready: Callable[[str], None] | None
-    ) -> _Job:
+    ) -> _PushJob:
         if isinstance(tensors, DeviceWeights):
             if not self._plane.copies_from_device:
                 raise ValueError(f"the {self._plane.name} transport pushes from host memory: stage the weights")
             plan = self.plan_for(tensors.meta)
             deferred = self.with_checksums
             manifest = build_manifest(version, plan, tensors.meta, with_checksums=False, deferred=deferred)
-            return _Job(version, b"" if deferred else manifest.digest(), plan, manifest, [], device=tensors,
+            return _PushJob(version, b"" if deferred else manifest.digest(), plan, manifest, [], device=tensors,
                         deferred=deferred)  # fmt: skip
         plan = self.plan_for(tensors)
         manifest = build_manifest(
@@ -209,7 +209,7 @@ class Pusher:
             for name in tensors:
                 ready(name)
         payloads = [[(e, entry_bytes(tensors, e)) for e in manifest.shard_part(s)] for s in range(self.num_shards)]
-        return _Job(version, manifest.digest(), plan, manifest, payloads)
+        return _PushJob(version, manifest.digest(), plan, manifest, payloads)
 
     def plan_for(self, tensors: Mapping[str, torch.Tensor]) -> ShardPlan:
         """The sharding plan of this layout (computed once, reused while the layout is unchanged)."""
@@ -231,7 +231,7 @@ class Pusher:
 
     # phases -------------------------------------------------------------------------------------
 
-    def _begin(self, job: _Job, link: _ShardLink) -> None:
+    def _begin(self, job: _PushJob, link: _ShardLink) -> None:
         if link.attempt >= MAX_ATTEMPTS_PER_SHARD:
             raise PushFailedError(job.version, f"shard {link.shard} failed {link.attempt} attempts")
         if link.attempt > 0:
@@ -256,12 +256,12 @@ class Pusher:
         link.last_heard = time.monotonic()
         links.send(link.sock, link.begin)
 
-    def _seal_all(self, job: _Job) -> None:
+    def _seal_all(self, job: _PushJob) -> None:
         for link in self._links:
             if link.stage == _Stage.SENDING:
                 self._seal(job, link)
 
-    def _seal(self, job: _Job, link: _ShardLink) -> None:
+    def _seal(self, job: _PushJob, link: _ShardLink) -> None:
         """Send the digest to a shard whose attempt started with its checksums to follow, once known."""
         begin = link.begin
         if job.awaits_checksums or link.sealed or begin is None or not begin.checksums_follow:
@@ -269,7 +269,7 @@ class Pusher:
         link.sealed = True
         links.send(link.sock, PushSealed(job.version, self.incarnation, link.attempt, job.digest))
 
-    def _commit_all(self, job: _Job) -> None:
+    def _commit_all(self, job: _PushJob) -> None:
         # Shard 0 last: its commit is the announcement, so every other shard must already serve v.
         for group in ([link for link in self._links if link.shard != 0], [self._links[0]]):
             for link in group:
@@ -277,7 +277,7 @@ class Pusher:
                 self._send_commit(job, link)
             self._drive(job, functools.partial(_all_committed, group))
 
-    def _send_commit(self, job: _Job, link: _ShardLink) -> None:
+    def _send_commit(self, job: _PushJob, link: _ShardLink) -> None:
         link.stage = _Stage.COMMIT_SENT
         link.last_heard = time.monotonic()
         links.send(link.sock, Commit(job.version, self.incarnation))
@@ -285,11 +285,11 @@ class Pusher:
     def _abort(self, version: int) -> None:
         for link in self._links:
             try:
-                links.send(link.sock, Abort(version, self.incarnation))
+                links.send(link.sock, PushAbort(version, self.incarnation))
             except zmq.ZMQError:
                 continue
 
-    def _drive(self, job: _Job, is_done: Callable[[], bool]) -> None:
+    def _drive(self, job: _PushJob, is_done: Callable[[], bool]) -> None:
         """Handle replies until ``is_done()`` holds; restarts shards that fail or restart."""
         while not is_done():
             if time.perf_counter() > job.deadline:
@@ -305,7 +305,7 @@ class Pusher:
                 self._drain(job, self._by_sock[sock])
             self._probe_silent(job)
 
-    def _drain(self, job: _Job, link: _ShardLink) -> None:
+    def _drain(self, job: _PushJob, link: _ShardLink) -> None:
         while True:
             try:
                 received = links.recv_message(link.sock, has_ident=False)
@@ -318,7 +318,7 @@ class Pusher:
             link.last_heard = time.monotonic()
             self._on_reply(job, link, received[1])
 
-    def _on_reply(self, job: _Job, link: _ShardLink, message: Message) -> None:
+    def _on_reply(self, job: _PushJob, link: _ShardLink, message: Message) -> None:
         if isinstance(message, PushReady | PushAck | PushRefused) and (
             message.version != job.version or message.attempt != link.attempt
         ):
@@ -342,7 +342,7 @@ class Pusher:
         elif isinstance(message, ShardStatus):
             self._on_status(job, link, message)
 
-    def _on_ack(self, job: _Job, link: _ShardLink, ack: PushAck) -> None:
+    def _on_ack(self, job: _PushJob, link: _ShardLink, ack: PushAck) -> None:
         if ack.is_ok:
             link.stage = _Stage.ACKED
             if link.may_commit:
@@ -351,7 +351,7 @@ class Pusher:
         self._log.warning("ps.pusher.shard_retry", shard=link.shard, version=job.version, reason=ack.reason)
         self._begin(job, link)
 
-    def _on_status(self, job: _Job, link: _ShardLink, status: ShardStatus) -> None:
+    def _on_status(self, job: _PushJob, link: _ShardLink, status: ShardStatus) -> None:
         if link.stage in (_Stage.BEGIN_SENT, _Stage.COMMITTED):
             return
         if status.latest == job.version:
@@ -363,7 +363,7 @@ class Pusher:
             self._log.warning("ps.pusher.shard_lost_push", shard=link.shard, version=job.version, restarted=restarted)
             self._begin(job, link)
 
-    def _probe_silent(self, job: _Job) -> None:
+    def _probe_silent(self, job: _PushJob) -> None:
         now = time.monotonic()
         for link in self._links:
             if link.stage in (_Stage.ACKED, _Stage.COMMITTED):
@@ -387,7 +387,7 @@ def _all_committed(group: list[_ShardLink]) -> bool:
 
 
 @dataclass
-class _Job:
+class _PushJob:
     version: int
     digest: bytes  # empty until every checksum is known (a deferred push)
     plan: ShardPlan

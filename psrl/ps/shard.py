@@ -32,7 +32,6 @@ from psrl.ps.delta import encode_sparse
 from psrl.ps.manifest import ManifestEntry
 from psrl.ps.protocol import (
     PROTOCOL_VERSION,
-    Abort,
     Commit,
     CommitRefused,
     Committed,
@@ -43,7 +42,7 @@ from psrl.ps.protocol import (
     Message,
     ProtocolError,
     PullError,
-    PullRequest,
+    PushAbort,
     PushAck,
     PushBegin,
     PushChunk,
@@ -51,6 +50,7 @@ from psrl.ps.protocol import (
     PushRefused,
     PushSealed,
     PushWritten,
+    ShardPullRequest,
     ShardStatus,
     StatusRequest,
     Unavailable,
@@ -145,12 +145,12 @@ class ShardServer:
             PushWritten: self._on_written,
             PushSealed: self._on_sealed,
             Commit: self._on_commit_msg,
-            Abort: self._on_abort,
+            PushAbort: self._on_abort,
             StatusRequest: lambda ident, msg: self._reply_status(self._push_sock, ident, msg),
         }
         self._pull_handlers: dict[type[Any], Callable[[bytes, Any], None]] = {
             ManifestRequest: self._on_manifest,
-            PullRequest: self._on_pull,
+            ShardPullRequest: self._on_pull,
             LiveCheck: self._on_live_check,
             StatusRequest: lambda ident, msg: self._reply_status(self._pull_sock, ident, msg),
         }
@@ -434,7 +434,7 @@ class ShardServer:
                 self._on_commit(self._event(held.version, held.digest, held.entries))
         self._push_reply(ident, Committed(commit.version))
 
-    def _on_abort(self, ident: bytes, abort: Abort) -> None:
+    def _on_abort(self, ident: bytes, abort: PushAbort) -> None:
         dropped = self.versions.abort(abort.version, abort.incarnation)
         if dropped is not None:
             self._plane.release(dropped.buffers)
@@ -487,7 +487,7 @@ class ShardServer:
         )
         links.reply(self._pull_sock, ident, reply)
 
-    def _on_pull(self, ident: bytes, request: PullRequest) -> None:
+    def _on_pull(self, ident: bytes, request: ShardPullRequest) -> None:
         held = self.versions.lookup(request.version)
         if held is None:
             self.counters["pulls_refused"] += 1
@@ -506,7 +506,7 @@ class ShardServer:
         self.counters["pulls_served"] += 1
         self.counters["bytes_served"] += sum(e.num_bytes for e in entries)
 
-    def _sparse_source(self, held: HeldVersion[EntryBuffers], request: PullRequest) -> SparseSource | None:
+    def _sparse_source(self, held: HeldVersion[EntryBuffers], request: ShardPullRequest) -> SparseSource | None:
         """Sparse deltas from the request's base version to ``held``, when the shard still holds the
         base, for the entries the puller holds exactly as in the base."""
         base = self.versions.lookup(request.base_version) if request.base_version >= 0 else None

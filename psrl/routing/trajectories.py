@@ -22,13 +22,13 @@ from enum import Enum
 import msgspec
 import numpy as np
 
-from bus.messages import FinishReason, GenerateRequest, GenerateResult, SamplingParams, TrajectoryDone, TrajectoryFlags
+from bus.messages import FinishReason, GenerateRequest, GenerateResult, RequestSampling, TrajectoryDone, TrajectoryFlags
 
 # Reasons an instance gives for handing a request back that is not the end of the trajectory.
 INTERRUPTIONS = frozenset({"sync", "migrate", "preempted", "shutdown", "instance_lost", "router_restart"})
 
 
-class Verdict(str, Enum):
+class TrackerVerdict(str, Enum):
     FINISHED = "finished"  # stop or length: the trajectory is complete
     CONTINUE = "continue"  # interrupted: route it again from its tokens (partial rollout)
     RESTART = "restart"  # interrupted without partial rollout: route it again from the prompt
@@ -43,12 +43,12 @@ _NO_MASK = np.zeros(0, np.uint8)
 
 
 @dataclass
-class Trajectory:
+class TrackedTrajectory:
     request_id: int
     prompt_id: int
     child: int
     prompt_ids: np.ndarray
-    sampling: SamplingParams
+    sampling: RequestSampling
     v_traj: int = -1
     token_ids: np.ndarray = field(default_factory=lambda: _NO_IDS)  # int32, the response so far
     logprobs: np.ndarray = field(default_factory=lambda: _NO_LOGPROBS)  # float32
@@ -87,12 +87,12 @@ class TrackerSettings:
 class TrajectoryTracker:
     def __init__(self, settings: TrackerSettings) -> None:
         self.settings = settings
-        self.live: dict[int, Trajectory] = {}
+        self.live: dict[int, TrackedTrajectory] = {}
         self.num_loopbacks = 0
         self.num_wasted_tokens = 0  # generated, then thrown away (aborts, restarts)
 
-    def add(self, request: GenerateRequest, child: int) -> Trajectory:
-        traj = Trajectory(
+    def add(self, request: GenerateRequest, child: int) -> TrackedTrajectory:
+        traj = TrackedTrajectory(
             request_id=request.request_id,
             prompt_id=request.prompt_id,
             child=child,
@@ -118,7 +118,7 @@ class TrajectoryTracker:
             traj.versions = np.concatenate([traj.versions, _ids(versions)])
             traj.loss_mask = np.concatenate([traj.loss_mask, np.ones(len(token_ids), np.uint8)])
 
-    def judge(self, result: GenerateResult) -> Verdict:
+    def judge(self, result: GenerateResult) -> TrackerVerdict:
         """Classify a returned result and bring the trajectory's tokens up to date with it."""
         traj = self.live[result.request_id]
         traj.result_instances.add(result.instance)
@@ -127,28 +127,28 @@ class TrajectoryTracker:
         if result.finish_reason == FinishReason.ERROR:
             traj.num_failures += 1
             traj.error = result.error
-            return Verdict.RETRY if traj.num_failures <= self.settings.retry_limit else Verdict.FAILED
+            return TrackerVerdict.RETRY if traj.num_failures <= self.settings.retry_limit else TrackerVerdict.FAILED
         self._take_tokens(traj, result)
         if result.finish_reason in (FinishReason.STOP, FinishReason.LENGTH):
-            return Verdict.FINISHED
+            return TrackerVerdict.FINISHED
         if traj.abort_reason is not None or result.error not in INTERRUPTIONS:
             traj.abort_reason = traj.abort_reason or result.error or "aborted"
-            return Verdict.ABORTED
+            return TrackerVerdict.ABORTED
         return self.interrupted(traj)
 
-    def interrupted(self, traj: Trajectory) -> Verdict:
+    def interrupted(self, traj: TrackedTrajectory) -> TrackerVerdict:
         """The trajectory left its instance unfinished; continue it, or start it over."""
         traj.instance = None
         traj.flags |= TrajectoryFlags.INTERRUPTED
         if self.settings.partial_rollout:
             traj.num_loopbacks += 1
             self.num_loopbacks += 1
-            return Verdict.CONTINUE
+            return TrackerVerdict.CONTINUE
         self.num_wasted_tokens += traj.num_generated - traj.turn_start
         _keep_first(traj, traj.turn_start)
-        return Verdict.RESTART
+        return TrackerVerdict.RESTART
 
-    def _take_tokens(self, traj: Trajectory, result: GenerateResult) -> None:
+    def _take_tokens(self, traj: TrackedTrajectory, result: GenerateResult) -> None:
         """A result carries every token the instance generated or continued from; output it got
         as prompt (interrupt_as_prompt) is kept from the router's own record."""
         keep = traj.num_sent_as_prompt
@@ -159,7 +159,7 @@ class TrajectoryTracker:
         traj.loss_mask = np.concatenate([traj.loss_mask, np.ones(len(result.token_ids), np.uint8)])
         traj.num_sent_as_prompt = 0
 
-    def start_turn(self, traj: Trajectory, observation: np.ndarray, max_tokens: int) -> None:
+    def start_turn(self, traj: TrackedTrajectory, observation: np.ndarray, max_tokens: int) -> None:
         """A session's next turn: the environment's reply joins the response untrained (log-prob 0,
         the version of the token before it), and the turn generates up to ``max_tokens`` after it."""
         observation = _ids(observation)
@@ -174,7 +174,7 @@ class TrajectoryTracker:
         seed = None if traj.sampling.seed is None else (traj.sampling.seed + 7919 * traj.turn) % (2**31)
         traj.sampling = msgspec.structs.replace(traj.sampling, max_tokens=max_tokens, min_tokens=0, seed=seed)
 
-    def engine_request(self, traj: Trajectory, dispatch_seq: int) -> GenerateRequest:
+    def engine_request(self, traj: TrackedTrajectory, dispatch_seq: int) -> GenerateRequest:
         """The request an instance gets: fresh, or a continuation from the tokens so far. A session's
         earlier turns and environment replies go as prompt; the current turn's tokens continue."""
         in_turn = traj.num_generated - traj.turn_start
@@ -200,7 +200,7 @@ class TrajectoryTracker:
             dispatch_seq=dispatch_seq,
         )
 
-    def done(self, traj: Trajectory, reason: FinishReason, instance: str) -> TrajectoryDone:
+    def done(self, traj: TrackedTrajectory, reason: FinishReason, instance: str) -> TrajectoryDone:
         """The trajectory's end, as the coordinator receives it: its whole response, or why it was given up."""
         return TrajectoryDone(
             request_id=traj.request_id,
@@ -219,14 +219,14 @@ class TrajectoryTracker:
             num_turns=traj.turn + 1 if traj.env_reward is not None else 0,
         )
 
-    def finish(self, request_id: int, *, wasted: bool = False) -> Trajectory | None:
+    def finish(self, request_id: int, *, wasted: bool = False) -> TrackedTrajectory | None:
         traj = self.live.pop(request_id, None)
         if traj is not None and wasted:
             self.num_wasted_tokens += traj.num_generated
         return traj
 
 
-def _keep_first(traj: Trajectory, count: int) -> None:
+def _keep_first(traj: TrackedTrajectory, count: int) -> None:
     traj.token_ids, traj.logprobs = traj.token_ids[:count], traj.logprobs[:count]
     traj.versions, traj.loss_mask = traj.versions[:count], traj.loss_mask[:count]
 
@@ -239,5 +239,5 @@ def _logprobs(values: np.ndarray | None) -> np.ndarray:
     return _NO_LOGPROBS if values is None else np.asarray(values, np.float32)
 
 
-def _with_max_tokens(sampling: SamplingParams, max_tokens: int, num_done: int) -> SamplingParams:
+def _with_max_tokens(sampling: RequestSampling, max_tokens: int, num_done: int) -> RequestSampling:
     return msgspec.structs.replace(sampling, max_tokens=max_tokens, min_tokens=max(0, sampling.min_tokens - num_done))

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from bus.messages import SamplingParams
+from bus.messages import RequestSampling
 from psrl.config import Config
 from psrl.coordination.lengths import forced_length
 from psrl.errors import ConfigError, ConfigProblem
@@ -57,8 +57,8 @@ class Workload:
     def token_ids(self, prompt: Prompt) -> np.ndarray:
         return np.zeros(self.prompt_tokens(prompt.index), np.int32)
 
-    def sampling(self, request_id: int, num_prompt_tokens: int) -> SamplingParams:
-        return SamplingParams(max_tokens=self.response_tokens(request_id, num_prompt_tokens), ignore_eos=True)
+    def sampling(self, request_id: int, num_prompt_tokens: int) -> RequestSampling:
+        return RequestSampling(max_tokens=self.response_tokens(request_id, num_prompt_tokens), ignore_eos=True)
 
     def score(self, prompt: Prompt, token_ids: np.ndarray) -> Reward:
         return _NO_REWARD

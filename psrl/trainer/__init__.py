@@ -4,14 +4,14 @@
 """
 
 from psrl.trainer.checkpoint import CheckpointError, latest_checkpoint
-from psrl.trainer.core import StepResult, TrainerCore, group_trajectories, resolve_model_dir
+from psrl.trainer.core import TrainerCore, TrainStepResult, group_trajectories, resolve_model_dir
 from psrl.trainer.parallel import ParallelContext
 from psrl.trainer.stages import TrainerError
 
 __all__ = [
     "CheckpointError",
     "ParallelContext",
-    "StepResult",
+    "TrainStepResult",
     "TrainerCore",
     "TrainerError",
     "group_trajectories",

@@ -65,7 +65,7 @@ ModelT = TypeVar("ModelT", bound=torch.nn.Module)
 
 
 @dataclass(frozen=True)
-class StepResult:
+class TrainStepResult:
     buffer_id: int
     version: int  # the weights' version after this call
     is_push_ready: bool  # True once per buffer: push `named_weights()` as `version`
@@ -77,7 +77,7 @@ class StepResult:
 
 
 @dataclass
-class _BufferState:
+class _TrainingBuffer:
     buffer_id: int
     groups: list[list[Trajectory]] = field(default_factory=list)  # every group, arrival order
     own: list[list[Sample]] = field(default_factory=list)  # this rank's groups
@@ -110,7 +110,7 @@ class TrainerCore:
         self.parallel = parallel or ParallelContext()
         self.version = 0
         self.next_prompt_id = 0  # one past the highest prompt id trained on: a resumed run's dataset cursor
-        self._buffer: _BufferState | None = None
+        self._buffer: _TrainingBuffer | None = None
         random.seed(config.trainer.seed)
         torch.manual_seed(config.trainer.seed)
         directory = resolve_model_dir(config, model_dir)
@@ -158,7 +158,7 @@ class TrainerCore:
     def is_pre_step(self) -> bool:
         return self.config.psrl.fine_grain_overlap.overlap_scope == "pre_step" and self.plan.effective != "none"
 
-    def train_buffer(self, buffer_id: int, trajectories: Sequence[Trajectory]) -> StepResult:
+    def train_buffer(self, buffer_id: int, trajectories: Sequence[Trajectory]) -> TrainStepResult:
         """Train on a whole buffer (under pre_step: its mini-batch chunks one after the other)."""
         if not self.is_pre_step:
             result = self.add_chunk(buffer_id, trajectories, is_last=True)
@@ -174,7 +174,7 @@ class TrainerCore:
             raise TrainerError(f"buffer {buffer_id} produced no result")
         return result
 
-    def add_chunk(self, buffer_id: int, trajectories: Sequence[Trajectory], *, is_last: bool) -> StepResult | None:
+    def add_chunk(self, buffer_id: int, trajectories: Sequence[Trajectory], *, is_last: bool) -> TrainStepResult | None:
         """Feed the next chunk of buffer `buffer_id` (every rank, same data). Returns a result when
         an optimizer step happened (every pre_step chunk, and the last chunk), else None."""
         if self.memory.is_paused:
@@ -182,7 +182,9 @@ class TrainerCore:
         with self.memory.region("grads"):  # gradients and activations: released without a copy while paused
             return self._add_chunk(buffer_id, trajectories, is_last=is_last)
 
-    def _add_chunk(self, buffer_id: int, trajectories: Sequence[Trajectory], *, is_last: bool) -> StepResult | None:
+    def _add_chunk(
+        self, buffer_id: int, trajectories: Sequence[Trajectory], *, is_last: bool
+    ) -> TrainStepResult | None:
         started = time.perf_counter()
         state = self._state_for(buffer_id)
         new_groups = group_trajectories(trajectories, self.group_size)
@@ -193,7 +195,7 @@ class TrainerCore:
                     f"pre_step trains one mini-batch per chunk: expected {self.plan.chunk_groups} "
                     f"groups, got {len(new_groups)}"
                 )
-            result: StepResult | None = self._pre_step_chunk(state, len(new_groups), is_last, started)
+            result: TrainStepResult | None = self._pre_step_chunk(state, len(new_groups), is_last, started)
         else:
             self._forward_units(state, is_final=is_last)
             result = self._finish_buffer(state, started) if is_last else None
@@ -263,18 +265,18 @@ class TrainerCore:
 
     # ---------------------------------------------------------------- buffer bookkeeping
 
-    def _state_for(self, buffer_id: int) -> _BufferState:
+    def _state_for(self, buffer_id: int) -> _TrainingBuffer:
         if self._buffer is None:
             if buffer_id != self.version:
                 raise TrainerError(
                     f"the trainer at version {self.version} consumes buffer {self.version}, got {buffer_id}"
                 )
-            self._buffer = _BufferState(buffer_id)
+            self._buffer = _TrainingBuffer(buffer_id)
         elif self._buffer.buffer_id != buffer_id:
             raise TrainerError(f"buffer {self._buffer.buffer_id} is unfinished; got a chunk of buffer {buffer_id}")
         return self._buffer
 
-    def _add_groups(self, state: _BufferState, groups: list[list[Trajectory]]) -> None:
+    def _add_groups(self, state: _TrainingBuffer, groups: list[list[Trajectory]]) -> None:
         """Record the groups and take this rank's share, one group of every round of `world_size`
         (see `round_owners`): ownership depends only on the groups' order, never on the chunking."""
         world = self.parallel.world_size
@@ -291,7 +293,7 @@ class TrainerCore:
             state.round = []
             state.num_rounds += 1
 
-    def _forward_units(self, state: _BufferState, *, is_final: bool) -> None:
+    def _forward_units(self, state: _TrainingBuffer, *, is_final: bool) -> None:
         unit = max(1, self.config.actor.ppo_micro_batch_size_per_gpu // self.group_size)
         while state.num_forwarded < len(state.own):
             available = len(state.own) - state.num_forwarded
@@ -334,7 +336,7 @@ class TrainerCore:
 
     # ---------------------------------------------------------------- updates
 
-    def _finish_buffer(self, state: _BufferState, started: float) -> StepResult:
+    def _finish_buffer(self, state: _TrainingBuffer, started: float) -> TrainStepResult:
         if not state.groups or len(state.groups) % self.parallel.world_size:
             raise TrainerError(f"{len(state.groups)} groups cannot be split over {self.parallel.world_size} ranks")
         own = [s for g in state.own for s in g]
@@ -348,7 +350,9 @@ class TrainerCore:
                 self._optimizer_steps([s for g in mini_batch for s in g], everyone, state.sums, state)
         return self._complete(state, started)
 
-    def _pre_step_chunk(self, state: _BufferState, num_new_groups: int, is_last: bool, started: float) -> StepResult:
+    def _pre_step_chunk(
+        self, state: _TrainingBuffer, num_new_groups: int, is_last: bool, started: float
+    ) -> TrainStepResult:
         # The chunk's forwards use the weights as they are now, after the earlier chunks' steps.
         self._forward_units(state, is_final=True)
         chunk_own = [s for g in state.own[state.num_updated :] for s in g]
@@ -360,7 +364,7 @@ class TrainerCore:
         _merge(state.sums, chunk_sums)
         if is_last:
             return self._complete(state, started)
-        return StepResult(state.buffer_id, self.version, False, chunk_sums.reduce(self.parallel))
+        return TrainStepResult(state.buffer_id, self.version, False, chunk_sums.reduce(self.parallel))
 
     def _advantages(self, samples: list[Sample], sums: MetricSums) -> None:
         advantage_stage(samples, self.config.algorithm, pad_token_id=self.settings.pad_token_id,
@@ -368,7 +372,7 @@ class TrainerCore:
                         sums=sums)  # fmt: skip
 
     def _optimizer_steps(
-        self, own: list[Sample], everyone: list[Trajectory], sums: MetricSums, state: _BufferState
+        self, own: list[Sample], everyone: list[Trajectory], sums: MetricSums, state: _TrainingBuffer
     ) -> None:
         started = time.perf_counter()
         algorithm = self.config.algorithm
@@ -390,7 +394,7 @@ class TrainerCore:
             )
         state.update_s += time.perf_counter() - started
 
-    def _complete(self, state: _BufferState, started: float) -> StepResult:
+    def _complete(self, state: _TrainingBuffer, started: float) -> TrainStepResult:
         seconds = state.seconds + (time.perf_counter() - started)
         trajectories = [t for g in state.groups for t in g]
         metrics = buffer_metrics(state.buffer_id, trajectories, self.config.psrl.staleness)
@@ -407,7 +411,7 @@ class TrainerCore:
         threshold = self.config.algorithm.rollout_correction.rollout_is_threshold
         own = [s for g in state.own for s in g]
         trajectory_is = is_by_trajectory(own, threshold)
-        return StepResult(state.buffer_id, self.version, True, metrics, trajectory_is, masked_by_trajectory(own))
+        return TrainStepResult(state.buffer_id, self.version, True, metrics, trajectory_is, masked_by_trajectory(own))
 
     # ---------------------------------------------------------------- helpers
 

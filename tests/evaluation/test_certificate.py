@@ -9,7 +9,7 @@ from bus.messages import (
     FinishReason,
     GenerateRequest,
     GenerateResult,
-    SamplingParams,
+    RequestSampling,
     TrainData,
     TrajectoryDone,
     TrajectoryFlags,
@@ -63,7 +63,7 @@ def test_importance_statistics_per_trajectory_leave_masked_tokens_out() -> None:
 
 
 def events(rid: int) -> list[tuple[object, str]]:
-    sampling = SamplingParams(max_tokens=8)
+    sampling = RequestSampling(max_tokens=8)
     first = GenerateRequest(request_id=rid, prompt_id=rid // 2, prompt_token_ids=np.ones(3, I32), sampling=sampling)
     cut = GenerateResult(request_id=rid, prompt_id=0, token_ids=np.asarray([5], I32),
                          logprobs=np.zeros(1, np.float32), versions=np.asarray([1], I32),
@@ -95,7 +95,7 @@ def test_derivation_from_events_matches_what_the_router_recorded() -> None:
 def test_a_sessions_next_turn_is_neither_an_interruption_nor_a_continuation() -> None:
     """Each turn of a multi-turn session is a new request of the same trajectory, its prompt grown by the
     previous turn and the environment's reply: the router records no flag for that, nor may the replay."""
-    sampling = SamplingParams(max_tokens=8)
+    sampling = RequestSampling(max_tokens=8)
     derivation = Derivation()
     for turn, prompt_length in enumerate((3, 9)):
         request = GenerateRequest(request_id=6, prompt_id=3, prompt_token_ids=np.ones(prompt_length, I32),
@@ -120,7 +120,7 @@ def test_a_next_turn_logged_after_its_own_result_is_still_a_new_turn() -> None:
     """The log merges senders: the instance's result for a session's next turn can reach it before the
     router's request for that turn. The events' send times order them as they happened (seen in a run,
     where log order made a plain three-turn session look interrupted and continued)."""
-    sampling = SamplingParams(max_tokens=8)
+    sampling = RequestSampling(max_tokens=8)
     derivation = Derivation()
     sent = []
     for turn, prompt_length in enumerate((3, 9, 15)):

@@ -16,7 +16,7 @@ from bus.messages import (
     GenerateRequest,
     GenerateResult,
     InstanceStatus,
-    SamplingParams,
+    RequestSampling,
     TrajectoryDone,
 )
 from bus.schema import Event, Message
@@ -32,8 +32,8 @@ class FixedPrompts:
     def token_ids(self, prompt: Prompt) -> np.ndarray:
         return np.asarray([1, 2, 3], np.int32)
 
-    def sampling(self, request_id: int, num_prompt_tokens: int) -> SamplingParams:
-        return SamplingParams(max_tokens=16, seed=request_id)
+    def sampling(self, request_id: int, num_prompt_tokens: int) -> RequestSampling:
+        return RequestSampling(max_tokens=16, seed=request_id)
 
     def score(self, prompt: Prompt, token_ids: np.ndarray) -> Reward:
         return Reward(score=len(token_ids) / 16, acc=float(len(token_ids) == 16))
@@ -76,7 +76,7 @@ def request(request_id: int, n: int) -> GenerateRequest:
         request_id=request_id,
         prompt_id=request_id // n,
         prompt_token_ids=np.asarray([1, 2, 3], np.int32),
-        sampling=SamplingParams(max_tokens=16),
+        sampling=RequestSampling(max_tokens=16),
     )
 
 

@@ -19,7 +19,7 @@ from bus.messages import (
     GenerateResult,
     InstanceStatus,
     MigrateCommand,
-    SamplingParams,
+    RequestSampling,
     SyncCommand,
     TokenBatch,
     WeightsLoaded,
@@ -73,7 +73,7 @@ def _messages(effects: list[Effect], kind: type) -> list:
 
 
 def _request(request_id: int, max_tokens: int = 400) -> GenerateRequest:
-    sampling = SamplingParams(max_tokens=max_tokens, ignore_eos=True, seed=request_id)
+    sampling = RequestSampling(max_tokens=max_tokens, ignore_eos=True, seed=request_id)
     return GenerateRequest(
         request_id=request_id,
         prompt_id=request_id // 4,
@@ -184,7 +184,7 @@ def test_without_a_pull_in_flight_the_sync_interrupts_at_once(instance) -> None:
 def test_a_bad_request_fails_alone(instance) -> None:  # type: ignore[no-untyped-def]
     flow, _, _ = instance
     bad = GenerateRequest(
-        request_id=9, prompt_id=2, prompt_token_ids=np.asarray([], np.int32), sampling=SamplingParams(max_tokens=4)
+        request_id=9, prompt_id=2, prompt_token_ids=np.asarray([], np.int32), sampling=RequestSampling(max_tokens=4)
     )
     [result] = _messages(flow.handle(bad, 0.0), GenerateResult)
     assert result.request_id == 9 and int(result.finish_reason) == 3 and result.error

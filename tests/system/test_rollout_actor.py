@@ -18,8 +18,8 @@ from bus.messages import (
     GenerateResult,
     InstanceStatus,
     Pause,
+    RequestSampling,
     Resume,
-    SamplingParams,
     Shutdown,
     TokenBatch,
 )
@@ -106,7 +106,7 @@ def receive_first(link: Link, kind: type, timeout_s: float = 30) -> object | Non
 
 
 def request(rid: int, length: int) -> GenerateRequest:
-    params = SamplingParams(length, 1.0, seed=rid, min_tokens=length, ignore_eos=True)
+    params = RequestSampling(length, 1.0, seed=rid, min_tokens=length, ignore_eos=True)
     return GenerateRequest(rid, 0, np.asarray([5, 6, 7, 8], np.int32), params)
 
 
@@ -146,7 +146,7 @@ def test_abort_returns_the_tokens_so_far_and_pause_stops_progress(instance) -> N
 def test_bad_request_gets_a_request_scoped_error(instance) -> None:
     link, _, status, _ = instance
     assert status.recv(STARTUP_MS) is not None
-    bad = GenerateRequest(3, 0, np.asarray([], np.int32), SamplingParams(8))
+    bad = GenerateRequest(3, 0, np.asarray([], np.int32), RequestSampling(8))
     send(link, bad)
     result = next(m for m in receive(link, (GenerateResult,)) if isinstance(m, GenerateResult))
     assert result.finish_reason == FinishReason.ERROR and result.error

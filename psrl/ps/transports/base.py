@@ -25,7 +25,7 @@ import numpy as np
 import zmq
 
 from psrl.ps.manifest import ManifestEntry, shard_offsets
-from psrl.ps.protocol import Message, PullError, PullRequest, PushBegin
+from psrl.ps.protocol import Message, PullError, PushBegin, ShardPullRequest
 
 
 class TransportError(RuntimeError):
@@ -173,7 +173,7 @@ class ShardDataPlane(ABC):
     def serve(
         self,
         reply: Replier,
-        request: PullRequest,
+        request: ShardPullRequest,
         entries: Sequence[ManifestEntry],
         buffers: EntryBuffers,
         sparse: SparseSource | None = None,
@@ -210,7 +210,7 @@ class DirectAccessShardPlane(ShardDataPlane):
     def serve(
         self,
         reply: Replier,
-        request: PullRequest,
+        request: ShardPullRequest,
         entries: Sequence[ManifestEntry],
         buffers: EntryBuffers,
         sparse: SparseSource | None = None,
@@ -277,7 +277,7 @@ class PullDataPlane(ABC):
     def request(
         self,
         sock: zmq.Socket[bytes],
-        request: PullRequest,
+        request: ShardPullRequest,
         offer: bytes,
         entries: Sequence[ManifestEntry],
         destinations: Sequence[memoryview],

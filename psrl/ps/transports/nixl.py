@@ -22,7 +22,7 @@ import zmq
 from psrl.nixl_agents import make_agent
 from psrl.ps import links
 from psrl.ps.manifest import ManifestEntry
-from psrl.ps.protocol import PullRequest, PushBegin, PushWritten
+from psrl.ps.protocol import PushBegin, PushWritten, ShardPullRequest
 from psrl.ps.transports.base import (
     BufferPool,
     DirectAccessShardPlane,
@@ -39,7 +39,7 @@ DRAM = "DRAM"
 MAX_REGISTERED = 4096
 
 
-class _Offer(msgspec.Struct, array_like=True, frozen=True):
+class _NixlOffer(msgspec.Struct, array_like=True, frozen=True):
     agent: str
     metadata: bytes
     addresses: dict[int, tuple[int, int]]  # entry index -> (address, bytes)
@@ -103,7 +103,7 @@ class NixlShardDataPlane(DirectAccessShardPlane):
 
     def _offer(self, buffers: EntryBuffers) -> bytes:
         addresses = {i: (buffers.address(i), len(v)) for i, v in buffers.views.items() if len(v)}
-        offer = _Offer(self._agent.name, self._agent.get_agent_metadata(), addresses)
+        offer = _NixlOffer(self._agent.name, self._agent.get_agent_metadata(), addresses)
         return msgspec.msgpack.encode(offer)
 
     def release(self, buffers: EntryBuffers) -> None:
@@ -130,7 +130,7 @@ class NixlPushDataPlane(PushDataPlane):
     ) -> None:
         if not payloads:
             return
-        remote = msgspec.msgpack.decode(offer, type=_Offer)
+        remote = msgspec.msgpack.decode(offer, type=_NixlOffer)
         self._agent.add_remote_agent(remote.metadata)
         local, far = [], []
         for entry, view in payloads:
@@ -192,12 +192,12 @@ class NixlPullDataPlane(PullDataPlane):
     def request(
         self,
         sock: zmq.Socket[bytes],
-        request: PullRequest,
+        request: ShardPullRequest,
         offer: bytes,
         entries: Sequence[ManifestEntry],
         destinations: Sequence[memoryview],
     ) -> None:
-        remote = msgspec.msgpack.decode(offer, type=_Offer)
+        remote = msgspec.msgpack.decode(offer, type=_NixlOffer)
         self._agent.add_remote_agent(remote.metadata)
         local, far = [], []
         for entry, view in zip(entries, destinations, strict=True):

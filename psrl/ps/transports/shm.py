@@ -40,7 +40,7 @@ from psrl.log import get_logger
 from psrl.ps import links, pinning
 from psrl.ps.checksum import WORD_SUM_MASK, checksum_and_word_sum
 from psrl.ps.manifest import ManifestEntry
-from psrl.ps.protocol import PullRequest, PushBegin, PushWritten
+from psrl.ps.protocol import PushBegin, PushWritten, ShardPullRequest
 from psrl.ps.staging import word_sum_on_device
 from psrl.ps.transports.base import (
     BufferPool,
@@ -70,7 +70,7 @@ def shm_directory() -> Path:
     return shm if shm.is_dir() and os.access(shm, os.W_OK) else Path(os.environ.get("TMPDIR", "/tmp"))
 
 
-class _Offer(msgspec.Struct, array_like=True, frozen=True):
+class _ShmOffer(msgspec.Struct, array_like=True, frozen=True):
     path: str
     size: int
     ranges: dict[int, tuple[int, int]]  # entry index -> (byte offset, bytes)
@@ -216,14 +216,14 @@ class _Mappings:
         self._maps.clear()
 
 
-def _decode(offer: bytes) -> _Offer:
+def _decode(offer: bytes) -> _ShmOffer:
     try:
-        return msgspec.msgpack.decode(offer, type=_Offer)
+        return msgspec.msgpack.decode(offer, type=_ShmOffer)
     except msgspec.DecodeError as exc:
         raise TransportError(f"malformed shared-memory offer: {exc}") from None
 
 
-def _range(offer: _Offer, entry: ManifestEntry) -> tuple[int, int]:
+def _range(offer: _ShmOffer, entry: ManifestEntry) -> tuple[int, int]:
     found = offer.ranges.get(entry.index)
     if found is None or found[1] != entry.num_bytes or found[0] + found[1] > offer.size:
         raise TransportError(f"shared-memory offer has no valid range for entry {entry.index} ({entry.name})")
@@ -251,7 +251,7 @@ class ShmShardDataPlane(DirectAccessShardPlane):
     def _offer(self, buffers: EntryBuffers) -> bytes:
         segment: Segment = buffers.handle
         ranges = {i: (buffers.offsets[i], len(v)) for i, v in buffers.views.items()}
-        return msgspec.msgpack.encode(_Offer(segment.path, segment.size, ranges))
+        return msgspec.msgpack.encode(_ShmOffer(segment.path, segment.size, ranges))
 
     def release(self, buffers: EntryBuffers) -> None:
         for evicted in self.pool.give(buffers):
@@ -508,7 +508,7 @@ class ShmPullDataPlane(PullDataPlane):
     def request(
         self,
         sock: zmq.Socket[bytes],
-        request: PullRequest,
+        request: ShardPullRequest,
         offer: bytes,
         entries: Sequence[ManifestEntry],
         destinations: Sequence[memoryview],

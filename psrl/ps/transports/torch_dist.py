@@ -29,7 +29,7 @@ from torch._C._distributed_c10d import PrefixStore, Store, TCPStore
 
 from psrl.ps import links
 from psrl.ps.manifest import ManifestEntry
-from psrl.ps.protocol import PullDone, PullRequest, PushBegin
+from psrl.ps.protocol import PullDone, PushBegin, ShardPullRequest
 from psrl.ps.transports.base import (
     BufferPool,
     EntryBuffers,
@@ -72,7 +72,7 @@ def _broadcast(group: dist.ProcessGroupGloo, view: memoryview) -> None:
     backend.broadcast([_as_bytes_tensor(view)], options).wait()
 
 
-class _Worker:
+class _DistWorker:
     """One helper thread running transfer jobs; jobs report landed entries or errors to queues."""
 
     def __init__(self, name: str, single_job: bool = False) -> None:
@@ -126,15 +126,15 @@ class DistShardDataPlane(ShardDataPlane):
         self._boot = uuid.uuid4().hex[:8]
         # One thread per transfer: a peer that vanished blocks only its own thread until the group
         # times out, never the next push or another puller.
-        self._workers: list[_Worker] = []
+        self._workers: list[_DistWorker] = []
         # Pulls reuse one group per puller link (group setup costs a rendezvous); see DistPullDataPlane.
-        self._links: dict[str, _Worker] = {}
+        self._links: dict[str, _DistWorker] = {}
         self._groups: dict[str, dist.ProcessGroupGloo] = {}
         self.pool = BufferPool()
 
-    def _spawn(self, name: str) -> _Worker:
+    def _spawn(self, name: str) -> _DistWorker:
         self._workers = [w for w in self._workers if w.num_active or not w.landed.empty()]
-        worker = _Worker(name, single_job=True)
+        worker = _DistWorker(name, single_job=True)
         self._workers.append(worker)
         return worker
 
@@ -153,7 +153,7 @@ class DistShardDataPlane(ShardDataPlane):
         worker.submit(self._receive, group_key, key, order, worker)
         return msgspec.msgpack.encode(_Rendezvous(self._rendezvous.host, self._rendezvous.port, group_key))
 
-    def _receive(self, group_key: str, key: int, order: list[tuple[int, memoryview]], worker: _Worker) -> None:
+    def _receive(self, group_key: str, key: int, order: list[tuple[int, memoryview]], worker: _DistWorker) -> None:
         group = _group(self._rendezvous, group_key, rank=1, store=self._store)
         for index, view in order:
             _broadcast(group, view)
@@ -177,7 +177,7 @@ class DistShardDataPlane(ShardDataPlane):
     def serve(
         self,
         reply: Replier,
-        request: PullRequest,
+        request: ShardPullRequest,
         entries: Sequence[ManifestEntry],
         buffers: EntryBuffers,
         sparse: SparseSource | None = None,
@@ -189,7 +189,7 @@ class DistShardDataPlane(ShardDataPlane):
         self._link(request.peer).submit(self._send, request.peer, views, buffers)
         reply(PullDone(request.request_id, request.version), None)
 
-    def _link(self, group_key: str) -> _Worker:
+    def _link(self, group_key: str) -> _DistWorker:
         """The thread serving one puller link; its requests run in order on one cached group."""
         worker = self._links.get(group_key)
         if worker is None:
@@ -197,7 +197,7 @@ class DistShardDataPlane(ShardDataPlane):
                 oldest = next(iter(self._links))
                 self._links.pop(oldest).close()
                 self._groups.pop(oldest, None)
-            worker = self._links[group_key] = _Worker(f"ps-dist-{group_key}")
+            worker = self._links[group_key] = _DistWorker(f"ps-dist-{group_key}")
         return worker
 
     def _send(self, group_key: str, views: list[memoryview], buffers: EntryBuffers) -> None:
@@ -222,7 +222,7 @@ class DistPushDataPlane(PushDataPlane):
     name: ClassVar[str] = "torch_dist"
 
     def __init__(self, host: str = "127.0.0.1") -> None:
-        self._workers: dict[int, _Worker] = {}
+        self._workers: dict[int, _DistWorker] = {}
         self._shard_of: dict[int, int] = {}
 
     def send(
@@ -238,7 +238,7 @@ class DistPushDataPlane(PushDataPlane):
         shard = payloads[0][0].shard
         worker = self._workers.get(shard)
         if worker is None:
-            worker = self._workers[shard] = _Worker(f"ps-dist-push-{shard}")
+            worker = self._workers[shard] = _DistWorker(f"ps-dist-push-{shard}")
         worker.submit(self._send, rendezvous, [view for _, view in payloads])
 
     @staticmethod
@@ -273,7 +273,7 @@ class DistPushDataPlane(PushDataPlane):
 class _PullLink:
     """One puller's transfers from one shard: a thread and, once built, a cached two-rank group."""
 
-    worker: _Worker
+    worker: _DistWorker
     rendezvous: _Rendezvous | None = None
     group: dist.ProcessGroupGloo | None = None
     generation: int = 0
@@ -291,7 +291,7 @@ class DistPullDataPlane(PullDataPlane):
     def request(
         self,
         sock: zmq.Socket[bytes],
-        request: PullRequest,
+        request: ShardPullRequest,
         offer: bytes,
         entries: Sequence[ManifestEntry],
         destinations: Sequence[memoryview],
@@ -299,7 +299,7 @@ class DistPullDataPlane(PullDataPlane):
         shard = entries[0].shard
         link = self._links.get(shard)
         if link is None:
-            link = self._links[shard] = _PullLink(_Worker(f"ps-dist-pull-{shard}"))
+            link = self._links[shard] = _PullLink(_DistWorker(f"ps-dist-pull-{shard}"))
         rendezvous = msgspec.msgpack.decode(offer, type=_Rendezvous)
         if link.rendezvous is None or (link.rendezvous.host, link.rendezvous.port) != (
             rendezvous.host,
@@ -351,7 +351,7 @@ class DistPullDataPlane(PullDataPlane):
         for shard, link in list(self._links.items()):
             if link.active_request == request_id:
                 link.worker.close()
-                self._links[shard] = _PullLink(_Worker(f"ps-dist-pull-{shard}"), generation=link.generation + 1)
+                self._links[shard] = _PullLink(_DistWorker(f"ps-dist-pull-{shard}"), generation=link.generation + 1)
 
     @property
     def peer(self) -> str:

@@ -18,7 +18,7 @@ import zmq
 from psrl.ps import links
 from psrl.ps.delta import SPARSE
 from psrl.ps.manifest import ManifestEntry
-from psrl.ps.protocol import PullChunk, PullDone, PullRequest, PushBegin, PushChunk
+from psrl.ps.protocol import PullChunk, PullDone, PushBegin, PushChunk, ShardPullRequest
 from psrl.ps.transports.base import (
     BufferPool,
     EntryBuffers,
@@ -43,7 +43,7 @@ class ZmqShardDataPlane(ShardDataPlane):
     def serve(
         self,
         reply: Replier,
-        request: PullRequest,
+        request: ShardPullRequest,
         entries: Sequence[ManifestEntry],
         buffers: EntryBuffers,
         sparse: SparseSource | None = None,
@@ -83,7 +83,7 @@ class ZmqPullDataPlane(PullDataPlane):
     def request(
         self,
         sock: zmq.Socket[bytes],
-        request: PullRequest,
+        request: ShardPullRequest,
         offer: bytes,
         entries: Sequence[ManifestEntry],
         destinations: Sequence[memoryview],

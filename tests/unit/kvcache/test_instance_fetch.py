@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from bus.messages import GenerateRequest, SamplingParams
+from bus.messages import GenerateRequest, RequestSampling
 from psrl.config.coordination import KvTransfer
 from psrl.flows.instance_kv import InstanceKv, KvPort
 from psrl.kvcache.tier import KvTier
@@ -38,7 +38,7 @@ class Engine:
 
 def rerouted(num_tokens: int) -> GenerateRequest:
     tokens = np.arange(num_tokens, dtype=np.int32)
-    return GenerateRequest(request_id=7, prompt_id=3, prompt_token_ids=tokens, sampling=SamplingParams(max_tokens=8),
+    return GenerateRequest(request_id=7, prompt_id=3, prompt_token_ids=tokens, sampling=RequestSampling(max_tokens=8),
                            kv_source="i1", kv_source_address="tcp://127.0.0.1:1")  # fmt: skip
 
 
