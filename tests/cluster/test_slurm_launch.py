@@ -14,6 +14,7 @@ import pytest
 from bus.messages import Hello, TrainerProgress
 from psrl.rundir import RunDir
 from tests.cluster.fakeslurm import FakeSlurm, can_run_slurm
+from tests.cluster.rank_faults import check_group_recovered, kill_ranks_one_at_a_time
 from tests.system.launch_helpers import logged_events
 
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(900)]
@@ -34,9 +35,11 @@ def slurm(tmp_path_factory):
         cluster.down()
 
 
-def submit(slurm: FakeSlurm, root: Path, name: str, *overrides: str) -> tuple[str, str]:
+def submit(slurm: FakeSlurm, root: Path, name: str, *overrides: str, while_running=None) -> tuple[str, str]:
     env = {"PSRL": PSRL, "PSRL_ROOT": str(root), "PSRL_RUN_NAME": name}
     job = slurm.sbatch(EXAMPLE, *overrides, options=(f"--output={root.parent}/{name}-%j.out",), env=env)
+    if while_running is not None:
+        while_running()
     state = slurm.wait_job(job, timeout_s=600)
     return state, (root.parent / f"{name}-{job}.out").read_text()
 
@@ -60,6 +63,28 @@ def test_sbatch_of_the_example_trains_across_two_nodes_and_replays(slurm, tmp_pa
                             capture_output=True, text=True, timeout=300)  # fmt: skip
     assert replay.returncode == 0, replay.stdout[-3000:] + replay.stderr[-2000:]
     assert "disagree" not in replay.stdout.lower() or " 0 disagree" in replay.stdout.lower()
+
+
+def test_trainer_ranks_on_both_nodes_re_form_after_one_is_killed(slurm, tmp_path) -> None:
+    """Two data-parallel ranks (gloo) on the two nodes, each in its own network namespace: rank 1 is
+    killed mid-run, the group re-forms across the nodes from the PS's committed version, the run ends."""
+    root, steps = tmp_path / "runs", 16
+    run = RunDir(root / "slurm-dp")
+
+    class Launcher:  # the job, for the fault helper: "running" until the run directory says it ended
+        def poll(self) -> int | None:
+            status = run.read_state().get("status") if run.state.exists() else "starting"
+            return None if status in ("starting", "running") else 1
+
+    def kill_rank_1() -> None:
+        kill_ranks_one_at_a_time(run, Launcher(), [1])  # type: ignore[arg-type]
+
+    state, out = submit(slurm, root, "slurm-dp", "demo", f"trainer.total_steps={steps}", "topology.n_trainer_ranks=2",
+                        "trainer.save_freq=4", "bus.handshake_timeout_s=300", while_running=kill_rank_1)  # fmt: skip
+    assert state == "COMPLETED", out[-6000:]
+    hosts = {e.envelope.sender: e.message.host for e in logged_events(run) if isinstance(e.message, Hello)}
+    assert {hosts["trainer-0"], hosts["trainer-1"]} == {"n1", "n2"}, hosts
+    check_group_recovered(run.path, steps, [0, 1])
 
 
 def test_an_allocation_without_the_gpus_the_topology_needs_fails_before_starting(slurm, tmp_path) -> None:

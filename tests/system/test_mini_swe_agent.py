@@ -49,6 +49,7 @@ def _need_mini_and_model() -> None:
 def test_mini_swe_agent_feeds_format_errors_back_through_the_in_process_gateway(tmp_path: Path) -> None:
     _need_mini_and_model()
     from psrl.envs.host import StepRequest
+    from psrl.gateway.codec import load_codec
     from psrl.gateway.local import EngineGateway
     from psrl.gateway.runner import AgentRunner
     from psrl.gateway.sessions import Settings
@@ -76,12 +77,18 @@ def test_mini_swe_agent_feeds_format_errors_back_through_the_in_process_gateway(
     # every turn's prompt and generation are the engine's, byte for byte
     for prompt, output in generated:
         assert any(t["token_ids"][: len(prompt) + len(output)] == prompt + output for t in trajectories)
-    # a format error fed back without the malformed reply is a branch from the shared prefix
+    # mini drops a reply it cannot parse and sends its format error instead: a branch from the shared
+    # prefix whose new tokens carry that error; a parsed reply's command output continues the trajectory
+    codec = load_codec(str(SMOLLM2))
     for traj in trajectories[1:]:
-        parent = trajectories[traj["branch_of"]] if traj["branch_of"] >= 0 else None
-        if parent is not None:
-            assert traj["token_ids"][: traj["branch_at"]] == parent["token_ids"][: traj["branch_at"]]
-    assert len(trajectories) >= 2 or trajectories[0]["turns"], "mini made no call"
+        assert traj["branch_of"] >= 0  # they share the system prompt at least
+        parent = trajectories[traj["branch_of"]]
+        assert traj["token_ids"][: traj["branch_at"]] == parent["token_ids"][: traj["branch_at"]]
+        assert "Format error" in codec.decode(traj["token_ids"][traj["branch_at"] :])
+    continued = [t for t in trajectories if t["branch_of"] < 0 and len(t["turns"]) > 1]
+    assert len(trajectories) >= 2 or continued, "mini neither fed an error back nor ran a command"
+    for traj in continued:
+        assert "<returncode>" in codec.decode(traj["token_ids"])
 
 
 def test_mini_swe_agent_trains_through_psrl_launch_with_exact_tokens(tmp_path: Path) -> None:
