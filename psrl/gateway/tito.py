@@ -1,6 +1,6 @@
 """TITO (token in, token out): a session's exact tokens, turn by turn, never re-tokenised.
 
-A session holds trajectories (``Trajectory``): token sequences the engine saw and produced. A call
+A session holds trajectories (``TokenTranscript``): token sequences the engine saw and produced. A call
 carries the whole conversation; it is placed by its messages, not its text:
 
 * **continue**: its messages start with a trajectory's last turn (that turn's request messages
@@ -57,7 +57,7 @@ class Turn:
 
 
 @dataclass
-class Trajectory:
+class TokenTranscript:
     tokens: list[int]  # exact: every prompt's new tokens and every generated token, in order
     tools: list[dict[str, Any]]
     turns: list[Turn] = field(default_factory=list)
@@ -97,7 +97,7 @@ class TitoSession:
         self.template, self.encode, self.decode = template, encode, decode
         self.max_trim_tokens = max_trim_tokens
         self.text = text or decode  # special tokens dropped: what a text completion's client reads
-        self.trajectories: list[Trajectory] = []
+        self.trajectories: list[TokenTranscript] = []
         self._close: str | None = None
 
     # ------------------------------------------------------------------ placing a call
@@ -209,7 +209,7 @@ class TitoSession:
     ) -> Turn:
         """Apply a continue or branch plan with the engine's answer; the new turn."""
         if plan.kind == "branch":
-            traj = Trajectory(list(plan.base), plan.tools, branch_of=plan.branch_of, branch_at=len(plan.base))
+            traj = TokenTranscript(list(plan.base), plan.tools, branch_of=plan.branch_of, branch_at=len(plan.base))
             source = self.trajectories[plan.branch_of] if plan.branch_of >= 0 else None
             traj.turns = source.turns[: plan.turn] if source is not None else []
             traj.loss_mask = source.loss_mask[: len(plan.base)] if source is not None else [0] * len(plan.base)
@@ -233,7 +233,7 @@ class TitoSession:
         logprobs: list[float] | None = None,
     ) -> Turn:
         """A first turn generated before any call (the run's prompt path): trajectory 0."""
-        traj = Trajectory(list(prompt), tools, loss_mask=[0] * len(prompt))
+        traj = TokenTranscript(list(prompt), tools, loss_mask=[0] * len(prompt))
         self.trajectories.append(traj)
         plan = Plan("continue", 0, 0, messages, [], list(prompt), tools)
         return self.record(plan, generated, reply, finish_reason, logprobs)
