@@ -44,13 +44,20 @@ class HostPlacement:
         return self.hosts[index % len(self.hosts)]
 
 
-def default_placement(config: Config, hosts: HostsFile | None) -> HostPlacement:
+# a cluster whose actors start in reserved resources places new instances itself (launch.cluster: "ray")
+CLUSTER_PLACEMENTS: dict[str, RolloutPlacement] = {}
+
+
+def default_placement(config: Config, hosts: HostsFile | None) -> RolloutPlacement:
     """The launching host's room (``topology.max_rollout_instances``, else one instance per listed rollout
     GPU, else per CPU core); with a hosts file, its rollout hosts, and no room beyond the file's count
-    unless ``topology.max_rollout_instances`` gives it."""
+    unless ``topology.max_rollout_instances`` gives it; on a cluster that registered a placement, that."""
     topology = config.topology
     started = topology.n_rollout_instances
     if hosts is not None:
+        for host in hosts.hosts:
+            if host.roles.get("rollout", 0) > 0 and host.starter in CLUSTER_PLACEMENTS:
+                return CLUSTER_PLACEMENTS[host.starter]
         rollout_hosts = tuple(h for h in hosts.hosts if h.roles.get("rollout", 0) > 0)
         return HostPlacement(max(topology.max_rollout_instances, started), rollout_hosts)
     cores = os.cpu_count() or 1

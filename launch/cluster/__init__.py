@@ -63,12 +63,15 @@ def open_cluster(target: ClusterTarget, config: Config) -> Iterator[HostsFile]:
         _refuse_unreachable(cluster.probe_bus(_free_port(cluster.launcher_ip, config.bus.base_port)),
                             cluster.launcher_ip)  # fmt: skip
         from launch.process import STARTERS
+        from launch.scale_placement import CLUSTER_PLACEMENTS
 
         STARTERS["ray"] = cluster.start
+        CLUSTER_PLACEMENTS["ray"] = cluster.rollout_placement(hosts)
         try:
             yield hosts
         finally:
             STARTERS.pop("ray", None)
+            CLUSTER_PLACEMENTS.pop("ray", None)
 
 
 def _refuse_unreachable(problems: list[str], launcher: str) -> None:

@@ -31,6 +31,7 @@ from typing import Any
 
 from actors.boot import Boot
 from launch.cluster.layout import ClusterError, Demand, rollout_gpu_count
+from launch.cluster.ray_placement import RayRolloutPlacement, RolloutBundles
 from launch.hosts import SINGLETON_ROLES, Host, HostsFile
 from launch.plan import ActorSpec, actor_name
 from launch.process import ActorProcess
@@ -93,6 +94,7 @@ class RayCluster:
     bundle_of: dict[str, int] = field(default_factory=dict)
     children: dict[str, RayChild] = field(default_factory=dict)
     node_of: dict[str, str] = field(default_factory=dict)  # the node each actor's runner was started on
+    rollout_bundles: RolloutBundles | None = None  # set once `psrl scale` may place instances
 
     def connect(self) -> RayCluster:
         ray = self.ray = import_ray()
@@ -179,10 +181,25 @@ class RayCluster:
 
     # ------------------------------------------------------------------ start
 
+    def rollout_placement(self, hosts: HostsFile) -> RayRolloutPlacement:
+        """Where `psrl scale` puts new instances: in the rollout bundles retired instances left."""
+        holder = {bundle: name for name, bundle in self.bundle_of.items() if name.startswith("rollout")}
+        self.rollout_bundles = RolloutBundles(holder, self._has_exited)
+        return RayRolloutPlacement(self.rollout_bundles, hosts, lambda b: self.bundle_nodes().get(b, ""), self._bind)
+
+    def _has_exited(self, name: str) -> bool:
+        child = self.children.get(name)
+        return child is None or child.code is not None
+
+    def _bind(self, name: str, bundle: int) -> None:
+        self.bundle_of[name] = bundle
+
     def start(self, spec: ActorSpec, boot: Boot, log_path: Path) -> ActorProcess:
         """Start ``spec`` in its bundle; after a node loss, wait for Ray to re-place the bundle."""
         bundle = self.bundle_of[spec.name]
         previous = self.children.get(spec.name)
+        if previous is None and self.rollout_bundles is not None:  # an added instance: its bundle's last runner
+            previous = self.children.pop(self.rollout_bundles.inherited.pop(spec.name, ""), None)
         if previous is not None and previous.code != LOST_EXIT_CODE:  # the runner lives: the replacement runs in it
             child = RayChild.start_in(self.ray, previous.handle, spec, boot, log_path)
             self.children[spec.name] = child

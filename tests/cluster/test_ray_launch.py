@@ -9,12 +9,16 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from bus.messages import ActorRestarted, TrainerProgress
+import psrl
+from bus.messages import ActorRestarted, InstanceStatus, TrainerProgress
 from psrl.rundir import RunDir
+from psrl.scale_request import ScaleError
 from tests.system.launch_helpers import logged_events
 
 ray = pytest.importorskip("ray", reason="the ray extra (make install-ray)")
@@ -150,4 +154,44 @@ def test_trainer_ranks_on_two_nodes_re_form_after_each_is_killed(tmp_path) -> No
         cluster.shutdown()
     assert launcher.returncode == 0, (head + out)[-6000:]
     check_group_recovered(run.path, steps, [0, 1])
+    replay_ok(run.path)
+
+
+def scale_when_room(run_dir: Path, ask: str, timeout_s: float = 180) -> Any:
+    """`psrl.scale` again until the supervisor has the room (a drained instance holds its bundle until it exits)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return psrl.scale(str(run_dir), ask)
+        except ScaleError as exc:
+            if "room" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(1.0)
+
+
+def test_psrl_scale_reuses_the_bundle_a_retired_instance_left(tmp_path) -> None:
+    """A placement group cannot grow: an instance `psrl scale` adds takes a retired one's bundle (and its
+    runner) on that node, growing past the reserved bundles is refused, and the run replays 100%."""
+    cluster = start_cluster(workers=2, cpus_per_worker=3)
+    try:
+        launcher = launch(cluster.address, tmp_path / "runs", "ray-scale", 30)
+        head = read_hosts_line(launcher)
+        run = RunDir(tmp_path / "runs" / "ray-scale")
+        try:
+            wait_for_version(run, launcher, 2)
+        except AssertionError:
+            raise AssertionError(head + launcher.communicate(timeout=60)[0][-6000:]) from None
+        down = psrl.scale(str(run.path), "rollout=1")
+        up = scale_when_room(run.path, "rollout=2")
+        with pytest.raises(ScaleError, match="room for 2"):
+            psrl.scale(str(run.path), "rollout=+1")
+        out, _ = launcher.communicate(timeout=600)
+    finally:
+        cluster.shutdown()
+    assert launcher.returncode == 0, (head + out)[-6000:]
+    assert down.removed == ("rollout-1",) and up.added == ("rollout-2",), (down, up)
+    events = logged_events(run)
+    served = {e.message.instance for e in events if isinstance(e.message, InstanceStatus) and e.message.num_running}
+    assert "rollout-2" in served, "the added instance served requests"
+    assert run.log_file("rollout-2").stat().st_size > 0, "the runner's log copy of the added instance"
     replay_ok(run.path)
