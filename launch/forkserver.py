@@ -24,6 +24,7 @@ from typing import IO, Any
 from actors.boot import Boot
 from launch.plan import ActorSpec
 from launch.process import REPO_ROOT, ActorProcess
+from psrl.processes import pid_alive
 
 REPLY_TIMEOUT_S = 30.0
 POLL_S = 0.01
@@ -132,7 +133,7 @@ class ForkedChild:
     def poll(self) -> int | None:
         if self.returncode is None:
             self.returncode = self.server.exits.get(self.pid)
-        if self.returncode is None and not self.server.is_alive and not _exists(self.pid):
+        if self.returncode is None and not self.server.is_alive and not pid_alive(self.pid):
             self.returncode = -signal.SIGKILL  # reaped by init after the server went: its code is lost
         return self.returncode
 
@@ -147,11 +148,3 @@ class ForkedChild:
     def kill(self) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.kill(self.pid, signal.SIGKILL)
-
-
-def _exists(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True

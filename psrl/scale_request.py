@@ -14,7 +14,6 @@ with the problem and the fix; a refused request changed nothing.
 
 from __future__ import annotations
 
-import os
 import time
 import uuid
 from dataclasses import dataclass
@@ -31,6 +30,7 @@ from bus.security import load_keys
 from bus.sockets import SocketOptions
 from bus.subscriber import Subscriber
 from psrl.coordination.scaling import ScaleAsk, ScaleSpecError, parse_scale_spec
+from psrl.processes import pid_alive
 from psrl.rundir import RunDir
 
 RESEND_S = 1.0  # re-send a request not answered within this long
@@ -81,7 +81,7 @@ def check_running(run_dir: Path) -> None:
     if status != "running":
         raise ScaleError(f"run {name} is {status or 'not started'}: wait until it is running, then scale it")
     pid = int(state.get("launcher_pid") or 0)
-    if pid and not _alive(pid):
+    if pid and not pid_alive(pid):
         raise ScaleError(
             f"run {name} says it is running but its launcher (pid {pid}) is gone: nothing to scale. "
             f"Resume it with psrl launch <same preset and overrides> --name {name}"
@@ -152,13 +152,3 @@ def _await_answer(
         except ScaleError as error:
             raise ScaleError(f"{error} (it ended while the request waited for an answer)") from None
     raise ScaleError(f"run {run_dir.name} did not answer the scale request within {timeout_s:.0f} s")
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

@@ -32,19 +32,14 @@ from psrl.config import load_config
 from psrl.reliability.invariants import check_invariants
 from psrl.replay.runner import replay_run
 from psrl.scale_request import ScaleError
+from tools import chaos
 
 pytestmark = [pytest.mark.system, pytest.mark.elastic]
 
-# Long responses on small engine batches: when an instance retires, requests are mid-generation.
+# chaos's workload (long responses on small engine batches: when an instance retires, requests are
+# mid-generation), on one shard, with room for four instances and no restarts of lost ones
 WORKLOAD = [
-    "psrl.staleness_buffer_entries=8",
-    "psrl.rollout_n=4",
-    "task.name=demo",
-    "engine.cpu_kernels=off",
-    "task.response_lengths=long_tail",
-    "task.long_tail_median=120",
-    "engine.max_num_seqs=4",
-    "task.max_response_length=320",
+    *(o for o in chaos.WORKLOAD if not o.startswith(("topology.n_ps_shards=", "bus.handshake_timeout_s="))),
     "topology.n_ps_shards=1",
     "topology.max_rollout_instances=4",
     "topology.restart_rollout=false",

@@ -37,6 +37,7 @@ import torch
 import zmq
 
 from psrl.log import get_logger
+from psrl.processes import pid_alive
 from psrl.ps import links, pinning
 from psrl.ps.checksum import WORD_SUM_MASK, checksum_and_word_sum
 from psrl.ps.manifest import ManifestEntry
@@ -118,7 +119,7 @@ def remove_stale_segments(directory: Path) -> int:
     removed = 0
     for path in directory.glob(f"{PREFIX}*"):
         match = _OWNED.match(path.name)
-        if match is None or _is_alive(int(match.group(1))):
+        if match is None or pid_alive(int(match.group(1))):
             continue
         try:
             path.unlink()
@@ -126,16 +127,6 @@ def remove_stale_segments(directory: Path) -> int:
         except OSError:
             pass
     return removed
-
-
-def _is_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 class _Mappings:
