@@ -54,8 +54,15 @@ def checked(config: Config, *, spans_hosts: bool = False) -> Config:
     return config
 
 
+def _renders_prompts(c: Config) -> bool:
+    """Whether a later check renders prompts with the model's tokenizer (a dataset, a reasoning-gym task)."""
+    from psrl.tasks.reasoning_gym import is_reasoning_gym
+
+    return bool(c.data.train_files or c.data.val_files) or is_reasoning_gym(c.task.name)
+
+
 def model_directory(c: Config, found: dict[str, Any]) -> Iterator[ConfigProblem]:
-    from psrl.engine.args import DEMO_MODEL_DIR
+    from psrl.assets import DEMO_MODEL_DIR
     from psrl.errors import FatalError
     from psrl.models.spec import ModelSpec
 
@@ -69,9 +76,14 @@ def model_directory(c: Config, found: dict[str, Any]) -> Iterator[ConfigProblem]
         yield problem("model.path", path, str(exc), "use a checkpoint of a supported architecture")
     tokenizer_dir = c.model.tokenizer_path or path
     try:
-        from transformers import AutoTokenizer
+        if _renders_prompts(c) or not (Path(tokenizer_dir) / "tokenizer.json").is_file():
+            from transformers import AutoTokenizer
 
-        found["tokenizer"] = AutoTokenizer.from_pretrained(tokenizer_dir)
+            found["tokenizer"] = AutoTokenizer.from_pretrained(tokenizer_dir)
+        else:  # nothing to render here: the fast tokenizer's file is checked without importing transformers
+            from tokenizers import Tokenizer
+
+            Tokenizer.from_file(str(Path(tokenizer_dir) / "tokenizer.json"))
     except Exception as exc:  # transformers raises OSError, ValueError, ... for a directory it cannot read
         field_path = "model.tokenizer_path" if c.model.tokenizer_path else "model.path"
         yield problem(field_path, tokenizer_dir, f"no loadable tokenizer ({type(exc).__name__}: {exc})",

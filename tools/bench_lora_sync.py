@@ -35,9 +35,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
+from psrl.assets import DEMO_MODEL_DIR
 from psrl.config.training import LORA_TARGETS
 from psrl.engine import Engine, EngineArgs
-from psrl.engine.args import DEMO_MODEL_DIR
 from psrl.engine.lora_merge import AdapterMerger, LoraServing
 from psrl.log import configure
 from psrl.models import iter_safetensors

@@ -226,7 +226,7 @@ def evaluate(model_dir: Path, work: Workload, num_prompts: int, device: str) -> 
 def resolve_model(name: str) -> str | None:
     """The model directory of ``--model``, or None when it is not on this machine."""
     if name == "demo":
-        from psrl.engine.args import DEMO_MODEL_DIR
+        from psrl.assets import DEMO_MODEL_DIR
 
         return str(DEMO_MODEL_DIR)
     from tools.convert_smollm2 import default_output_dir

@@ -2,7 +2,8 @@
 the interface both backends implement (`RolloutEngine`, chosen by `build_engine` from `engine.backend`)."""
 
 from bus.messages import FinishReason
-from psrl.engine.args import DEMO_MODEL_DIR, EngineArgs
+from psrl.assets import DEMO_MODEL_DIR
+from psrl.engine.args import EngineArgs
 from psrl.engine.engine import Engine
 from psrl.engine.outputs import EngineStatus, RequestOutput, RequestResult, StepOutput, WaitingQueue
 from psrl.engine.protocol import RolloutEngine, build_engine

@@ -8,12 +8,11 @@ from typing import TYPE_CHECKING, Literal
 
 import torch
 
+from psrl.assets import DEMO_MODEL_DIR
 from psrl.engine.lora_merge import LoraServing
 
 if TYPE_CHECKING:
     from psrl.config import Config
-
-DEMO_MODEL_DIR = Path(__file__).resolve().parent.parent / "assets" / "demo_model"
 
 
 @dataclass(frozen=True, slots=True)

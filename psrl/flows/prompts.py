@@ -53,7 +53,7 @@ class TaskPrompts:
     def __init__(self, config: Config) -> None:
         from transformers import AutoTokenizer
 
-        from psrl.engine.args import DEMO_MODEL_DIR
+        from psrl.assets import DEMO_MODEL_DIR
         from psrl.flows.task_source import make_task
         from psrl.rewards.factory import make_scorer
 

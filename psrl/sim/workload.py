@@ -74,7 +74,7 @@ def _task_prompt_tokens(config: Config) -> Callable[[int], int]:
     """Prompt length in tokens, as the coordinator encodes the task's prompt text."""
     from transformers import AutoTokenizer
 
-    from psrl.engine.args import DEMO_MODEL_DIR
+    from psrl.assets import DEMO_MODEL_DIR
     from psrl.flows.task_source import make_task
 
     tokenizer: Any = AutoTokenizer.from_pretrained(config.model.tokenizer_path or config.model.path or DEMO_MODEL_DIR)
@@ -88,7 +88,7 @@ def _task_prompt_tokens(config: Config) -> Callable[[int], int]:
 
 def context_limit(config: Config) -> int:
     """The engine's context limit: the model's positions, the KV capacity and engine.max_model_len."""
-    from psrl.engine.args import DEMO_MODEL_DIR
+    from psrl.assets import DEMO_MODEL_DIR
     from psrl.models import ModelSpec
 
     spec = ModelSpec.from_dir(config.model.path or DEMO_MODEL_DIR)

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 from transformers import AutoTokenizer
 
+from psrl.assets import DEMO_MODEL_DIR
 from psrl.config import load_config
 from psrl.data import DataError, PromptDataset, RenderSettings, load_split, read_table
-from psrl.engine.args import DEMO_MODEL_DIR
 from psrl.flows.task_source import make_task
 
 ROWS = [{"prompt": f"add {i} {i + 1}=", "answer": str(2 * i + 1), "level": i % 3} for i in range(10)]

@@ -15,8 +15,8 @@ import pytest
 
 from actors.env_pool import EnvPool
 from bus.messages import EnvStepDone
+from psrl.assets import DEMO_MODEL_DIR
 from psrl.config.system import Env
-from psrl.engine.args import DEMO_MODEL_DIR
 
 ENVIRONMENT = """
 import os, time

@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 from transformers import AutoTokenizer
 
+from psrl.assets import DEMO_MODEL_DIR
 from psrl.config.loader import load_config
 from psrl.config.rules import check
-from psrl.engine.args import DEMO_MODEL_DIR
 from psrl.errors import ConfigError
 from psrl.tasks.reasoning_gym import (
     HELD_OUT_SEED,

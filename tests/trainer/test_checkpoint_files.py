@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from psrl.engine.args import DEMO_MODEL_DIR
+from psrl.assets import DEMO_MODEL_DIR
 from psrl.rl.batch import Sample
 from psrl.trainer import TrainerCore
 from psrl.trainer.checkpoint import latest_checkpoint, read_trainer_state

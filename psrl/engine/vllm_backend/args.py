@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from psrl.engine.args import DEMO_MODEL_DIR, EngineArgs
+from psrl.assets import DEMO_MODEL_DIR
+from psrl.engine.args import EngineArgs
 
 if TYPE_CHECKING:
     from psrl.config import Config

@@ -7,14 +7,17 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
+from psrl.assets import DEMO_MODEL_DIR
 from psrl.cli.main import main
 from psrl.config import load_config
-from psrl.engine.args import DEMO_MODEL_DIR
 from psrl.preflight import absolute_paths, check_environment
 
 
@@ -111,3 +114,17 @@ def test_launch_refuses_before_starting_anything(tmp_path: Path) -> None:
     result = CliRunner().invoke(main, ["launch", "demo", "model.path=/nonexistent", "--root", str(tmp_path)])
     refused(result, "model.path", "no such directory")
     assert not any(tmp_path.iterdir()), "no run directory is created for a refused launch"
+
+
+def test_a_broken_tokenizer_is_refused_before_launch_without_importing_transformers(tmp_path: Path) -> None:
+    model = tmp_path / "model"
+    shutil.copytree(DEMO_MODEL_DIR, model)
+    (model / "tokenizer.json").write_text("{not json")
+    refused(show(f"model.path={model}"), "model.path", "no loadable tokenizer", "model.tokenizer_path")
+    probe = (  # the demo's checks read the fast tokenizer's file alone: the launcher starts without torch
+        "import sys; from psrl.config import load_config; from psrl.preflight import check_environment; "
+        "assert not check_environment(load_config('demo')); "
+        "print('torch' in sys.modules, 'transformers' in sys.modules)"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True)
+    assert done.stdout.split() == ["False", "False"], done.stdout + done.stderr
