@@ -39,7 +39,7 @@ class SessionActor(FlowActor):
     flow: SessionFlow
 
     def setup(self) -> dict[str, int]:
-        from psrl.engine.args import DEMO_MODEL_DIR
+        from psrl.assets import DEMO_MODEL_DIR
 
         cfg = self.config
         tokenizer_dir = cfg.model.tokenizer_path or cfg.model.path or str(DEMO_MODEL_DIR)

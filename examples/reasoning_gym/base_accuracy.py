@@ -14,9 +14,9 @@ from typing import Any
 
 import numpy as np
 
+from psrl.assets import DEMO_MODEL_DIR
 from psrl.config.loader import load_config
 from psrl.engine import Engine, EngineArgs, SamplingParams
-from psrl.engine.args import DEMO_MODEL_DIR
 from psrl.flows.prompts import TaskPrompts
 from psrl.preflight import checked
 
