@@ -19,6 +19,7 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 from transformers import AutoModel, AutoModelForCausalLM, PreTrainedModel
 
+from psrl.log import get_logger
 from psrl.trainer.lora import LoraSettings, adapter_names, apply_lora, has_lora
 
 VALUE_HEAD_FILE = "value_head.safetensors"
@@ -37,17 +38,28 @@ def use_low_overhead_attention(device: torch.device) -> None:
 
 
 def load_policy(
-    model_dir: str | Path, dtype: torch.dtype, device: torch.device, lora: LoraSettings | None = None
+    model_dir: str | Path,
+    dtype: torch.dtype,
+    device: torch.device,
+    lora: LoraSettings | None = None,
+    *,
+    role: str = "policy",
 ) -> PreTrainedModel:
     """The policy; with ``lora``, adapters on its target projections and every base weight frozen."""
     use_low_overhead_attention(device)
     model: PreTrainedModel = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype)
+    _loaded(role, model_dir)
     module: nn.Module = model
     if lora is not None:
         apply_lora(module, lora)
     module.to(device)
     module.train(False)  # no dropout: log-probs must be those of the deterministic policy
     return model
+
+
+def _loaded(what: str, model_dir: str | Path) -> None:
+    """One line per checkpoint read from disk (a launch reads each model once: a test counts them)."""
+    get_logger("psrl.trainer").info("model_loaded", what=what, path=str(model_dir))
 
 
 def synced_names(model: nn.Module) -> set[str]:
@@ -76,7 +88,7 @@ def enable_gradient_checkpointing(model: nn.Module) -> int:
 
 
 def load_reference(model_dir: str | Path, dtype: torch.dtype, device: torch.device) -> PreTrainedModel:
-    model = load_policy(model_dir, dtype, device)
+    model = load_policy(model_dir, dtype, device, role="reference")
     model.requires_grad_(False)
     return model
 
@@ -115,6 +127,7 @@ class ValueModel(nn.Module):
 def load_critic(model_dir: str | Path, dtype: torch.dtype, device: torch.device) -> ValueModel:
     """A critic from a policy checkpoint (fresh head) or from a saved critic (with its head)."""
     backbone = AutoModel.from_pretrained(str(model_dir), dtype=dtype)
+    _loaded("critic", model_dir)
     critic = ValueModel(backbone)
     head_path = Path(model_dir) / VALUE_HEAD_FILE
     if head_path.exists():
