@@ -42,6 +42,7 @@ def prepare_process(boot: Boot) -> None:
     A cold process sets them before torch is imported; a warm spare imported torch already, so
     the thread count is also applied to torch itself, and the GPUs only while CUDA is untouched
     (importing torch does not start CUDA: the device list is read when it first starts)."""
+    quiet_progress_bars()
     threads = int(boot.options.get("torch_threads", 0))
     if threads:  # several actors share the machine's cores
         os.environ["OMP_NUM_THREADS"] = str(threads)
@@ -55,6 +56,17 @@ def prepare_process(boot: Boot) -> None:
         if torch is not None and torch.cuda.is_initialized():
             raise RuntimeError(f"{boot.name}: CUDA started before its devices ({gpus}) could be chosen")
         os.environ["CUDA_VISIBLE_DEVICES"] = str(gpus)
+
+
+def quiet_progress_bars() -> None:
+    """No download or weight-loading progress bars: in an actor's log file they are carriage-return noise
+    around the structured lines (loads are logged as events). A forked or warm process imported the
+    libraries already, so their switches are flipped too."""
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    if "transformers" in sys.modules:
+        from transformers.utils import logging as transformers_logging
+
+        transformers_logging.disable_progress_bar()
 
 
 def _run(run: Callable[[], int], name: str) -> int:
