@@ -66,7 +66,7 @@ def quiet_progress_bars() -> None:
     if "transformers" in sys.modules:
         from transformers.utils import logging as transformers_logging
 
-        transformers_logging.disable_progress_bar()
+        transformers_logging.disable_progress_bar()  # type: ignore[no-untyped-call]  # untyped in transformers
 
 
 def _run(run: Callable[[], int], name: str) -> int:
