@@ -20,8 +20,6 @@ calls that repeat the session's recorded turns get those turns back, so no turn 
 from __future__ import annotations
 
 import asyncio
-import importlib
-import importlib.util
 import inspect
 import json
 import os
@@ -32,6 +30,7 @@ import httpx
 
 from psrl.envs.host import StepReply, StepRequest, serve_steps
 from psrl.gateway.agent_task import AgentTask, conversation
+from psrl.module_files import ModuleFileError, load_module
 
 
 class AgentError(RuntimeError):
@@ -126,14 +125,10 @@ class AgentRunner:
 def load_callable(spec: str) -> Any:
     """``package.module:function`` or ``path/to/file.py:function``."""
     target, _, name = spec.rpartition(":")
-    if target.endswith(".py"):
-        loaded = importlib.util.spec_from_file_location(f"psrl_agent_{abs(hash(target))}", target)
-        if loaded is None or loaded.loader is None:
-            raise AgentError(f"cannot load the agent file {target}")
-        module = importlib.util.module_from_spec(loaded)
-        loaded.loader.exec_module(module)
-    else:
-        module = importlib.import_module(target)
+    try:
+        module = load_module(target, "psrl_agent")
+    except ModuleFileError as exc:
+        raise AgentError(f"the agent: {exc}") from None
     return getattr(module, name)
 
 

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from psrl.errors import ConfigProblem
+from psrl.module_files import ModuleFileError, load_module
 
 PREFIX = "verifiers:"
 MODULE = "verifiers"
@@ -88,14 +89,10 @@ def _load_uncached(reference: str, kwargs: dict[str, Any]) -> Any:
 
 def _loader(reference: str) -> Any:
     target, _, name = reference.rpartition(":")
-    if target.endswith(".py"):
-        spec = importlib.util.spec_from_file_location(f"psrl_verifiers_{abs(hash(target))}", target)
-        if spec is None or spec.loader is None:
-            raise VerifiersLoadError(f"cannot load the file {target}")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    else:
-        module = importlib.import_module(target)
+    try:
+        module = load_module(target, "psrl_verifiers")
+    except ModuleFileError as exc:
+        raise VerifiersLoadError(str(exc)) from None
     if not hasattr(module, name):
         raise VerifiersLoadError(f"{target} has no function {name!r}")
     return getattr(module, name)
