@@ -80,3 +80,19 @@ def wait_until(condition: Any, timeout_s: float, what: str) -> None:
         if time.monotonic() > deadline:
             raise TimeoutError(what)
         time.sleep(0.05)
+
+
+def assert_replay_agrees(run: Path) -> None:
+    """`psrl replay --check all` exits 0, and every checker judged something and disagrees with nothing."""
+    import subprocess
+    import sys
+
+    from psrl.replay.runner import replay_run
+
+    replay = subprocess.run([sys.executable, "-m", "psrl.cli.main", "replay", "--check", "all", str(run)],
+                            capture_output=True, text=True, timeout=600, check=False)  # fmt: skip
+    assert replay.returncode == 0, replay.stdout[-3000:] + replay.stderr[-3000:]
+    checkers = replay_run(run, ["all"]).checkers
+    assert sum(c.agreement.num_agree for c in checkers) > 0
+    for checker in checkers:
+        assert checker.agreement.num_disagree == 0, (checker.name, checker.agreement.disagreements[:3])

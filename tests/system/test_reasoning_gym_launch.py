@@ -11,8 +11,8 @@ import pytest
 
 from bus.eventlog.reader import EventLogReader
 from bus.messages import EvalResult
-from psrl.replay.runner import replay_run
 from psrl.tasks.reasoning_gym import INSTALL
+from tests.system.launch_helpers import assert_replay_agrees
 
 pytest.importorskip("reasoning_gym", reason=f"needs the extra: {INSTALL}")
 pytestmark = [pytest.mark.reasoning_gym, pytest.mark.system]
@@ -41,10 +41,4 @@ def test_a_composite_reasoning_gym_task_trains_evaluates_and_replays(tmp_path: P
     run = tmp_path / "run"
     evaluated = [e for e in EventLogReader(run / "events").events() if isinstance(e.event.message, EvalResult)]
     assert len(evaluated) >= 8  # at least one round over the held-out prompts
-    replay = subprocess.run([sys.executable, "-m", "psrl.cli.main", "replay", "--check", "all", str(run)],
-                            capture_output=True, text=True, timeout=600, check=False)  # fmt: skip
-    assert replay.returncode == 0, replay.stdout[-3000:] + replay.stderr[-3000:]
-    checkers = replay_run(run, ["all"]).checkers
-    assert sum(c.agreement.num_agree for c in checkers) > 0
-    for checker in checkers:
-        assert checker.agreement.num_disagree == 0, (checker.name, checker.agreement.disagreements[:3])
+    assert_replay_agrees(run)

@@ -14,8 +14,8 @@ import pytest
 
 from bus.eventlog.reader import EventLogReader
 from bus.messages import SessionEnd
-from psrl.replay.runner import replay_run
 from psrl.tasks.verifiers_source import INSTALL
+from tests.system.launch_helpers import assert_replay_agrees
 
 pytest.importorskip("verifiers", reason=f"needs the extra: {INSTALL}")
 pytestmark = [pytest.mark.verifiers, pytest.mark.system]
@@ -43,10 +43,4 @@ def test_a_verifiers_environment_trains_and_replays(loader: str, turns: int, tmp
     # the retry env answers every wrong answer, so its sessions take its max_turns (3) unless solved
     assert max(m.num_turns for m in finished) == turns
     assert any(m.reward > 0 for m in finished)  # the rubric's partial credit reached the sessions
-    replay = subprocess.run([sys.executable, "-m", "psrl.cli.main", "replay", "--check", "all", str(run)],
-                            capture_output=True, text=True, timeout=600, check=False)  # fmt: skip
-    assert replay.returncode == 0, replay.stdout[-3000:] + replay.stderr[-3000:]
-    checkers = replay_run(run, ["all"]).checkers
-    assert sum(c.agreement.num_agree for c in checkers) > 0
-    for checker in checkers:
-        assert checker.agreement.num_disagree == 0, (checker.name, checker.agreement.disagreements[:3])
+    assert_replay_agrees(run)
