@@ -47,6 +47,7 @@ class GatewayCalls:
     counters: Any
     settings: Any
     env: Any
+    log: Any
 
     if TYPE_CHECKING:  # SessionFlow's and Flow's own (declared only for the type checker: never shadowed)
 
@@ -153,6 +154,10 @@ class GatewayCalls:
             return outcome
         if session.replaying:
             step = self._resume_step(gateway, session, outcome)
+            if self.log is not None and step != "new":
+                self.log.info(
+                    "agent call met a logged turn", request_id=session.request_id, turn=outcome.plan.turn, step=step
+                )
             if step == "replay":
                 return self._replayed(gateway, session, outcome.plan.turn)
             if step != "new":  # wait: the turn generates; send: its tokens are logged, the turn not sent
