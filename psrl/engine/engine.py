@@ -118,7 +118,9 @@ class Engine:
         if not args.enable_prefix_caching:
             raise ValueError("the offload tier (psrl.lmcache.enable) needs engine.enable_prefix_caching=True")
         shape = tuple(self.runner.kv_cache[:, 0].shape)
-        tier = make_tier(args.offload_bytes, shape, self.dtype, args.offload_policy, args.offload_pin_budget)
+        tier = make_tier(
+            args.offload_bytes, shape, self.dtype, args.offload_policy, args.offload_pin_budget, args.offload_store
+        )
         return EngineOffload(tier, self.runner.kv_cache, lambda: self.weight_version)
 
     @property
