@@ -77,10 +77,10 @@ def _http(method: str, path: str, body: bytes, token: str | None, length: int | 
     return ("\r\n".join(head) + "\r\n\r\n").encode() + body
 
 
-def shots(seed: int, n: int, max_body: int, sessions: range) -> list[Shot]:
+def shots(seed: int, n: int, max_body: int, sessions: range, token: str = TOKEN) -> list[Shot]:
     """``n`` bad requests at ``sessions`` (a flood is a burst of calls to one session, counted one each)."""
     rng, out = random.Random(seed), list[Shot]()
-    auth = f"Bearer {TOKEN}"
+    auth = f"Bearer {token}"
     while len(out) < n:
         kind = rng.choice(KINDS)
         sid = str(rng.choice(sessions))
@@ -100,8 +100,8 @@ def shots(seed: int, n: int, max_body: int, sessions: range) -> list[Shot]:
         elif kind == "oversized":  # declared over the limit: refused before the body is read
             out.append(Shot(kind, _http("POST", path, b"", auth, length=max_body + 1), frozenset({413}), fresh=True))
         elif kind == "token":
-            token = rng.choice([None, "Bearer wrong", TOKEN, "Basic eA=="])
-            out.append(Shot(kind, _http("POST", path, json.dumps(GOOD).encode(), token), frozenset({401})))
+            wrong = rng.choice([None, "Bearer wrong", token, "Basic eA=="])
+            out.append(Shot(kind, _http("POST", path, json.dumps(GOOD).encode(), wrong), frozenset({401})))
         elif kind == "flood":  # the session's agent may be calling too: refused, never a turn
             body = json.dumps({**GOOD, "messages": [{"role": "user", "content": f"flood {rng.random()}"}]}).encode()
             out += [Shot(kind, _http("POST", path, body, auth), _FLOOD) for _ in range(rng.randrange(3, 12))]
@@ -184,7 +184,7 @@ def _judge(shot: Shot, status: int, body: bytes, tally: Tally) -> None:
     tally.bad_bodies += not ok
 
 
-async def send_all(url: str, requests: list[Shot], concurrency: int = CONCURRENCY) -> Tally:
+async def send_all(url: str, requests: list[Shot], concurrency: int = CONCURRENCY, token: str = TOKEN) -> Tally:
     host, port = url.removeprefix("http://").rsplit(":", 1)
     queue: asyncio.Queue[Shot] = asyncio.Queue()
     for shot in requests:
@@ -193,7 +193,7 @@ async def send_all(url: str, requests: list[Shot], concurrency: int = CONCURRENC
     await asyncio.gather(*(_fire(host, int(port), queue, tally) for _ in range(concurrency)))
     tally.seconds = time.monotonic() - started
     reader, writer = await asyncio.open_connection(host, int(port))
-    writer.write(_http("GET", "/health", b"", f"Bearer {TOKEN}"))
+    writer.write(_http("GET", "/health", b"", f"Bearer {token}"))
     status, _, _ = await _read_answer(reader)
     writer.close()
     tally.healthy_after = status == 200
