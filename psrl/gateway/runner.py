@@ -160,12 +160,15 @@ class _Obj:
 
 
 PR_SET_PDEATHSIG = 1
+# loaded here, before any fork: a command's child calls it between fork and exec, where loading a
+# library could wait forever on a lock another thread of the worker held at the fork
+_PRCTL = ctypes.CDLL("libc.so.6", use_errno=True).prctl if sys.platform.startswith("linux") else None
 
 
 def die_with_parent() -> None:
     """SIGKILL this process when its parent dies (Linux; elsewhere nothing)."""
-    if sys.platform.startswith("linux"):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL))
+    if _PRCTL is not None:
+        _PRCTL(PR_SET_PDEATHSIG, int(signal.SIGKILL))
 
 
 def serve_agents(connection: Any, spec_json: str) -> None:

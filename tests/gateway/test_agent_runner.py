@@ -82,3 +82,42 @@ def test_rewards_are_numbers_or_scores() -> None:
     for bad in ("yes", None, True, {"acc": 1}):
         with pytest.raises(RuntimeError):
             score_of(bad)
+
+
+def test_an_agent_command_dies_with_its_worker() -> None:
+    """A dead scheduler's agents must not call on: a command started as the runner starts it dies with
+    its parent (the worker), so a restarted scheduler's re-run agent is the session's only client."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    worker = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import subprocess, sys, time; from psrl.gateway.runner import die_with_parent; "
+            "child = subprocess.Popen(['sleep', '60'], preexec_fn=die_with_parent); "
+            "print(child.pid, flush=True); time.sleep(60)",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert worker.stdout is not None
+    with worker, worker.stdout:
+        agent = int(worker.stdout.readline())
+        os.kill(worker.pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and _alive(agent):
+        time.sleep(0.02)
+    assert not _alive(agent)
+
+
+def _alive(pid: int) -> bool:
+
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().split()[2] != "Z"
+    except FileNotFoundError:
+        return False
