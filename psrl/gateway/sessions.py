@@ -112,10 +112,12 @@ class Gateway:
             traj = session.tito.trajectories[plan.trajectory]
             return self._answer(session, call, traj.turns[plan.turn], plan)
         if plan.kind == "branch" and not self.settings.can_branch and session.tito.trajectories:
+            shared, total = len(plan.base), len(session.tito.trajectories[0].tokens)
             raise ApiError(
                 409,
                 f"session {session_id} turn {plan.turn}: the conversation does not continue the "
-                "session's last turn (an edited history branches; this session cannot branch)",
+                f"session's last turn (it keeps {shared} of the session's {total} tokens); an edited "
+                "history would branch, and a training run's session is one trajectory: it cannot branch",
                 code="history_edited",
             )
         if len(plan.prompt) >= self.settings.context_tokens:
