@@ -6,6 +6,7 @@ rollout engine does on load, timed at a published shape on ``--device``.
     python3 tools/bench_lora_sync.py                                   # CPU: demo measured, shapes counted
     python3 tools/bench_lora_sync.py --rank 16 --merge-shape qwen2.5-1.5b --device cuda \
         --engine-shape qwen2.5-1.5b --transport shm                   # on the GPU: merge, and sync + load
+    python3 tools/bench_lora_sync.py --modes demo --only-modes           # merge vs unmerged serving, CPU
 
 Measured: two shard processes (``psrl.ps.local``, zmq); the demo model's full weights pushed and
 pulled as one version, then ``--versions`` adapter versions (rank ``--rank`` on ``--targets``) pushed and
@@ -17,7 +18,10 @@ target projection at ``--merge-shape`` (random, served dtype) and one adapter ve
 the engine merges on load (``AdapterMerger.prepare``), median of ``--rounds``. Sync + load
 (``--engine-shape``): a random checkpoint of that shape (``tools/random_model.py``) served by an embedded
 engine on ``--device``; each adapter version is pushed, then pulled, merged and loaded, timed from the
-pull's start to the engine holding it (median over the versions after the first).
+pull's start to the engine holding it (median over the versions after the first). Modes (``--modes``,
+``tools/lora_serving_modes.py``): the embedded engine serving the versions merged (``engine.lora_mode=merge``)
+and unmerged, at the demo model or a random checkpoint of a published shape: load of a version and
+decode step time of each, and their ratios.
 """
 
 from __future__ import annotations
@@ -193,9 +197,22 @@ def main() -> None:
         help="also time pull + merge + load into an engine on --device at this shape",
     )
     parser.add_argument("--transport", default="zmq", help="PS transport of the --engine-shape measurement")
+    parser.add_argument(
+        "--modes",
+        default="",
+        choices=["", "demo", *sorted(BODIES)],
+        help="also compare engine.lora_mode=merge and unmerged (load, decode step) at this shape",
+    )
+    parser.add_argument("--modes-batch", type=int, default=8, help="decode batch of --modes")
+    parser.add_argument("--modes-tokens", type=int, default=32, help="tokens each --modes request generates")
+    parser.add_argument("--only-modes", action="store_true", help="run the --modes comparison only")
     args = parser.parse_args()
     configure(level="warning")
     targets = tuple(args.targets.split(","))
+    modes = measure_modes(args, targets) if args.modes else {}
+    if args.only_modes:
+        print("RESULT " + " ".join(f"{k}={v:.3f}" for k, v in modes.items()))
+        return
     result = measure_demo(args.demo_rank, tuple(args.demo_targets.split(",")), args.versions)
     for shape in sorted(BODIES):
         for name, chosen in (("all", targets), ("attn", ("q_proj", "k_proj", "v_proj", "o_proj"))):
@@ -213,7 +230,23 @@ def main() -> None:
         where = f"{args.engine_shape} on {args.device} ({args.transport})"
         print(f"sync + load of one version at {where}: {sync_ms:.1f} ms")
         result["sync_load_ms"] = sync_ms
-    print("RESULT " + " ".join(f"{k}={v:.1f}" if isinstance(v, float) else f"{k}={v}" for k, v in result.items()))
+    result.update(modes)
+    print("RESULT " + " ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in result.items()))
+
+
+def measure_modes(args: argparse.Namespace, targets: tuple[str, ...]) -> dict[str, float]:
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from lora_serving_modes import compare_modes
+    from random_model import write_model
+
+    device = torch.device(args.device)
+    if args.modes == "demo":
+        return compare_modes(DEMO_MODEL_DIR, args.rank, targets, device, args.versions + 1, args.modes_batch,
+                             args.modes_tokens)  # fmt: skip
+    with tempfile.TemporaryDirectory(prefix="lora_modes") as model_dir:
+        write_model(args.modes, Path(model_dir), max_positions=512)
+        return compare_modes(Path(model_dir), args.rank, targets, device, args.versions + 1, args.modes_batch,
+                             args.modes_tokens)  # fmt: skip
 
 
 if __name__ == "__main__":
