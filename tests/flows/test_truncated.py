@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import msgspec
+import numpy as np
 
 from bus.messages import BufferReady, FinishReason, GroupFinished, Occupy, TrainData
 from psrl.config import load_config
@@ -29,6 +30,9 @@ def test_truncated_responses_are_trained_and_counted_in_truncated_frac() -> None
     assert [FinishReason(r) for r in data.finish_reasons] == reasons
     trajectories = trajectories_from(data, 2)
     assert [t.finish_reason for t in trajectories] == reasons
+    # the trainer's arrays are views of the message's, not per-token copies
+    assert all(np.shares_memory(t.response_token_ids, data.response_token_ids) for t in trajectories)
+    assert all(np.shares_memory(t.rollout_log_probs, data.response_logprobs) for t in trajectories)
     metrics = buffer_metrics(0, trajectories, staleness=0)
     assert metrics["response_length/truncated_frac"] == 0.5
     assert metrics["response_length/clip_frac"] == 0.25
