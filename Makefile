@@ -13,7 +13,7 @@ TRL_VENV := .venv-trl
 TRL_BIN := $(TRL_VENV)/bin
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: install install-kv install-vllm install-trl test-trl install-verifiers test-verifiers install-reasoning-gym install-mini-swe test-mini-swe model-smollm2 test-reasoning-gym check lint imports types test test-gpu test-slow test-kv bench-kv test-restart test-elastic chaos chaos-full chaos-elastic chaos-agentic fuzz test-multihost install-ray test-ray test-slurm test-wheel test-vllm test-all demo docs bench clean
+.PHONY: install install-kv install-vllm install-trl test-trl install-verifiers test-verifiers install-reasoning-gym install-mini-swe test-mini-swe model-smollm2 test-reasoning-gym check lint imports types test test-gpu test-slow test-kv bench-kv test-restart test-elastic chaos chaos-full chaos-elastic chaos-agentic chaos-agent test-agent-restart fuzz test-multihost install-ray test-ray test-slurm test-wheel test-vllm test-all demo docs bench clean
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -165,6 +165,13 @@ chaos-elastic: install
 # the agentic workload (session scheduler, env workers and every other role faulted): 48 faults
 chaos-agentic: install
 	$(BIN)/python tools/chaos.py --workload agentic --cases 6 --faults 8
+
+# openai-SDK agents through the session gateway: the scheduler with its gateway, instances, the router and env workers killed mid-turn
+chaos-agent: install
+	$(BIN)/python tools/chaos.py --workload agent --cases 4 --faults 6
+
+test-agent-restart: install
+	$(PYTEST) -m chaos tests/system/test_agent_restart.py
 
 fuzz: install
 	$(BIN)/python tools/fuzz_bus.py

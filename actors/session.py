@@ -14,8 +14,11 @@ With an agent (``agent.entry`` / ``agent.command``) the scheduler also serves th
 session gateway (``psrl.gateway``): uvicorn in a thread of this process, its calls handed to this
 loop through a ``Bridge`` (a queue and a wake-up socket this loop polls), so every session decision
 stays in the flow, on one thread, next to the sessions' router traffic; the env workers run the
-agents. In this process rather than an actor of its own: a call and the session it acts on are one
-piece of state (one owner), and a turn costs no extra hop on the bus.
+agents. A restarted scheduler runs the agents of the sessions it rebuilt again from the start;
+their calls get the sessions' logged turns back (``psrl.gateway.resume``); calls still waiting
+when a scheduler stops get a retryable 503. In this process rather than an actor of its own: a
+call and the session it acts on are one piece of state (one owner), and a turn costs no extra hop
+on the bus.
 """
 
 from __future__ import annotations
@@ -99,6 +102,15 @@ class SessionActor(FlowActor):
                 elif job is not None:
                     job.resolve(result)
 
+    def _refuse_waiting_calls(self) -> None:
+        """Calls still waiting when the scheduler stops get a retryable 503 (the OpenAI SDK retries it)."""
+        from psrl.gateway.api import ApiError
+
+        stopping = ApiError(503, "the session scheduler is stopping; retry", code="scheduler_stopping")
+        for job in [*self.jobs.values(), *self.bridge.take()]:
+            job.fail(stopping)
+        self.jobs.clear()
+
     def _rebuild(self) -> SessionRecovery:
         recovery = rebuild_sessions(self.logged_events(), launch_of(self.boot.incarnation))
         self.refuse_a_torn_log(recovery.num_missing_events)
@@ -140,6 +152,7 @@ class SessionActor(FlowActor):
         if hasattr(self, "pool"):
             self.pool.close()  # agents first: their open calls end with them
         if hasattr(self, "http"):
+            self._refuse_waiting_calls()
             self.http.stop()
         if hasattr(self, "flow") and self.flow.counters:
             self.log.info("session counters", **dict(self.flow.counters))

@@ -1,39 +1,63 @@
 #!/usr/bin/env python3
-"""The agentic workload under three rollout-coordination settings, in one invocation.
+"""The agentic profile against plain balancing, on an agent workload, in one invocation.
 
-The same multi-turn sessions (``tool_add``: every turn is one tool round trip, so sessions run
-``env.max_turns`` turns and their contexts grow turn by turn) on the real flows, engines and
-trainer in one process (``psrl.flows.driver.InProcessRun``: no sockets, a virtual clock for
-timers, real engine work), under
+Sessions of many turns (tools/agentic_workload.py: a long first prompt, then per turn generated tokens
+and a tool's output after a heavy-tailed delay, so every context grows turn by turn) run on the real
+router, session scheduler and engines, rollout side only (tools/agentic_rollout.py: no trainer,
+wall clock), for ``--budget-s`` seconds under each setting, on the same engines:
 
   a  balance   request_num_balance, no stickiness
   b  sticky    cache_aware_v1 with trajectory stickiness
   c  thunder   (b) plus ThunderAgent hang/continue (bucketed)
+  d  tier      (c) plus the KV offload tier (psrl.lmcache: evicted prefix blocks in host memory);
+               its bytes live in LMCache's CPU backend, so it runs only where the lmcache package is
+               installed (the kv extra), and says so otherwise
 
-Printed per setting: turns/s and trajectories/s (wall clock), the prefix-cache hit rate of the
-prompt tokens, the hit tokens as a share of what a perfect sticky placement could reuse (every
-turn's context before the environment's reply), re-prefilled tokens per turn, KV-full
-preemptions, and hung session-seconds (virtual clock).
+Printed per setting: turns/s and sessions/s, time to first token per turn (p50 / p99, from the
+turn's tool output or first prompt to its first streamed token, so hung time counts), prefix-cache
+hits as a share of perfect sticky reuse (every continuing turn reusing its whole previous context),
+re-prefilled tokens per turn (prefilled tokens that had been computed before), KV-full preemptions,
+hung session-seconds and the longest wait of a ready turn. Before the runs a probe measures what one
+re-prefill of a typical context costs in decode steps on these engines, and the most the profile
+can gain from it; on a tiny CPU model a prefill costs about a decode step, so it cannot win there.
 
-  python tools/bench_agentic.py [--steps 1] [--instances 2] [--kv-blocks 96]
+    python tools/bench_agentic.py                    # tiny CPU model: the profile cannot win (said why)
+    python tools/bench_agentic.py --scale cpu-long   # CPU, contexts long enough that it does
+    python tools/bench_agentic.py --scale gpu        # one H200, Qwen2.5-1.5B body (about 8 minutes)
+    python tools/bench_agentic.py --scale gpu --dry-run-cpu   # the gpu path on CPU with a tiny model
 
-The last line is ``RESULT agentic_speedup_vs_balance=<(c)/(a) turns/s> prefix_hit_rate=<(c)>
-reuse_of_perfect=<(c)> sticky_speedup_vs_balance=<(b)/(a)>``.
+``--log-dir DIR`` writes each setting's event log and config (DIR/<setting>) and checks it with the
+replay checkers (``psrl replay --check all DIR/<setting>`` does the same).
+
+The last line is ``RESULT agentic_speedup_vs_balance=<(c)/(a) turns/s> reuse_of_perfect=<(c)>
+tier_speedup=<(d)/(c), nan when (d) cannot run> sticky_speedup_vs_balance=<(b)/(a)>
+ttft_p99_ratio=<(c)/(a)>``.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
+import importlib.util
+import json
+import math
+import shutil
+import sys
+import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from pathlib import Path
 
-from bus.messages import SessionEnd, TurnDone
-from psrl.config import load_config
-from psrl.flows.driver import InProcessRun
-from psrl.flows.effects import Effect, Send
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from psrl.assets import DEMO_MODEL_DIR
+from psrl.config import Config, load_config
+from psrl.engine import Engine, EngineArgs, SamplingParams
+from tools.agentic_rollout import AgentOutcome, AgentRollout
+from tools.agentic_workload import AgentWorkload
 
 RC = "psrl.rollout_coordination."
-SETTINGS = {
+SETTINGS: dict[str, list[str]] = {
     "balance": [
         RC + "routing_strategy.method=request_num_balance",
         RC + "routing_strategy.enable_trajectory_sticky=false",
@@ -41,93 +65,360 @@ SETTINGS = {
     ],
     "sticky": [RC + "session_strategy.thunder_agent.enable=false"],
     "thunder": [RC + "session_strategy.thunder_agent.enable=true"],
+    "tier": [RC + "session_strategy.thunder_agent.enable=true", "psrl.lmcache.enable=true"],
 }
 
 
-@dataclass
-class Outcome:
-    wall_s: float
-    turns: int
-    trajectories: int
-    hit_tokens: int
-    queried_tokens: int
-    reusable_tokens: int
-    preemptions: int
-    hung_s: float
+@dataclass(frozen=True)
+class Scale:
+    workload: AgentWorkload
+    instances: int
+    kv_blocks: int  # per instance
+    max_num_seqs: int
+    batched_tokens: int
+    budget_s: float  # per setting
+    tier_gb: float  # the (d) tier's host memory, all instances together
+    max_positions: int  # the model's context (a copy of the demo model with this many positions on CPU)
+    shape: str | None = None  # a tools/random_model.py body (gpu); None = the demo body
+
+
+SCALES = {
+    # the tiny demo model, short contexts: a prefill costs about one decode step (the profile cannot win)
+    "cpu": Scale(
+        AgentWorkload(
+            sessions=16,
+            prompt_tokens=(24, 64),
+            turns=(3, 6),
+            gen_tokens=(6, 16),
+            tool_tokens=(8, 24),
+            tool_median_s=0.05,
+            tool_sigma=1.0,
+            max_context=480,
+            vocab=(2, 48),
+            ramp_s=1.0,
+        ),
+        instances=2,
+        kv_blocks=96,
+        max_num_seqs=16,
+        batched_tokens=2048,
+        budget_s=20,
+        tier_gb=0.05,
+        max_positions=512,
+    ),
+    # the same body with contexts of thousands of tokens: a re-prefill costs many decode steps
+    "cpu-long": Scale(
+        AgentWorkload(
+            sessions=8,
+            prompt_tokens=(1024, 2048),
+            turns=(4, 10),
+            gen_tokens=(8, 24),
+            tool_tokens=(64, 256),
+            tool_median_s=0.2,
+            tool_sigma=1.0,
+            max_context=4000,
+            vocab=(2, 48),
+            ramp_s=1.0,
+        ),
+        instances=2,
+        kv_blocks=1024,
+        max_num_seqs=8,
+        batched_tokens=2048,
+        budget_s=40,
+        tier_gb=0.2,
+        max_positions=4096,
+    ),
+    # one H200: Qwen2.5-1.5B body, 128 sessions of 2k-8k first prompts growing to 32k over 8-30 turns,
+    # two instances whose KV (640k tokens each) holds about two thirds of what the sessions grow to
+    "gpu": Scale(
+        AgentWorkload(
+            sessions=128,
+            prompt_tokens=(2000, 8000),
+            turns=(8, 30),
+            gen_tokens=(50, 500),
+            tool_tokens=(200, 2000),
+            tool_median_s=1.0,
+            tool_sigma=1.0,
+            max_context=32768,
+            vocab=(2, 48),
+            ramp_s=10.0,
+        ),
+        instances=2,
+        kv_blocks=40000,
+        max_num_seqs=128,
+        batched_tokens=8192,
+        budget_s=90,
+        tier_gb=32,
+        max_positions=32768,
+        shape="qwen2.5-1.5b",
+    ),
+}
+# --dry-run-cpu: the gpu path (its model writer, engines, settings, log and checks) shrunk to a tiny CPU run
+DRY_RUN = Scale(
+    AgentWorkload(sessions=8, prompt_tokens=(64, 256), turns=(2, 5), gen_tokens=(6, 16), tool_tokens=(16, 64),
+                  tool_median_s=0.1, tool_sigma=1.0, max_context=1000, vocab=(2, 48), ramp_s=0.5),
+    instances=2, kv_blocks=160, max_num_seqs=8, batched_tokens=1024, budget_s=8, tier_gb=0.02, max_positions=1024,
+)  # fmt: skip
+
+
+def write_model(scale: Scale, device: str, directory: Path) -> Path:
+    """The model the engines load: a random Qwen2.5 body (gpu) or the demo model with more positions."""
+    if (directory / "config.json").is_file():
+        return directory
+    if scale.shape is not None and device == "cuda":
+        from tools.random_model import write_model as write_random
+
+        print(f"writing a random {scale.shape} body to {directory} ...", flush=True)
+        write_random(scale.shape, directory, max_positions=scale.max_positions)
+        return directory
+    shutil.copytree(DEMO_MODEL_DIR, directory, dirs_exist_ok=True)
+    config = json.loads((directory / "config.json").read_text())
+    config["max_position_embeddings"] = scale.max_positions  # RoPE: any length; only the cache grows
+    (directory / "config.json").write_text(json.dumps(config))
+    return directory
+
+
+def setting_config(scale: Scale, name: str, args: argparse.Namespace, model: Path) -> Config:
+    w = scale.workload
+    overrides = [
+        f"model.path={model}",
+        f"topology.device={args.device}",
+        f"topology.n_rollout_instances={scale.instances}",
+        f"engine.num_kv_blocks={scale.kv_blocks}",
+        f"engine.max_num_seqs={scale.max_num_seqs}",
+        f"engine.max_num_batched_tokens={scale.batched_tokens}",
+        f"env.max_turns={w.turns[1]}",
+        f"env.max_turn_tokens={w.gen_tokens[1]}",
+        "psrl.rollout_n=1",  # one session per group (nothing trains: no group advantage needed)
+        "algorithm.adv_estimator=reinforce_plus_plus",
+        "psrl.staleness=0",
+        "psrl.staleness_buffer_entries=4096",  # never the limit: each finished session's slot is freed
+        "actor.ppo_mini_batch_size=4096",
+        f"psrl.lmcache.offload_size_gb={scale.tier_gb}",
+        *SETTINGS[name],
+        *args.overrides,
+    ]
+    return load_config("agentic", overrides)
+
+
+def build_engines(config: Config) -> list[Engine]:
+    return [Engine(EngineArgs.from_config(config)) for _ in range(config.topology.n_rollout_instances)]
+
+
+def free(engines: list[Engine]) -> None:
+    engines.clear()
+    gc.collect()
+    if importlib.util.find_spec("torch") is not None:
+        import torch
+
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+
+@dataclass(frozen=True)
+class Probe:
+    context: int
+    prefill_s: float  # one sequence's prefill of ``context`` tokens
+    tool_prefill_s: float  # one sequence's prefill of a typical tool output on top of a cached context
+    decode_step_s: float  # one decode step of the whole batch
+    batch: int
+    gen: int  # typical tokens per turn
 
     @property
-    def turns_per_s(self) -> float:
-        return self.turns / self.wall_s
+    def prefill_in_steps(self) -> float:
+        return self.prefill_s / self.decode_step_s
+
+    @property
+    def ceiling(self) -> float:
+        """Engine time per turn without reuse over with perfect reuse (re-prefill vs. tool output only)."""
+        shared_decode = self.gen * self.decode_step_s / self.batch
+        return (self.prefill_s + shared_decode) / (self.tool_prefill_s + shared_decode)
 
 
-def run(name: str, args: argparse.Namespace) -> Outcome:
-    overrides = [
-        "task.name=tool_add",
-        "env.max_turns=4",
-        "env.max_turn_tokens=16",
-        f"trainer.total_steps={args.steps}",
-        f"topology.n_rollout_instances={args.instances}",
-        f"engine.num_kv_blocks={args.kv_blocks}",
-        "psrl.staleness=0",  # one buffer of sessions in flight
-        "psrl.staleness_buffer_entries=8",
-        "psrl.rollout_n=4",
-        "actor.ppo_mini_batch_size=8",
-        RC + "session_strategy.thunder_agent.buffer_per_session=16",
-        *SETTINGS[name],
-    ]
-    driver = InProcessRun(load_config("agentic", overrides))
-    counts = {"turns": 0, "ends": 0, "reusable": 0}
-
-    def tap(sender: str, effect: Effect, now: float) -> None:
-        if isinstance(effect, Send):
-            message = effect.message
-            if isinstance(message, TurnDone):
-                counts["turns"] += 1
-                counts["reusable"] += message.num_tokens  # the context the next turn could reuse
-            elif isinstance(message, SessionEnd) and not message.error:
-                counts["ends"] += 1
-
-    driver.bus.tap = tap
+def probe(engine: Engine, scale: Scale) -> Probe:
+    """What a re-prefill costs on this engine, in decode steps (also warms kernels and graphs up)."""
+    w = scale.workload
+    context = min(w.max_context // 2, (w.prompt_tokens[0] + w.prompt_tokens[1]) // 2 + 3 * w.tool_tokens[1])
+    tool = int(math.sqrt(w.tool_tokens[0] * w.tool_tokens[1]))
+    gen = int(math.sqrt(w.gen_tokens[0] * w.gen_tokens[1]))
+    batch = max(1, min(scale.max_num_seqs, w.sessions // scale.instances))
+    prompt = [2 + i % 40 for i in range(context)]
+    one = SamplingParams(max_tokens=1, ignore_eos=True)
+    _drain(engine, {"warm": ([3 + i % 41 for i in range(context)], one)})  # kernels compiled, graphs captured
+    prefill_s = _timed(engine, {"p": (prompt, one)})
+    tool_s = _timed(engine, {"t": ([*prompt, *([7] * tool)], one)}) if context + tool < w.max_context else prefill_s
+    steps = max(32, engine.args.decode_steps * 4)
+    decode = SamplingParams(max_tokens=steps + 1, ignore_eos=True)
+    requests = {f"d{i}": ([3 + (i + j) % 40 for j in range(32)], decode) for i in range(batch)}
+    _drain(engine, {k: (v[0], SamplingParams(max_tokens=1, ignore_eos=True)) for k, v in requests.items()})
+    for request_id, (tokens, params) in requests.items():  # prefills first, then time the decode steps
+        engine.add_request(request_id, tokens, params)
+    while any(outputs == 0 for _, outputs in engine.status().request_tokens.values()):
+        engine.step()
     started = time.perf_counter()
-    driver.run()
-    wall = time.perf_counter() - started
-    statuses = [i.engine.status() for i in driver.instances]
-    session = driver.session
-    return Outcome(
-        wall_s=wall,
-        turns=counts["turns"],
-        trajectories=counts["ends"],
-        hit_tokens=sum(s.num_prefix_hit_tokens for s in statuses),
-        queried_tokens=sum(s.num_prefix_queried_tokens for s in statuses),
-        reusable_tokens=counts["reusable"],
-        preemptions=sum(s.num_preemptions_total for s in statuses),
-        hung_s=session.num_hung_s if session is not None else 0.0,
+    while engine.has_unfinished_requests():
+        engine.step()
+    decode_step_s = (time.perf_counter() - started) / steps
+    engine.reset_prefix_cache()
+    return Probe(context, prefill_s, tool_s, decode_step_s, batch, gen)
+
+
+def _drain(engine: Engine, requests: dict[str, tuple[list[int], SamplingParams]]) -> None:
+    for request_id, (tokens, params) in requests.items():
+        engine.add_request(request_id, tokens, params)
+    while engine.has_unfinished_requests():
+        engine.step()
+
+
+def _timed(engine: Engine, requests: dict[str, tuple[list[int], SamplingParams]]) -> float:
+    _sync(engine)
+    started = time.perf_counter()
+    _drain(engine, requests)
+    _sync(engine)
+    return time.perf_counter() - started
+
+
+def _sync(engine: Engine) -> None:
+    if engine.device.type == "cuda":
+        import torch
+
+        torch.cuda.synchronize(engine.device)
+
+
+def run_settings(scale: Scale, args: argparse.Namespace, model: Path) -> tuple[dict[str, AgentOutcome], Probe, str]:
+    """Every setting on the same engines (emptied between them); (d) on engines with a tier, if it can run."""
+    configs = {name: setting_config(scale, name, args, model) for name in args.settings}
+    plain = [n for n in args.settings if n != "tier"]
+    engines = build_engines(configs[plain[0]]) if plain else []
+    measured = probe(engines[0], scale) if engines else None
+    outcomes: dict[str, AgentOutcome] = {}
+    for name in plain:
+        outcomes[name] = run_one(name, configs[name], scale, engines, args)
+    free(engines)
+    tier_note = tier_unavailable()
+    if "tier" in configs and not tier_note:
+        engines = build_engines(configs["tier"])
+        measured = measured or probe(engines[0], scale)
+        outcomes["tier"] = run_one("tier", configs["tier"], scale, engines, args)
+        free(engines)
+    assert measured is not None
+    return outcomes, measured, tier_note
+
+
+def run_one(name: str, config: Config, scale: Scale, engines: list[Engine], args: argparse.Namespace) -> AgentOutcome:
+    log_dir = None if args.log_dir is None else args.log_dir / name
+    started = time.perf_counter()
+    outcome = AgentRollout(config, scale.workload, engines, log_dir=log_dir).run(scale.budget_s)
+    print(f"  {name}: {outcome.turns} turns, {outcome.sessions} sessions in {time.perf_counter() - started:.0f} s",
+          flush=True)  # fmt: skip
+    return outcome
+
+
+def tier_unavailable() -> str:
+    """Why (d) cannot run here ('' when it can)."""
+    if importlib.util.find_spec("lmcache") is None:
+        return ("(d) not run: the offload tier keeps its bytes in LMCache's CPU backend and the lmcache package "
+                "is not installed here (the kv extra: .venv-kv, make kv)")  # fmt: skip
+    return ""
+
+
+def report(outcomes: dict[str, AgentOutcome], measured: Probe, tier_note: str, scale_name: str) -> None:
+    print(f"probe: a {measured.context}-token context prefills in {measured.prefill_s * 1000:.1f} ms = "
+          f"{measured.prefill_in_steps:.1f} decode steps of a batch of {measured.batch} "
+          f"({measured.decode_step_s * 1000:.2f} ms); perfect reuse could make a turn at most "
+          f"{measured.ceiling:.2f}x cheaper in engine time")  # fmt: skip
+    if measured.ceiling < 1.5:
+        print(f"note: on this {scale_name} scale the profile cannot win much: re-prefilling a whole context costs "
+              f"about {measured.prefill_in_steps:.1f} decode steps, so sticky reuse saves at most "
+              f"{1 - 1 / measured.ceiling:.0%} of a turn's engine time, while sticky placement gives up load "
+              "balance; the saving grows with the context (--scale cpu-long, --scale gpu)")  # fmt: skip
+    print(
+        f"{'setting':8} {'turns/s':>8} {'sess/s':>7} {'ttft p50':>8} {'ttft p99':>8} {'of perfect':>10} "
+        f"{'reprefill/turn':>14} {'preempt':>7} {'hung s':>7} {'hangs':>5} {'max wait':>8} {'ctx ends':>8}"
     )
+    for name, o in outcomes.items():
+        print(f"{name:8} {o.turns_per_s:8.2f} {o.sessions_per_s:7.3f} {o.ttft(0.5):8.3f} {o.ttft(0.99):8.3f} "
+              f"{o.reuse_of_perfect:10.3f} {o.reprefill_per_turn:14.1f} {o.preemptions:7d} {o.hung_s:7.1f} "
+              f"{o.hangs:5d} {o.max_hold_s:8.2f} {o.context_ends:8d}")  # fmt: skip
+    if tier_note:
+        print(tier_note)
+    nan = float("nan")
+    a, b, c, d = (outcomes.get(n) for n in ("balance", "sticky", "thunder", "tier"))
+
+    def ratio(x: float | None, y: float | None) -> float:
+        return x / y if x is not None and y else nan
+
+    print(
+        f"RESULT agentic_speedup_vs_balance={ratio(c and c.turns_per_s, a and a.turns_per_s):.3f} "
+        f"reuse_of_perfect={c.reuse_of_perfect if c else nan:.3f} "
+        f"tier_speedup={ratio(d and d.turns_per_s, c and c.turns_per_s):.3f} "
+        f"sticky_speedup_vs_balance={ratio(b and b.turns_per_s, a and a.turns_per_s):.3f} "
+        f"ttft_p99_ratio={ratio(c and c.ttft(0.99), a and a.ttft(0.99)):.3f}"
+    )
+
+
+def check_replay(log_dir: Path, names: list[str]) -> bool:
+    """``psrl replay --check all`` on each setting's log; True when every judged decision agrees."""
+    from psrl.replay import replay_run
+
+    agree = True
+    for name in names:
+        report_ = replay_run(log_dir / name, ["all"])
+        judged = sum(c.agreement.num_decisions - c.agreement.num_skipped for c in report_.checkers)
+        disagree = sum(c.agreement.num_disagree for c in report_.checkers)
+        parts = ", ".join(f"{c.name} {c.agreement.num_agree}/{c.agreement.num_decisions}" for c in report_.checkers)
+        print(f"replay {name}: {judged - disagree}/{judged} judged decisions agree ({parts})")
+        agree &= disagree == 0
+    return agree
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=int, default=1)
-    parser.add_argument("--instances", type=int, default=2)
-    parser.add_argument("--kv-blocks", type=int, default=96)
+    parser.add_argument("--scale", choices=sorted(SCALES), default="cpu")
+    parser.add_argument("--dry-run-cpu", action="store_true", help="the chosen scale's code path, tiny, on CPU")
+    parser.add_argument("--model", type=Path, help="model directory (default: written to --model-dir)")
+    parser.add_argument("--model-dir", type=Path, help="where the model is written (kept; reused when present)")
+    parser.add_argument("--budget-s", type=float, help="seconds per setting (default: the scale's)")
+    parser.add_argument("--sessions", type=int, help="concurrent sessions (default: the scale's)")
+    parser.add_argument("--instances", type=int, help="rollout instances (default: the scale's)")
+    parser.add_argument("--kv-blocks", type=int, help="KV blocks per instance (default: the scale's)")
+    parser.add_argument("--turns", type=str, help="turns per session, LO-HI (default: the scale's)")
+    parser.add_argument("--settings", default="balance,sticky,thunder,tier", help="comma-separated subset")
+    parser.add_argument("--log-dir", type=Path, help="write each setting's event log under it and replay-check it")
+    parser.add_argument("overrides", nargs="*", help="config overrides key=value for every setting")
     args = parser.parse_args()
-    outcomes = {name: run(name, args) for name in SETTINGS}
+    scale = DRY_RUN if args.dry_run_cpu else SCALES[args.scale]
+    scale = _with_knobs(scale, args)
+    args.device = "cuda" if args.scale == "gpu" and not args.dry_run_cpu else "cpu"
+    args.settings = [s.strip() for s in args.settings.split(",") if s.strip()]
+    unknown = [s for s in args.settings if s not in SETTINGS]
+    if unknown:
+        parser.error(f"--settings: unknown {unknown}; choose from {', '.join(SETTINGS)}")
+    with tempfile.TemporaryDirectory(prefix="bench-agentic-") as scratch:
+        model = args.model or write_model(scale, args.device, args.model_dir or Path(scratch) / "model")
+        started = time.perf_counter()
+        outcomes, measured, tier_note = run_settings(scale, args, model)
     print(
-        f"{'setting':8} {'turns/s':>8} {'traj/s':>7} {'hit rate':>8} {'of perfect':>10} {'reprefill/turn':>14} "
-        f"{'preempt':>7} {'hung s':>7}"
+        f"{len(outcomes)} settings in {time.perf_counter() - started:.0f} s ({scale.budget_s:.0f} s each, "
+        f"{scale.workload.sessions} sessions, {scale.instances} instances x {scale.kv_blocks} KV blocks)"
     )
-    for name, o in outcomes.items():
-        print(
-            f"{name:8} {o.turns_per_s:8.2f} {o.trajectories / o.wall_s:7.2f} "
-            f"{o.hit_tokens / max(o.queried_tokens, 1):8.3f} {o.hit_tokens / max(o.reusable_tokens, 1):10.3f} "
-            f"{(o.queried_tokens - o.hit_tokens) / max(o.turns, 1):14.1f} {o.preemptions:7d} {o.hung_s:7.1f}"
-        )
-    a, b, c = outcomes["balance"], outcomes["sticky"], outcomes["thunder"]
-    print(
-        f"RESULT agentic_speedup_vs_balance={c.turns_per_s / a.turns_per_s:.3f} "
-        f"prefix_hit_rate={c.hit_tokens / max(c.queried_tokens, 1):.3f} "
-        f"reuse_of_perfect={c.hit_tokens / max(c.reusable_tokens, 1):.3f} "
-        f"sticky_speedup_vs_balance={b.turns_per_s / a.turns_per_s:.3f}"
+    if args.log_dir is not None and not check_replay(args.log_dir, list(outcomes)):
+        print("replay: some recorded decisions disagree (see above)")
+    report(outcomes, measured, tier_note, "dry-run" if args.dry_run_cpu else args.scale)
+
+
+def _with_knobs(scale: Scale, args: argparse.Namespace) -> Scale:
+    workload = scale.workload
+    if args.sessions is not None:
+        workload = replace(workload, sessions=args.sessions)
+    if args.turns is not None:
+        lo, _, hi = args.turns.partition("-")
+        workload = replace(workload, turns=(int(lo), int(hi or lo)))
+    return replace(
+        scale,
+        workload=workload,
+        budget_s=scale.budget_s if args.budget_s is None else args.budget_s,
+        instances=scale.instances if args.instances is None else args.instances,
+        kv_blocks=scale.kv_blocks if args.kv_blocks is None else args.kv_blocks,
     )
 
 

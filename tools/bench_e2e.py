@@ -17,11 +17,14 @@ times, and a last line ``RESULT speedup_vs_sync=... rollout_busy=... trainer_idl
 
 ``--scale gpu`` is the real-scale workload: 64 prompts x 8 responses per step, log-normal
 response lengths (median 512, capped at 4096), 256 concurrent sequences per engine, trainer and
-rollout on one GPU, weights through shared memory. It also measures the engine alone (the same
-model, concurrency and length distribution, no actors) and prints the system's consumed tokens/s
-next to it; last, in a child process, the weight sync of a 1.5B and a 7B model against the
-machine's copy limits (``tools/bench_weight_sync.py``), then ``RESULT speedup_vs_sync=...
-system_vs_engine_tok_s=... sync_s_7b=... sync_vs_floor_7b=... delta_bytes_ratio=...``.
+rollout on one GPU, weights through shared memory. It also measures the serial limit on the
+same GPU: the engine alone kept full (the same model, concurrency and length distribution, no
+actors) and the trainer alone on buffers of the same shape, one after the other; the system's
+consumed tokens/s over that limit is ``system_vs_serial_limit``. Last, in a child process, the
+weight sync of a 1.5B and a 7B model against the machine's copy limits
+(``tools/bench_weight_sync.py``), then ``RESULT speedup_vs_sync=...
+system_vs_serial_limit=... sync_s_7b=... sync_vs_floor_7b=...
+delta_bytes_ratio=...``.
 
 ``--layout colocated`` (one CUDA device) runs the async settings twice instead: ``shared`` (trainer and
 rollout resident on the same GPU at once) and ``colocated`` (they take turns, ``psrl.tms.range=all``),
@@ -49,6 +52,7 @@ from psrl.report.timeline import LoadedPoint, RunTimeline
 from psrl.rundir import RunDir
 
 RC = "psrl.rollout_coordination."
+PROMPT_TOKENS = 64  # the engine-alone and trainer-alone prompts
 WORKLOAD = [
     "psrl.staleness_buffer_entries=8",
     "psrl.rollout_n=4",
@@ -71,11 +75,10 @@ GPU_WORKLOAD = [
     "task.max_response_length=4096",
     "engine.max_num_seqs=256",
     "engine.num_kv_blocks=16384",
-    # 4k-token responses: micro-batches bounded in tokens; at 0.5-1.5B their activations fit an H200
-    # without recomputing layers in the backward pass (8 GiB peak with recomputation, on a 0.5B model)
+    # 4k-token responses: micro-batches bounded in tokens; recomputation is decided by the memory
+    # budget (actor.gradient_checkpointing=auto)
     "actor.use_dynamic_bsz=True",
     "actor.ppo_max_token_len_per_gpu=16384",
-    "actor.gradient_checkpointing=False",
     "actor.compute_dtype=bfloat16",  # fp32 arithmetic made the step 100 s of a 160 s sync step on an H200
     "psrl.ps.transport=shm",
     "psrl.ps.serve_dtype=engine",
@@ -94,8 +97,11 @@ PHASES = {
 }
 
 
-def engine_solo_tok_s(overrides: list[str], num_requests: int) -> float:
-    """Tokens/s of the engine alone on the run's model, concurrency and response lengths."""
+def engine_full_batch_tok_s(overrides: list[str], in_flight: int, total: int) -> float:
+    """Response tokens/s of the engine alone, kept full: `in_flight` requests at a time on the run's
+    model and response lengths, each finished one replaced at once until `total` were started. The
+    rate counts the window in which the engine was full (up to the last start), so no tail of a
+    draining batch lowers it: the rate the system could reach if rollout never waited."""
     from psrl.coordination.lengths import forced_length
     from psrl.engine import SamplingParams
     from psrl.engine.protocol import build_engine
@@ -103,18 +109,67 @@ def engine_solo_tok_s(overrides: list[str], num_requests: int) -> float:
     config = checked(load_config("demo", overrides))
     engine = build_engine(config)
     vocab_size = engine.spec.vocab_size
-    prompt = [3 + i % (vocab_size - 3) for i in range(64)]
-    for request in range(num_requests):
+    prompt = [3 + i % (vocab_size - 3) for i in range(PROMPT_TOKENS)]
+
+    def start(request: int) -> None:
         length = forced_length(config.task, request) or config.task.max_response_length
         params = SamplingParams(max_tokens=length, min_tokens=length, ignore_eos=True, temperature=1.0)
         engine.add_request(str(request), prompt, params)
-    started = time.monotonic()
-    num_tokens = 0
-    while engine.has_unfinished_requests():
-        num_tokens += sum(len(result.output_ids) for result in engine.step().finished)
-    elapsed = time.monotonic() - started
-    del engine
+
+    for request in range(in_flight):
+        start(request)
+    started_count, num_tokens = in_flight, 0
+    began = time.monotonic()
+    while started_count < total:
+        for result in engine.step().finished:
+            num_tokens += len(result.output_ids)
+            if started_count < total:
+                start(started_count)
+                started_count += 1
+    elapsed = time.monotonic() - began
     return num_tokens / elapsed
+
+
+def trainer_alone_tok_s(model_path: str, steps: int = 2) -> float:
+    """Response tokens/s of the trainer alone on buffers of the run's shape (64 prompts x 8, the same
+    log-normal lengths), from ``tools/bench_trainer.py`` in a child process (its default
+    configuration: the trainer's own, as in the run)."""
+    tool = Path(__file__).with_name("bench_trainer.py")
+    lengths = ["--prompt-len", str(PROMPT_TOKENS), "--median", "512", "--sigma", "0.8", "--max-len", "4096"]
+    command = [
+        sys.executable,
+        str(tool),
+        "--model",
+        model_path,
+        "--variants",
+        "default",
+        "--steps",
+        str(steps),
+        *lengths,
+    ]
+    completed = subprocess.run(command, capture_output=True, text=True, check=False)
+    lines = [line for line in completed.stdout.splitlines() if line.startswith("RESULT ")]
+    if completed.returncode or not lines:
+        print(completed.stdout, completed.stderr[-3000:], sep="")
+        raise SystemExit(f"the trainer-alone measurement failed (exit code {completed.returncode})")
+    pairs = dict(item.split("=", 1) for item in lines[-1].split()[1:])
+    return float(pairs["default_response_tok_s"])
+
+
+def serial_limit_figures(common: list[str], system_tok_s: float) -> str:
+    """The serial limit on one shared GPU: generating a token with the engine full, then training on
+    it with the trainer alone, one after the other (1 / (1/engine + 1/trainer)); an async system
+    that overlaps the two perfectly on one device can do no better than keep both at these rates."""
+    config = load_config("demo", common)
+    engine = engine_full_batch_tok_s(common, in_flight=config.engine.max_num_seqs, total=4 * config.engine.max_num_seqs)
+    trainer = trainer_alone_tok_s(str(config.model.path))
+    serial = 1.0 / (1.0 / engine + 1.0 / trainer)
+    print(f"engine alone, kept full: {engine:.0f} response tok/s; trainer alone: {trainer:.0f} response tok/s; "
+          f"serial limit {serial:.0f}; the async system consumed {system_tok_s:.0f} tok/s")  # fmt: skip
+    return (
+        f" system_vs_serial_limit={system_tok_s / serial:.3f} serial_limit_tok_s={serial:.0f}"
+        f" engine_full_tok_s={engine:.0f} trainer_alone_tok_s={trainer:.0f}"
+    )
 
 
 LAYOUTS = {
@@ -202,10 +257,7 @@ def main() -> None:
     speedup = _ratio(fast.trajectories_per_s, sync.trajectories_per_s)
     extra = ""
     if args.scale == "gpu":
-        solo = engine_solo_tok_s(common, num_requests=256)
-        system = _value(fast.tokens_per_s)
-        print(f"engine alone: {solo:.0f} tok/s at 256 sequences; the async system consumed {system:.0f} tok/s")
-        extra = f" system_vs_engine_tok_s={system / solo:.3f} engine_solo_tok_s={solo:.0f}"
+        extra = serial_limit_figures(common, _value(fast.tokens_per_s))
         shapes = "qwen2.5-1.5b,qwen2.5-7b" if args.weight_sync is None else args.weight_sync
         extra += "".join(f" {k}={v}" for k, v in weight_sync_figures(shapes).items())
     print(f"RESULT speedup_vs_sync={speedup:.3f} rollout_busy={_value(fast.busy_fraction):.3f} "

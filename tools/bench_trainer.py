@@ -20,7 +20,8 @@ is the trainer's default configuration (packed micro-batches, checkpointing by m
     python tools/bench_trainer.py --shape qwen2.5-0.5b --variants default,padded --profile
 
 Ends with ``RESULT shape=<shape> gemm_tflops=... best_vs_gemm=<default's vs_gemm> <variant>_tok_s=...
-<variant>_vs_gemm=... <variant>_attn_vs_gemm=... <variant>_step_s=... default_vs_padded=...``.
+<variant>_response_tok_s=... <variant>_vs_gemm=... <variant>_attn_vs_gemm=... <variant>_step_s=...
+default_vs_padded=...``.
 """
 
 from __future__ import annotations
@@ -130,12 +131,14 @@ def timed_step(core: TrainerCore, step: int, args: argparse.Namespace, *, profil
     seconds = time.perf_counter() - started
     flops, attention = model_flops(core, trajectories)
     tokens = sum(len(t.prompt_token_ids) + len(t.response_token_ids) for t in trajectories)
-    return {"s": seconds, "tokens": tokens, "flops": flops, "attention": attention,
+    response_tokens = sum(len(t.response_token_ids) for t in trajectories)
+    return {"s": seconds, "tokens": tokens, "response_tokens": response_tokens, "flops": flops, "attention": attention,
             "forward_s": result.metrics["perf/forward_s"], "update_s": result.metrics["perf/update_s"]}  # fmt: skip
 
 
 def summary(name: str, rows: list[dict[str, float]], peak: float, peak_gib: float) -> dict[str, float]:
     out = {"tok_s": statistics.median(r["tokens"] / r["s"] for r in rows),
+           "response_tok_s": statistics.median(r["response_tokens"] / r["s"] for r in rows),
            "vs_gemm": statistics.median(r["flops"] / r["s"] for r in rows) / 1e12 / peak,
            "attn_vs_gemm": statistics.median(r["attention"] / r["s"] for r in rows) / 1e12 / peak,
            "step_s": statistics.median(r["s"] for r in rows),
@@ -249,7 +252,8 @@ def main() -> None:
     extra = f" default_vs_padded={results['padded']['step_s'] / results['default']['step_s']:.2f}" if {
         "default", "padded"} <= set(results) else ""  # fmt: skip
     print(f"RESULT shape={args.shape} gemm_tflops={peak:.3f} best_vs_gemm={best['vs_gemm']:.4f} " + " ".join(
-        f"{name}_tok_s={r['tok_s']:.0f} {name}_vs_gemm={r['vs_gemm']:.4f} {name}_attn_vs_gemm={r['attn_vs_gemm']:.4f} "
+        f"{name}_tok_s={r['tok_s']:.0f} {name}_response_tok_s={r['response_tok_s']:.0f} "
+        f"{name}_vs_gemm={r['vs_gemm']:.4f} {name}_attn_vs_gemm={r['attn_vs_gemm']:.4f} "
         f"{name}_step_s={r['step_s']:.3f}" for name, r in results.items()) + extra)  # fmt: skip
 
 

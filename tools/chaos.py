@@ -18,6 +18,17 @@ exactly its turns and the environment's answers.
     python tools/chaos.py --workload agentic --quick            # 2 cases, 8 faults, session and env included
     python tools/chaos.py --workload agentic --cases 6 --faults 8   # 48 faults (make chaos-agentic)
 
+``--workload agent`` runs agents that bring their own loop (``examples/agent_openai``: an openai-SDK
+agent per session, in the session scheduler's env workers, through the session gateway) and kills
+the scheduler with its gateway, instances, the router and env workers while the agents' calls are
+in flight: a restarted scheduler rebuilds its sessions from the log and runs their agents again,
+whose calls get the logged turns back (``psrl.gateway.resume``). Besides the log check (no session
+lost, no turn applied twice) each case's log is replayed (``psrl replay --check all``); its
+disagreements are counted (``replay_disagree``).
+
+    python tools/chaos.py --workload agent --quick              # 2 cases, 4 faults each
+    python tools/chaos.py --workload agent --cases 4 --faults 6     # make chaos-agent
+
     python tools/chaos.py --quick                 # 2 cases, ~6 faults, a few minutes on 2 cores
     python tools/chaos.py --cases 25 --faults 8 topology.warm_spares=2   # 200 faults (make chaos-full)
     python tools/chaos.py --roles router,coordinator   # the roles that own run state, rebuilt from the log
@@ -106,10 +117,23 @@ AGENTIC_WORKLOAD = [
     "topology.n_ps_shards=2",
     "bus.handshake_timeout_s=180",
 ]
-WORKLOADS = {"demo": ("demo", WORKLOAD), "agentic": ("agentic", AGENTIC_WORKLOAD)}
+# An openai-SDK agent per session through the session gateway: every turn is an agent's HTTP call,
+# so a fault lands while calls wait for their turns, agents run in env workers, or turns generate.
+AGENT_CONFIG = str(Path(__file__).resolve().parents[1] / "examples" / "agent_openai" / "config.yaml")
+AGENT_WORKLOAD = [
+    "topology.n_ps_shards=2",
+    "bus.handshake_timeout_s=180",
+    "agent.timeout_s=300",  # a loaded 2-core machine with an instance or the router down for seconds
+]
+WORKLOADS = {
+    "demo": ("demo", WORKLOAD),
+    "agentic": ("agentic", AGENTIC_WORKLOAD),
+    "agent": (AGENT_CONFIG, AGENT_WORKLOAD),
+}
 CASE_DEADLINE_S = 900.0  # the slowest case seen took 300 s at load 9 on 2 cores
 DEFAULT_ROLES = ("rollout", "ps", "router", "coordinator", "trainer", "logger")
 SESSION_ROLES = ("session", "env")  # the agentic workload's: the session scheduler, an env worker
+AGENT_ROLES = ("session", "rollout", "router", "env")  # the agent workload's: the gateway's scheduler first
 
 
 def fault_targets(config: Config, roles: tuple[str, ...]) -> list[str]:
@@ -133,6 +157,7 @@ class CaseResult:
     wall_s: float
     scaled: list[tuple[str, str]] = field(default_factory=list)  # elastic events done: (kind, instance)
     refused: list[str] = field(default_factory=list)  # elastic events the run refused (no room, last one)
+    replay_disagree: int | None = None  # decisions ``psrl replay --check all`` disagrees with (when replayed)
 
 
 @dataclass(frozen=True)
@@ -158,7 +183,7 @@ class Plan:
 
 
 def run_case(
-    seed: int, config: Config, plan_of: Plan, root: Path, deadline_s: float = CASE_DEADLINE_S
+    seed: int, config: Config, plan_of: Plan, root: Path, deadline_s: float = CASE_DEADLINE_S, replay: bool = False
 ) -> CaseResult:  # fmt: skip
     plan = plan_of.faults(seed, config)
     num_faults = sum(f.kind not in (SCALE_UP, SCALE_DOWN) for f in plan)
@@ -190,7 +215,15 @@ def run_case(
         time.monotonic() - started,
         injector.scaled,
         injector.refused,
+        replay_disagreements(supervisor.run_dir.path) if replay else None,
     )
+
+
+def replay_disagreements(run_dir: Path) -> int:
+    """Decisions of the run that ``psrl replay --check all`` disagrees with."""
+    from psrl.replay.runner import replay_run
+
+    return sum(checker.agreement.num_disagree for checker in replay_run(run_dir, ["all"]).checkers)
 
 
 def describe(case: CaseResult) -> str:
@@ -211,6 +244,7 @@ def describe(case: CaseResult) -> str:
         )
         + (f"scaled {[f'{k}:{n}' for k, n in case.scaled]}; " if case.scaled else "")
         + (f"scale refused {len(case.refused)}; " if case.refused else "")
+        + (f"replay disagrees {case.replay_disagree}; " if case.replay_disagree is not None else "")
         + f"violations {bad or 'none'}"
         + (f"; skipped {case.skipped}" if case.skipped else "")
     )
@@ -274,8 +308,13 @@ def summary_line(cases: list[CaseResult]) -> str:
         f"warm_max_recovery_s={max(warm, default=0.0):.2f} "
         f"scale_ups={sum(k == SCALE_UP for c in cases for k, _ in c.scaled)} "
         f"scale_downs={sum(k == SCALE_DOWN for c in cases for k, _ in c.scaled)} "
-        f"scale_refused={sum(len(c.refused) for c in cases)}"
+        f"scale_refused={sum(len(c.refused) for c in cases)}" + _replay_field(cases)
     )
+
+
+def _replay_field(cases: list[CaseResult]) -> str:
+    replayed = [c.replay_disagree for c in cases if c.replay_disagree is not None]
+    return f" replay_disagree={sum(replayed)}" if replayed else ""
 
 
 def main() -> None:
@@ -306,10 +345,10 @@ def main() -> None:
     parser.add_argument("overrides", nargs="*", help="config overrides for every case")
     args = parser.parse_args()
     configure("warning")
-    agentic = args.workload == "agentic"
-    cases, faults = (2, 4 if agentic else 3) if args.quick else (25, 8)
+    agentic, agent = args.workload == "agentic", args.workload == "agent"
+    cases, faults = (2, 4 if agentic or agent else 3) if args.quick else (25, 8)
     steps = args.steps or (4 if args.quick else 12)
-    default_roles = (*DEFAULT_ROLES, *SESSION_ROLES) if agentic else DEFAULT_ROLES
+    default_roles = (*DEFAULT_ROLES, *SESSION_ROLES) if agentic else AGENT_ROLES if agent else DEFAULT_ROLES
     roles = tuple(r.strip() for r in args.roles.split(",") if r.strip()) if args.roles else default_roles
     root = args.root or Path(tempfile.mkdtemp(prefix="psrl-chaos-"))
     preset, workload = WORKLOADS[args.workload]
@@ -322,7 +361,7 @@ def main() -> None:
     plan = Plan(roles, args.faults or faults, args.gap, args.anchored, args.plan, args.elastic)
     results = []
     for k in range(args.cases or cases):
-        case = run_case(args.seed + k, config, plan, root, args.case_deadline)
+        case = run_case(args.seed + k, config, plan, root, args.case_deadline, replay=agent)
         print(describe(case), flush=True)
         results.append(case)
         if case.exit_code == EXIT_INTERRUPTED:  # Ctrl-C or SIGTERM stops the harness, not just a case

@@ -31,6 +31,11 @@ class LMCache(Section):
     enable_p2p: bool = field(False, "Peer-to-peer KV transfer between instances on re-routing.")
     p2p_transfer_channel: Literal["nixl", "tcp"] = field("nixl", "Transport of P2P KV transfers.")
     cache_policy: Literal["LRU", "FIFO"] = field("LRU", "Eviction order of the offload tier.")
+    store: Literal["lmcache", "host"] = field(
+        "lmcache",
+        "Where the tier's bytes live: LMCache's CPU backend (needs the kv extra), or psrl's own host buffer "
+        "(no LMCache; the engine's own offload and reload only, no P2P KV transfer).",
+    )
     disk_path: str | None = field(None, "Directory of the disk tier (required when backend=disk).")
     max_disk_size_gb: float = field(1000.0, "Disk tier cap in GiB.", gt=0)
     save_decode_cache: bool = field(True, "Also offload KV produced while decoding.")

@@ -195,6 +195,12 @@ def p2p_needs_versioned_kv(c: Config) -> Iterator[ConfigProblem]:
             "the P2P backend has no clear operation and relies on version tags alone",
             f"set {base}multi_version_kv=True and {base}clear_on_weight_update=False",
         )
+    if lm.enable_p2p and lm.store != "lmcache":
+        yield problem(
+            (base + "enable_p2p", base + "store"), lm.store,
+            "peers write KV transfers into room the LMCache store lends; the host store cannot lend room",
+            f"set {base}store=lmcache, or {base}enable_p2p=False",
+        )  # fmt: skip
     if lm.enable_p2p and not lm.enable:
         yield problem(
             (base + "enable_p2p", base + "enable"), False, "P2P transfer moves offloaded KV", f"set {base}enable=True"
@@ -405,7 +411,7 @@ def engine_backend(c: Config) -> Iterator[ConfigProblem]:
     if engine.cpu_kernels == "on":
         yield problem(("engine.cpu_kernels", "engine.backend"), "on", "the CPU kernels belong to the embedded engine",
                       "set engine.cpu_kernels=auto, or engine.backend=embedded")  # fmt: skip
-    if c.psrl.ps.delta_sync:
+    if c.psrl.ps.delta_sync and not c.actor.lora.enabled:  # LoRA versions: the backend writes whole adapters
         yield problem((P + "ps.delta_sync", "engine.backend"), True,
                       "the vLLM backend reloads whole layers, so every sync must carry every tensor",
                       f"set {P}ps.delta_sync=False, or engine.backend=embedded")  # fmt: skip

@@ -168,6 +168,13 @@ class EngineSettings(Section):
         "stop tokens truncated after the round (1 = one token per step).",
         ge=1,
     )
+    lora_mode: Literal["merge", "unmerged"] = field(
+        "merge",
+        "How the embedded engine applies LoRA adapter versions (actor.lora.rank > 0): merge = into the base weights "
+        "of the targeted projections on load; unmerged = keep the base weights and add (x @ A^T) @ B^T * alpha/rank "
+        "in those projections (loads copy only the adapters; every step pays two small matmuls per projection). "
+        "The vLLM backend always serves adapters through vLLM's own LoRA support.",
+    )
 
 
 class Bus(Section):

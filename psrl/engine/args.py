@@ -51,7 +51,9 @@ class EngineArgs:
     offload_policy: Literal["LRU", "FIFO"] = "LRU"
     offload_clear_on_update: bool = False
     offload_pin_budget: int = 0  # most tier blocks pinned for pin_sync transfers at once (0 = no limit)
-    # LoRA (actor.lora): versions are adapters, merged on load into these projections' base weights; None = off
+    offload_store: Literal["lmcache", "host"] = "lmcache"  # where the tier's bytes live (psrl.kvcache)
+    # LoRA (actor.lora): versions are adapters, merged on load into these projections' base weights or applied
+    # unmerged next to them (engine.lora_mode); None = off
     lora: LoraServing | None = None
 
     @classmethod
@@ -76,6 +78,7 @@ class EngineArgs:
             offload_policy=config.psrl.lmcache.cache_policy,
             offload_clear_on_update=config.psrl.lmcache.clear_on_weight_update,
             offload_pin_budget=config.psrl.lmcache.gpu_pin_block_budget,
+            offload_store=config.psrl.lmcache.store,
             lora=_lora(config),
         )
 
@@ -100,4 +103,6 @@ def _offload_bytes(config: Config) -> int:
 
 def _lora(config: Config) -> LoraServing | None:
     lora = config.actor.lora
-    return LoraServing(lora.alpha, tuple(lora.target_modules)) if lora.enabled else None
+    if not lora.enabled:
+        return None
+    return LoraServing(lora.alpha, tuple(lora.target_modules), rank=lora.rank, mode=config.engine.lora_mode)

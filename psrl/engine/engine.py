@@ -20,7 +20,7 @@ from bus.messages import FinishReason
 from psrl.engine.args import EngineArgs
 from psrl.engine.block_manager import BlockManager
 from psrl.engine.kv_offload import EngineOffload, make_tier
-from psrl.engine.lora_merge import AdapterMerger
+from psrl.engine.lora_unmerged import lora_applier
 from psrl.engine.model_runner import ModelRunner, RunnerShape
 from psrl.engine.outputs import EngineStatus, RequestOutput, RequestResult, StepOutput, WaitingQueue
 from psrl.engine.request_checks import check_prior_outputs, check_room, check_token_ids, coerce_sampling_params
@@ -63,14 +63,15 @@ class Engine:
         self.max_model_len = _max_model_len(args, self.spec)
         # an iterable is consumed as it goes: a checkpoint never sits in memory twice
         source = iter_safetensors(args.model_path) if weights is None else _weight_items(weights)
-        # under LoRA the base weights of the targeted projections are kept as they stream in
-        self.lora = None if args.lora is None else AdapterMerger(args.lora, self.device, self.dtype)
+        # under LoRA (merge mode) the base weights of the targeted projections are kept as they stream in
+        self.lora = None if args.lora is None else lora_applier(args.lora, self.device, self.dtype)
         if self.lora is not None:
             source = self.lora.capture(source)
         with self.memory.region("weights"):
             model = build_model(self.spec, self.max_model_len, self.dtype, self.device, source)
-            if self.lora is not None:  # kept as the checkpoint streamed in: in the weights' region (psrl.tms)
+            if self.lora is not None:  # kept base weights / unmerged adapters: in the weights' region (psrl.tms)
                 self.lora.check_targets()
+                self.lora.attach(model)
         shape = RunnerShape(args.num_kv_blocks, args.block_size, args.max_num_seqs, self.max_model_len)
         if args.cpu_kernels == "on" and self.dtype != torch.float32:
             raise ValueError(f"engine.cpu_kernels=on needs dtype float32, not {self.dtype}")
@@ -117,7 +118,9 @@ class Engine:
         if not args.enable_prefix_caching:
             raise ValueError("the offload tier (psrl.lmcache.enable) needs engine.enable_prefix_caching=True")
         shape = tuple(self.runner.kv_cache[:, 0].shape)
-        tier = make_tier(args.offload_bytes, shape, self.dtype, args.offload_policy, args.offload_pin_budget)
+        tier = make_tier(
+            args.offload_bytes, shape, self.dtype, args.offload_policy, args.offload_pin_budget, args.offload_store
+        )
         return EngineOffload(tier, self.runner.kv_cache, lambda: self.weight_version)
 
     @property
@@ -332,12 +335,13 @@ class Engine:
         Every name and shape is checked before anything is copied, so a bad update changes nothing.
         Cached prefixes are dropped by default: their keys/values came from the old weights.
         With ``EngineArgs.lora``, LoRA adapter tensors are merged onto the kept base weights first
-        (``lora_merge.py``); without it they are refused (AdapterError).
+        (``lora_merge.py``) or, unmerged, copied into the projections' adapters (``lora_unmerged.py``);
+        without it they are refused (AdapterError).
         """
         if self.offload is not None and not reset_prefix_cache:
             raise ValueError("with an offload tier every weight load resets the prefix cache (version tags)")
         named = _named_tensors(weights)
-        if self.lora is not None:  # adapters become their projections' merged weights
+        if self.lora is not None:  # adapters become merged weights, or are staged for the unmerged projections
             named = self.lora.prepare(named)
         elif any(is_adapter_name(name) for name, _ in named):
             raise AdapterError("LoRA adapters sent to an engine built without actor.lora (EngineArgs.lora is None)")

@@ -14,8 +14,9 @@ from collections.abc import Callable
 import torch
 
 from psrl.engine.block_manager import Block
+from psrl.kvcache.host_store import HostStore
 from psrl.kvcache.index import TierKey
-from psrl.kvcache.tier import KvTier
+from psrl.kvcache.tier import KvTier, PayloadStore
 
 
 class EngineOffload:
@@ -55,10 +56,22 @@ class EngineOffload:
 
 
 def make_tier(
-    capacity_bytes: int, block_shape: tuple[int, ...], dtype: torch.dtype, policy: str, pin_budget: int = 0
+    capacity_bytes: int,
+    block_shape: tuple[int, ...],
+    dtype: torch.dtype,
+    policy: str,
+    pin_budget: int = 0,
+    store: str = "lmcache",
 ) -> KvTier:
-    """A tier whose bytes live in LMCache's CPU backend (raises MissingExtraError without the kv extra)."""
-    from psrl.kvcache.lmcache_store import LmcacheStore
+    """A tier whose bytes live in LMCache's CPU backend (raises MissingExtraError without the kv extra),
+    or with ``store="host"`` in psrl's own host buffer (psrl.kvcache.host_store)."""
+    payload: PayloadStore
+    if store == "host":
+        payload = HostStore(capacity_bytes, block_shape, dtype)
+    elif store == "lmcache":
+        from psrl.kvcache.lmcache_store import LmcacheStore
 
-    store = LmcacheStore(capacity_bytes, block_shape, dtype)
-    return KvTier(store, capacity_bytes, "FIFO" if policy == "FIFO" else "LRU", pin_budget)
+        payload = LmcacheStore(capacity_bytes, block_shape, dtype)
+    else:
+        raise ValueError(f"offload store {store!r} is unknown: use lmcache or host (psrl.lmcache.store)")
+    return KvTier(payload, capacity_bytes, "FIFO" if policy == "FIFO" else "LRU", pin_budget)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from typing import Literal
 
 import torch
 from torch import Tensor
@@ -34,10 +35,16 @@ from psrl.models.lora import (
 
 @dataclass(frozen=True)
 class LoraServing:
-    """What an engine needs to merge adapters: the targeted projections (HF names) and alpha."""
+    """What an engine needs to apply adapters: the targeted projections (HF names), alpha, and how.
+
+    ``mode``: merge = into the base weights on load (this module); unmerged = as LoRA matmuls next to
+    the base weights (``lora_unmerged.py``), which allocates the adapters at ``rank`` when the engine starts.
+    """
 
     alpha: float
     target_modules: tuple[str, ...]
+    rank: int = 0  # needed by the unmerged mode (0: learnt from the first version, merge mode only)
+    mode: Literal["merge", "unmerged"] = "merge"
 
 
 @dataclass
@@ -57,13 +64,10 @@ class AdapterMerger:
 
     def check_targets(self) -> None:
         """Every target projection was found in the checkpoint (AdapterError naming the setting otherwise)."""
-        found = {module.rpartition(".")[2] for module in self.base}
-        missing = [target for target in self.lora.target_modules if target not in found]
-        if missing:
-            raise AdapterError(
-                f"actor.lora.target_modules={list(self.lora.target_modules)}: {missing} are not weights of this "
-                f"checkpoint; name projections it has (found {sorted(found)})"
-            )
+        check_targets_found(self.lora.target_modules, {module.rpartition(".")[2] for module in self.base})
+
+    def attach(self, model: object) -> None:
+        """Nothing to put on the model: merged weights go through its ordinary weight loading."""
 
     def prepare(self, named: list[tuple[str, Tensor]]) -> list[tuple[str, Tensor]]:
         """The tensors to load: plain ones as they are, each adapter pair as its merged base weight.
@@ -109,3 +113,13 @@ class AdapterMerger:
         module = targeted_module(name, self.lora.target_modules)
         if module is not None:
             self.base[module] = tensor.detach().to(self.device, self.dtype, copy=True)
+
+
+def check_targets_found(targets: tuple[str, ...], found: set[str]) -> None:
+    """AdapterError naming actor.lora.target_modules when a target projection is not in the checkpoint."""
+    missing = [target for target in targets if target not in found]
+    if missing:
+        raise AdapterError(
+            f"actor.lora.target_modules={list(targets)}: {missing} are not weights of this "
+            f"checkpoint; name projections it has (found {sorted(found)})"
+        )

@@ -356,6 +356,8 @@ class RouterFlow(RouterLedgerFlow):
 
     def _turn_done(self, traj: TrackedTrajectory, result: GenerateResult) -> None:
         traj.in_env = True
+        if self.is_sticky and result.instance:
+            self.core.rest(traj.request_id, result.instance)  # its next turn comes back: load for new sessions
         turn = TurnDone(
             request_id=traj.request_id,
             prompt_id=traj.prompt_id,
@@ -379,6 +381,7 @@ class RouterFlow(RouterLedgerFlow):
         traj = self._session_waiting(turn.request_id)
         if traj is None or turn.turn != traj.turn + 1:
             return
+        self.core.wake(turn.request_id)
         self.tracker.start_turn(traj, turn.observation_token_ids, turn.max_tokens)
         pinned = turn.force_pin_instance if self._serves(turn.force_pin_instance) else None
         last = traj.instance if traj.instance is not None and self._serves(traj.instance) else None
@@ -389,6 +392,7 @@ class RouterFlow(RouterLedgerFlow):
         if traj is None:
             return
         traj.in_env = False
+        self.core.wake(end.request_id)
         if end.error:
             traj.error = f"session failed: {end.error}"
             self.ended(traj.request_id, FinishReason.ERROR)
@@ -398,6 +402,7 @@ class RouterFlow(RouterLedgerFlow):
 
     def left(self, traj: TrackedTrajectory) -> None:
         """A trajectory ended at the router (abort, failure, truncation): its session is over too."""
+        self.core.wake(traj.request_id)
         if self.has_sessions:
             self.send(SESSION, SessionGone(request_id=traj.request_id, reason=traj.abort_reason or traj.error))
 

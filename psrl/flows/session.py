@@ -61,6 +61,7 @@ from psrl.flows.base import Flow
 from psrl.flows.effects import Effect, Handler, Timer
 from psrl.flows.session_gateway import GatewayCalls
 from psrl.flows.session_recovery import SessionRecovery
+from psrl.gateway.resume import TurnLog
 from psrl.gateway.sessions import Gateway
 
 ROUTER = "router"
@@ -90,10 +91,11 @@ class Session:
     held: TurnNext | None = None  # the next turn, held while the session is hung
     pin_next: str = ""  # continue_force_pin: the instance the next turn goes to, once
     last_next: TurnNext | None = None  # the last next turn sent, sent again if its turn comes again
-    finish: int = 0  # how its last turn ended (FinishReason): an agent's first call is answered with it
-    first_logprobs: list[float] | None = None  # the first turn's, for the agent's first call (logprobs)
+    finish: int = 0  # how its last turn ended (FinishReason)
     call_job: int = 0  # an agent session: the gateway call waiting for the turn now generating
     agent_open: bool = False  # an agent session whose agent has opened it at the gateway (its agent runs)
+    turn_log: TurnLog | None = None  # an agent session: its turns' observations, finishes, log-probs
+    replaying: bool = False  # an agent session whose agent runs again: its calls meet the logged turns first
 
     def info(self) -> SessionInfo:
         hung = self.hang_state == "hung" or self.marked_for_hang
@@ -152,8 +154,8 @@ class SessionFlow(GatewayCalls, Flow):
             session.actions, session.last_next = list(restored.actions), restored.last_next
             self.sessions[session.request_id] = session
             self.counters["restored_sessions"] += 1
-            if self.gateway is not None:  # the agent's process died with the old scheduler
-                self._end(session.request_id, 0.0, 0.0, session.turn + 1, "session scheduler restarted mid-agent")
+            if self.gateway is not None:  # the agent's process died with the old scheduler: it runs again
+                self.resume_agent(session, restored, now)
                 continue
             if session.status != "env":
                 continue
@@ -187,10 +189,10 @@ class SessionFlow(GatewayCalls, Flow):
         session.status, session.instance, session.num_tokens = "env", done.instance, done.num_tokens
         session.turn, session.finish = done.turn, done.finish_reason
         session.actions.append(np.asarray(done.token_ids, np.int32))
-        if done.turn == 0 and done.logprobs is not None:
-            session.first_logprobs = np.asarray(done.logprobs, np.float64).tolist()
         if session.marked_for_hang:  # the turn boundary: a marked session is hung now
             session.marked_for_hang, session.hang_state = False, "hung"
+        if self.gateway is not None:
+            self.log_turn(session, done)
         if self.gateway is not None and done.turn > 0:
             self.answer_turn(session, done)  # the agent's call asked for this turn (its run started at turn 0)
             return
@@ -243,6 +245,8 @@ class SessionFlow(GatewayCalls, Flow):
         if session.pin_next:
             turn, session.pin_next = _pinned(turn, session.pin_next), ""
         session.last_next = turn
+        if session.turn_log is not None:
+            session.turn_log.sent_turn(turn.turn)
         self.send(ROUTER, turn, request_id=session.request_id, prompt_id=session.prompt_id)
 
     def _end(self, request_id: int, reward: float, acc: float, num_turns: int, error: str) -> None:

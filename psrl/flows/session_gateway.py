@@ -15,20 +15,26 @@ goes to ``answers`` (job id, result or ``ApiError``) for the actor to hand back 
   ends otherwise (the router's ``SessionGone``: surplus, staleness, failure) answers its pending
   call with a 409 the agent treats as cancellation.
 
-A restarted scheduler does not resume agent runs (their processes died with it): it ends those
-sessions with an error, and the group rule decides.
+An agent that runs again (its env worker died, or the whole scheduler did and its replacement
+rebuilt the session from the event log: ``resume_agent``) opens its session anew; its calls then
+meet the turns the session already has by the resume rule (``psrl.gateway.resume``): a logged turn
+is answered from the log, one still generating is waited for, one never sent is sent, and past them
+the calls are new turns. No turn reaches the router twice. A call still waiting when its agent is
+replaced gets a retryable 503 (its client is gone).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
 from bus.messages import EnvStepDone, SessionEnd, TurnDone, TurnNext
+from psrl.flows.session_recovery import RestoredSession
 from psrl.gateway.api import ApiError
 from psrl.gateway.replies import finish_name
-from psrl.gateway.sessions import Answer, Gateway
+from psrl.gateway.resume import ResumeDivergedError, Step, TurnLog, place
+from psrl.gateway.sessions import Answer, Gateway, Order
 
 
 class GatewayCalls:
@@ -40,6 +46,8 @@ class GatewayCalls:
     ended: dict[int, SessionEnd]
     counters: Any
     settings: Any
+    env: Any
+    log: Any
 
     if TYPE_CHECKING:  # SessionFlow's and Flow's own (declared only for the type checker: never shadowed)
 
@@ -83,17 +91,59 @@ class GatewayCalls:
         if session is None or not session.actions:
             raise ApiError(404, f"no session {body['request_id']} waiting for its agent", code="session_not_found")
         sid = str(session.request_id)
+        if session.agent_open:  # its agent runs again (its env worker died): its calls meet the turns so far
+            self._agent_rerun(gateway, session)
         gateway.open(sid)
         prompt = [int(t) for t in body.get("prompt_token_ids", [])]
         first = session.actions[0].tolist()
+        turns = self._turn_log(session)
         try:
             messages, tools = body.get("messages", []), body.get("tools", [])
-            gateway.seed(sid, messages, tools, prompt, first, finish_name(session.finish), session.first_logprobs)
+            gateway.seed(sid, messages, tools, prompt, first, finish_name(turns.finishes[0]), turns.logprobs[0])
         except ApiError:
             gateway.forget(sid)
             raise
         session.agent_open = True
         return {"id": sid, "object": "session"}
+
+    def _agent_rerun(self, gateway: Gateway, session: Any) -> None:
+        self.counters["agents_rerun"] += 1
+        if session.call_job:  # the dead agent's call: its client is gone, a retry would come to the new agent
+            retry = ApiError(503, f"session {session.request_id}: its agent was restarted", code="agent_restarted")
+            self.answers.append((session.call_job, retry))
+            session.call_job = 0
+        gateway.forget(str(session.request_id))
+        session.replaying = True
+
+    def _turn_log(self, session: Any) -> TurnLog:
+        if session.turn_log is None:  # the first turn's TurnDone came before a log existed (it always makes one)
+            session.turn_log = TurnLog([[]], [True], [int(session.finish)], [None])
+        return cast(TurnLog, session.turn_log)
+
+    def log_turn(self, session: Any, done: TurnDone) -> None:
+        """A turn of an agent session came: its finish and log-probs kept (the agent's replay reads them)."""
+        logprobs = None if done.logprobs is None else np.asarray(done.logprobs, np.float64).tolist()
+        if done.turn == 0:
+            session.turn_log = TurnLog([[]], [True])
+        self._turn_log(session).generated(int(done.finish_reason), logprobs)
+
+    def resume_agent(self, session: Any, restored: RestoredSession, now: float) -> None:
+        """A session rebuilt from the log by a restarted scheduler: its agent runs again from the start."""
+        if not session.actions:  # its first turn still generates: the agent starts when it comes
+            return
+        final = restored.answer
+        if final is not None and (final.done or final.error):  # the agent had ended; its end was not sent
+            self.agent_done(session, final.reward, final.acc, final.error)
+            return
+        observations = [[], *(o.tolist() for o in restored.observations)]
+        sent = [True] * len(observations)
+        if final is not None:  # its call's tokens were logged, the turn not sent
+            observations.append(np.asarray(final.observation_token_ids).tolist())
+            sent.append(False)
+        session.turn_log = TurnLog(observations, sent, list(restored.finishes), list(restored.logprobs))
+        session.replaying = True
+        self.counters["agents_resumed"] += 1
+        self.env.submit(session.request_id, session.prompt_id, 0, session.actions[:1])
 
     def _call(self, gateway: Gateway, job_id: int, sid: str, call: Any) -> Any:
         session = self.sessions.get(int(sid)) if sid.isdigit() else None
@@ -102,6 +152,22 @@ class GatewayCalls:
         outcome = gateway.call(sid, call)
         if isinstance(outcome, Answer):
             return outcome
+        if session.replaying:
+            step = self._resume_step(gateway, session, outcome)
+            if self.log is not None and step != "new":
+                self.log.info(
+                    "agent call met a logged turn", request_id=session.request_id, turn=outcome.plan.turn, step=step
+                )
+            if step == "replay":
+                return self._replayed(gateway, session, outcome.plan.turn)
+            if step != "new":  # wait: the turn generates; send: its tokens are logged, the turn not sent
+                session.call_job = job_id
+                self.counters["turns_awaited" if step == "wait" else "turns_resent"] += 1
+                if step == "send":
+                    session.num_tokens += len(outcome.plan.new_tokens)
+                    self._send_or_hold(session, self._next(session, outcome))
+                return None
+            session.replaying = False  # past the log: from here on its calls are new turns
         if session.turn + 1 >= self.settings.max_turns:
             gateway.failed(sid)
             raise ApiError(
@@ -112,24 +178,51 @@ class GatewayCalls:
         # logged as the environment's answer to the last turn (the agent answered it with this call),
         # so the event log alone shows each turn's observation, as for any session
         self.publish(EnvStepDone(request_id=session.request_id, turn=session.turn, observation_token_ids=observation))
-        nxt = TurnNext(
+        nxt = self._next(session, outcome)
+        self._turn_log(session).asked(nxt.turn, observation.tolist())
+        session.num_tokens += len(outcome.plan.new_tokens)
+        self._send_or_hold(session, nxt)
+        return None
+
+    def _next(self, session: Any, outcome: Order) -> TurnNext:
+        return TurnNext(
             request_id=session.request_id,
             turn=session.turn + 1,
             observation_token_ids=np.asarray(outcome.plan.new_tokens, np.int32),
             max_tokens=outcome.max_tokens,
         )
-        session.num_tokens += len(outcome.plan.new_tokens)
+
+    def _send_or_hold(self, session: Any, nxt: TurnNext) -> None:
         if session.hang_state == "hung":
             session.held = nxt  # answered once a later tick continues the session
             self.counters["turns_held"] += 1
         else:
             self._send_turn(session, nxt)
-        return None
+
+    def _resume_step(self, gateway: Gateway, session: Any, outcome: Order) -> Step:
+        sid, plan = str(session.request_id), outcome.plan
+        try:
+            return place(self._turn_log(session), sid, plan.turn, plan.new_tokens, len(session.actions))
+        except ResumeDivergedError as exc:
+            gateway.failed(sid)
+            self.counters["agents_diverged"] += 1
+            self._end(session.request_id, 0.0, 0.0, session.turn + 1, str(exc))
+            raise ApiError(409, str(exc), code="history_diverged") from exc
+
+    def _replayed(self, gateway: Gateway, session: Any, turn: int) -> Answer:
+        """A turn the session already has, asked again by its re-run agent: answered from the log."""
+        self.counters["turns_replayed"] += 1
+        turns = self._turn_log(session)
+        tokens = session.actions[turn].tolist()
+        finish = finish_name(turns.finishes[turn])
+        return gateway.generated(str(session.request_id), tokens, finish, turns.logprobs[turn])
 
     def answer_turn(self, session: Any, done: TurnDone) -> None:
         """A turn the agent asked for is generated: its call's answer."""
         gateway = self._gateway()
         job, session.call_job = session.call_job, 0
+        if not job:  # no call waits for it (a re-run agent still replaying): its call gets it from the log
+            return
         sid = str(session.request_id)
         try:
             logprobs = None if done.logprobs is None else np.asarray(done.logprobs, np.float64).tolist()
@@ -137,8 +230,7 @@ class GatewayCalls:
             answer: Any = gateway.generated(sid, tokens, finish_name(done.finish_reason), logprobs)
         except ApiError as error:
             answer = error
-        if job:
-            self.answers.append((job, answer))
+        self.answers.append((job, answer))
 
     def agent_turn(self, request_id: int, turn: int) -> int:
         """The turn an agent's final answer answers: the session's last (its run started at turn 0)."""

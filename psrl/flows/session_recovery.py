@@ -18,6 +18,10 @@ The rule for a session alive at the crash (``RestoredSession``), by its last log
   worker of the dead scheduler): the step is run again on a fresh worker, which rebuilds the
   episode by replaying the session's logged actions (the same replay as a dead env worker's step).
 
+An agent session (the gateway's) is continued by re-running its agent, whose calls meet the
+session's logged turns by the resume rule (``psrl.gateway.resume``); for that each session keeps
+its turns' observations, finish reasons and log-probs too.
+
 Every session starts running: hang decisions are not restored, the next ThunderAgent tick makes
 them again. The router's messages that were already in the log when it was read are handled
 here, so when the link delivers one of them too it is dropped (``seen_event_ids``).
@@ -51,6 +55,9 @@ class RestoredSession:
     actions: list[np.ndarray] = field(default_factory=list)
     answer: EnvStepDone | None = None  # the logged environment answer to its last handed-over turn
     last_next: TurnNext | None = None  # the last next turn sent for it
+    observations: list[np.ndarray] = field(default_factory=list)  # per next turn sent: its observation (turn 1 on)
+    finishes: list[int] = field(default_factory=list)  # per handed-over turn: how it ended (agent sessions' replay)
+    logprobs: list[list[float] | None] = field(default_factory=list)  # per handed-over turn, where logged
 
 
 @dataclass
@@ -101,6 +108,7 @@ def _observe(sessions: dict[int, RestoredSession], msg: Any) -> None:
         if continued is not None and msg.turn == continued.turn + 1:
             continued.status, continued.answer, continued.last_next = "generate", None, msg
             continued.num_tokens += len(msg.observation_token_ids)
+            continued.observations.append(np.asarray(msg.observation_token_ids, np.int32))
     elif isinstance(msg, (SessionEnd, SessionGone, TrajectoryDone)):
         sessions.pop(msg.request_id, None)
 
@@ -115,3 +123,5 @@ def _turn_done(sessions: dict[int, RestoredSession], done: TurnDone) -> None:
     session.status, session.instance, session.num_tokens = "env", done.instance, done.num_tokens
     session.turn, session.answer = done.turn, None
     session.actions.append(np.asarray(done.token_ids, np.int32))
+    session.finishes.append(int(done.finish_reason))
+    session.logprobs.append(None if done.logprobs is None else np.asarray(done.logprobs, np.float64).tolist())

@@ -13,17 +13,23 @@ reward; a timeout is the pool's). The agent is
   set and the row as JSON on stdin; the last line it prints is its reward (a number or JSON with
   ``score``).
 
-A step run again on a fresh worker (its worker died) runs the agent again from the start: its
-calls that repeat the session's recorded turns get those turns back, so no turn is generated twice.
+A step run again on a fresh worker (its worker died), or by a restarted session scheduler, runs
+the agent again from the start: its calls that repeat the session's turns get those turns back
+(``psrl.gateway.resume``), so no turn is generated twice. A worker dies with the scheduler that
+started it, and a command with its worker (Linux ``PR_SET_PDEATHSIG``): an agent of a dead
+scheduler never calls on after its replacement took its session over.
 """
 
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import inspect
 import json
 import os
+import signal
 import subprocess
+import sys
 from typing import Any
 
 import httpx
@@ -110,6 +116,7 @@ class AgentRunner:
         done = subprocess.run(
             self.spec["command"],
             shell=True,
+            preexec_fn=die_with_parent,  # only a prctl between fork and exec
             input=json.dumps(row),
             capture_output=True,
             text=True,
@@ -152,6 +159,16 @@ class _Obj:
         self.__dict__.update(values)
 
 
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent() -> None:
+    """SIGKILL this process when its parent dies (Linux; elsewhere nothing)."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL))
+
+
 def serve_agents(connection: Any, spec_json: str) -> None:
     """An env worker process running agents: one step request (a session's agent run) at a time."""
+    die_with_parent()
     serve_steps(connection, AgentRunner(json.loads(spec_json)).run, "agent-heartbeat")

@@ -12,7 +12,7 @@ the eager path to float rounding.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch.nn import functional
@@ -35,6 +35,8 @@ class _LayerWeights:
     down_bias: torch.Tensor | None
     q_norm: torch.Tensor | None = None  # Qwen3's per-head query / key norms
     k_norm: torch.Tensor | None = None
+    # unmerged LoRA: projection ("qkv", "o", "gate_up", "down") -> (A^T, scaled B^T), as Projection holds them
+    lora: dict[str, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,7 +99,7 @@ class FusedCpuDecoder:
         caches: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
     ) -> None:
         self._rms_norm(hidden, layer.input_norm, buffers.normed)
-        _project(buffers.normed, layer.qkv, layer.qkv_bias, buffers.qkv)
+        _project(buffers.normed, layer.qkv, layer.qkv_bias, buffers.qkv, layer.lora.get("qkv"))
         if layer.q_norm is not None and layer.k_norm is not None:
             self._qk_norm(buffers.qkv, layer.q_norm, layer.k_norm)
         cache, keys, values = caches
@@ -107,14 +109,14 @@ class FusedCpuDecoder:
         )  # fmt: skip
         if status != 0:
             raise MemoryError("decode attention could not allocate its scratch memory")
-        _accumulate(hidden, buffers.attention, layer.o, layer.o_bias)
+        _accumulate(hidden, buffers.attention, layer.o, layer.o_bias, layer.lora.get("o"))
 
     def _mlp_block(self, hidden: torch.Tensor, layer: _LayerWeights, buffers: _StepBuffers) -> None:
         self._rms_norm(hidden, layer.post_norm, buffers.normed)
-        _project(buffers.normed, layer.gate_up, layer.gate_up_bias, buffers.gate_up)
+        _project(buffers.normed, layer.gate_up, layer.gate_up_bias, buffers.gate_up, layer.lora.get("gate_up"))
         rows, inter = buffers.activation.shape
         self.kernels.raw_silu_mul(buffers.gate_up.data_ptr(), buffers.activation.data_ptr(), rows, inter)
-        _accumulate(hidden, buffers.activation, layer.down, layer.down_bias)
+        _accumulate(hidden, buffers.activation, layer.down, layer.down_bias, layer.lora.get("down"))
 
     def _qk_norm(self, qkv: torch.Tensor, q_norm: torch.Tensor, k_norm: torch.Tensor) -> None:
         """Normalise each query and key head in place, before the attention kernel rotates them."""
@@ -150,26 +152,45 @@ def _layer_weights(layer: DecoderLayer) -> _LayerWeights:
         ("gate_up", layer.gate_up_proj),
         ("down", layer.down_proj),
     )
+    lora: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
     for short, projection in projections:
         tensors[short] = projection.weight_t.detach()
         tensors[f"{short}_bias"] = None if projection.bias is None else projection.bias.detach()
+        if projection.lora_a_t is not None and projection.lora_b_t is not None:
+            lora[short] = (projection.lora_a_t, projection.lora_b_t)
     tensors["q_norm"] = None if layer.q_norm is None else layer.q_norm.detach()
     tensors["k_norm"] = None if layer.k_norm is None else layer.k_norm.detach()
     for name, tensor in tensors.items():
         if tensor is not None:
             check_tensor(tensor, name)
-    return _LayerWeights(**tensors)  # type: ignore[arg-type]
+    return _LayerWeights(**tensors, lora=lora)  # type: ignore[arg-type]
 
 
-def _project(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor) -> None:
+def _project(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    out: torch.Tensor,
+    lora: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> None:
     if bias is None:
         torch.mm(x, weight, out=out)
     else:
         torch.addmm(bias, x, weight, out=out)
+    if lora is not None:
+        out.addmm_(torch.mm(x, lora[0]), lora[1])
 
 
-def _accumulate(residual: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
-    """residual += x @ weight (+ bias), in place."""
+def _accumulate(
+    residual: torch.Tensor,
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    lora: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> None:
+    """residual += x @ weight (+ bias) (+ x @ A^T @ B^T under unmerged LoRA), in place."""
     residual.addmm_(x, weight)
     if bias is not None:
         residual.add_(bias)
+    if lora is not None:
+        residual.addmm_(torch.mm(x, lora[0]), lora[1])

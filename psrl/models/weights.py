@@ -78,8 +78,21 @@ def _layer_slot(layer: DecoderLayer, local: str, full_name: str) -> WeightSlot:
     if local in norms and (norm := norms[local]) is not None:
         return WeightSlot(norm, num_interleaved_heads=1)  # one head's dimension, interleaved like q and k
     module, _, kind = local.rpartition(".")
-    # HF module -> (fused projection, first output row, rows, heads to interleave)
-    parts: dict[str, tuple[Projection, int, int, int]] = {
+    parts = projection_parts(layer)
+    if module in parts:
+        projection, start, size, num_heads = parts[module]
+        if kind == "weight":
+            return WeightSlot(projection.weight_t.narrow(1, start, size), True, num_heads)
+        if kind == "bias" and projection.bias is not None:
+            return WeightSlot(projection.bias.narrow(0, start, size), False, num_heads)
+    raise WeightLoadError(f"{full_name} is not a parameter of this {spec.model_type} model")
+
+
+def projection_parts(layer: DecoderLayer) -> dict[str, tuple[Projection, int, int, int]]:
+    """HF module (layer-local, e.g. ``self_attn.q_proj``) -> (fused projection, first output column, columns,
+    heads whose halves are interleaved)."""
+    spec = layer.spec
+    return {
         "self_attn.q_proj": (layer.qkv_proj, 0, spec.q_size, spec.num_heads),
         "self_attn.k_proj": (layer.qkv_proj, spec.q_size, spec.kv_size, spec.num_kv_heads),
         "self_attn.v_proj": (layer.qkv_proj, spec.q_size + spec.kv_size, spec.kv_size, 0),
@@ -88,10 +101,3 @@ def _layer_slot(layer: DecoderLayer, local: str, full_name: str) -> WeightSlot:
         "mlp.up_proj": (layer.gate_up_proj, spec.intermediate_size, spec.intermediate_size, 0),
         "mlp.down_proj": (layer.down_proj, 0, spec.hidden_size, 0),
     }
-    if module in parts:
-        projection, start, size, num_heads = parts[module]
-        if kind == "weight":
-            return WeightSlot(projection.weight_t.narrow(1, start, size), True, num_heads)
-        if kind == "bias" and projection.bias is not None:
-            return WeightSlot(projection.bias.narrow(0, start, size), False, num_heads)
-    raise WeightLoadError(f"{full_name} is not a parameter of this {spec.model_type} model")

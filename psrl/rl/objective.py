@@ -85,11 +85,12 @@ def token_weights(batch: Batch) -> Tensor | None:
 
 def actor_loss(
     log_probs: Tensor, entropy: Tensor | None, batch: Batch, algorithm: Algorithm, denominators: Denominators
-) -> tuple[Tensor, dict[str, float]]:
+) -> tuple[Tensor, dict[str, Tensor]]:
     """Loss of one micro-batch, scaled so that summing over the mini-batch gives the mini-batch loss.
 
     The returned metrics are contributions with the same scaling (sum them over micro-batches and
-    ranks to get mini-batch means).
+    ranks to get mini-batch means), as detached 0-d tensors: reading them back is one host sync per
+    mini-batch, not one per micro-batch and metric.
     """
     mask = batch.response_mask
     mode = algorithm.loss_agg_mode
@@ -107,18 +108,18 @@ def actor_loss(
     pg_loss = aggregate(terms.token_losses, mask, mode, **scale)
     loss = pg_loss
     metrics = {
-        "actor/pg_loss": float(pg_loss.detach()),
-        "actor/clip_frac": float(aggregate(terms.is_clipped.float(), mask, "token-mean", **scale)),
-        "actor/ppo_kl": float(aggregate(terms.approx_kl.detach(), mask, "token-mean", **scale)),
+        "actor/pg_loss": pg_loss.detach(),
+        "actor/clip_frac": aggregate(terms.is_clipped.float(), mask, "token-mean", **scale),
+        "actor/ppo_kl": aggregate(terms.approx_kl.detach(), mask, "token-mean", **scale),
     }
     if entropy is not None:
         entropy_term = aggregate(entropy, mask, mode, **scale)
-        metrics["actor/entropy"] = float(aggregate(entropy.detach(), mask, "token-mean", **scale))
+        metrics["actor/entropy"] = aggregate(entropy.detach(), mask, "token-mean", **scale)
         if algorithm.entropy_coeff > 0:
             loss = loss - algorithm.entropy_coeff * entropy_term
     if algorithm.kl_loss_coef > 0:
         kl = kl_penalty(log_probs, batch.fields["ref_log_probs"], algorithm.kl_loss_type)
         kl_term = aggregate(kl, mask, mode, **scale)
         loss = loss + algorithm.kl_loss_coef * kl_term
-        metrics["actor/kl_loss"] = float(aggregate(kl.detach(), mask, "token-mean", **scale))
+        metrics["actor/kl_loss"] = aggregate(kl.detach(), mask, "token-mean", **scale)
     return loss, metrics

@@ -85,6 +85,7 @@ class RouterCore:
         self.is_paused = False
         self._routed: dict[int, _Routed] = {}
         self._group_pins: dict[int, str] = {}
+        self._resting: dict[int, str] = {}  # session (request id) -> instance its next turn comes back to
         self._group_active: dict[int, int] = {}
         self._decision_seq = 0
         self._dispatch_seq = 0
@@ -102,6 +103,8 @@ class RouterCore:
         """Forget a dead instance; returns the requests that were on it (to be looped back)."""
         self.cluster.remove(instance_id)
         self.tree.remove_tenant(instance_id)
+        for request_id in [r for r, i in self._resting.items() if i == instance_id]:
+            del self._resting[request_id]
         orphans = [r.request for r in self._routed.values() if r.instance_id == instance_id]
         for request in orphans:
             self.release(request.request_id)
@@ -109,6 +112,25 @@ class RouterCore:
             del self._group_pins[prompt_id]
         self._wake(VERSIONS, instance_key(instance_id))
         return orphans
+
+    def rest(self, request_id: int, instance_id: str) -> None:
+        """A session's turn ended on ``instance_id`` and its next turn will come back there (sticky): it
+        counts in that instance's load for new sessions (``CandidateState.num_resting``) until ``wake``."""
+        self.wake(request_id)
+        view = self.cluster.find(instance_id)
+        if view is None:
+            return
+        self._resting[request_id] = instance_id
+        view.num_resting += 1
+        self.cluster.changed(view)
+
+    def wake(self, request_id: int) -> None:
+        """The session's next turn arrived, or the session ended: it no longer rests anywhere."""
+        instance_id = self._resting.pop(request_id, None)
+        view = None if instance_id is None else self.cluster.find(instance_id)
+        if view is not None:
+            view.num_resting = max(0, view.num_resting - 1)
+            self.cluster.changed(view)
 
     def set_version(self, instance_id: str, version: int) -> None:
         """The instance advertises ``version`` after a sync; its GPU prefix cache is gone."""

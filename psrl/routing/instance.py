@@ -45,6 +45,14 @@ class CandidateState(msgspec.Struct, frozen=True, gc=False, array_like=True):
     budget_kv_tokens: int
     kv_capacity_tokens: int
     is_paused: bool  # paused instances keep their pinned requests waiting but admit nothing
+    # sessions whose last turn ran here and whose next turn will come back here (calling their tools);
+    # load of new sessions under sticky routing, where in-flight requests alone miss them
+    num_resting: int = 0
+
+    @property
+    def num_sessions(self) -> int:
+        """Requests in flight plus sessions resting here: what a new sticky session shares the instance with."""
+        return self.num_inflight + self.num_resting
 
 
 class InstanceView:
@@ -58,6 +66,7 @@ class InstanceView:
         "is_paused",
         "kv_capacity_tokens",
         "num_inflight",
+        "num_resting",
         "order",
         "snapshot",
         "unseen_budget_tokens",
@@ -73,6 +82,7 @@ class InstanceView:
         self.is_healthy = True
         self.is_paused = False
         self.num_inflight = 0
+        self.num_resting = 0
         self.snapshot: InstanceSnapshot | None = None
         self.unseen_tokens = 0
         self.unseen_budget_tokens = 0
@@ -92,6 +102,7 @@ class InstanceView:
                 (snap.budget_kv_tokens if snap else 0) + self.unseen_budget_tokens,
                 self.kv_capacity_tokens,
                 self.is_paused,
+                self.num_resting,
             )
         return self._candidate
 

@@ -136,7 +136,7 @@ def actor_step(
 ) -> None:
     """One optimizer step of the policy on this rank's share of a mini-batch."""
 
-    def loss_of(micro: MicroBatch) -> tuple[Tensor, dict[str, float]]:
+    def loss_of(micro: MicroBatch) -> tuple[Tensor, dict[str, Tensor]]:
         log_probs, entropy = response_log_probs(
             policy.model, micro, temperature=settings.temperature, with_entropy=True
         )
@@ -201,9 +201,16 @@ def _accumulated_step(
             _backward(loss * parallel.loss_scale)
         for name, value in metrics.items():
             contributions[name] = contributions.get(name, 0.0) + value
-    for name, value in contributions.items():
-        sums.add_share(name, float(value), 1.0 / parallel.world_size)
+    for name, value in zip(contributions, _read_back(list(contributions.values())), strict=True):
+        sums.add_share(name, value, 1.0 / parallel.world_size)
     _finish_step(trainable, settings.grad_clip, sums, prefix)
+
+
+def _read_back(values: list[float | Tensor]) -> list[float]:
+    """The step's metric contributions as floats, with one device-to-host copy for all the tensors."""
+    tensors = [v.detach().float().reshape(()) for v in values if isinstance(v, Tensor)]
+    read = iter(torch.stack(tensors).tolist() if tensors else [])
+    return [next(read) if isinstance(v, Tensor) else float(v) for v in values]
 
 
 def _tokens_of(micro: MicroBatch) -> int:

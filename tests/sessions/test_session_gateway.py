@@ -114,15 +114,6 @@ def test_a_hung_session_holds_the_call_and_an_ended_one_cancels_it() -> None:
     assert "8" not in flow.gateway.sessions
 
 
-def test_a_restarted_scheduler_ends_its_agent_sessions() -> None:
-    from psrl.flows.session_recovery import RestoredSession, SessionRecovery
-
-    flow, env = make()
-    recovery = SessionRecovery(sessions={8: RestoredSession(8, 2, "i0", "env", 1, 30, [np.asarray([5, 1])])})
-    ends = sent(flow.restore(recovery, 0.0), SessionEnd)
-    assert ends[0].error == "session scheduler restarted mid-agent" and env.submitted == []
-
-
 def test_hang_continue_schedules_a_session_once_its_agent_runs() -> None:
     flow, _ = make()
     flow.handle(status("i0", 20, 90), 0.0)  # too small for one session: a scheduled one is hung

@@ -43,9 +43,10 @@ def flatten(groups: Groups) -> list[tuple[int, int]]:
     return [(g, i) for g, group in enumerate(groups) for i in group]
 
 
-def least_loaded(inputs: DecisionInputs, groups: Groups) -> Choice:
-    """Fewest in-flight requests; ties go to the better priority group, then instance order."""
-    loads = [c.num_inflight for c in inputs.candidates]
+def least_loaded(inputs: DecisionInputs, groups: Groups, *, count_resting: bool = False) -> Choice:
+    """Fewest in-flight requests (plus resting sessions with ``count_resting``); ties go to the better
+    priority group, then instance order."""
+    loads = [c.num_sessions if count_resting else c.num_inflight for c in inputs.candidates]
     best: tuple[int, int, int] | None = None  # (load, group, index)
     for group_index, group in enumerate(groups):
         index = min(group, key=loads.__getitem__)  # first minimum: lowest instance order

@@ -15,6 +15,9 @@ each instance since its KV cache was last cleared).
   instance whose KV would exceed ``kv_capacity_threshold`` x its capacity with this request.
 * The balance check and the fallbacks consider only admitted instances; cache_aware ties go
   the same way as v1's (lower load, then smaller tree).
+* Load is in-flight requests plus sessions resting on the instance (their turn done, their tool
+  running, their next turn pinned back there): a new session balances against every session an
+  instance holds, not only those generating at this moment, while a continuing turn stays pinned.
 
 An instance whose KV usage reaches ``overload_token_usage_threshold`` (< 1) is not admitted.
 """
@@ -46,7 +49,7 @@ class CacheAwareRoutingPolicy:
     def choose(self, inputs: DecisionInputs, groups: Groups) -> Choice | str:
         keys = self._keys(inputs, groups)
         if self._is_imbalanced(inputs, groups, keys):
-            choice = least_loaded(inputs, groups)
+            choice = least_loaded(inputs, groups, count_resting=True)
             return Choice(choice.index, choice.group, choice.score, "shortest_queue")
         best = min(keys)
         cands = inputs.candidates
@@ -76,7 +79,7 @@ class CacheAwareRoutingPolicy:
             weight = -s.gpu_overlap_weight
         if not (self.multi_tier and offload):
             return [
-                (weight * (gpu.get(c.instance_id, 0) // block), c.num_inflight, trees.get(c.instance_id, 0), g, i)
+                (weight * (gpu.get(c.instance_id, 0) // block), c.num_sessions, trees.get(c.instance_id, 0), g, i)
                 for g, group in enumerate(groups)
                 for i in group
                 for c in (cands[i],)
@@ -88,7 +91,7 @@ class CacheAwareRoutingPolicy:
                 iid = cands[i].instance_id
                 blocks = gpu.get(iid, 0) // block
                 extra = max(0, offload.get(iid, 0) // block - blocks)
-                keys.append((weight * blocks + offload_weight * extra, cands[i].num_inflight, trees.get(iid, 0), g, i))
+                keys.append((weight * blocks + offload_weight * extra, cands[i].num_sessions, trees.get(iid, 0), g, i))
         return keys
 
     def _hit_ratio(self, inputs: DecisionInputs, instance_id: str) -> float:
