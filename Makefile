@@ -13,7 +13,7 @@ TRL_VENV := .venv-trl
 TRL_BIN := $(TRL_VENV)/bin
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: install install-kv install-vllm install-trl test-trl install-verifiers test-verifiers install-reasoning-gym install-mini-swe test-mini-swe model-smollm2 test-reasoning-gym check lint imports types test test-gpu test-slow test-kv bench-kv test-restart test-elastic chaos chaos-full chaos-elastic chaos-agentic chaos-agent test-agent-restart fuzz test-multihost install-ray test-ray test-slurm test-wheel test-vllm test-all demo docs bench clean
+.PHONY: install install-kv install-vllm install-trl test-trl install-verifiers test-verifiers install-reasoning-gym install-mini-swe test-mini-swe model-smollm2 test-reasoning-gym check lint imports types test test-gpu test-slow test-kv bench-kv test-restart test-elastic chaos chaos-full chaos-elastic chaos-agentic chaos-agent test-agent-restart fuzz fuzz-gateway test-multihost install-ray test-ray test-slurm test-wheel test-vllm test-all demo docs bench clean
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -175,6 +175,10 @@ test-agent-restart: install
 
 fuzz: install
 	$(BIN)/python tools/fuzz_bus.py
+
+# 10k bad requests at the session gateway of a live agent run (the test: tests/system/test_gateway_fuzz.py, marked slow)
+fuzz-gateway: install
+	$(BIN)/python tools/fuzz_gateway.py
 
 # the vLLM half of the engine suite (and every other vllm-marked test), from the vllm venv
 test-vllm: install-vllm

@@ -77,8 +77,8 @@ class SessionActor(FlowActor):
         settings = self.config.agent.gateway
         token = run_token(settings.host, settings.token)
         self.bridge, self.jobs = Bridge(), dict[int, Any]()
-        server = ServerSettings(token, settings.max_body_bytes, (settings.model_name,))
-        self.http = GatewayServer(make_app(self.bridge, server), settings.host, settings.port).start()
+        self.http_settings = ServerSettings(token, settings.max_body_bytes, (settings.model_name,))
+        self.http = GatewayServer(make_app(self.bridge, self.http_settings), settings.host, settings.port).start()
         self.add_input(self.bridge.fileno(), self._gateway_jobs)
         url = local_url(settings.host, self.http.port)
         self.log.info("session gateway serving", url=self.http.url, token_required=bool(token))
@@ -154,5 +154,7 @@ class SessionActor(FlowActor):
         if hasattr(self, "http"):
             self._refuse_waiting_calls()
             self.http.stop()
+            errors = {f"http_{status}": n for status, n in sorted(self.http_settings.errors.items())}
+            self.log.info("gateway errors", **errors)  # every refused call, by status
         if hasattr(self, "flow") and self.flow.counters:
             self.log.info("session counters", **dict(self.flow.counters))

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -105,6 +105,12 @@ class AgentOutcome:
     def reprefill_per_turn(self) -> float:
         """Prefilled tokens that had been computed before (a miss on the previous context, a preemption)."""
         return max(0, self.queried_tokens - self.hit_tokens - self.fresh_tokens) / max(self.turns, 1)
+
+    def merged(self, other: AgentOutcome) -> AgentOutcome:
+        """Two runs of the same setting as one: counts and times add up, waits pool."""
+        summed = {f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(self)}
+        summed["max_hold_s"] = max(self.max_hold_s, other.max_hold_s)
+        return AgentOutcome(**summed)
 
     def ttft(self, quantile: float) -> float:
         return float(np.quantile(self.ttft_s, quantile)) if self.ttft_s else float("nan")
@@ -261,6 +267,8 @@ class AgentRollout:
         for engine in self.engines:
             engine.abort_all()
             engine.reset_prefix_cache()
+            if engine.kv_tier is not None:
+                engine.kv_tier.clear()
         if self.event_log is not None:
             self.event_log.close()
 

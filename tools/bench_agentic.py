@@ -9,9 +9,9 @@ wall clock), for ``--budget-s`` seconds under each setting, on the same engines:
   a  balance   request_num_balance, no stickiness
   b  sticky    cache_aware_v1 with trajectory stickiness
   c  thunder   (b) plus ThunderAgent hang/continue (bucketed)
-  d  tier      (c) plus the KV offload tier (psrl.lmcache: evicted prefix blocks in host memory);
-               its bytes live in LMCache's CPU backend, so it runs only where the lmcache package is
-               installed (the kv extra), and says so otherwise
+  d  tier      (c) plus the KV offload tier (psrl.lmcache: evicted prefix blocks in host memory),
+               its bytes in LMCache's CPU backend where the lmcache package is installed, else in
+               psrl's own host buffer (psrl.lmcache.store=host; --tier-store chooses)
 
 Printed per setting: turns/s and sessions/s, time to first token per turn (p50 / p99, from the
 turn's tool output or first prompt to its first streamed token, so hung time counts), prefix-cache
@@ -30,7 +30,7 @@ can gain from it; on a tiny CPU model a prefill costs about a decode step, so it
 replay checkers (``psrl replay --check all DIR/<setting>`` does the same).
 
 The last line is ``RESULT agentic_speedup_vs_balance=<(c)/(a) turns/s> reuse_of_perfect=<(c)>
-tier_speedup=<(d)/(c), nan when (d) cannot run> sticky_speedup_vs_balance=<(b)/(a)>
+tier_speedup=<(d)/(c)> sticky_speedup_vs_balance=<(b)/(a)>
 ttft_p99_ratio=<(c)/(a)>``.
 """
 
@@ -53,6 +53,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from psrl.assets import DEMO_MODEL_DIR
 from psrl.config import Config, load_config
 from psrl.engine import Engine, EngineArgs, SamplingParams
+from psrl.engine.decode_rounds import round_buckets
 from tools.agentic_rollout import AgentOutcome, AgentRollout
 from tools.agentic_workload import AgentWorkload
 
@@ -109,23 +110,23 @@ SCALES = {
     "cpu-long": Scale(
         AgentWorkload(
             sessions=8,
-            prompt_tokens=(1024, 2048),
+            prompt_tokens=(512, 1024),
             turns=(4, 10),
             gen_tokens=(8, 24),
-            tool_tokens=(64, 256),
+            tool_tokens=(32, 128),
             tool_median_s=0.2,
             tool_sigma=1.0,
-            max_context=4000,
+            max_context=2048,
             vocab=(2, 48),
             ramp_s=1.0,
         ),
         instances=2,
-        kv_blocks=1024,
+        kv_blocks=512,
         max_num_seqs=8,
         batched_tokens=2048,
         budget_s=40,
         tier_gb=0.2,
-        max_positions=4096,
+        max_positions=2048,
     ),
     # one H200: Qwen2.5-1.5B body, 128 sessions of 2k-8k first prompts growing to 32k over 8-30 turns,
     # two instances whose KV (640k tokens each) holds about two thirds of what the sessions grow to
@@ -155,7 +156,7 @@ SCALES = {
 # --dry-run-cpu: the gpu path (its model writer, engines, settings, log and checks) shrunk to a tiny CPU run
 DRY_RUN = Scale(
     AgentWorkload(sessions=8, prompt_tokens=(64, 256), turns=(2, 5), gen_tokens=(6, 16), tool_tokens=(16, 64),
-                  tool_median_s=0.1, tool_sigma=1.0, max_context=1000, vocab=(2, 48), ramp_s=0.5),
+                  tool_median_s=0.1, tool_sigma=1.0, max_context=1024, vocab=(2, 48), ramp_s=0.5),
     instances=2, kv_blocks=160, max_num_seqs=8, batched_tokens=1024, budget_s=8, tier_gb=0.02, max_positions=1024,
 )  # fmt: skip
 
@@ -195,13 +196,34 @@ def setting_config(scale: Scale, name: str, args: argparse.Namespace, model: Pat
         "actor.ppo_mini_batch_size=4096",
         f"psrl.lmcache.offload_size_gb={scale.tier_gb}",
         *SETTINGS[name],
+        *([f"psrl.lmcache.store={args.tier_store}"] if name == "tier" else []),
         *args.overrides,
     ]
     return load_config("agentic", overrides)
 
 
-def build_engines(config: Config) -> list[Engine]:
-    return [Engine(EngineArgs.from_config(config)) for _ in range(config.topology.n_rollout_instances)]
+def build_engines(config: Config, *, round_path: bool = False) -> list[Engine]:
+    """The instances' engines, each warmed up so that no setting's window pays for compiling or capturing.
+    ``round_path``: decode rounds through the step kernels' torch reference (how a CPU run takes the GPU's
+    decode path)."""
+    args = EngineArgs.from_config(config)
+    if round_path:
+        args = replace(args, gpu_kernels="torch", decode_steps=4)
+    engines = [Engine(args) for _ in range(config.topology.n_rollout_instances)]
+    for engine in engines:
+        warm(engine)
+    return engines
+
+
+def warm(engine: Engine) -> None:
+    """A decode round at every batch bucket (each captures its CUDA graph once) and a long prefill."""
+    steps = engine.args.decode_steps
+    params = SamplingParams(max_tokens=2 * steps + 1, ignore_eos=True)
+    for batch in round_buckets(engine.args.max_num_seqs):
+        _drain(engine, {f"warm-{batch}-{i}": ([2 + (i + j) % 40 for j in range(16)], params) for i in range(batch)})
+    long = min(engine.max_model_len - 1, 2 * engine.args.max_num_batched_tokens)
+    _drain(engine, {"warm-long": ([3 + i % 41 for i in range(long)], SamplingParams(max_tokens=1, ignore_eos=True))})
+    engine.reset_prefix_cache()
 
 
 def free(engines: list[Engine]) -> None:
@@ -243,7 +265,6 @@ def probe(engine: Engine, scale: Scale) -> Probe:
     batch = max(1, min(scale.max_num_seqs, w.sessions // scale.instances))
     prompt = [2 + i % 40 for i in range(context)]
     one = SamplingParams(max_tokens=1, ignore_eos=True)
-    _drain(engine, {"warm": ([3 + i % 41 for i in range(context)], one)})  # kernels compiled, graphs captured
     prefill_s = _timed(engine, {"p": (prompt, one)})
     tool_s = _timed(engine, {"t": ([*prompt, *([7] * tool)], one)}) if context + tool < w.max_context else prefill_s
     steps = max(32, engine.args.decode_steps * 4)
@@ -285,27 +306,33 @@ def _sync(engine: Engine) -> None:
 
 
 def run_settings(scale: Scale, args: argparse.Namespace, model: Path) -> tuple[dict[str, AgentOutcome], Probe, str]:
-    """Every setting on the same engines (emptied between them); (d) on engines with a tier, if it can run."""
+    """Every setting on the same engines (emptied between them; (d) on engines built with a tier), ``--repeats``
+    times in alternating order (a b c d, d c b a, ...) so that a machine's changing load hits them alike."""
     configs = {name: setting_config(scale, name, args, model) for name in args.settings}
     plain = [n for n in args.settings if n != "tier"]
-    engines = build_engines(configs[plain[0]]) if plain else []
-    measured = probe(engines[0], scale) if engines else None
+    engines = {"plain": build_engines(configs[plain[0]], round_path=args.dry_run_cpu) if plain else []}
+    if "tier" in configs:
+        engines["tier"] = build_engines(configs["tier"], round_path=args.dry_run_cpu)
+    measured = probe(next(e for e in engines.values() if e)[0], scale)
+    print(f"engines built and warmed up in {time.perf_counter() - args.started:.0f} s", flush=True)
     outcomes: dict[str, AgentOutcome] = {}
-    for name in plain:
-        outcomes[name] = run_one(name, configs[name], scale, engines, args)
-    free(engines)
-    tier_note = tier_unavailable()
-    if "tier" in configs and not tier_note:
-        engines = build_engines(configs["tier"])
-        measured = measured or probe(engines[0], scale)
-        outcomes["tier"] = run_one("tier", configs["tier"], scale, engines, args)
-        free(engines)
-    assert measured is not None
-    return outcomes, measured, tier_note
+    for repeat in range(args.repeats):
+        for name in args.settings if repeat % 2 == 0 else reversed(args.settings):
+            on = engines["tier" if name == "tier" else "plain"]
+            outcome = run_one(name, configs[name], scale, on, args, repeat)
+            outcomes[name] = outcomes[name].merged(outcome) if name in outcomes else outcome
+    for built in engines.values():
+        free(built)
+    tier_note = ""
+    if "tier" in configs:
+        tier_note = f"(d) tier: psrl.lmcache.store={args.tier_store} ({scale.tier_gb:g} GiB of host memory)"
+    return {name: outcomes[name] for name in args.settings}, measured, tier_note
 
 
-def run_one(name: str, config: Config, scale: Scale, engines: list[Engine], args: argparse.Namespace) -> AgentOutcome:
-    log_dir = None if args.log_dir is None else args.log_dir / name
+def run_one(
+    name: str, config: Config, scale: Scale, engines: list[Engine], args: argparse.Namespace, repeat: int
+) -> AgentOutcome:
+    log_dir = None if args.log_dir is None or repeat else args.log_dir / name  # the first run of each is logged
     started = time.perf_counter()
     outcome = AgentRollout(config, scale.workload, engines, log_dir=log_dir).run(scale.budget_s)
     print(f"  {name}: {outcome.turns} turns, {outcome.sessions} sessions in {time.perf_counter() - started:.0f} s",
@@ -313,12 +340,12 @@ def run_one(name: str, config: Config, scale: Scale, engines: list[Engine], args
     return outcome
 
 
-def tier_unavailable() -> str:
-    """Why (d) cannot run here ('' when it can)."""
-    if importlib.util.find_spec("lmcache") is None:
-        return ("(d) not run: the offload tier keeps its bytes in LMCache's CPU backend and the lmcache package "
-                "is not installed here (the kv extra: .venv-kv, make kv)")  # fmt: skip
-    return ""
+def tier_store(choice: str) -> str:
+    """The (d) tier's store: LMCache's CPU backend where the lmcache package is installed, else psrl's own
+    host buffer (``auto``); or as chosen."""
+    if choice == "auto":
+        return "lmcache" if importlib.util.find_spec("lmcache") is not None else "host"
+    return choice
 
 
 def report(outcomes: dict[str, AgentOutcome], measured: Probe, tier_note: str, scale_name: str) -> None:
@@ -382,7 +409,12 @@ def main() -> None:
     parser.add_argument("--instances", type=int, help="rollout instances (default: the scale's)")
     parser.add_argument("--kv-blocks", type=int, help="KV blocks per instance (default: the scale's)")
     parser.add_argument("--turns", type=str, help="turns per session, LO-HI (default: the scale's)")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch threads on CPU (1: a busy machine's cores are not fought over)")  # fmt: skip
+    parser.add_argument("--repeats", type=int, default=1, help="run the settings this often, alternating order")
     parser.add_argument("--settings", default="balance,sticky,thunder,tier", help="comma-separated subset")
+    parser.add_argument("--tier-store", choices=["auto", "lmcache", "host"], default="auto",
+                        help="(d)'s store: auto = lmcache where installed, else psrl's host buffer")  # fmt: skip
     parser.add_argument("--log-dir", type=Path, help="write each setting's event log under it and replay-check it")
     parser.add_argument("overrides", nargs="*", help="config overrides key=value for every setting")
     args = parser.parse_args()
@@ -390,12 +422,17 @@ def main() -> None:
     scale = _with_knobs(scale, args)
     args.device = "cuda" if args.scale == "gpu" and not args.dry_run_cpu else "cpu"
     args.settings = [s.strip() for s in args.settings.split(",") if s.strip()]
+    args.tier_store = tier_store(args.tier_store)
+    if args.device == "cpu":
+        import torch
+
+        torch.set_num_threads(args.threads)
     unknown = [s for s in args.settings if s not in SETTINGS]
     if unknown:
         parser.error(f"--settings: unknown {unknown}; choose from {', '.join(SETTINGS)}")
     with tempfile.TemporaryDirectory(prefix="bench-agentic-") as scratch:
         model = args.model or write_model(scale, args.device, args.model_dir or Path(scratch) / "model")
-        started = time.perf_counter()
+        started = args.started = time.perf_counter()
         outcomes, measured, tier_note = run_settings(scale, args, model)
     print(
         f"{len(outcomes)} settings in {time.perf_counter() - started:.0f} s ({scale.budget_s:.0f} s each, "

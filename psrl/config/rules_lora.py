@@ -1,4 +1,9 @@
-"""Cross-field rules of LoRA (`actor.lora.*`): what the adapters need from the rest of the run."""
+"""Cross-field rules of LoRA (`actor.lora.*`, `engine.lora_mode`): what the adapters need from the rest of the run.
+
+Both backends serve adapter versions: the embedded engine merges them into its base weights or applies
+them unmerged (`engine.lora_mode`), the vLLM backend through vLLM's own LoRA support (whether the
+installed vLLM serves the rank is checked by `psrl.preflight`, which imports it).
+"""
 
 from __future__ import annotations
 
@@ -8,17 +13,18 @@ from psrl.config.root import Config
 from psrl.errors import ConfigProblem
 
 
-def lora_needs_embedded_engine(c: Config) -> Iterator[ConfigProblem]:
-    """The rollout side merges each pulled adapter version into its base weights; only the embedded
-    engine does that today (the vLLM backend would need its weight loader to merge, or vLLM's own
-    LoRA serving: enable_lora with a LoRARequest per version)."""
-    if c.actor.lora.enabled and c.engine.backend == "vllm":
-        yield ConfigProblem(
-            ("actor.lora.rank", "engine.backend"),
-            repr((c.actor.lora.rank, c.engine.backend)),
-            "LoRA adapters are merged on load by the embedded engine; the vLLM backend cannot apply them yet",
-            "set engine.backend=embedded, or actor.lora.rank=0 (full fine-tuning)",
-        )
+def lora_mode_applies(c: Config) -> Iterator[ConfigProblem]:
+    """engine.lora_mode=unmerged only means something to the embedded engine serving a LoRA run."""
+    if c.engine.lora_mode != "unmerged":
+        return
+    if not c.actor.lora.enabled:
+        yield ConfigProblem(("engine.lora_mode", "actor.lora.rank"), repr("unmerged"),
+                            "adapters are applied only in a LoRA run (actor.lora.rank=0 trains every weight)",
+                            "set actor.lora.rank > 0, or engine.lora_mode=merge")  # fmt: skip
+    elif c.engine.backend == "vllm":
+        yield ConfigProblem(("engine.lora_mode", "engine.backend"), repr("unmerged"),
+                            "engine.lora_mode is the embedded engine's; vLLM always applies adapters unmerged itself",
+                            "set engine.lora_mode=merge (the default), or engine.backend=embedded")  # fmt: skip
 
 
-LORA_RULES = (lora_needs_embedded_engine,)
+LORA_RULES = (lora_mode_applies,)

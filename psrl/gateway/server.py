@@ -21,6 +21,7 @@ try:
     from fastapi import FastAPI, Request
     from fastapi.responses import Response, StreamingResponse
     from starlette.exceptions import HTTPException
+    from starlette.requests import ClientDisconnect
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
     raise ImportError(EXTRA_HINT) from exc
 
@@ -108,7 +109,7 @@ def _session_routes(app: FastAPI, bridge: Submitter, settings: ServerSettings) -
 
     @app.post("/sessions")
     async def open_session(request: Request) -> Any:
-        body = await _json(request, settings) if await request.body() else {}
+        body = await _json(request, settings) if await _body(request) else {}
         return await bridge.submit("open", "", body)
 
     @app.get("/sessions/{sid}")
@@ -175,8 +176,16 @@ def _sse(chunks: list[dict[str, Any]]) -> StreamingResponse:
     return StreamingResponse(events(), media_type="text/event-stream")
 
 
+async def _body(request: Request) -> bytes:
+    try:
+        return await request.body()
+    except ClientDisconnect:  # gone in the middle of its body: counted; the answer reaches no one
+        gone = "the client disconnected before its body was complete"
+        raise ApiError(400, gone, code="client_disconnected") from None
+
+
 async def _json(request: Request, settings: ServerSettings) -> Any:
-    raw = await request.body()
+    raw = await _body(request)
     if len(raw) > settings.max_body_bytes:
         raise ApiError(413, f"the body is over {settings.max_body_bytes} bytes", code="body_too_large")
     try:

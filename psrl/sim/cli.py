@@ -52,6 +52,8 @@ the shipped demo calibration, each adjustable with the --trainer-*, --publish-s 
 @click.option("--publish-s", type=float, help="Seconds from a trained step to the published version.")
 @click.option("--pull-s", type=float, help="Seconds of every weight pull (instead of measured pulls).")
 @click.option("--prompt-tokens", type=click.IntRange(min=1), help="Fixed prompt length (skip tokenizing prompts).")
+@click.option("--observation-tokens", type=click.IntRange(min=0), default=32, show_default=True,
+              help="Tokens of each modelled environment reply (sessions: how fast contexts grow).")  # fmt: skip
 @click.option(
     "--engine-slowdown",
     type=float,
@@ -76,6 +78,7 @@ def main(
     publish_s: float | None,
     pull_s: float | None,
     prompt_tokens: int | None,
+    observation_tokens: int,
     context_limit: int | None,
     engine_slowdown: float,
     validate_runs: tuple[Path, ...],
@@ -92,7 +95,8 @@ def main(
         cost = load_cost_model(cost_path)
         trainer, pull = _run_models(from_run, trainer_step_s, trainer_token_s, publish_s, pull_s)
         settings = SimSettings(trainer, pull, num_instances=instances, total_steps=steps, prompt_tokens=prompt_tokens,
-                               context_limit=context_limit, engine_slowdown=engine_slowdown)  # fmt: skip
+                               context_limit=context_limit, engine_slowdown=engine_slowdown,
+                               observation_tokens=observation_tokens)  # fmt: skip
         variants = comparison(compare) if compare else [Variant(preset or "demo", ())]
         rows = [simulate(_config(preset, [*base, *v.overrides]), cost, settings, v.label) for v in variants]
     except (ConfigError, CostModelError, SimulationError) as exc:

@@ -20,8 +20,9 @@ migration command), since the real engine's actor also handles its messages betw
 Each of those costs O(log n), so a run costs time per request, not per token.
 
 Approximations (documented, measured in docs/benchmarks.md): KV is counted in tokens with one
-block of slack per request instead of exact block rounding; the prefix cache is not modelled
-(prompts are recomputed, which is what a weight sync or a reroute causes anyway).
+block of slack per request instead of exact block rounding; the prefix cache is modelled per
+request id only (``session_prefix_cache``: a session's turn reuses what its earlier turns left here,
+``psrl.sim.prefix_cache``); prompts shared within a group are recomputed.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from psrl.routing.budget import budget_request_tokens
 from psrl.routing.instance import InstanceSnapshot
 from psrl.routing.preemption import preempted_to_loop_back
 from psrl.sim.events import EventQueue
+from psrl.sim.prefix_cache import PrefixCacheModel
 
 FINISHED = ""  # StayResult.reason of a request that generated all its tokens
 
@@ -51,6 +53,8 @@ class EngineShape:
     block_size: int
     preemption_loopback_threshold: int  # routing_strategy.max_num_waiting_reqs_after_preemption
     request_budget: int | None = None  # set when the router reads budget-rounded KV (throughput_optimal_with_budget)
+    # a session's next turn reuses its earlier context if it comes back here in time (psrl.sim.prefix_cache)
+    session_prefix_cache: bool = False
 
 
 class EngineRequest:
@@ -123,10 +127,11 @@ _Command = _Add | _Abort | _Migrate | _Sync
 
 
 class _Seq:
-    __slots__ = ("finish_step", "generated", "join_step", "num_preemptions", "request", "stay_start")
+    __slots__ = ("cached", "finish_step", "generated", "join_step", "num_preemptions", "request", "stay_start")
 
     def __init__(self, request: EngineRequest) -> None:
         self.request = request
+        self.cached = 0  # context tokens the prefix cache held at admission (not prefilled)
         self.generated = request.num_prior_tokens  # at join_step while decoding
         self.stay_start = request.num_prior_tokens
         self.join_step = 0
@@ -145,6 +150,7 @@ class EngineCounters:
     num_decode_tokens: int = 0
     num_generated_tokens: int = 0  # decode tokens plus the first token each prefill samples
     num_prefill_tokens: int = 0
+    num_prefix_hit_tokens: int = 0  # context tokens reused from the prefix cache instead of prefilled
     num_preemptions: int = 0
     num_syncs: int = 0
 
@@ -160,6 +166,7 @@ class ModelledEngine:
         self.sink = sink
         self.version = version
         self.counters = EngineCounters()
+        self.prefix_cache = PrefixCacheModel(shape.block_size) if shape.session_prefix_cache else None
         self.last_dispatch_seq = -1
         self.report_seq = 0
         self.phase = Phase.IDLE
@@ -328,6 +335,8 @@ class ModelledEngine:
         version, pull_s = self._pending_sync
         self._pending_sync = None
         self.version = version
+        if self.prefix_cache is not None:
+            self.prefix_cache.clear()  # keys/values of other weights are never reused
         self.counters.pull_s += pull_s
         self.counters.num_syncs += 1
         self._anchor = now
@@ -352,6 +361,9 @@ class ModelledEngine:
     def _leave(self, seq: _Seq, reason: str, now: float) -> None:
         rid = seq.request.request_id
         del self._by_id[rid]
+        if self.prefix_cache is not None and reason == FINISHED:
+            self.prefix_cache.keep(rid, seq.context)
+            self._fit_cache()
         result = StayResult(rid, seq.generated, seq.generated - seq.stay_start, self.version, reason)
         self.sink.on_result(self, result, now)
 
@@ -415,8 +427,9 @@ class ModelledEngine:
             self._schedule(now + self._pending_sync[1])
             return
         if self._admit():
-            tokens = sum(seq.context for seq in self._prefilling)
+            tokens = sum(seq.context - seq.cached for seq in self._prefilling)
             self.counters.num_prefill_tokens += tokens
+            self.counters.num_prefix_hit_tokens += sum(seq.cached for seq in self._prefilling)
             self.phase = Phase.PREFILL
             self._schedule(now + self._prefill_time(tokens))
             return
@@ -432,9 +445,17 @@ class ModelledEngine:
             if need > room and (self._running or self._prefilling):
                 break  # a lone request always gets in: the context limit keeps it within the cache
             self._waiting.popleft()
+            if self.prefix_cache is not None:
+                seq.cached = self.prefix_cache.admit(seq.request.request_id, seq.context)
             self._prefilling.append(seq)
             room -= need
         return bool(self._prefilling)
+
+    def _fit_cache(self) -> None:
+        """Cached prefixes live in the KV room the resident requests leave free."""
+        assert self.prefix_cache is not None
+        resident = self._kv + sum(seq.context for seq in self._prefilling)
+        self.prefix_cache.fit(self.shape.kv_capacity_tokens - resident)
 
     def _prefill_time(self, tokens: int) -> float:
         budget = self.shape.max_num_batched_tokens
@@ -473,3 +494,6 @@ class ModelledEngine:
             newest.num_preemptions += 1
             self.counters.num_preemptions += 1
             self._waiting.appendleft(newest)
+            if self.prefix_cache is not None:  # its blocks are freed but keep their contents until reused
+                self.prefix_cache.keep(newest.request.request_id, newest.context)
+                self._fit_cache()

@@ -71,6 +71,7 @@ class SimSettings:
     total_steps: int | None = None  # None: trainer.total_steps
     max_sim_s: float = 1e7  # the run is stopped (an error) if simulated time passes this
     prompt_tokens: int | None = None  # fixed prompt length; None: the task's prompts through its tokenizer
+    observation_tokens: int = 32  # each modelled environment step's reply, in tokens (sessions)
     context_limit: int | None = None  # None: the configured model's and engine's context limit
     engine_slowdown: float = 1.0  # engine steps take this many times the cost model's time (shared CPUs, ...)
 

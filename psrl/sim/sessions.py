@@ -3,8 +3,9 @@
 The simulation runs the real session scheduler flow (``psrl.flows.session.SessionFlow``, with its
 ThunderAgent ticks); only the environment is modelled: each step answers after the configured
 tool latency (``env.latency_ms`` and its distribution, on the simulated clock) with
-``observation_tokens`` tokens, and an episode runs ``env.max_turns`` turns. The modelled engines
-charge each turn its whole context as prefill (no prefix cache is modelled).
+``observation_tokens`` tokens, and an episode runs ``env.max_turns`` turns, so each context grows
+by a turn's tokens and a reply per turn. The modelled engines charge a turn the part of its context
+their prefix cache does not hold (``psrl.sim.prefix_cache``).
 """
 
 from __future__ import annotations

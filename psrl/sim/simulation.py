@@ -43,6 +43,7 @@ def engine_shape(config: Config) -> EngineShape:
         engine.block_size,
         routing.max_num_waiting_reqs_after_preemption,
         budget,
+        session_prefix_cache=config.env.enable and engine.enable_prefix_caching,
     )
 
 
@@ -90,7 +91,8 @@ class Simulation:
         self.trainer = SimTrainer(self.clock, self.bus, settings.trainer, self.stats, self.config.psrl.staleness)
         self.session: SessionFlow | None = None
         if self.config.env.enable:  # multi-turn sessions: the real scheduler, modelled environments
-            self.session = SessionFlow(self.config, SimEnv(self.clock, self.config.env, self._env_answered))
+            env = SimEnv(self.clock, self.config.env, self._env_answered, settings.observation_tokens)
+            self.session = SessionFlow(self.config, env)
         self._is_route_due = False
         self._wire()
 

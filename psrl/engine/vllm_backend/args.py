@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from psrl.assets import DEMO_MODEL_DIR
 from psrl.engine.args import EngineArgs
+from psrl.engine.lora_merge import LoraServing
+from psrl.engine.vllm_backend.lora import lora_engine_kwargs
 
 if TYPE_CHECKING:
     from psrl.config import Config
@@ -36,6 +38,13 @@ OWNED: dict[str, str] = {
     "generation_config": "fixed: sampling comes from each request, not the checkpoint's generation_config.json",
     "disable_log_stats": "fixed: instance status is read from vLLM's statistics",
 }
+# ... and those it sets under actor.lora (vLLM's LoRA serving; `lora.py`)
+LORA_OWNED: dict[str, str] = {
+    "enable_lora": "actor.lora.rank",
+    "max_lora_rank": "actor.lora.rank",
+    "max_loras": "fixed: one adapter version is served at a time",
+    "max_cpu_loras": "fixed: the current adapter version and the one replacing it",
+}
 
 
 @dataclass(frozen=True)
@@ -54,6 +63,7 @@ class VllmEngineArgs:
     initial_weight_version: int = 0
     num_threads: int = 0  # torch threads, set before vLLM starts (it pins them on CPU); 0 = leave as is
     extra: Mapping[str, Any] = field(default_factory=dict)  # engine.vllm_args
+    lora: LoraServing | None = None  # actor.lora: versions are adapters, served by vLLM's LoRA support
 
     @classmethod
     def from_config(cls, config: Config) -> VllmEngineArgs:
@@ -72,6 +82,7 @@ class VllmEngineArgs:
             cuda_graphs=engine.cuda_graphs,
             num_threads=config.topology.threads_per_actor,
             extra=dict(engine.vllm_args),
+            lora=_lora(config),
         )
 
     @property
@@ -98,9 +109,12 @@ class VllmEngineArgs:
             "generation_config": "vllm",
             "disable_log_stats": False,
         }
+        if self.lora is not None:
+            typed |= lora_engine_kwargs(self.lora)
         overlap = sorted(set(typed) & set(self.extra))
         if overlap:
-            raise ValueError(f"engine.vllm_args sets {overlap}, which psrl sets from {[OWNED[k] for k in overlap]}")
+            owners = [{**OWNED, **LORA_OWNED}[k] for k in overlap]
+            raise ValueError(f"engine.vllm_args sets {overlap}, which psrl sets from {owners}")
         return typed | dict(self.extra)
 
     def context_limit(self) -> int:
@@ -112,6 +126,11 @@ class VllmEngineArgs:
     def _embedded_view(self) -> EngineArgs:
         # the embedded engine's device/dtype resolution, so `auto` means the same for both backends
         return EngineArgs(model_path=self.model_path, dtype=self.dtype, device=self.device)
+
+
+def _lora(config: Config) -> LoraServing | None:
+    lora = config.actor.lora
+    return LoraServing(lora.alpha, tuple(lora.target_modules), rank=lora.rank) if lora.enabled else None
 
 
 def _model_position_limit(model_dir: Path) -> int | None:

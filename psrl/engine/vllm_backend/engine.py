@@ -26,10 +26,12 @@ from psrl.engine.request_checks import check_prior_outputs, check_room, check_to
 from psrl.engine.sampling_params import SamplingParams
 from psrl.engine.vllm_backend.args import VllmEngineArgs
 from psrl.engine.vllm_backend.availability import vllm_unavailable
+from psrl.engine.vllm_backend.lora import VllmAdapters
 from psrl.engine.vllm_backend.requests import FINISH_REASONS, TrackedRequest, vllm_sampling_kwargs
 from psrl.engine.vllm_backend.stats import VllmStatistics
 from psrl.engine.vllm_backend.weights import checked_update, checkpoint_shapes
 from psrl.errors import RequestError
+from psrl.models.lora import AdapterError
 
 log = structlog.get_logger(__name__)
 
@@ -56,6 +58,9 @@ class VllmEngine:
         self.block_size: int = vllm_config.cache_config.block_size
         self.eos_token_ids = _eos_token_ids(Path(args.model_path))
         self._checkpoint = checkpoint_shapes(Path(args.model_path))
+        # actor.lora: versions are adapters that vLLM applies; None until the first version (the base model)
+        self._adapters = None if args.lora is None else VllmAdapters(args.lora, self._checkpoint)
+        self._lora_request: Any = None
         self.weight_version = args.initial_weight_version
         self.is_paused = False
         self._requests: dict[str, TrackedRequest] = {}
@@ -76,24 +81,31 @@ class VllmEngine:
         prior_versions: SequenceLike[int] | None = None,
     ) -> None:
         """Queue a request (see RolloutEngine); vLLM's own refusals become request-scoped errors."""
-        from vllm import SamplingParams as VllmSamplingParams
-        from vllm.sampling_params import RequestOutputKind
-
         params = coerce_sampling_params(request_id, sampling)
         if request_id in self._requests:
             raise RequestError(request_id, "a request with this id is already in the engine")
         prompt = check_token_ids(request_id, "prompt_ids", prompt_ids, self.vocab_size, allow_empty=False)
         prior = check_prior_outputs(request_id, prior_output_ids, prior_logprobs, prior_versions, self.vocab_size)
         check_room(request_id, len(prompt), prior, params.max_tokens, self.max_model_len)
-        kwargs = vllm_sampling_kwargs(params, len(prior.token_ids), self.eos_token_ids)
-        engine_input = {"type": "token", "prompt_token_ids": prompt + prior.token_ids}
+        state = TrackedRequest(request_id, "", prompt, params.num_logprobs, prior, sampling=params)
+        self._submit(state)
+        self._requests[request_id] = state
+
+    def _submit(self, state: TrackedRequest) -> None:
+        """Hand the request (prompt + every output so far) to vLLM, under the current adapter version if any."""
+        from vllm import SamplingParams as VllmSamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        assert state.sampling is not None
+        kwargs = vllm_sampling_kwargs(state.sampling, len(state.output_ids), self.eos_token_ids)
+        engine_input = {"type": "token", "prompt_token_ids": state.prompt_ids + state.output_ids}
         try:
             vllm_params = VllmSamplingParams(**kwargs, output_kind=RequestOutputKind.DELTA)
-            internal_id = self.llm.add_request(request_id, engine_input, vllm_params)
+            internal_id = self.llm.add_request(state.request_id, engine_input, vllm_params,
+                                               lora_request=self._lora_request)  # fmt: skip
         except (ValueError, TypeError) as error:
-            raise RequestError(request_id, f"vLLM refused the request: {error}") from error
-        internal = internal_id if isinstance(internal_id, str) else request_id
-        self._requests[request_id] = TrackedRequest(request_id, internal, prompt, params.num_logprobs, prior)
+            raise RequestError(state.request_id, f"vLLM refused the request: {error}") from error
+        state.internal_id = internal_id if isinstance(internal_id, str) else state.request_id
 
     def abort(self, request_id: str) -> RequestResult | None:
         """Stop a request; returns exactly what it generated so far (None if it is not in the engine)."""
@@ -158,13 +170,47 @@ class VllmEngine:
         Names and shapes are checked against the checkpoint first, so a bad update changes nothing.
         """
         named = list(weights.items() if isinstance(weights, Mapping) else weights)
-        to_load = checked_update(named, self._checkpoint)
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": to_load, "is_checkpoint_format": True})
+        if self._adapters is not None:
+            self._load_adapters(named, version)
+        else:
+            self._reload(named)
         self.weight_version = version
         if reset_prefix_cache:
             self.reset_prefix_cache()
         log.info("weights_loaded", version=version, num_tensors=len(named))
         return len(named)
+
+    def _reload(self, named: list[tuple[str, torch.Tensor]]) -> None:
+        to_load = checked_update(named, self._checkpoint)
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": to_load, "is_checkpoint_format": True})
+
+    def _load_adapters(self, named: list[tuple[str, torch.Tensor]], version: int) -> None:
+        """Write the version as a peft adapter, have vLLM load it, and move every request onto it.
+
+        Checked and loaded before anything switches (AdapterError: the previous version keeps serving).
+        Running requests continue from their outputs so far under the new adapter, as a weight reload
+        would continue them under new weights; the previous adapter is then dropped."""
+        from vllm.lora.request import LoRARequest
+
+        assert self._adapters is not None
+        directory, lora_id, held = self._adapters.write_version(named, version)
+        request = LoRARequest(f"psrl-v{version}", lora_id, str(directory))
+        try:
+            loaded = self.llm.add_lora(request)
+        except Exception as error:  # vLLM's own checks of the adapter files
+            self._adapters.discard(directory)
+            raise AdapterError(f"vLLM refused adapter version {version}: {error}") from error
+        if not loaded:
+            self._adapters.discard(directory)
+            raise AdapterError(f"vLLM did not load adapter version {version}")
+        previous, self._lora_request = self._lora_request, request
+        self._adapters.commit(held)
+        for state in self._requests.values():
+            self.llm.abort_request([state.request_id])
+            self._submit(state)
+        if previous is not None:
+            self.llm.remove_lora(previous.lora_int_id)
+            self._adapters.discard(Path(previous.lora_path))
 
     def reset_prefix_cache(self) -> None:
         """Drop every cached prefix; running requests recompute their keys/values (with the current weights)."""
@@ -173,6 +219,8 @@ class VllmEngine:
 
     def shutdown(self) -> None:
         self.llm.engine_core.shutdown()
+        if self._adapters is not None:
+            self._adapters.close()
 
     # status
 

@@ -50,6 +50,7 @@ class TrackedRequest:
     logprobs: list[float] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)
     top_logprobs: TopLogprobs | None = None
+    sampling: SamplingParams | None = None  # kept to re-add the request under a new LoRA adapter version
 
     def __post_init__(self) -> None:
         self.output_ids = list(self.prior.token_ids)

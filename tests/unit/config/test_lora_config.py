@@ -1,5 +1,5 @@
-"""`actor.lora.*`: off by default, every bad value refused naming the field, the value and the fix, and
-LoRA with the vLLM backend refused before launch."""
+"""`actor.lora.*`: off by default, every bad value refused naming the field, the value and the fix; LoRA on
+either backend, and `engine.lora_mode` refused where it does not apply."""
 
 from __future__ import annotations
 
@@ -39,7 +39,15 @@ def test_bad_values_name_the_field_the_value_and_the_fix(override: str, fix: str
     assert field in text and value.strip("[]").split(",")[-1] in text and fix in text
 
 
-def test_lora_with_the_vllm_backend_is_refused_before_launch() -> None:
-    with pytest.raises(ConfigError) as raised:
-        load_config("demo", ["actor.lora.rank=8", "engine.backend=vllm", "psrl.ps.delta_sync=false"])
-    assert "actor.lora.rank + engine.backend" in str(raised.value) and "engine.backend=embedded" in str(raised.value)
+def test_lora_runs_on_either_backend_and_lora_mode_only_where_it_applies() -> None:
+    # delta sync: the vLLM backend writes each adapter version whole from the held adapters
+    vllm = load_config("demo", ["actor.lora.rank=8", "engine.backend=vllm", "psrl.ps.delta_sync=true"])
+    assert vllm.actor.lora.enabled and vllm.psrl.ps.delta_sync
+    assert load_config("demo", ["actor.lora.rank=8", "engine.lora_mode=unmerged"]).engine.lora_mode == "unmerged"
+    for overrides, fix in (
+        (["engine.lora_mode=unmerged"], "set actor.lora.rank > 0"),
+        (["actor.lora.rank=8", "engine.lora_mode=unmerged", "engine.backend=vllm"], "engine.lora_mode=merge"),
+    ):
+        with pytest.raises(ConfigError) as raised:
+            load_config("demo", overrides)
+        assert "engine.lora_mode" in str(raised.value) and fix in str(raised.value)

@@ -1,0 +1,56 @@
+"""The modelled prefix cache: a session's next turn on the same engine prefills only what is new; the
+cache lives in free KV room, least recently used out first, and a weight load empties it."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from psrl.sim.engine_model import EngineRequest, EngineShape
+from psrl.sim.prefix_cache import PrefixCacheModel
+from tests.sim.test_engine_model import BIG, COST, make_engine, prefill_time, run
+
+CACHED = replace(BIG, session_prefix_cache=True)
+
+
+def test_the_cache_keeps_whole_blocks_but_the_last_token_and_evicts_the_least_recent_first() -> None:
+    cache = PrefixCacheModel(block_size=16)
+    cache.keep(1, 100)  # 99 computed tokens: 6 whole blocks
+    cache.keep(2, 50)
+    assert cache.num_cached_tokens == 96 + 48
+    cache.fit(100)  # room for one of them: the older goes
+    assert cache.admit(1, 150) == 0 and cache.admit(2, 40) == 32  # a shorter context: never its last token
+    assert cache.num_cached_tokens == 0 and cache.num_hit_tokens == 32
+
+
+def _turns(shape: EngineShape, *, sync_between: bool = False) -> tuple[list[int], float]:
+    engine, clock, _ = make_engine(shape)
+    engine.add(0.0, EngineRequest(7, 1000, 0, 10, 0))  # first turn: 1,000 prompt tokens, 10 generated
+    run(clock)
+    if sync_between:
+        engine.sync(clock.now, 4, 0.5, abort_running=False)
+        run(clock)
+    started = clock.now
+    engine.add(clock.now, EngineRequest(7, 1000 + 10 + 200, 0, 5, 1))  # the next turn: + a 200-token tool output
+    run(clock)
+    return [engine.counters.num_prefill_tokens, engine.counters.num_prefix_hit_tokens], clock.now - started
+
+
+def test_a_sessions_next_turn_prefills_only_what_its_last_turn_did_not_compute() -> None:
+    counts, _ = _turns(CACHED)
+    reused = (1000 + 10 - 1) // 16 * 16  # 1,008: every whole block of the first turn's context
+    assert counts == [1000 + (1210 - reused), reused]
+    uncached, _ = _turns(BIG)
+    assert uncached == [1000 + 1210, 0]
+
+
+def test_the_cached_turn_takes_less_time_by_the_prefill_it_saves() -> None:
+    _, cached_s = _turns(CACHED)
+    _, plain_s = _turns(BIG)
+    budget = BIG.max_num_batched_tokens
+    saved = prefill_time(1210, budget) - prefill_time(1210 - 1008, budget)
+    assert abs((plain_s - cached_s) - saved) < 1e-9 and COST.kp > 0
+
+
+def test_a_weight_load_empties_the_modelled_cache() -> None:
+    counts, _ = _turns(CACHED, sync_between=True)
+    assert counts == [1000 + 1210, 0]
