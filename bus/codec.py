@@ -114,7 +114,7 @@ class Decoder:
         kind_bytes = buffers[0] if type(buffers[0]) is bytes else bytes(buffers[0])
         entry = self._typed.get(kind_bytes)
         if entry is None:
-            raise DecodeError(DropReason.UNKNOWN_KIND, f"kind {kind_bytes[:_MAX_KIND_BYTES]!r} is not in the catalogue")
+            return self._decode_renamed(kind_bytes, buffers)
         cls, typed = entry
         num_array_frames = len(buffers) - 2
         if num_array_frames:
@@ -151,6 +151,44 @@ class Decoder:
         events = [self._upgraded(cls, item, error) for item in raw]
         self._check_frames_used(len(buffers) - 2)
         return events
+
+    def _decode_renamed(self, kind_bytes: bytes, buffers: Sequence[Buffer]) -> list[Event[Any]]:
+        """Events of a kind that left the protocol: read as the kind that replaced it, or refused with why."""
+        kind = kind_bytes[:_MAX_KIND_BYTES].decode("ascii", "replace")
+        if kind in upgrade.REMOVED_KINDS:
+            raise DecodeError(DropReason.UNKNOWN_KIND, f"kind {kind!r} {upgrade.REMOVED_KINDS[kind]}")
+        rename = upgrade.RENAMED_KINDS.get(kind)
+        if rename is None:
+            raise DecodeError(DropReason.UNKNOWN_KIND, f"kind {kind_bytes[:_MAX_KIND_BYTES]!r} is not in the catalogue")
+        self._array_frames = buffers[2:]
+        self._used_frames.clear()
+        try:
+            raw = self._generic.decode(buffers[1])
+        finally:
+            self._array_frames = ()
+        if not isinstance(raw, list) or not raw:
+            raise DecodeError(DropReason.MALFORMED, f"{kind}: body is not a non-empty array of events")
+        events = [self._renamed(kind, rename, item) for item in raw]
+        self._check_frames_used(len(buffers) - 2)
+        return events
+
+    def _renamed(self, kind: str, rename: upgrade.RenameFn, item: Any) -> Event[Any]:
+        if not (isinstance(item, list) and len(item) == 2 and isinstance(item[0], list) and isinstance(item[1], list)):
+            raise DecodeError(DropReason.MALFORMED, f"{kind}: not an [envelope, message] pair")
+        if len(item[0]) < 3 or item[0][0] != kind:
+            raise DecodeError(DropReason.MALFORMED, f"topic {kind!r} but envelope {item[0][:1]!r}")
+        new_kind, payload = rename(item[0], item[1])
+        cls = self._catalogue.get(new_kind)
+        if cls is None:
+            raise DecodeError(DropReason.UNKNOWN_KIND, f"{kind} is now {new_kind!r}, which this reader does not know")
+        envelope_fields = [new_kind, 1, *item[0][2:]]
+        envelope_fields, payload = upgrade.upgrade(new_kind, 1, cls.SCHEMA_VERSION, envelope_fields, payload)
+        try:
+            envelope = msgspec.convert(envelope_fields, Envelope)
+            message = msgspec.convert(payload, cls, dec_hook=_dec_hook)
+        except msgspec.ValidationError as exc:
+            raise DecodeError(DropReason.MALFORMED, f"{kind} read as {new_kind}: {exc}") from exc
+        return Event(envelope, message)
 
     def _upgraded(self, cls: type[Message], item: Any, error: Exception | None) -> Event[Any]:
         version = _raw_schema_version(item)

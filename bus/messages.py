@@ -367,25 +367,6 @@ class GenerateRequest(Message, frozen=True):
     kv_source_address: str = ""
 
 
-@message("gen.chunk", logged=False)
-class TokenChunk(Message, frozen=True):
-    """Tokens streamed by an instance since the previous chunk of the request (not logged: the result
-    carries every token).
-
-    request_id: trajectory id.
-    token_ids: new tokens (int32).
-    logprobs: their logprobs (float32).
-    versions: weight version that produced each token (int32).
-    instance: instance id that generated them.
-    """
-
-    request_id: int
-    token_ids: np.ndarray
-    logprobs: np.ndarray
-    versions: np.ndarray
-    instance: str
-
-
 @message("gen.result")
 class GenerateResult(Message, frozen=True):
     """A request finished (stopped, hit its length, was aborted or failed).
@@ -821,19 +802,33 @@ class RoutingRecord(Message, frozen=True):
 # ---------------------------------------------------------------------------- groups (coordinator <-> router)
 
 
-@message("group.complete")
-class GroupComplete(Message, frozen=True):
-    """Enough responses of a prompt group finished (router -> coordinator); the coordinator keeps the
-    group by sending it back (coordinator -> router: occupy its staleness slot) (added in 1.1).
+@message("group.finished")
+class GroupFinished(Message, frozen=True):
+    """Enough children of a prompt group finished: the router names the winners (router -> coordinator)
+    (added in 1.12, with `group.accept`, in place of `group.complete`).
 
     prompt_id: prompt group id.
     request_ids: the responses kept (the first ones to finish).
-    occupied_buffer: router -> coordinator only: the group already occupies this buffer (proactive truncate); -1 = not.
+    occupied_buffer: the group already occupies this buffer (proactive truncate), so the coordinator does
+        not accept it again; -1 = not yet.
     """
 
     prompt_id: int
     request_ids: list[int]
     occupied_buffer: int = -1
+
+
+@message("group.accept")
+class GroupAccept(Message, frozen=True):
+    """The coordinator keeps a finished group: occupy its staleness slot (coordinator -> router) (added in
+    1.12, with `group.finished`, in place of `group.complete`; a filtered group gets `group.drop`).
+
+    prompt_id: prompt group id.
+    request_ids: the responses it keeps (the group's winners).
+    """
+
+    prompt_id: int
+    request_ids: list[int]
 
 
 @message("group.trajectory")
@@ -1093,8 +1088,8 @@ class KvTransferRecord(Message, frozen=True):
 
 @message("gen.tokens", logged=False)
 class TokenBatch(Message, frozen=True):
-    """Tokens an instance streams for many requests at once, one message per engine step instead of
-    one ``gen.chunk`` per request (added in 1.4; not logged: each request's result carries every token).
+    """Tokens an instance streams for many requests at once, one message per engine step (added in 1.4;
+    not logged: each request's result carries every token).
 
     request_ids: trajectory id of each run of tokens (int64).
     counts: number of tokens of each request, in the order of request_ids (int32).

@@ -1,7 +1,7 @@
 """What every bus message is made of: the envelope, the message base class and the kind registry.
 
 A message kind is one frozen `msgspec.Struct` subclass of `Message` declared with `@message(kind)`.
-The kind name is dotted and grouped by area (``gen.request``, ``gen.chunk``, ...) because it is
+The kind name is dotted and grouped by area (``gen.request``, ``gen.result``, ...) because it is
 also the first ZeroMQ frame: SUB sockets filter by byte prefix, so ``gen.`` selects every
 generation kind inside libzmq. Structs are encoded positionally (``array_like``), which is why a
 new field may only be appended at the end with a default (a minor protocol change), and anything
@@ -18,7 +18,7 @@ from typing import ClassVar, Generic, TypeVar
 import msgspec
 
 # (major, minor). Major changes the envelope or record layout; minor adds kinds or trailing fields.
-PROTOCOL_VERSION: tuple[int, int] = (1, 11)
+PROTOCOL_VERSION: tuple[int, int] = (1, 12)
 
 _KIND_PATTERN = re.compile(r"^[a-z][a-z0-9]*(\.[a-z][a-z0-9_]*)+$")
 

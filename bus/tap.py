@@ -64,6 +64,8 @@ def request_ids_of(event: Event[Any]) -> list[int]:
     many = getattr(message, "request_ids", None)
     if isinstance(many, list):
         ids.extend(many)
+    elif isinstance(many, np.ndarray):  # a batch of streamed tokens (gen.tokens)
+        ids.extend(int(i) for i in many.ravel().tolist())
     return ids
 
 

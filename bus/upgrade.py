@@ -5,7 +5,9 @@ envelope and message as decoded msgpack lists (structs are positional) and retur
 next version's layout. `upgrade` chains them up to the current version. Register a function the
 same day a kind's schema version is raised, and note the change in docs/protocol.md.
 
-Protocol 1.0 is the first protocol, so no kind has an older version yet and the table is empty.
+No kind has an older schema version yet, so that table is empty. Kinds that left the protocol are
+below: an old event of a renamed or split kind is read as the kind that replaced it (`RENAMED_KINDS`),
+one of a removed kind is dropped with the reason (`REMOVED_KINDS`).
 """
 
 from __future__ import annotations
@@ -51,3 +53,35 @@ def upgrade(
     envelope = list(envelope)
     envelope[1] = to_version
     return envelope, message
+
+
+# ---------------------------------------------------------------------------- kinds that left the protocol
+
+
+def _split_group_complete(envelope: list[Any], message: list[Any]) -> tuple[str, list[Any]]:
+    """``group.complete`` (to 1.11) travelled both ways; its sender says which of the two kinds it was."""
+    sender = str(envelope[2])
+    if sender.startswith("router"):  # the router (or its link): enough children finished
+        return "group.finished", message
+    if sender.startswith("coordinator"):  # the coordinator (or its link): accepted, occupy
+        return "group.accept", message[:2]
+    raise DecodeError(
+        DropReason.UNKNOWN_KIND,
+        f"group.complete from {sender!r}: neither the router nor the coordinator, so it is neither "
+        "group.finished nor group.accept (the kinds that replaced it in protocol 1.12)",
+    )
+
+
+RenameFn = Callable[[list[Any], list[Any]], tuple[str, list[Any]]]
+
+RENAMED_KINDS: dict[str, RenameFn] = {
+    "group.complete": _split_group_complete,
+}
+"""A kind that left the protocol for others -> function naming the kind an old event is now (given its
+untyped envelope and message) and its message in that kind's layout, at schema version 1."""
+
+REMOVED_KINDS: dict[str, str] = {
+    "gen.chunk": "was removed in protocol 1.12: nothing sent it since 1.4 (instances stream gen.tokens) "
+    "and it was never logged",
+}
+"""A kind that left the protocol with nothing in its place -> why (the text of the drop)."""

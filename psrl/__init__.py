@@ -17,12 +17,11 @@ __all__ = ["RunResult", "__version__", "run", "scale"]
 
 def run(*args: Any, **kwargs: Any) -> RunResult:
     """Start a run and wait for it to end: `psrl.run("demo", ["trainer.total_steps=10"])` (see launch.api.run)."""
-    import importlib
+    # the package's own module is the front door, above the launcher (the import contract's top layer);
+    # imported here so `import psrl` stays light for every actor process
+    from launch.api import run as run_launched
 
-    # the launcher sits above the library (the import contract), so the library names it, as the CLI does
-    api = importlib.import_module("launch.api")
-    result: RunResult = api.run(*args, **kwargs)
-    return result
+    return run_launched(*args, **kwargs)
 
 
 def scale(*args: Any, **kwargs: Any) -> Any:

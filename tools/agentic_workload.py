@@ -24,8 +24,8 @@ import numpy as np
 from bus.messages import (
     EnvStepDone,
     GenerateRequest,
-    GroupComplete,
     GroupDrop,
+    GroupFinished,
     Refill,
     RequestSampling,
     TrajectoryDone,
@@ -193,7 +193,7 @@ class AgentSource:
                 self.num_failed += 1
             else:
                 self.num_done += 1
-        elif isinstance(message, GroupComplete):
+        elif isinstance(message, GroupFinished):
             drop = GroupDrop(prompt_id=message.prompt_id, reason="measured")  # frees its staleness slot
             self._out.append(Send(ROUTER, drop, prompt_id=message.prompt_id))
         elif isinstance(message, Refill):

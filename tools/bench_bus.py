@@ -7,7 +7,7 @@ the median:
   pubsub   events/s one subscriber receives while one publisher sends flat out:
            raw PUB -> SUB with msgpack dicts (the baseline of shared/reference/zmq_bench.py),
            raw through the run's XSUB/XPUB proxy, and psrl's bus (typed events, envelope, proxy,
-           typed decoding on receipt) for a small event and for a 24-token chunk.
+           typed decoding on receipt) for a small event and for 24 tokens of one request (``gen.tokens``).
   reqrep   round-trip time, one request outstanding: raw DEALER/ROUTER with msgpack dicts versus
            a bus link (envelopes; the answer names the request as its parent, which is checked).
   log      publisher throughput with and without the event logger subscribed, paced at
@@ -46,7 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bus.addresses import BusAddresses, plan_addresses
 from bus.eventlog import EventLogger
 from bus.link import Link
-from bus.messages import Heartbeat, PullRequest, TokenChunk, TrainBatch, WeightsLoaded
+from bus.messages import Heartbeat, PullRequest, TokenBatch, TrainBatch, WeightsLoaded
 from bus.proxy import BusProxy
 from bus.publisher import Publisher
 from bus.schema import Channel
@@ -79,16 +79,24 @@ def raw_event(seq: int) -> dict[str, Any]:
 TOKENS = np.arange(24, dtype=np.int32)
 LOGPROBS = np.full(24, -0.5, dtype=np.float32)
 VERSIONS = np.full(24, 3, dtype=np.int32)
+COUNTS = np.asarray([24], dtype=np.int32)
 
 
 def bus_event(kind: str, seq: int) -> Any:
     if kind == "small":
         return TrainBatch(seq, 123456, list(range(24)), 16, 4096, seq % 4096)
-    return TokenChunk(seq, TOKENS, LOGPROBS, VERSIONS, "actor-0007")
+    return TokenBatch(
+        request_ids=np.asarray([seq], np.int64),
+        counts=COUNTS,
+        token_ids=TOKENS,
+        logprobs=LOGPROBS,
+        versions=VERSIONS,
+        instance="actor-0007",
+    )
 
 
 def bus_seq(message: Any) -> int:
-    return message.step if isinstance(message, TrainBatch) else message.request_id
+    return message.step if isinstance(message, TrainBatch) else int(message.request_ids[0])
 
 
 def free_address(transport: str, directory: str, name: str) -> str:
@@ -428,7 +436,7 @@ def bench_pubsub(args: argparse.Namespace, n: int) -> dict[str, float]:
     print(
         f"\npub/sub, {n} events, one publisher and one subscriber process ({args.transport}), median of {args.repeats}"
     )
-    print("small = 100-byte event (TrainBatch), chunk = 24-token TokenChunk (3 arrays); xN = publish_many batches")
+    print("small = 100-byte event (TrainBatch), chunk = one request's 24 tokens as gen.tokens (5 arrays); xN = batches")
     print(f"{'path':<22}{'events/s':>12}{'vs raw direct':>16}   runs")
     base = median(rows["raw direct"])
     for name, values in rows.items():

@@ -1,45 +1,85 @@
-"""`psrl` entry point. Sub-commands load lazily so `psrl --help` does not import torch."""
+"""`psrl` entry point: the front door, above the launcher (the import contract's top layer).
+
+Sub-commands load when they are called, so `psrl --help` does not import torch: each is a function
+that imports its module (plain imports, which the import contract sees).
+"""
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
+from collections.abc import Callable
 
 import click
 
 from psrl import __version__
 
-# command name -> "module:attribute"; a command is listed only when its module exists.
-COMMANDS: dict[str, str] = {
-    "config": "psrl.cli.config_cmd:config",
-    "keys": "psrl.cli.keys_cmd:keys",
-    "launch": "launch.cli:launch",  # the launcher sits above the actors, outside the library
-    "tap": "psrl.cli.tap_cmd:tap",
-    "scale": "psrl.cli.scale_cmd:scale",
-    "replay": "psrl.cli.replay_cmd:replay",
-    "calibrate": "psrl.cli.calibrate_cmd:calibrate",
-    "report": "psrl.cli.report_cmd:report",
-    "bench": "psrl.cli.bench_cmd:bench",
+
+def _config() -> click.Command:
+    from psrl.cli.config_cmd import config
+
+    return config
+
+
+def _keys() -> click.Command:
+    from psrl.cli.keys_cmd import keys
+
+    return keys
+
+
+def _launch() -> click.Command:
+    from launch.cli import launch
+
+    return launch
+
+
+def _tap() -> click.Command:
+    from psrl.cli.tap_cmd import tap
+
+    return tap
+
+
+def _scale() -> click.Command:
+    from psrl.cli.scale_cmd import scale
+
+    return scale
+
+
+def _replay() -> click.Command:
+    from psrl.cli.replay_cmd import replay
+
+    return replay
+
+
+def _calibrate() -> click.Command:
+    from psrl.cli.calibrate_cmd import calibrate
+
+    return calibrate
+
+
+def _report() -> click.Command:
+    from psrl.cli.report_cmd import report
+
+    return report
+
+
+COMMANDS: dict[str, Callable[[], click.Command]] = {
+    "config": _config,
+    "keys": _keys,
+    "launch": _launch,
+    "tap": _tap,
+    "scale": _scale,
+    "replay": _replay,
+    "calibrate": _calibrate,
+    "report": _report,
 }
 
 
 class LazyGroup(click.Group):
     def list_commands(self, ctx: click.Context) -> list[str]:
-        return sorted(name for name, target in COMMANDS.items() if _exists(target))
+        return sorted(COMMANDS)
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
-        target = COMMANDS.get(cmd_name)
-        if target is None or not _exists(target):
-            return None
-        module_name, attr = target.split(":")
-        command = getattr(importlib.import_module(module_name), attr)
-        if not isinstance(command, click.Command):
-            raise TypeError(f"{target} is not a click command")
-        return command
-
-
-def _exists(target: str) -> bool:
-    return importlib.util.find_spec(target.split(":", maxsplit=1)[0]) is not None
+        load = COMMANDS.get(cmd_name)
+        return None if load is None else load()
 
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})

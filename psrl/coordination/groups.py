@@ -2,8 +2,8 @@
 
 A group is one prompt sent as N' requests (``request_id = prompt_id * N' + child``). Results
 arrive from the router as trajectories finish; the router says when the group's first N
-finished (GroupComplete). Each is taken once: a result or GroupComplete delivered again (by a
-restarted router) is ignored, and a GroupComplete that overtook a winner's result waits for it.
+finished (GroupFinished). Each is taken once: a result or GroupFinished delivered again (by a
+restarted router) is ignored, and a GroupFinished that overtook a winner's result waits for it.
 Then the group is scored, optionally filtered (zero reward variance
 means no learning signal), and either kept (it occupies a staleness slot) or dropped (a fresh
 group replaces it). Kept groups wait for their buffer to be consumed. Pure bookkeeping.
@@ -16,7 +16,7 @@ from statistics import pstdev
 
 import numpy as np
 
-from bus.messages import FinishReason, GroupComplete, TrajectoryDone
+from bus.messages import FinishReason, GroupFinished, TrajectoryDone
 from psrl.tasks.base import Prompt, Reward
 
 
@@ -30,11 +30,11 @@ class PromptGroup:
     winners: tuple[int, ...] = ()
     buffer: int | None = None
     is_replacement: bool = False
-    # the router's GroupComplete was acted on (scored, then kept or filtered): another one for the group
+    # the router's GroupFinished was acted on (scored, then kept or filtered): another one for the group
     # is a duplicate (a restarted router delivering again what its predecessor may have delivered)
     is_settled: bool = False
-    # a GroupComplete that came before the results of all its winners: acted on when the last arrives
-    waiting: GroupComplete | None = None
+    # a GroupFinished that came before the results of all its winners: acted on when the last arrives
+    waiting: GroupFinished | None = None
 
     def kept_results(self) -> list[tuple[TrajectoryDone, Reward]]:
         return [(self.results[r], self.rewards[r]) for r in self.winners if r in self.results]

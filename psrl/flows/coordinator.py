@@ -35,8 +35,9 @@ from bus.messages import (
     EvalResult,
     FinishReason,
     GenerateRequest,
-    GroupComplete,
+    GroupAccept,
     GroupDrop,
+    GroupFinished,
     InstanceStatus,
     InstanceSyncFailed,
     MemoryPause,
@@ -168,7 +169,7 @@ class CoordinatorFlow(Flow):
     def handlers(self) -> dict[type[Message], Handler]:
         return {
             TrajectoryDone: self._on_done,  # from the router: a trajectory ended
-            GroupComplete: self._on_group_complete,  # from the router: a group's first N finished
+            GroupFinished: self._on_group_finished,  # from the router: a group's first N finished
             GroupDrop: self._on_group_drop,  # from the router: a group was given up
             Refill: self._on_refill,  # from the router: launch fresh groups
             Occupy: self._on_occupy,  # from the router: a kept group holds a slot
@@ -258,23 +259,23 @@ class CoordinatorFlow(Flow):
             self.failures.failed(done.error)
         self.book.record(done, reward)
         if group is not None and group.waiting is not None and group.has_all_winners:
-            complete, group.waiting = group.waiting, None
-            self._on_group_complete(complete, now)
+            finished, group.waiting = group.waiting, None
+            self._on_group_finished(finished, now)
 
-    def _on_group_complete(self, complete: GroupComplete, now: float) -> None:
-        known = self.book.groups.get(complete.prompt_id)
+    def _on_group_finished(self, finished: GroupFinished, now: float) -> None:
+        known = self.book.groups.get(finished.prompt_id)
         if known is not None and known.is_settled:
-            self._duplicate("group complete", complete.prompt_id)
+            self._duplicate("group finished", finished.prompt_id)
             return
-        group = self.book.complete(complete.prompt_id, list(complete.request_ids))
+        group = self.book.complete(finished.prompt_id, list(finished.request_ids))
         if group is None or not group.has_all_winners:
             if group is not None:  # the missing results are on their way (a restarted router re-sends them)
-                group.waiting = complete
+                group.waiting = finished
             if self.log is not None:
-                self.log.warning("group complete without its results", prompt_id=complete.prompt_id)
+                self.log.warning("group finished without its results", prompt_id=finished.prompt_id)
             return
         group.is_settled = True
-        if complete.occupied_buffer >= 0:  # already occupied (proactive truncate): nothing to ask for
+        if finished.occupied_buffer >= 0:  # already occupied (proactive truncate): nothing to ask for
             return
         if self.config.algorithm.filter_groups.enable and not has_learning_signal(group):
             self.send(ROUTER, GroupDrop(prompt_id=group.prompt_id, reason="filtered"), prompt_id=group.prompt_id)
@@ -282,7 +283,7 @@ class CoordinatorFlow(Flow):
             self._open_group(is_replacement=True)
             return
         self.send(
-            ROUTER, GroupComplete(prompt_id=group.prompt_id, request_ids=list(group.winners)), prompt_id=group.prompt_id
+            ROUTER, GroupAccept(prompt_id=group.prompt_id, request_ids=list(group.winners)), prompt_id=group.prompt_id
         )
 
     def _duplicate(self, what: str, prompt_id: int, **ids: int) -> None:

@@ -9,7 +9,7 @@ and tokens, so a fresh flow fed those messages in log order, from the launch's s
 state its predecessor had (``replay_coordinator``). What it did along the way is then set against
 what the dead coordinator is logged as having done:
 
-* requests, group verdicts (``GroupComplete``, ``GroupDrop``), ``Consume`` and ``TrainBatch`` it
+* requests, group verdicts (``GroupAccept``, ``GroupDrop``), ``Consume`` and ``TrainBatch`` it
   already sent are not sent again; those it never got to send (it died first) are sent now;
 * every chunk of a buffer the trainer has not reached yet is handed to the trainer ranks again
   (a rank skips the chunks it already has), since chunk traffic is not logged;
@@ -30,7 +30,7 @@ from bus.gaps import GapTracker
 from bus.messages import (
     Consume,
     GenerateRequest,
-    GroupComplete,
+    GroupAccept,
     GroupDrop,
     RunFinished,
     ScaleDecided,
@@ -54,7 +54,7 @@ class LoggedOutputs:
     """What the dead coordinator is logged as having sent, by what identifies each."""
 
     requests: set[int] = field(default_factory=set)
-    completes: set[int] = field(default_factory=set)
+    accepts: set[int] = field(default_factory=set)
     drops: set[int] = field(default_factory=set)
     consumes: set[int] = field(default_factory=set)
     batches: set[int] = field(default_factory=set)
@@ -63,8 +63,8 @@ class LoggedOutputs:
     def note(self, message: Any) -> None:
         if isinstance(message, GenerateRequest):
             self.requests.add(message.request_id)
-        elif isinstance(message, GroupComplete):
-            self.completes.add(message.prompt_id)
+        elif isinstance(message, GroupAccept):
+            self.accepts.add(message.prompt_id)
         elif isinstance(message, GroupDrop):
             self.drops.add(message.prompt_id)
         elif isinstance(message, Consume):
@@ -79,8 +79,8 @@ class LoggedOutputs:
         message = effect.message if isinstance(effect, Send | Publish) else None
         if isinstance(message, GenerateRequest):
             return message.request_id not in self.requests
-        if isinstance(message, GroupComplete):
-            return message.prompt_id not in self.completes
+        if isinstance(message, GroupAccept):
+            return message.prompt_id not in self.accepts
         if isinstance(message, GroupDrop):
             return message.prompt_id not in self.drops
         if isinstance(message, Consume):

@@ -21,7 +21,7 @@ log (``psrl.flows.session_recovery``), and what could not be delivered to it mea
 here and sent, in order, from the status tick once it is back (``held_sessions``).
 
 The ledger lives here so a routing decision never waits on the network; the coordinator drives
-Occupy (GroupComplete), drops (GroupDrop) and Consume, and learns every ledger outcome. The
+Occupy (GroupAccept), drops (GroupDrop) and Consume, and learns every ledger outcome. The
 ledger side of the flow is ``psrl.flows.router_ledger``.
 
 State, all of it rebuilt from the messages handled: ``ledger`` (staleness buffers), ``core``
@@ -43,7 +43,7 @@ from bus.messages import (
     FinishReason,
     GenerateRequest,
     GenerateResult,
-    GroupComplete,
+    GroupAccept,
     GroupDrop,
     InstanceDrained,
     InstanceStatus,
@@ -57,7 +57,6 @@ from bus.messages import (
     SessionGone,
     SyncCommand,
     TokenBatch,
-    TokenChunk,
     TurnDone,
     TurnNext,
     TurnStarted,
@@ -165,12 +164,11 @@ class RouterFlow(RouterLedgerFlow):
     def handlers(self) -> dict[type[Message], Handler]:
         return {
             GenerateRequest: self._on_request,  # from the coordinator: a trajectory to generate
-            TokenChunk: self._on_chunk,  # from an instance: streamed tokens of one request
             TokenBatch: self._on_token_batch,  # from an instance: one step's tokens of all its requests
             InstanceStatus: self._on_status,  # from an instance: its load
             GenerateResult: self._on_result,  # from an instance: a request handed back
             Abort: self._on_abort,  # from the coordinator
-            GroupComplete: self._on_group_complete,  # from the coordinator: occupy the group's slot
+            GroupAccept: self._on_group_accept,  # from the coordinator: occupy the kept group's slot
             GroupDrop: self._on_group_drop,  # from the coordinator: give the group up
             Consume: self._on_consume,  # from the coordinator: the trainer took a buffer
             WeightsPublished: self._on_published,
@@ -301,9 +299,6 @@ class RouterFlow(RouterLedgerFlow):
             is_sticky=self.is_sticky,
             force_pin_once=force_pin,
         )
-
-    def _on_chunk(self, chunk: TokenChunk, now: float) -> None:
-        self.tracker.extend(chunk.request_id, chunk.token_ids, chunk.logprobs, chunk.versions)
 
     def _on_token_batch(self, batch: TokenBatch, now: float) -> None:
         ends = np.cumsum(batch.counts, dtype=np.int64)

@@ -2,7 +2,7 @@
 
 Every call on the ledger is logged as a ``LedgerOp`` (with ``record_decisions``), so ``psrl replay
 --check ledger`` can re-run them on a fresh ledger. What the ledger decides reaches the
-coordinator: a finished trajectory (``TrajectoryDone``), a group's winners (``GroupComplete``),
+coordinator: a finished trajectory (``TrajectoryDone``), a group's winners (``GroupFinished``),
 its slot (``Occupy``), a full buffer (``BufferReady``), a group given up (``GroupDrop``) and fresh
 groups to launch (``Refill``). Children the ledger gives up are aborted where they run.
 """
@@ -17,8 +17,9 @@ from bus.messages import (
     BufferReady,
     Consume,
     FinishReason,
-    GroupComplete,
+    GroupAccept,
     GroupDrop,
+    GroupFinished,
     LedgerOp,
     Metrics,
     Occupy,
@@ -60,9 +61,9 @@ class RouterLedgerFlow(Flow, ABC):
         self.record_decisions = record_decisions
         self.n_per_prompt = config.responses_per_prompt
         self.proactive = config.psrl.rollout_coordination.proactive_filter_strategy
-        # prompt -> (children still to stop, its Occupy, its GroupComplete): a truncated group's slot
+        # prompt -> (children still to stop, its Occupy, its GroupFinished): a truncated group's slot
         # is announced once the partial outputs of all its truncated children are in
-        self.truncating: dict[int, tuple[set[int], Occupy, GroupComplete]] = {}
+        self.truncating: dict[int, tuple[set[int], Occupy, GroupFinished]] = {}
         # a restarted router's trajectories whose finish its predecessor counted but never delivered
         # (``psrl.flows.router_recovery``): request -> that finish's outcome
         self.owed_finishes: dict[int, FinishOutcome] = {}
@@ -96,7 +97,7 @@ class RouterLedgerFlow(Flow, ABC):
         self.maybe_filter()
         if outcome.verdict is FinishVerdict.GROUP_COMPLETE:
             self._abort_children(traj.prompt_id, [ref.child for ref in outcome.surplus], "surplus")
-            self._send_group_complete(traj.prompt_id, outcome.winners)
+            self._send_group_finished(traj.prompt_id, outcome.winners)
 
     def _deliver_owed(self, traj: TrackedTrajectory, reason: FinishReason, instance: str, owed: FinishOutcome) -> None:
         """A finish the dead router counted but never delivered: the ledger holds it already (counting it
@@ -107,11 +108,11 @@ class RouterLedgerFlow(Flow, ABC):
         self.tracker.finish(traj.request_id)
         self._send_done(traj, reason, instance)
         if owed.verdict is FinishVerdict.GROUP_COMPLETE:
-            self._send_group_complete(traj.prompt_id, owed.winners)
+            self._send_group_finished(traj.prompt_id, owed.winners)
 
-    def _send_group_complete(self, prompt_id: int, winners: tuple[int, ...]) -> None:
+    def _send_group_finished(self, prompt_id: int, winners: tuple[int, ...]) -> None:
         request_ids = [prompt_id * self.n_per_prompt + child for child in winners]
-        self.send(COORDINATOR, GroupComplete(prompt_id=prompt_id, request_ids=request_ids), prompt_id=prompt_id)
+        self.send(COORDINATOR, GroupFinished(prompt_id=prompt_id, request_ids=request_ids), prompt_id=prompt_id)
 
     def _send_done(self, traj: TrackedTrajectory, reason: FinishReason, instance: str) -> None:
         self.send(
@@ -155,8 +156,8 @@ class RouterLedgerFlow(Flow, ABC):
 
     # ------------------------------------------------------------------ coordinator commands
 
-    def _on_group_complete(self, done: GroupComplete, now: float) -> None:
-        prompt_id = done.prompt_id
+    def _on_group_accept(self, accept: GroupAccept, now: float) -> None:
+        prompt_id = accept.prompt_id
         reserved = self.ledger.group_buffer(prompt_id)
         version = self.ledger.group_version(prompt_id)
         try:
@@ -268,7 +269,7 @@ class RouterLedgerFlow(Flow, ABC):
                 slot=slot,
             )
             winners = [group.prompt_id * self.n_per_prompt + c for c in group.winners]
-            done = GroupComplete(prompt_id=group.prompt_id, request_ids=winners, occupied_buffer=occupancy.buffer_id)
+            done = GroupFinished(prompt_id=group.prompt_id, request_ids=winners, occupied_buffer=occupancy.buffer_id)
             children = {ref.child for ref in group.truncated}
             if children:
                 self.truncating[group.prompt_id] = (children, occupy, done)
@@ -276,7 +277,7 @@ class RouterLedgerFlow(Flow, ABC):
             else:
                 self._announce_truncated(occupy, done)
 
-    def _announce_truncated(self, occupy: Occupy, done: GroupComplete) -> None:
+    def _announce_truncated(self, occupy: Occupy, done: GroupFinished) -> None:
         """The winners (marked as already occupied, so the coordinator does not ask again), then the slot."""
         self.send(COORDINATOR, done, prompt_id=occupy.prompt_id)
         self._occupied(occupy)

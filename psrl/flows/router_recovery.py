@@ -59,7 +59,7 @@ from bus.messages import (
     Consume,
     GenerateRequest,
     GenerateResult,
-    GroupComplete,
+    GroupAccept,
     GroupDrop,
     RoutingRecord,
     ScaleDecided,
@@ -77,7 +77,7 @@ from psrl.staleness.types import FinishOutcome, FinishVerdict, LedgerSizes
 
 ROUTER = "router"
 COORDINATOR = "coordinator"
-COMMANDS = (GroupComplete, GroupDrop, Consume, Abort)  # coordinator -> router, besides requests
+COMMANDS = (GroupAccept, GroupDrop, Consume, Abort)  # coordinator -> router, besides requests
 COUNTED = (FinishVerdict.ACCEPTED, FinishVerdict.GROUP_COMPLETE)  # finishes the ledger counts
 RECALL = "router_restart"  # the interruption a restarted router asks for to get a request back
 SESSION = "session"

@@ -57,8 +57,12 @@ def _loss_mask(results: list[TrajectoryDone]) -> np.ndarray | None:
     return np.concatenate(parts).astype(np.uint8)
 
 
+_NONE = np.zeros(0, np.float32)  # an empty per-token field: not sent
+
+
 def trajectories_from(data: TrainData, responses_per_prompt: int) -> list[Trajectory]:
-    """Split a flattened TrainData into the trainer's Trajectory records (each validates itself)."""
+    """Split a flattened TrainData into the trainer's Trajectory records (each validates itself); their
+    per-token arrays are views of the message's, where the dtypes already agree."""
     out = []
     p_off = r_off = 0
     has_logprobs = len(data.response_logprobs) == len(data.response_token_ids)
@@ -72,15 +76,15 @@ def trajectories_from(data: TrainData, responses_per_prompt: int) -> list[Trajec
             Trajectory(
                 prompt_id=int(data.prompt_ids[i]),
                 child=int(data.request_ids[i]) % responses_per_prompt,
-                prompt_token_ids=tuple(int(t) for t in prompt),
-                response_token_ids=tuple(int(t) for t in data.response_token_ids[span]),
-                rollout_log_probs=tuple(float(x) for x in data.response_logprobs[span]) if has_logprobs else (),
-                token_versions=tuple(int(v) for v in data.response_versions[span]),
+                prompt_token_ids=prompt,
+                response_token_ids=data.response_token_ids[span],
+                rollout_log_probs=data.response_logprobs[span] if has_logprobs else _NONE,
+                token_versions=data.response_versions[span],
                 version=int(data.v_traj[i]),
                 reward=float(data.rewards[i]),
                 acc=float(data.accs[i]),
                 finish_reason=FinishReason(int(data.finish_reasons[i])),
-                loss_mask=() if mask is None else tuple(int(m) for m in mask[span]),
+                loss_mask=_NONE if mask is None else mask[span],
             )
         )
     return out

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -78,55 +79,48 @@ _TENSOR_FIELDS = (
 
 
 def collate(samples: Sequence[Sample], pad_token_id: int) -> Batch:
-    """Pad `samples` into one batch (CPU tensors; move with `Batch.to`)."""
+    """Pad `samples` into one batch (CPU tensors; move with `Batch.to`), filled in numpy from the
+    trajectories' arrays and handed to torch without another copy."""
     if not samples:
         raise ValueError("cannot collate an empty list of samples")
     trajectories = [s.trajectory for s in samples]
     prompt_len = max(len(t.prompt_token_ids) for t in trajectories)
     response_len = max([1, *(t.num_response_tokens for t in trajectories)])
     num = len(samples)
-    input_ids = torch.full((num, prompt_len + response_len), pad_token_id, dtype=torch.long)
-    attention_mask = torch.zeros_like(input_ids)
-    token_mask = torch.zeros(num, response_len)
-    response_mask = torch.zeros(num, response_len)
-    rollout_log_probs = torch.zeros(num, response_len)
-    token_versions = torch.full((num, response_len), -1, dtype=torch.long)
+    input_ids = np.full((num, prompt_len + response_len), pad_token_id, dtype=np.int64)
+    attention_mask = np.zeros_like(input_ids)
+    token_mask = np.zeros((num, response_len), np.float32)
+    response_mask = np.zeros((num, response_len), np.float32)
+    rollout_log_probs = np.zeros((num, response_len), np.float32)
+    token_versions = np.full((num, response_len), -1, dtype=np.int64)
     for row, t in enumerate(trajectories):
-        _fill_row(row, t, prompt_len, input_ids, attention_mask)
-        n = t.num_response_tokens
+        start, n = prompt_len - len(t.prompt_token_ids), t.num_response_tokens
+        input_ids[row, start:prompt_len] = t.prompt_token_ids
+        input_ids[row, prompt_len : prompt_len + n] = t.response_token_ids
+        attention_mask[row, start : prompt_len + n] = 1
         token_mask[row, :n] = 1.0
-        response_mask[row, :n] = torch.tensor(t.loss_mask, dtype=torch.float32) if t.loss_mask else 1.0
-        if t.rollout_log_probs:
-            rollout_log_probs[row, :n] = torch.tensor(t.rollout_log_probs, dtype=torch.float32)
-        if t.token_versions:
-            token_versions[row, :n] = torch.tensor(t.token_versions, dtype=torch.long)
+        response_mask[row, :n] = t.loss_mask if len(t.loss_mask) else 1.0
+        if len(t.rollout_log_probs):
+            rollout_log_probs[row, :n] = t.rollout_log_probs
+        if len(t.token_versions):
+            token_versions[row, :n] = t.token_versions
+    attention = torch.from_numpy(attention_mask)
     return Batch(
-        input_ids=input_ids,
-        attention_mask=attention_mask,
-        position_ids=(attention_mask.cumsum(dim=1) - 1).clamp(min=0),
+        input_ids=torch.from_numpy(input_ids),
+        attention_mask=attention,
+        position_ids=(attention.cumsum(dim=1) - 1).clamp(min=0),
         prompt_length=prompt_len,
-        token_mask=token_mask,
-        response_mask=response_mask,
-        rollout_log_probs=rollout_log_probs,
-        has_rollout_log_probs=all(t.rollout_log_probs or not t.response_token_ids for t in trajectories),
-        token_versions=token_versions,
+        token_mask=torch.from_numpy(token_mask),
+        response_mask=torch.from_numpy(response_mask),
+        rollout_log_probs=torch.from_numpy(rollout_log_probs),
+        has_rollout_log_probs=all(len(t.rollout_log_probs) or not len(t.response_token_ids) for t in trajectories),
+        token_versions=torch.from_numpy(token_versions),
         rewards=torch.tensor([t.reward for t in trajectories], dtype=torch.float32),
         acc=torch.tensor([float("nan") if t.acc is None else t.acc for t in trajectories], dtype=torch.float32),
         versions=torch.tensor([t.version for t in trajectories], dtype=torch.long),
         group_index=group_indices(trajectories),
         fields=_collate_fields(samples, response_len),
     )
-
-
-def _fill_row(row: int, t: Trajectory, prompt_len: int, input_ids: Tensor, attention_mask: Tensor) -> None:
-    num_prompt = len(t.prompt_token_ids)
-    start = prompt_len - num_prompt
-    input_ids[row, start:prompt_len] = torch.tensor(t.prompt_token_ids, dtype=torch.long)
-    attention_mask[row, start:prompt_len] = 1
-    n = t.num_response_tokens
-    if n:
-        input_ids[row, prompt_len : prompt_len + n] = torch.tensor(t.response_token_ids, dtype=torch.long)
-        attention_mask[row, prompt_len : prompt_len + n] = 1
 
 
 def _collate_fields(samples: Sequence[Sample], response_len: int) -> dict[str, Tensor]:

@@ -31,7 +31,7 @@ from typing import TypeVar
 import torch
 from torch import Tensor
 
-import psrl
+from psrl.assets import DEMO_MODEL_DIR
 from psrl.config import Config
 from psrl.config.chunk_plan import plan_chunks
 from psrl.config.rules import pre_step_needs_mini_batch
@@ -487,7 +487,7 @@ def group_trajectories(trajectories: Sequence[Trajectory], group_size: int) -> l
 
 
 def resolve_model_dir(config: Config, model_dir: str | Path | None) -> Path:
-    directory = Path(model_dir or config.model.path or Path(psrl.__file__).parent / "assets" / "demo_model")
+    directory = Path(model_dir or config.model.path or DEMO_MODEL_DIR)
     if not (directory / "config.json").exists():
         raise TrainerError(f"{directory} is not a Hugging Face checkpoint directory (no config.json)")
     return directory

@@ -9,6 +9,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from bus.messages import FinishReason
@@ -44,13 +45,14 @@ def staleness_metrics(buffer_id: int, trajectories: Sequence[Trajectory], stalen
     """Histogram of `buffer_id - V_traj` per trajectory, per-token staleness, and bound violations."""
     histogram = Counter(buffer_id - t.version for t in trajectories)
     violations = sum(n for s, n in histogram.items() if not 0 <= s <= staleness)
-    token_staleness = [buffer_id - v for t in trajectories for v in t.token_versions]
+    token_versions = [t.token_versions for t in trajectories if len(t.token_versions)]
     metrics = {f"staleness/hist/{s}": float(n) for s, n in sorted(histogram.items())}
     metrics["staleness/mean"] = sum(s * n for s, n in histogram.items()) / len(trajectories)
     metrics["staleness/max"] = float(max(histogram))
     metrics["staleness/bound_violations"] = float(violations)
-    if token_staleness:
-        metrics["staleness/token_mean"] = sum(token_staleness) / len(token_staleness)
+    if token_versions:
+        token_staleness = buffer_id - np.concatenate(token_versions).astype(np.int64)
+        metrics["staleness/token_mean"] = int(token_staleness.sum()) / len(token_staleness)
     return metrics
 
 

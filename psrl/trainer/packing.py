@@ -30,6 +30,7 @@ import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -100,39 +101,43 @@ def sample_tokens(sample: Sample) -> int:
 
 
 def pack(samples: Sequence[Sample], pad_token_id: int) -> PackedBatch:
-    """One packed row of `samples` (CPU tensors; move with `PackedBatch.to`)."""
+    """One packed row of `samples` (CPU tensors; move with `PackedBatch.to`), concatenated in numpy
+    from the trajectories' arrays."""
     batch = collate(samples, pad_token_id)
     width = batch.response_length
-    ids: list[int] = []
-    positions: list[int] = []
+    ids: list[np.ndarray] = []
+    positions: list[np.ndarray] = []
+    logit_positions: list[np.ndarray] = []
+    slots: list[np.ndarray] = []
     bounds = [0]
-    logit_positions: list[int] = []
-    targets: list[int] = []
-    slots: list[int] = []
     for row, sample in enumerate(samples):
         t = sample.trajectory
-        start, num_prompt, num_response = len(ids), len(t.prompt_token_ids), t.num_response_tokens
+        start, num_prompt, num_response = bounds[-1], len(t.prompt_token_ids), t.num_response_tokens
         if num_prompt == 0:
             raise ValueError(
                 f"trajectory ({t.prompt_id}, {t.child}) has an empty prompt: nothing predicts its first token"
             )
-        ids.extend(t.prompt_token_ids)
-        ids.extend(t.response_token_ids)
-        positions.extend(range(num_prompt + num_response))
-        bounds.append(len(ids))
-        logit_positions.extend(range(start + num_prompt - 1, start + num_prompt - 1 + num_response))
-        targets.extend(t.response_token_ids)
-        slots.extend(range(row * width, row * width + num_response))
+        ids += [t.prompt_token_ids, t.response_token_ids]
+        positions.append(np.arange(num_prompt + num_response))
+        bounds.append(start + num_prompt + num_response)
+        logit_positions.append(np.arange(num_response) + (start + num_prompt - 1))
+        slots.append(np.arange(num_response) + row * width)
+    targets = [s.trajectory.response_token_ids for s in samples]
     return PackedBatch(
         batch=batch,
-        input_ids=torch.tensor([ids], dtype=torch.long),
-        position_ids=torch.tensor([positions], dtype=torch.long),
+        input_ids=_long(ids)[None, :],
+        position_ids=_long(positions)[None, :],
         cu_seqlens=torch.tensor(bounds, dtype=torch.int32),
         max_length=max(b - a for a, b in itertools.pairwise(bounds)),
-        logit_positions=torch.tensor(logit_positions, dtype=torch.long),
-        targets=torch.tensor(targets, dtype=torch.long),
-        response_slots=torch.tensor(slots, dtype=torch.long),
+        logit_positions=_long(logit_positions),
+        targets=_long(targets),
+        response_slots=_long(slots),
     )
+
+
+def _long(parts: list[np.ndarray]) -> Tensor:
+    """The parts end to end as one long tensor (a fresh array, so torch takes it without copying)."""
+    return torch.from_numpy(np.concatenate(parts).astype(np.int64))
 
 
 def micro_batch_count(samples: Sequence[Sample], *, max_tokens: int | None, micro_batch_size: int) -> int:

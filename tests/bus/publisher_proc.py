@@ -1,4 +1,4 @@
-"""A publisher process for tests: gen.chunk, obs.metrics and actor.heartbeat events every 20 ms until SIGTERM.
+"""A publisher process for tests: gen.result, obs.metrics and actor.heartbeat events every 20 ms until SIGTERM.
 
 Run as ``python publisher_proc.py RUN_DIR SENDER``. It stops by itself after about a minute so a
 failed test cannot leave it running.
@@ -14,7 +14,7 @@ import numpy as np
 import zmq
 
 from bus.addresses import BusAddresses
-from bus.messages import ActorState, Heartbeat, Metrics, TokenChunk
+from bus.messages import ActorState, FinishReason, GenerateResult, Heartbeat, Metrics
 from bus.publisher import Publisher
 
 MAX_STEPS = 3000
@@ -31,8 +31,16 @@ def main(run_dir: str, sender: str) -> None:
         if stopping:
             break
         tokens = np.array([step, step + 1], np.int32)
-        chunk = TokenChunk(step, tokens, np.zeros(2, np.float32), np.full(2, 3, np.int32), "rollout-0")
-        publisher.publish(chunk, request_id=step, model_version=3)
+        result = GenerateResult(
+            request_id=step,
+            prompt_id=step,
+            token_ids=tokens,
+            logprobs=np.zeros(2, np.float32),
+            versions=np.full(2, 3, np.int32),
+            finish_reason=FinishReason.STOP,
+            instance="rollout-0",
+        )
+        publisher.publish(result, request_id=step, model_version=3)
         publisher.publish(Metrics(step, {"loss": 1.0 / step}))
         publisher.publish(Heartbeat(ActorState.BUSY))
         time.sleep(0.02)

@@ -14,17 +14,30 @@ from bus.arrays import MAX_ARRAY_FRAMES
 from bus.codec import Decoder, Encoder
 from bus.errors import BusError, DecodeError, DropReason
 from bus.gaps import GapTracker
-from bus.messages import Metrics, TokenChunk
+from bus.messages import FinishReason, GenerateResult, Metrics
 from bus.schema import Envelope
 from bus.stamp import Stamper
 
 
-def _chunk(num_tokens: int) -> TokenChunk:
+def _result(token_ids: np.ndarray, logprobs: np.ndarray, versions: np.ndarray) -> GenerateResult:
+    return GenerateResult(
+        request_id=1,
+        prompt_id=0,
+        token_ids=token_ids,
+        logprobs=logprobs,
+        versions=versions,
+        finish_reason=FinishReason.STOP,
+        instance="i0",
+    )
+
+
+def _chunk(num_tokens: int) -> GenerateResult:
+    """A result of ``num_tokens`` tokens: three arrays (tokens, log-probs, versions)."""
     tokens = np.arange(num_tokens, dtype=np.int32)
-    return TokenChunk(1, tokens, np.zeros(num_tokens, np.float32), tokens.copy(), "i0")
+    return _result(tokens, np.zeros(num_tokens, np.float32), tokens.copy())
 
 
-def _env(kind: str = "gen.chunk") -> Envelope:
+def _env(kind: str = "gen.result") -> Envelope:
     return Envelope(kind, 1, "rollout-0", 0, 1, 2, 3)
 
 
@@ -70,7 +83,7 @@ def test_array_frames_must_match_their_references(mutate: object, detail: str) -
 
 
 def test_object_dtype_headers_are_refused() -> None:
-    chunk = TokenChunk(1, np.zeros((2, 2), np.int32), np.zeros(2, np.float32), np.zeros(2, np.int32), "i0")
+    chunk = _result(np.zeros((2, 2), np.int32), np.zeros(2, np.float32), np.zeros(2, np.int32))
     frames = Encoder().encode(_env(), chunk)  # a 2-D array carries the full header with its dtype name
     forged = frames[1].replace(b"<i4", b"|O8", 1)
     with pytest.raises(DecodeError, match="not allowed"):
@@ -144,12 +157,12 @@ def test_a_batch_decodes_to_its_events_in_order() -> None:
 
 
 def test_batches_are_all_or_nothing() -> None:
-    good = Envelope("gen.chunk", 1, "router", 0, 1, 2, 3)
+    good = Envelope("gen.result", 1, "router", 0, 1, 2, 3)
     liar = Envelope("obs.metrics", 1, "router", 0, 2, 2, 3)
     frames = Encoder().encode_batch([(good, _chunk(1)), (liar, _chunk(1))])  # the second envelope lies
     with pytest.raises(DecodeError, match="envelope kind"):
         Decoder().decode(frames)
     with pytest.raises(DecodeError, match="empty batch"):
-        Decoder().decode([b"gen.chunk", msgspec.msgpack.encode([])])
+        Decoder().decode([b"gen.result", msgspec.msgpack.encode([])])
     with pytest.raises(ValueError, match="same kind"):
         Encoder().encode_batch([(good, _chunk(1)), (liar, Metrics(1, {}))])

@@ -17,7 +17,7 @@ from bus.codec import Encoder
 from bus.eventlog import EventLogger, EventLogReader, EventLogWriter
 from bus.eventlog.format import HEADER, RECORD_HEADER
 from bus.eventlog.logger import EventLogFailedError
-from bus.messages import Metrics, Pause, TokenChunk
+from bus.messages import FinishReason, GenerateResult, Metrics, Pause
 from bus.publisher import Publisher
 from bus.schema import Envelope
 from bus.sockets import make_socket
@@ -50,8 +50,16 @@ def test_records_read_back_in_order_across_rotated_segments(tmp_path: Path, fsyn
 
 
 def test_array_frames_are_stored_and_decoded(tmp_path: Path) -> None:
-    chunk = TokenChunk(3, np.arange(5000, dtype=np.int32), np.zeros(5000, np.float32), np.ones(5000, np.int32), "i0")
-    frames = Encoder(array_frame_bytes=1024).encode(Envelope("gen.chunk", 1, "rollout", 0, 1, 2, 3), chunk)
+    chunk = GenerateResult(
+        request_id=3,
+        prompt_id=0,
+        token_ids=np.arange(5000, dtype=np.int32),
+        logprobs=np.zeros(5000, np.float32),
+        versions=np.ones(5000, np.int32),
+        finish_reason=FinishReason.STOP,
+        instance="i0",
+    )
+    frames = Encoder(array_frame_bytes=1024).encode(Envelope("gen.result", 1, "rollout", 0, 1, 2, 3), chunk)
     assert len(frames) == 5
     writer = EventLogWriter(tmp_path)
     writer.append(frames)

@@ -14,7 +14,7 @@ import zmq
 from bus.codec import Encoder
 from bus.errors import DropReason
 from bus.link import Link
-from bus.messages import Metrics, TokenChunk
+from bus.messages import FinishReason, GenerateResult, Metrics
 from bus.schema import Envelope
 from bus.sockets import SocketOptions, bound_address, make_socket
 from bus.subscriber import Subscriber
@@ -31,8 +31,16 @@ def _valid(seq: int) -> Frames:
 
 
 def _with_array() -> Frames:
-    chunk = TokenChunk(1, np.arange(64, dtype=np.int32), np.zeros(64, np.float32), np.zeros(64, np.int32), "i")
-    return Encoder(array_frame_bytes=128).encode(Envelope("gen.chunk", 1, "fuzzer", 0, 1, 1, 2), chunk)  # type: ignore[return-value]
+    result = GenerateResult(
+        request_id=1,
+        prompt_id=0,
+        token_ids=np.arange(64, dtype=np.int32),
+        logprobs=np.zeros(64, np.float32),
+        versions=np.zeros(64, np.int32),
+        finish_reason=FinishReason.STOP,
+        instance="i",
+    )
+    return Encoder(array_frame_bytes=128).encode(Envelope("gen.result", 1, "fuzzer", 0, 1, 1, 2), result)  # type: ignore[return-value]
 
 
 class Fuzzer:

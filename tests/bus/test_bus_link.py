@@ -11,7 +11,7 @@ from bus_helpers import recv_all
 
 from bus.addresses import BusAddresses
 from bus.link import Link
-from bus.messages import Abort, Consume, TokenChunk, TrainBatch
+from bus.messages import Abort, Consume, TokenBatch, TrainBatch
 from bus.publisher import Publisher
 from bus.schema import Channel
 from bus.stamp import Cause
@@ -84,15 +84,16 @@ def test_the_link_logs_what_it_sends_with_its_envelope_and_the_cause_as_parent(
     client.send(Consume(buffer=0, trainer_version=0))  # the coordinator's link has no publisher here
     _recv(server)
     cause.event_id = "coordinator-router.link#0:1"
-    chunk = TokenChunk(
-        request_id=5,
+    chunk = TokenBatch(
+        request_ids=np.asarray([5], np.int64),
+        counts=np.asarray([3], np.int32),
         token_ids=np.arange(3, dtype=np.int32),
         logprobs=np.zeros(3, np.float32),
         versions=np.zeros(3, np.int32),
         instance="rollout-0",
     )
     sent_abort = server.send(Abort(request_ids=[5]), "coordinator")
-    server.send(chunk, "coordinator")  # a token chunk is not logged: the result carries every token
+    server.send(chunk, "coordinator")  # streamed tokens are not logged: the result carries every token
     cause.event_id = None
     sent_batch = server.send(
         TrainBatch(step=1, buffer=0, prompt_ids=[], num_trajectories=0, num_tokens=0, min_version=0), "coordinator"

@@ -23,7 +23,7 @@ def test_commands_travel_on_the_control_channel() -> None:
     control = {kind for kind, cls in CATALOGUE.items() if cls.CHANNEL is Channel.CONTROL}
     assert {k for k in CATALOGUE if k.startswith("ctl.")} <= control
     assert {"gen.abort", "coord.sync", "coord.migrate"} <= control
-    assert "gen.chunk" not in control
+    assert "gen.tokens" not in control
 
 
 def test_kind_names_are_validated() -> None:

@@ -13,7 +13,7 @@ from strategies import assert_same, envelopes, structs
 
 from bus.codec import Decoder, Encoder
 from bus.io import recv_event_frames, send_frames
-from bus.messages import GenerateResult, Metrics, TokenChunk
+from bus.messages import FinishReason, GenerateResult, Metrics
 from bus.schema import CATALOGUE, Envelope, Message
 from bus.sockets import SocketOptions, bound_address, make_socket
 
@@ -67,8 +67,16 @@ def test_every_kind_roundtrips(link: Link, kind: str, data: st.DataObject) -> No
 
 def test_large_arrays_travel_as_trailing_frames(link: Link) -> None:
     tokens = np.arange(10_000, dtype=np.int32)
-    message = TokenChunk(7, tokens, np.zeros(3, np.float32), np.full(10_000, 4, np.int32), "rollout-0")
-    event, num_frames = link.roundtrip(Envelope("gen.chunk", 1, "rollout-0", 0, 1, 2, 3), message)
+    message = GenerateResult(
+        request_id=7,
+        prompt_id=0,
+        token_ids=tokens,
+        logprobs=np.zeros(3, np.float32),
+        versions=np.full(10_000, 4, np.int32),
+        finish_reason=FinishReason.LENGTH,
+        instance="rollout-0",
+    )
+    event, num_frames = link.roundtrip(Envelope("gen.result", 1, "rollout-0", 0, 1, 2, 3), message)
     assert num_frames == 4  # kind, body, token_ids, versions; the small logprobs stay inline
     assert_same(message, event.message)
 
@@ -90,6 +98,6 @@ def test_unsupported_values_are_refused_at_encode() -> None:
         encoder.encode(Envelope("obs.metrics", 1, "a", 0, 1, 2, 3), bad)
     with pytest.raises(TypeError, match="dtype"):
         encoder.encode(
-            Envelope("gen.chunk", 1, "a", 0, 1, 2, 3),
-            TokenChunk(1, np.array(["a"], dtype=object), np.zeros(1), np.zeros(1), "i"),
+            Envelope("gen.result", 1, "a", 0, 1, 2, 3),
+            GenerateResult(1, 0, np.array(["a"], dtype=object), np.zeros(1), np.zeros(1), FinishReason.STOP, "i"),
         )

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from bus.addresses import BUS_FILE, BusAddresses
-from bus.messages import ActorState, FinishReason, GenerateResult, Heartbeat, Pause, TokenChunk
+from bus.messages import ActorState, FinishReason, GenerateResult, Heartbeat, Pause, TokenBatch
 from bus.schema import Envelope, Event
 from bus.tap import PERIODIC_KINDS, TapFilter, format_json, format_line, hidden_kinds
 
@@ -69,7 +69,7 @@ def live_run(tmp_path: Path) -> Iterator[LiveRun]:
 
 def test_tap_shows_only_the_requested_kind_as_json(live_run: LiveRun) -> None:
     result = subprocess.run(
-        [*TAP, str(live_run.run_dir), "--kind", "gen.chunk", "--json", "--count", "3"],
+        [*TAP, str(live_run.run_dir), "--kind", "gen.result", "--json", "--count", "3"],
         capture_output=True,
         text=True,
         timeout=120,
@@ -78,7 +78,7 @@ def test_tap_shows_only_the_requested_kind_as_json(live_run: LiveRun) -> None:
     assert result.returncode == 0, result.stderr
     lines = [json.loads(line) for line in result.stdout.splitlines()]
     assert len(lines) == 3
-    assert {line["envelope"]["kind"] for line in lines} == {"gen.chunk"}
+    assert {line["envelope"]["kind"] for line in lines} == {"gen.result"}
     first = lines[0]
     assert first["event_id"].startswith("rollout-0#0:")
     assert first["message"]["token_ids"] == [first["message"]["request_id"], first["message"]["request_id"] + 1]
@@ -92,7 +92,7 @@ def tapped_kinds(run_dir: Path, *options: str) -> set[str]:
 
 
 def test_tap_hides_heartbeats_unless_asked(live_run: LiveRun) -> None:
-    assert tapped_kinds(live_run.run_dir) == {"gen.chunk", "obs.metrics"}
+    assert tapped_kinds(live_run.run_dir) == {"gen.result", "obs.metrics"}
     assert "actor.heartbeat" in tapped_kinds(live_run.run_dir, "--all")
     assert tapped_kinds(live_run.run_dir, "--kind", "actor.") == {"actor.heartbeat"}
 
@@ -145,7 +145,7 @@ def test_logged_run_replays_whole(live_run: LiveRun) -> None:
     report = json.loads(replayed.stdout)
     timeline = report["timeline"]
     assert timeline["events_per_kind"]["obs.metrics"] >= 5
-    assert timeline["events_per_kind"]["obs.metrics"] == timeline["events_per_kind"]["gen.chunk"]
+    assert timeline["events_per_kind"]["obs.metrics"] == timeline["events_per_kind"]["gen.result"]
     assert timeline["num_missing"] == 0 and timeline["problems"] == []
     assert report["checkers"][0]["agreement"]["num_disagree"] == 0
 
@@ -163,8 +163,15 @@ def _event(message: object, **envelope: object) -> Event:
 
 
 def test_filters_match_actor_request_and_version() -> None:
-    chunk = TokenChunk(11, np.array([1, 2], np.int32), np.zeros(2, np.float32), np.zeros(2, np.int32), "i0")
-    event = _event(chunk, model_version=4)
+    tokens = TokenBatch(
+        request_ids=np.asarray([11], np.int64),
+        counts=np.asarray([2], np.int32),
+        token_ids=np.array([1, 2], np.int32),
+        logprobs=np.zeros(2, np.float32),
+        versions=np.zeros(2, np.int32),
+        instance="i0",
+    )
+    event = _event(tokens, model_version=4)
     assert TapFilter(actors=("router",)).matches(event)
     assert TapFilter(actors=("router#2",)).matches(event)
     assert not TapFilter(actors=("router#1",)).matches(event)

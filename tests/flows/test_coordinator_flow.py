@@ -7,8 +7,9 @@ from bus.messages import (
     BufferReady,
     Consume,
     GenerateRequest,
-    GroupComplete,
+    GroupAccept,
     GroupDrop,
+    GroupFinished,
     Metrics,
     MigrateCommand,
     Occupy,
@@ -36,10 +37,10 @@ def _coordinator(*overrides: str) -> CoordinatorFlow:
 
 
 def _complete(flow: CoordinatorFlow, prompt_id: int, lengths: tuple[int, int] = (8, 16)) -> list:
-    """Both children of a group finish, then the router reports the group complete."""
+    """Both children of a group finish, then the router reports the group finished."""
     for child, length in enumerate(lengths):
         flow.handle(done(prompt_id * N + child, N, num_tokens=length), 1.0)
-    return flow.handle(GroupComplete(prompt_id=prompt_id, request_ids=[prompt_id * N, prompt_id * N + 1]), 1.0)
+    return flow.handle(GroupFinished(prompt_id=prompt_id, request_ids=[prompt_id * N, prompt_id * N + 1]), 1.0)
 
 
 def test_the_first_groups_go_out_within_the_dispatch_throttle() -> None:
@@ -56,7 +57,7 @@ def test_a_complete_group_is_scored_and_kept_or_filtered() -> None:
     flow = _coordinator("algorithm.filter_groups.enable=true")
     flow.start(0.0)
     kept = _complete(flow, 0)
-    assert [c.request_ids for c in sent(kept, GroupComplete, to="router")] == [[0, 1]]
+    assert [c.request_ids for c in sent(kept, GroupAccept, to="router")] == [[0, 1]]
     assert [w.score for w in flow.book.groups[0].rewards.values()] == [0.5, 1.0]
     same = _complete(flow, 1, lengths=(16, 16))  # equal rewards: no learning signal
     assert [d.reason for d in sent(same, GroupDrop, to="router")] == ["filtered"]

@@ -7,7 +7,8 @@ from bus.messages import (
     BufferReady,
     Consume,
     GenerateRequest,
-    GroupComplete,
+    GroupAccept,
+    GroupFinished,
     Metrics,
     Occupy,
     TrainData,
@@ -53,7 +54,7 @@ def _first_life(log: Log, *, occupy_second: bool) -> CoordinatorFlow:
     for prompt_id in (0, 1):
         for child, length in enumerate((8, 16)):
             _tell(log, flow, done(prompt_id * N + child, N, num_tokens=length))
-        _tell(log, flow, GroupComplete(prompt_id=prompt_id, request_ids=[prompt_id * N, prompt_id * N + 1]))
+        _tell(log, flow, GroupFinished(prompt_id=prompt_id, request_ids=[prompt_id * N, prompt_id * N + 1]))
     _tell(log, flow, Occupy(prompt_id=0, version=0, from_buffer=1, buffer=0, slot=0))
     if occupy_second:
         _tell(log, flow, Occupy(prompt_id=1, version=0, from_buffer=1, buffer=0, slot=1))
@@ -70,7 +71,7 @@ def test_the_rerun_reaches_the_dead_coordinators_state_and_repeats_nothing_it_di
     assert sorted(flow.book.groups) == sorted(dead.book.groups)
     assert flow.emitter.current == dead.emitter.current
     effects = recovery.effects
-    assert not sent(effects, GenerateRequest) and not sent(effects, GroupComplete) and not sent(effects, Consume)
+    assert not sent(effects, GenerateRequest) and not sent(effects, GroupAccept) and not sent(effects, Consume)
     assert not [e for e in effects if isinstance(e, Publish) and isinstance(e.message, Metrics)]
     # chunks the trainer has not reported trained are handed over again (the rank skips duplicates)
     resent = sent(effects, TrainData, to="trainer-0")

@@ -3,7 +3,7 @@
 A router logs a message for the coordinator only once it is delivered, so a finished trajectory it
 counted in the ledger but held (the coordinator was down) dies with it. The replacement rebuilds
 the ledger, in which that finish is already counted, and must deliver the trajectory (and the
-group's ``group.complete`` when that finish completed the group) itself; the coordinator takes each
+group's ``group.finished`` when that finish completed the group) itself; the coordinator takes each
 result and verdict once, whoever delivers it. Found by ``tools/chaos.py --roles router,coordinator
 --seed 6``.
 """
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from bus.messages import GenerateRequest, GroupComplete, LedgerOp, Occupy, TrajectoryDone
+from bus.messages import GenerateRequest, GroupAccept, GroupFinished, LedgerOp, Occupy, TrajectoryDone
 from bus.schema import Message
 from psrl.config import load_config
 from psrl.flows.coordinator import CoordinatorFlow
@@ -136,7 +136,7 @@ def _assert_group_kept_once(run: Run, coordinator: CoordinatorFlow, prompt_id: i
     """The group has all N results and went back to the router once, which occupied its slot."""
     group = coordinator.book.groups[prompt_id]
     assert sorted(group.results) == [prompt_id * N + c for c in range(N)] and group.is_settled
-    commands = [m for m in run.logged(GroupComplete, "coordinator-router.link") if m.prompt_id == prompt_id]
+    commands = [m for m in run.logged(GroupAccept, "coordinator-router.link") if m.prompt_id == prompt_id]
     assert len(commands) == 1
     run.pump(3.0)
     assert group.buffer is not None
@@ -149,7 +149,7 @@ def test_a_held_trajectory_that_completed_its_group_is_delivered_by_the_replacem
     run = _started()
     run.finish(0)  # delivered: the coordinator has child 0
     run.kill_coordinator()
-    run.finish(1)  # counted (the group is complete) and held: trajectory and group.complete
+    run.finish(1)  # counted (the group is complete) and held: trajectory and group.finished
     assert not [m for m in run.logged(TrajectoryDone, "router.link") if m.request_id == 1]
     assert run.router.held, "held for the unreachable coordinator"
     # the router dies 0.15 s later; the coordinator's replacement rebuilds, then the router's
@@ -193,8 +193,8 @@ def test_the_coordinator_takes_each_result_and_group_verdict_once() -> None:
     again = flow.handle(done(0, N, num_tokens=8), 1.0)
     assert not first and not again and len(flow.response_lengths) == 1 and flow.num_duplicates == 1
     # the group's verdict overtook its second result: it waits for it, then goes back to the router once
-    assert not flow.handle(GroupComplete(prompt_id=0, request_ids=[0, 1]), 1.0)
+    assert not flow.handle(GroupFinished(prompt_id=0, request_ids=[0, 1]), 1.0)
     commands = [e.message for e in flow.handle(done(1, N, num_tokens=16), 1.0) if isinstance(e, Send)]
-    assert [(type(m), m.prompt_id) for m in commands] == [(GroupComplete, 0)]
-    assert not flow.handle(GroupComplete(prompt_id=0, request_ids=[0, 1]), 1.0)
+    assert [(type(m), m.prompt_id) for m in commands] == [(GroupAccept, 0)]
+    assert not flow.handle(GroupFinished(prompt_id=0, request_ids=[0, 1]), 1.0)
     assert not flow.handle(done(1, N, num_tokens=16), 1.0) and flow.num_duplicates == 3

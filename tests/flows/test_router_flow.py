@@ -12,7 +12,8 @@ from bus.messages import (
     Consume,
     FinishReason,
     GenerateRequest,
-    GroupComplete,
+    GroupAccept,
+    GroupFinished,
     LedgerOp,
     Metrics,
     Occupy,
@@ -21,7 +22,6 @@ from bus.messages import (
     RoutingRecord,
     SyncCommand,
     TokenBatch,
-    TokenChunk,
     TrajectoryDone,
     WeightsLoaded,
 )
@@ -87,9 +87,9 @@ def test_a_finished_group_completes_occupies_and_fills_a_buffer_that_is_then_con
     out = _finish(flow, sent(effects, GenerateRequest), effects)
     done = sent(out, TrajectoryDone, to="coordinator")
     assert sorted(d.request_id for d in done) == [0, 1, 2, 3] and all(len(d.token_ids) == 8 for d in done)
-    assert [c.prompt_id for c in sent(out, GroupComplete, to="coordinator")] == [0, 1]
-    out = flow.handle(GroupComplete(prompt_id=0, request_ids=[0, 1]), 2.0)
-    out += flow.handle(GroupComplete(prompt_id=1, request_ids=[2, 3]), 2.0)
+    assert [c.prompt_id for c in sent(out, GroupFinished, to="coordinator")] == [0, 1]
+    out = flow.handle(GroupAccept(prompt_id=0, request_ids=[0, 1]), 2.0)
+    out += flow.handle(GroupAccept(prompt_id=1, request_ids=[2, 3]), 2.0)
     assert [(o.prompt_id, o.buffer, o.slot) for o in sent(out, Occupy)] == [(0, 0, 0), (1, 0, 1)]
     [ready] = sent(out, BufferReady)
     assert ready.buffer == 0 and ready.prompt_ids == [0, 1]
@@ -106,8 +106,9 @@ def test_an_interrupted_trajectory_continues_from_its_tokens_at_its_version() ->
     first = sent(effects, GenerateRequest)[0]
     where = destinations(effects, GenerateRequest)[0]
     flow.handle(
-        TokenChunk(
-            request_id=0,
+        TokenBatch(
+            request_ids=np.asarray([0], np.int64),
+            counts=np.asarray([4], np.int32),
             token_ids=np.arange(4, dtype=np.int32) + 10,
             logprobs=np.zeros(4, np.float32),
             versions=np.zeros(4, np.int32),
@@ -172,8 +173,8 @@ def test_redundant_children_beyond_n_are_aborted_where_they_run() -> None:
     where = dict(zip([r.request_id for r in routed], destinations(effects, GenerateRequest), strict=True))
     out = flow.handle(result(routed[0], where[0], num_tokens=8), 1.0)
     out += flow.handle(result(routed[1], where[1], num_tokens=8), 1.0)
-    [complete] = sent(out, GroupComplete)
-    assert complete.request_ids == [0, 1]
+    [finished] = sent(out, GroupFinished)
+    assert finished.request_ids == [0, 1]
     [abort] = sent(out, Abort, to=where[2])
     assert abort.request_ids == [2] and abort.reason == "surplus"
     late = flow.handle(result(routed[2], where[2], num_tokens=3, error="surplus"), 1.5)
@@ -243,7 +244,7 @@ def test_proactive_truncate_completes_the_buffer_the_trainer_waits_for() -> None
     out: list[Effect] = []
     for req in routed[:2]:  # group 0 finishes and occupies; group 1 straggles
         out += flow.handle(result(req, where[req.request_id], num_tokens=8), 1.0)
-    out += flow.handle(GroupComplete(prompt_id=0, request_ids=[0, 1]), 1.0)
+    out += flow.handle(GroupAccept(prompt_id=0, request_ids=[0, 1]), 1.0)
     acted = [op.outcome.split()[0] for op in published(out, LedgerOp) if op.op == "proactive" and op.outcome != "none"]
     assert acted == ["truncate"]
     assert sorted(a.request_ids[0] for a in sent(out, Abort)) == [2, 3]  # stopped; their output is kept
@@ -253,6 +254,6 @@ def test_proactive_truncate_completes_the_buffer_the_trainer_waits_for() -> None
     truncated = [d for d in sent(out, TrajectoryDone) if d.request_id in (2, 3)]
     assert [len(d.token_ids) for d in truncated] == [3, 3]
     assert all(d.finish_reason == FinishReason.TRUNCATED for d in truncated)
-    [complete] = [c for c in sent(out, GroupComplete) if c.prompt_id == 1]
-    assert complete.occupied_buffer == 0  # already occupied: the coordinator does not ask again
+    [finished] = [c for c in sent(out, GroupFinished) if c.prompt_id == 1]
+    assert finished.occupied_buffer == 0  # already occupied: the coordinator does not ask again
     assert [sorted(r.prompt_ids) for r in sent(out, BufferReady)] == [[0, 1]]

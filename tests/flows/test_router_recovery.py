@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from bus.messages import Abort, GenerateRequest, GroupComplete, LedgerOp, RouterStatus, TrajectoryDone
+from bus.messages import Abort, GenerateRequest, GroupAccept, GroupFinished, LedgerOp, RouterStatus, TrajectoryDone
 from bus.schema import Event
 from bus.stamp import Stamper
 from psrl.config import load_config
@@ -117,11 +117,11 @@ def test_a_result_logged_but_never_handled_is_handled_by_the_new_router() -> Non
     flow, recovery, effects = _restart(log)
     assert sorted(recovery.requests) == [1, 3] and recovery.num_recalled == 1
     done = [m for m in (e.message for e in effects) if isinstance(m, TrajectoryDone)]
-    completes = [m for m in (e.message for e in effects) if isinstance(m, GroupComplete)]
+    completes = [m for m in (e.message for e in effects) if isinstance(m, GroupFinished)]
     assert not done and not completes, "held until the coordinator can be reached"
     released = flow.status(2.5)
     assert [m.request_id for m in sent(released, TrajectoryDone)] == [1]
-    assert [m.prompt_id for m in sent(released, GroupComplete)] == [0]
+    assert [m.prompt_id for m in sent(released, GroupFinished)] == [0]
     ops = [e.message for e in effects if isinstance(e, Publish) and isinstance(e.message, LedgerOp)]
     assert [(op.op, op.prompt_id, op.child) for op in ops] == [("finish", 0, 1)]
 
@@ -133,12 +133,12 @@ def test_coordinator_commands_are_handled_once_whether_or_not_the_dead_router_go
             instance = dead.core.routed_instance(req.request_id) or ""
             log.add(f"{instance}-router.link", finished := result(req, instance, num_tokens=8))
             log.router(dead.handle(finished, 1.5))
-    handled = log.add("coordinator-router.link", GroupComplete(prompt_id=0, request_ids=[0, 1]))
+    handled = log.add("coordinator-router.link", GroupAccept(prompt_id=0, request_ids=[0, 1]))
     for effect in dead.handle(handled.message, 1.6):  # handled: what it logged names the command as parent
         if isinstance(effect, Publish):
             log.events.append(Event(log.stampers.setdefault("router#0", Stamper("router", 0)).stamp(
                 effect.message, parent=handled.envelope.event_id), effect.message))  # fmt: skip
-    unhandled = log.add("coordinator-router.link", GroupComplete(prompt_id=1, request_ids=[2, 3]))
+    unhandled = log.add("coordinator-router.link", GroupAccept(prompt_id=1, request_ids=[2, 3]))
     flow, recovery, effects = _restart(log)
     assert [c.prompt_id for c in recovery.commands] == [1]
     assert {handled.envelope.event_id, unhandled.envelope.event_id} <= recovery.seen_event_ids

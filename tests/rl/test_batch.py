@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
 from psrl.errors import RequestError
 from psrl.rl.batch import Sample, collate, scatter_rows
 from psrl.rl.filters import filter_groups, has_learning_signal
-from psrl.rl.trajectory import InvalidTrajectoryError, Trajectory
+from psrl.rl.trajectory import TOKEN_FIELDS, InvalidTrajectoryError, Trajectory
 
 
 def make(prompt: tuple[int, ...], response: tuple[int, ...], **kwargs: object) -> Trajectory:
@@ -50,6 +51,29 @@ class TestTrajectory:
         t = make((1,), (5, 6, 7), rollout_log_probs=(), token_versions=(), loss_mask=(1, 0, 1))
         assert t.num_response_tokens == 3
         assert t.num_trained_tokens == 2
+
+    def test_per_token_fields_are_read_only_arrays_of_the_wire_dtypes(self) -> None:
+        t = make((1, 2), (5, 6), loss_mask=(1, 0))
+        dtypes = {name: getattr(t, name).dtype for name in TOKEN_FIELDS}
+        assert dtypes == {name: np.dtype(dtype) for name, dtype in TOKEN_FIELDS.items()}
+        assert not any(getattr(t, name).flags.writeable for name in TOKEN_FIELDS)
+        with pytest.raises(ValueError, match="read-only"):
+            t.response_token_ids[0] = 9
+        tokens = np.asarray([5, 6], np.int32)
+        assert np.shares_memory(make((1,), tokens).response_token_ids, tokens)  # taken as it is
+        assert tokens.flags.writeable  # the caller's array keeps its own flags
+
+    def test_equal_trajectories_compare_by_their_tokens(self) -> None:
+        assert make((1, 2), (5, 6)) == make(np.asarray([1, 2]), [5, 6])
+        assert make((1, 2), (5, 6)) != make((1, 2), (5, 7))
+        assert make((1, 2), (5, 6)) != make((1, 2), (5, 6), loss_mask=(1, 1))
+        assert len({make((1, 2), (5, 6)), make((1, 2), (5, 6))}) == 1
+
+    def test_a_field_that_is_not_a_token_vector_is_refused(self) -> None:
+        with pytest.raises(InvalidTrajectoryError, match=r"response_token_ids: .*1-D"):
+            make((1, 2), ((5, 6), (7, 8)))
+        with pytest.raises(InvalidTrajectoryError, match="loss_mask"):
+            make((1, 2), (5, 6), loss_mask=(1, -1))
 
 
 class TestCollate:
