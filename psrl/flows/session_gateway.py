@@ -159,7 +159,7 @@ class GatewayCalls:
                     "agent call met a logged turn", request_id=session.request_id, turn=outcome.plan.turn, step=step
                 )
             if step == "replay":
-                return self._replayed(gateway, session, outcome.plan.turn)
+                return self._replayed(gateway, session, outcome.plan.turn, outcome.plan.new_tokens)
             if step != "new":  # wait: the turn generates; send: its tokens are logged, the turn not sent
                 session.call_job = job_id
                 self.counters["turns_awaited" if step == "wait" else "turns_resent"] += 1
@@ -209,10 +209,12 @@ class GatewayCalls:
             self._end(session.request_id, 0.0, 0.0, session.turn + 1, str(exc))
             raise ApiError(409, str(exc), code="history_diverged") from exc
 
-    def _replayed(self, gateway: Gateway, session: Any, turn: int) -> Answer:
+    def _replayed(self, gateway: Gateway, session: Any, turn: int, observation: list[int]) -> Answer:
         """A turn the session already has, asked again by its re-run agent: answered from the log."""
         self.counters["turns_replayed"] += 1
         turns = self._turn_log(session)
+        turns.asked(turn, list(observation))  # kept where the log had it not (a no-op where it had)
+        turns.sent_turn(turn)
         tokens = session.actions[turn].tolist()
         finish = finish_name(turns.finishes[turn])
         return gateway.generated(str(session.request_id), tokens, finish, turns.logprobs[turn])

@@ -12,7 +12,8 @@ then met with the logged turns (``place``), by the turn's index:
   (it was generating when the scheduler died): the call waits for the router's ``TurnDone``.
 * **send**: the agent's answer (the observation) is logged but the turn was never sent (the old
   scheduler died in between, or held it for a hung session): it is sent now, not logged again.
-* **new**: past the log: a turn like any other.
+* **new**: past the log: a turn like any other. (A turn the router generated although its call's
+  tokens never reached the log, the old scheduler dying as it sent it, is a **replay** unchecked.)
 * anything else (``ResumeDivergedError``): the re-run agent asked for other tokens than its first run
   (an agent that is not deterministic given the model's answers). The logged turn cannot be taken
   back from the router, so the session fails with the session and turn named.
@@ -67,7 +68,9 @@ def place(log: TurnLog, session_id: str, turn: int, new_tokens: Sequence[int], n
     """What a re-run agent's call for ``turn`` (appending ``new_tokens``) gets, given the log and the
     ``num_generated`` turns whose tokens are known."""
     if turn >= log.num_turns:
-        return "new"
+        # a turn generated whose call's tokens never reached the log (the old scheduler died as it sent
+        # it): the router's tokens answer it; its observation cannot be checked
+        return "replay" if turn < num_generated else "new"
     logged = log.observations[turn]
     if list(new_tokens) != logged:
         raise ResumeDivergedError(

@@ -185,6 +185,7 @@ def test_the_resume_rule() -> None:
     assert place(log, "s", 1, [5, 6], num_generated=1) == "wait"
     assert place(log, "s", 2, [7], num_generated=2) == "send"
     assert place(log, "s", 3, [9], num_generated=2) == "new"
+    assert place(log, "s", 3, [9], num_generated=4) == "replay"  # generated; its call's tokens never logged
     with pytest.raises(ResumeDivergedError, match=r"session s turn 1: .*first difference at token 1"):
         place(log, "s", 1, [5, 9], num_generated=2)
 
@@ -201,3 +202,19 @@ def test_turn_done_after_the_replay_passed_it_is_kept_for_nobody_waiting() -> No
     flow.answers.clear()
     assert not chat(flow, 4, RID, history(flow, 2))
     assert isinstance(answer_of(flow, 4), Answer) and flow.counters["turns_replayed"] == 2
+
+
+def test_a_turn_the_router_generated_whose_call_never_reached_the_log_is_replayed_not_asked_again() -> None:
+    log, _ = first_run(generated_upto=1)
+    # the old scheduler died as it sent turn 2: the router has it, the log has neither its call nor its turn
+    cut = next(i for i, e in enumerate(log.events) if isinstance(e.message, TurnNext) and e.message.turn == 2)
+    log.events = log.events[: cut - 1]
+    flow, _ = restarted(log)
+    flow.handle(turn_done(RID, 2, TURN_TOKENS[2]), 0.0)  # the router hands it over on the new link
+    chat(flow, 2, RID, ROW)
+    chat(flow, 3, RID, history(flow, 1))
+    flow.answers.clear()
+    effects = chat(flow, 4, RID, history(flow, 2))
+    assert not sent(effects, TurnNext) and not [e for e in effects if isinstance(e, Publish)]
+    assert answer_of(flow, 4).reply.message["content"] == flow.gateway.text(TURN_TOKENS[2])  # type: ignore[union-attr]
+    assert flow.sessions[RID].turn_log.num_turns == 3  # type: ignore[union-attr]
