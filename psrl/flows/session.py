@@ -155,7 +155,7 @@ class SessionFlow(GatewayCalls, Flow):
             self.sessions[session.request_id] = session
             self.counters["restored_sessions"] += 1
             if self.gateway is not None:  # the agent's process died with the old scheduler: it runs again
-                self.resume_agent(session, restored, now)
+                self.resume_agent(session, restored)
                 continue
             if session.status != "env":
                 continue

@@ -127,7 +127,7 @@ class GatewayCalls:
             session.turn_log = TurnLog([[]], [True])
         self._turn_log(session).generated(int(done.finish_reason), logprobs)
 
-    def resume_agent(self, session: Any, restored: RestoredSession, now: float) -> None:
+    def resume_agent(self, session: Any, restored: RestoredSession) -> None:
         """A session rebuilt from the log by a restarted scheduler: its agent runs again from the start."""
         if not session.actions:  # its first turn still generates: the agent starts when it comes
             return
@@ -153,21 +153,9 @@ class GatewayCalls:
         if isinstance(outcome, Answer):
             return outcome
         if session.replaying:
-            step = self._resume_step(gateway, session, outcome)
-            if self.log is not None and step != "new":
-                self.log.info(
-                    "agent call met a logged turn", request_id=session.request_id, turn=outcome.plan.turn, step=step
-                )
-            if step == "replay":
-                return self._replayed(gateway, session, outcome.plan.turn, outcome.plan.new_tokens)
-            if step != "new":  # wait: the turn generates; send: its tokens are logged, the turn not sent
-                session.call_job = job_id
-                self.counters["turns_awaited" if step == "wait" else "turns_resent"] += 1
-                if step == "send":
-                    session.num_tokens += len(outcome.plan.new_tokens)
-                    self._send_or_hold(session, self._next(session, outcome))
-                return None
-            session.replaying = False  # past the log: from here on its calls are new turns
+            met, answer = self._resume_call(gateway, session, job_id, outcome)
+            if met:
+                return answer
         if session.turn + 1 >= self.settings.max_turns:
             gateway.failed(sid)
             raise ApiError(
@@ -183,6 +171,24 @@ class GatewayCalls:
         session.num_tokens += len(outcome.plan.new_tokens)
         self._send_or_hold(session, nxt)
         return None
+
+    def _resume_call(self, gateway: Gateway, session: Any, job_id: int, outcome: Order) -> tuple[bool, Any]:
+        """A re-run agent's call met with the session's logged turns: (met, its answer or None to wait)."""
+        step = self._resume_step(gateway, session, outcome)
+        if step == "new":
+            session.replaying = False  # past the log: from here on its calls are new turns
+            return False, None
+        if self.log is not None:
+            turn = outcome.plan.turn
+            self.log.info("agent call met a logged turn", request_id=session.request_id, turn=turn, step=step)
+        if step == "replay":
+            return True, self._replayed(gateway, session, outcome.plan.turn, outcome.plan.new_tokens)
+        session.call_job = job_id  # wait: the turn generates; send: its call is logged, the turn not sent
+        self.counters["turns_awaited" if step == "wait" else "turns_resent"] += 1
+        if step == "send":
+            session.num_tokens += len(outcome.plan.new_tokens)
+            self._send_or_hold(session, self._next(session, outcome))
+        return True, None
 
     def _next(self, session: Any, outcome: Order) -> TurnNext:
         return TurnNext(
