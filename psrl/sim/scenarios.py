@@ -71,12 +71,32 @@ def routing_variants() -> list[Variant]:
     return [PSRL.plus(f"psrl, routing {method}", f"{ROUTING}method={method}") for method in ROUTING_METHODS]
 
 
+THUNDER = RC + "session_strategy.thunder_agent.enable"
+
+
+def agentic_variants() -> list[Variant]:
+    """The agentic profile's settings on the user's base config (multi-turn sessions, e.g. ``agentic``):
+    (a) balancing, (b) cache-aware sticky routing, (c) (b) with ThunderAgent (the modelled engines keep
+    each session's prefix cache; the offload tier is not modelled)."""
+    balance = Variant(
+        "a: request_num_balance",
+        (f"{ROUTING}method=request_num_balance", f"{ROUTING}enable_trajectory_sticky=false", f"{THUNDER}=false"),
+    )
+    sticky = Variant(
+        "b: cache_aware_v1 + sticky",
+        (f"{ROUTING}method=cache_aware_v1", f"{ROUTING}enable_trajectory_sticky=true", f"{THUNDER}=false"),
+    )
+    return [balance, sticky, sticky.plus("c: b + ThunderAgent", f"{THUNDER}=true")]
+
+
 def comparison(kind: str) -> list[Variant]:
-    """``sync``, ``routing`` or ``all`` (sync rows first; the PSRL row appears once)."""
+    """``sync``, ``routing``, ``all`` (sync rows first; the PSRL row appears once) or ``agentic``."""
+    if kind == "agentic":
+        return agentic_variants()
     if kind == "sync":
         return sync_variants()
     if kind == "routing":
         return [SYNC, *routing_variants()]
     if kind == "all":
         return [*sync_variants(), *(v for v in routing_variants() if not v.label.endswith("request_num_balance"))]
-    raise ValueError(f"unknown comparison {kind!r} (sync, routing or all)")
+    raise ValueError(f"unknown comparison {kind!r} (sync, routing, all or agentic)")

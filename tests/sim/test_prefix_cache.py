@@ -54,3 +54,15 @@ def test_the_cached_turn_takes_less_time_by_the_prefill_it_saves() -> None:
 def test_a_weight_load_empties_the_modelled_cache() -> None:
     counts, _ = _turns(CACHED, sync_between=True)
     assert counts == [1000 + 1210, 0]
+
+
+def test_the_agentic_comparison_varies_only_routing_stickiness_and_thunderagent() -> None:
+    from psrl.config import load_config
+    from psrl.sim.scenarios import comparison
+
+    rows = comparison("agentic")
+    configs = [load_config("agentic", list(v.overrides)).psrl.rollout_coordination for v in rows]
+    assert [(c.routing_strategy.method, c.routing_strategy.enable_trajectory_sticky,
+             c.session_strategy.thunder_agent.enable) for c in configs] == [
+        ("request_num_balance", False, False), ("cache_aware_v1", True, False), ("cache_aware_v1", True, True)
+    ]  # fmt: skip
