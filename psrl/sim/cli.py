@@ -45,7 +45,7 @@ the shipped demo calibration, each adjustable with the --trainer-*, --publish-s 
 @click.option("--instances", type=click.IntRange(min=1), help="Rollout instances (default: topology).")
 @click.option("--steps", type=click.IntRange(min=2), help="Training steps to simulate (default: trainer.total_steps).")
 @click.option("--compare", type=click.Choice(["sync", "routing", "all", "agentic"]),
-              help="Print a comparison table (agentic: the agentic profile's settings, multi-turn presets).")  # fmt: skip
+              help="Print a comparison table (agentic: the agentic profile's settings).")  # fmt: skip
 @click.option("--cost-model", type=click.Path(dir_okay=False, path_type=Path), help="Engine cost model JSON.")
 @click.option("--from-run", type=click.Path(file_okay=False, path_type=Path), help="Trainer and pulls from a run.")
 @click.option("--trainer-step-s", type=float, help="Trainer seconds per step (fixed part).")
