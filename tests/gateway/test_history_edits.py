@@ -5,23 +5,21 @@ session's real continuation, still work afterwards (the refusal changed nothing)
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import dataclasses
 
 import httpx
 import openai
 import pytest
 
 from psrl.gateway.local import EngineGateway
-from psrl.gateway.server import ServerSettings
-from psrl.gateway.sessions import Settings
-from tests.gateway.conftest import DEMO, TOKEN
+from tests.gateway.conftest import TOKEN
 
 
-@pytest.fixture(scope="module")
-def run_gateway() -> Iterator[EngineGateway]:
-    settings, server = Settings(max_turn_tokens=6, can_branch=False), ServerSettings(token=TOKEN)
-    with EngineGateway(DEMO, settings=settings, server=server) as running:
-        yield running
+@pytest.fixture
+def run_gateway(gateway: EngineGateway, monkeypatch: pytest.MonkeyPatch) -> EngineGateway:
+    """The shared in-process gateway, its sessions unable to branch while the test runs (as a run's)."""
+    monkeypatch.setattr(gateway.gateway, "settings", dataclasses.replace(gateway.gateway.settings, can_branch=False))
+    return gateway
 
 
 def test_an_edited_history_in_a_run_is_refused_naming_session_turn_and_kept_tokens(
