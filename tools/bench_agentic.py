@@ -25,7 +25,7 @@ cheap next to the rest of a turn), so the output says the profile cannot win the
 
     python tools/bench_agentic.py                    # tiny CPU model: the profile cannot win (said why)
     python tools/bench_agentic.py --scale cpu-long   # CPU, contexts long enough that it does
-    python tools/bench_agentic.py --scale gpu        # one H200, Qwen2.5-1.5B body (about 8 minutes)
+    python tools/bench_agentic.py --scale gpu        # one H200, Qwen2.5-1.5B body (about 6 minutes)
     python tools/bench_agentic.py --scale gpu --dry-run-cpu   # the gpu path on CPU with a tiny model
 
 ``--log-dir DIR`` writes each setting's event log and config (DIR/<setting>) and checks it with the
@@ -131,7 +131,7 @@ SCALES = {
         max_positions=2048,
     ),
     # one H200: Qwen2.5-1.5B body, 128 sessions of 2k-8k first prompts growing to 32k over 8-30 turns,
-    # two instances whose KV (640k tokens each) holds about two thirds of what the sessions grow to
+    # two instances whose KV (480k tokens each) binds once contexts average 7.5k (a few turns in)
     "gpu": Scale(
         AgentWorkload(
             sessions=128,
@@ -146,10 +146,10 @@ SCALES = {
             ramp_s=10.0,
         ),
         instances=2,
-        kv_blocks=40000,
+        kv_blocks=30000,
         max_num_seqs=128,
         batched_tokens=8192,
-        budget_s=60,
+        budget_s=50,
         tier_gb=32,
         max_positions=32768,
         shape="qwen2.5-1.5b",
