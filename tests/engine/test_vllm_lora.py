@@ -174,3 +174,29 @@ def test_the_vllm_engine_args_turn_lora_on_from_the_config() -> None:
     kwargs = args.engine_kwargs()
     assert kwargs["enable_lora"] and kwargs["max_lora_rank"] == 16 and kwargs["max_loras"] == 1
     assert "enable_lora" not in VllmEngineArgs().engine_kwargs()
+
+
+def test_a_refusal_only_lora_causes_names_the_lora_setting(reference: Checkpoint, monkeypatch: pytest.MonkeyPatch
+                                                           ) -> None:  # fmt: skip
+    """vLLM's CPU build accepts LoRA; a platform whose LoRA kernels are missing refuses `enable_lora` while
+    building its configuration (vLLM's verdict is the one stand-in here), which is reported against
+    actor.lora.rank with the fix, not against an engine field."""
+    from vllm.engine.arg_utils import EngineArgs
+
+    from psrl.engine.vllm_backend.validation import vllm_problems
+
+    build_config = EngineArgs.create_engine_config
+
+    def refuse_lora(self: EngineArgs, *args: object, **kwargs: object) -> object:
+        if self.enable_lora:
+            raise ValueError("LoRA is not supported on this platform")
+        return build_config(self, *args, **kwargs)
+
+    monkeypatch.setattr(EngineArgs, "create_engine_config", refuse_lora)
+    settings = [f"model.path={reference.path}", "engine.backend=vllm", "psrl.ps.delta_sync=false",
+                f"engine.block_size={BLOCK}", "topology.device=cpu"]  # fmt: skip
+    (problem,) = vllm_problems(load_config("demo", [*settings, "actor.lora.rank=8"]))
+    assert problem.paths == ("actor.lora.rank", "engine.backend")
+    assert "not supported on this platform" in problem.message
+    assert "engine.backend=embedded" in problem.fix
+    assert vllm_problems(load_config("demo", settings)) == []
