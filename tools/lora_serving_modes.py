@@ -25,6 +25,7 @@ from psrl.models import iter_safetensors
 from psrl.models.lora import adapter_names
 
 MODES = ("merge", "unmerged")
+PROMPT_LEN = 16
 
 
 @dataclass
@@ -56,10 +57,13 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def build_engine(model_dir: Path, mode: str, lora: LoraServing, device: torch.device, batch: int) -> Engine:
+def build_engine(model_dir: Path, mode: str, lora: LoraServing, device: torch.device, batch: int, max_tokens: int
+                 ) -> Engine:  # fmt: skip
     serving = LoraServing(lora.alpha, lora.target_modules, lora.rank, mode)  # type: ignore[arg-type]
-    return Engine(EngineArgs(model_path=model_dir, device=device.type, num_kv_blocks=max(64, batch * 8),
-                             max_num_seqs=batch, lora=serving))  # fmt: skip
+    block_size = EngineArgs().block_size
+    blocks = batch * ((PROMPT_LEN + max_tokens) // block_size + 2)  # the whole batch resident: no preemption
+    return Engine(EngineArgs(model_path=model_dir, device=device.type, num_kv_blocks=blocks, max_num_seqs=batch,
+                             lora=serving))  # fmt: skip
 
 
 def time_load(run: ModeRun, named: list[tuple[str, torch.Tensor]], version: int, device: torch.device) -> None:
@@ -75,7 +79,7 @@ def time_decode(run: ModeRun, batch: int, max_tokens: int, device: torch.device)
     engine = run.engine
     vocab = engine.spec.vocab_size
     for index in range(batch):
-        prompt = [(7 * index + 3 * j) % (vocab - 2) + 2 for j in range(16)]
+        prompt = [(7 * index + 3 * j) % (vocab - 2) + 2 for j in range(PROMPT_LEN)]
         engine.add_request(str(index), prompt, SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True))
     run.tokens = {str(i): [] for i in range(batch)}
     step_outputs = [engine.step()]  # the prefill (and the first token)
@@ -102,7 +106,7 @@ def compare_modes(model_dir: Path, rank: int, targets: tuple[str, ...], device: 
     versions = [adapter_version(base, targets, rank, seed) for seed in range(1, num_versions + 1)]
     del base
     lora = LoraServing(2.0 * rank, targets, rank)
-    runs = {mode: ModeRun(build_engine(model_dir, mode, lora, device, batch)) for mode in MODES}
+    runs = {mode: ModeRun(build_engine(model_dir, mode, lora, device, batch, max_tokens)) for mode in MODES}
     for number, version in enumerate(versions, start=1):
         for run in runs.values():
             time_load(run, list(version.items()), number, device)
