@@ -15,12 +15,14 @@ import torch
 from psrl.config import load_config
 from psrl.engine import Engine, RolloutEngine
 from psrl.engine.lora_merge import LoraServing
+from psrl.engine.vllm_backend.availability import vllm_unavailable
 from psrl.models import iter_safetensors
 from psrl.models.lora import AdapterError, adapter_names
 from tests.engine.conftest import Checkpoint, greedy, run_to_completion
 from tests.engine.test_backends import BLOCK, LOGPROB_TOLERANCE, PROMPTS, build, close, make_model, step_until_tokens
 
-pytestmark = pytest.mark.vllm
+pytestmark = [pytest.mark.vllm, pytest.mark.skipif(vllm_unavailable() is not None, reason="needs the vllm extra "
+                                                  "(make install-vllm; make test-vllm)")]  # fmt: skip
 
 RANK = 8
 TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")

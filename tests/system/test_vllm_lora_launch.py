@@ -12,20 +12,22 @@ import pytest
 
 from bus.eventlog.reader import EventLogReader
 from bus.messages import InstanceSyncFailed, TrainerProgress, WeightsLoaded, WeightsPushed
+from psrl.engine.vllm_backend.availability import vllm_unavailable
 from tests.system.test_lora_launch import LORA, SMALL
 
-pytestmark = [pytest.mark.system, pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(900)]
+pytestmark = [
+    pytest.mark.system,
+    pytest.mark.vllm,
+    pytest.mark.slow,
+    pytest.mark.timeout(900),
+    pytest.mark.skipif(vllm_unavailable() is not None, reason="needs the vllm extra (make install-vllm)"),
+]
 
 EXIT_BOUND_S = 600  # a few steps with two vLLM instances on a loaded 2-core machine: a hang fails, slowness does not
 VLLM = ["engine.backend=vllm", "engine.block_size=32", "bus.handshake_timeout_s=180"]
 
 
 def test_a_lora_run_with_vllm_instances_loads_every_adapter_version(tmp_path: Path) -> None:
-    from psrl.engine.vllm_backend import vllm_unavailable
-
-    missing = vllm_unavailable()
-    if missing is not None:
-        pytest.skip("{}: {}".format(*missing))
     command = [sys.executable, "-m", "psrl.cli.main", "launch", "demo", "--root", str(tmp_path), "--name", "lora",
                *SMALL, *LORA, *VLLM, "trainer.total_steps=3"]  # fmt: skip
     done = subprocess.run(command, capture_output=True, text=True, timeout=EXIT_BOUND_S, check=False)
