@@ -54,10 +54,16 @@ def lora_engine_kwargs(lora: LoraServing) -> dict[str, Any]:
     """vLLM engine arguments that turn its LoRA serving on for adapters of ``lora.rank``."""
     ranks = vllm_lora_ranks()
     if not ranks:
-        raise AdapterError("actor.lora with engine.backend=vllm: this vLLM has no LoRA support (vllm.config.lora)")
+        raise AdapterError(
+            "actor.lora with engine.backend=vllm: this vLLM has no LoRA support (vllm.config.lora); "
+            "fix: install the vllm extra, or set engine.backend=embedded"
+        )
     fitting = max_lora_rank(lora.rank, ranks)
     if fitting is None:
-        raise AdapterError(f"actor.lora.rank={lora.rank}: vLLM serves LoRA ranks up to {max(ranks)}")
+        raise AdapterError(
+            f"actor.lora.rank={lora.rank}: vLLM serves LoRA ranks up to {max(ranks)}; fix: set "
+            f"actor.lora.rank <= {max(ranks)}, or engine.backend=embedded"
+        )
     # one adapter is active at a time: a version switch moves every running request onto the new one
     return {"enable_lora": True, "max_lora_rank": fitting, "max_loras": 1, "max_cpu_loras": 2}
 
