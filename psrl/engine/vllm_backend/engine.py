@@ -200,10 +200,10 @@ class VllmEngine:
         try:
             loaded = self.llm.add_lora(request)
         except Exception as error:  # vLLM's own checks of the adapter files
-            self._adapters.discard(directory)
             raise AdapterError(f"vLLM refused adapter version {version}: {error}") from error
+        finally:
+            self._adapters.discard(directory)  # vLLM holds the adapter in its cache now (lora.py)
         if not loaded:
-            self._adapters.discard(directory)
             raise AdapterError(f"vLLM did not load adapter version {version}")
         previous, self._lora_request = self._lora_request, request
         self._adapters.commit(held)
@@ -212,7 +212,6 @@ class VllmEngine:
             self._submit(state)
         if previous is not None:
             self.llm.remove_lora(previous.lora_int_id)
-            self._adapters.discard(Path(previous.lora_path))
 
     def reset_prefix_cache(self) -> None:
         """Drop every cached prefix; running requests recompute their keys/values (with the current weights)."""
@@ -221,8 +220,6 @@ class VllmEngine:
 
     def shutdown(self) -> None:
         self.llm.engine_core.shutdown()
-        if self._adapters is not None:
-            self._adapters.close()
 
     # status
 

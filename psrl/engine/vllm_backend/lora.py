@@ -7,6 +7,10 @@ Under ``actor.lora`` a version is the adapters only (``<module>.lora_A`` / ``.lo
 names and ``adapter_config.json``. Each version is written to a directory of its own and handed to vLLM
 as a `LoRARequest` with a fresh id; requests generate under the current version's request.
 
+vLLM reads the files once, into its own adapter cache (which holds the current version and, during a
+switch, the previous one, so it never reads them again): a version's directory is removed as soon as
+vLLM has loaded it, and nothing is left on disk by a process that exits without teardown.
+
 The latest adapters are held, as in the embedded engine's merge, so a delta-synced version that carries
 only the tensors that changed is written whole; every tensor is checked against the checkpoint's
 projection shapes and the configured rank before anything is written.
@@ -74,7 +78,7 @@ class VllmAdapters:
 
     lora: LoraServing
     base_shapes: dict[str, tuple[int, ...]]  # checkpoint tensor -> shape
-    root: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="psrl-lora-", dir=_scratch_dir())))
+    root: Path | None = None  # where version directories go (None: /dev/shm where there is one, else the temp dir)
     adapters: dict[str, Tensor] = field(default_factory=dict)  # adapter tensor name -> tensor
     next_id: int = 1
 
@@ -89,8 +93,7 @@ class VllmAdapters:
             held[name] = tensor.detach().to("cpu", copy=True)
         self._check_pairs(held)
         lora_id, self.next_id = self.next_id, self.next_id + 1
-        directory = self.root / f"v{version}-{lora_id}"
-        directory.mkdir()
+        directory = Path(tempfile.mkdtemp(prefix=f"psrl-lora-v{version}-", dir=self.root or _scratch_dir()))
         tensors = {f"{PEFT_PREFIX}{name}.weight": tensor.contiguous() for name, tensor in held.items()}
         save_file(tensors, str(directory / ADAPTER_FILE))
         (directory / CONFIG_FILE).write_text(json.dumps(self._peft_config(), indent=1))
@@ -144,9 +147,6 @@ class VllmAdapters:
 
     def discard(self, directory: Path) -> None:
         shutil.rmtree(directory, ignore_errors=True)
-
-    def close(self) -> None:
-        shutil.rmtree(self.root, ignore_errors=True)
 
 
 def _scratch_dir() -> str | None:
