@@ -59,3 +59,17 @@ def test_the_tiny_model_run_says_why_the_profile_cannot_win_there() -> None:
     out = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600, check=True).stdout
     assert "the profile cannot win much on this cpu scale" in out and "decode steps" in out
     assert out.strip().splitlines()[-1].startswith("RESULT agentic_speedup_vs_balance=")
+
+
+@pytest.mark.slow
+def test_the_gpu_scale_path_runs_on_cpu_with_every_setting_replaying_in_full(tmp_path: Path) -> None:
+    command = [sys.executable, "tools/bench_agentic.py", "--scale", "gpu", "--dry-run-cpu", "--budget-s", "4",
+               "--kv-blocks", "72", "--log-dir", str(tmp_path / "logs")]  # fmt: skip
+    out = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600, check=True).stdout
+    replays = [line for line in out.splitlines() if line.startswith("replay ")]
+    assert len(replays) == 4 and all(" judged decisions agree" in line for line in replays)
+    for line in replays:
+        agreed, judged = line.split(": ", 1)[1].split(" ", 1)[0].split("/")
+        assert agreed == judged and int(judged) > 0
+    result = out.strip().splitlines()[-1]
+    assert result.startswith("RESULT agentic_speedup_vs_balance=") and "tier_speedup=nan" not in result
