@@ -49,6 +49,8 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+import torch
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from psrl.assets import DEMO_MODEL_DIR
@@ -231,11 +233,8 @@ def warm(engine: Engine) -> None:
 def free(engines: list[Engine]) -> None:
     engines.clear()
     gc.collect()
-    if importlib.util.find_spec("torch") is not None:
-        import torch
-
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 @dataclass(frozen=True)
@@ -293,8 +292,6 @@ def _timed(engine: Engine, requests: dict[str, tuple[list[int], SamplingParams]]
 
 def _sync(engine: Engine) -> None:
     if engine.device.type == "cuda":
-        import torch
-
         torch.cuda.synchronize(engine.device)
 
 
@@ -424,8 +421,6 @@ def main() -> None:
     args.settings = [s.strip() for s in args.settings.split(",") if s.strip()]
     args.tier_store = tier_store(args.tier_store)
     if args.device == "cpu":
-        import torch
-
         torch.set_num_threads(args.threads)
     unknown = [s for s in args.settings if s not in SETTINGS]
     if unknown:
