@@ -144,7 +144,7 @@ def correct(old_log_probs: Tensor, rollout_log_probs: Tensor, mask: Tensor, spec
         weights, truncated = truncated_weights(level, spec.is_lower, spec.is_upper)
         weights, truncated = weights * mask, truncated & (mask > 0)
     accept = None
-    vetoed = torch.zeros(mask.shape[0], dtype=torch.bool)
+    vetoed = torch.zeros(mask.shape[0], dtype=torch.bool, device=mask.device)
     if spec.rs_level is not None and spec.rs_upper is not None:
         level = level_log_ratio(log_ratio, mask, spec.rs_level)
         accept = band_mask(level, rs_lower(spec), spec.rs_upper) * mask

@@ -32,6 +32,10 @@ from torch import Tensor
 
 # float32 logits of one chunk: at a 152k vocabulary, about 440 rows; the whole micro-batch for small vocabularies
 LOGITS_CHUNK_BYTES = 256 * 2**20
+# on a GPU, fewer and larger chunks: each chunk also adds a [vocab x hidden] float32 partial of the
+# head's gradient, whose traffic dominated at 440-row chunks (still a few GiB against the tens of
+# GiB of whole-batch logits)
+LOGITS_CHUNK_BYTES_CUDA = 2 * 2**30
 
 
 def chunk_rows(vocab: int, budget_bytes: int = LOGITS_CHUNK_BYTES) -> int:
@@ -55,7 +59,8 @@ def fused_log_probs(
         raise ValueError(f"one target per row expected; got {tuple(targets.shape)} for {hidden.shape[0]} rows")
     if temperature <= 0.0:
         raise ValueError(f"temperature must be positive for log-probs; got {temperature}")
-    rows = chunk_size or chunk_rows(weight.shape[0])
+    budget = LOGITS_CHUNK_BYTES_CUDA if hidden.device.type == "cuda" else LOGITS_CHUNK_BYTES
+    rows = chunk_size or chunk_rows(weight.shape[0], budget)
     dtype = _matmul_dtype(hidden, weight)
     log_probs, entropy = _FusedLogProbs.apply(hidden, weight, targets, temperature, with_entropy, rows, dtype)  # type: ignore[no-untyped-call]
     return log_probs, entropy if with_entropy else None

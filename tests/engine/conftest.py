@@ -142,7 +142,8 @@ class LogitRecorder:
     def max_error(self, checkpoint: Checkpoint, request_id: str, token_ids: list[int]) -> float:
         """Largest |engine - reference| over every recorded step of the request."""
         reference = checkpoint.reference_logits(token_ids)
-        errors = [(logits - reference[length - 1]).abs().max().item() for length, logits in self.rows[request_id]]
+        rows = self.rows[request_id]
+        errors = [(logits.to(reference) - reference[length - 1]).abs().max().item() for length, logits in rows]
         return max(errors)
 
 
