@@ -162,6 +162,12 @@ class ThunderAgent(Section):
         "bucketed", "bucketed: readmit on the same instance; global: best-fit-decreasing over all instances."
     )
     continue_force_pin: bool = field(False, "Pin the next turn of a continued session to the chosen instance once.")
+    max_hang_s: float = field(
+        0.0,
+        "A session hung this long is continued first, oldest first, and nothing hung less long passes it "
+        "(bounds a session's wait by this plus the time its room takes to free); 0 = smallest first only.",
+        ge=0,
+    )
 
 
 class SessionStrategy(Section):

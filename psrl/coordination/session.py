@@ -21,6 +21,12 @@ capacity of instances with room and places them largest first on the instance wi
 remaining capacity (best-fit decreasing). ``continue_force_pin`` pins the next turn of a
 continued session to the instance chosen for it, once. Ties break by session id, so decisions
 are deterministic.
+
+With ``max_hang_s`` > 0, sessions hung at least that long (overdue) go first, oldest first, and
+nothing passes an overdue session that does not fit yet: under ``bucketed`` the room its instance
+frees is kept for it, so it waits at most ``max_hang_s`` plus the time that room takes to free
+(``global`` keeps the order but may still place a smaller session where the overdue one does not
+fit). Smallest first alone lets a large session wait as long as smaller ones keep fitting.
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ class SessionInfo(msgspec.Struct, frozen=True, gc=False):
     hang_state: Literal["running", "hung"]
     total_tokens: int
     is_closing: bool = False
+    hung_for_s: float = 0.0  # how long the session has been hung at this tick (0: not hung)
 
 
 class InstanceCapacity(msgspec.Struct, frozen=True, gc=False):
@@ -70,7 +77,7 @@ def schedule_sessions(
         hung_now, left = _hang_instance(cap, running, settings)
         hang.extend(hung_now)
         remaining[cap.instance_id] = left
-    hung = sorted((s for s in live if s.hang_state == "hung"), key=_size_key)
+    hung = _continue_order([s for s in live if s.hang_state == "hung"], settings)
     if settings.continue_scope == "bucketed":
         # a session hung on an instance that left the set (scaled down, lost) has no bucket: its pin moves,
         # best-fit over the room the buckets leave
@@ -84,6 +91,16 @@ def schedule_sessions(
 
 def _size_key(session: SessionInfo) -> tuple[int, str]:
     return (session.total_tokens, session.session_id)
+
+
+def _is_overdue(session: SessionInfo, settings: ThunderAgent) -> bool:
+    return settings.max_hang_s > 0 and session.hung_for_s >= settings.max_hang_s
+
+
+def _continue_order(hung: list[SessionInfo], settings: ThunderAgent) -> list[SessionInfo]:
+    """Overdue sessions first, longest hung first; then the rest smallest first."""
+    overdue = sorted((s for s in hung if _is_overdue(s, settings)), key=lambda s: (-s.hung_for_s, s.session_id))
+    return overdue + sorted((s for s in hung if not _is_overdue(s, settings)), key=_size_key)
 
 
 def _hang_instance(
@@ -121,7 +138,7 @@ def _continue_bucketed(
         for session in (s for s in hung if s.instance_id == instance_id):
             need = session.total_tokens + buffer
             if need > left:
-                break  # smallest first: nothing larger fits either
+                break  # smallest first: nothing larger fits either; overdue: nothing passes it
             left -= need
             orders.append(ContinueOrder(session.session_id, instance_id, settings.continue_force_pin))
         remaining[instance_id] = left
@@ -135,7 +152,7 @@ def _continue_global(
     open_ids = [i for i, left in remaining.items() if left > buffer]
     budget = sum(remaining[i] for i in open_ids)
     chosen: list[SessionInfo] = []
-    for session in hung:  # smallest first: the largest prefix that fits the total
+    for session in hung:  # smallest first (overdue ones before): the largest prefix that fits the total
         if session.total_tokens + buffer > budget:
             break
         budget -= session.total_tokens + buffer

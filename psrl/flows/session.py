@@ -96,12 +96,15 @@ class Session:
     agent_open: bool = False  # an agent session whose agent has opened it at the gateway (its agent runs)
     turn_log: TurnLog | None = None  # an agent session: its turns' observations, finishes, log-probs
     replaying: bool = False  # an agent session whose agent runs again: its calls meet the logged turns first
+    hung_since: float | None = None  # when it was hung (ThunderAgent's max_hang_s orders by it)
 
-    def info(self) -> SessionInfo:
+    def info(self, now: float = 0.0) -> SessionInfo:
         hung = self.hang_state == "hung" or self.marked_for_hang
+        hung_for = 0.0 if self.hung_since is None else now - self.hung_since
         return SessionInfo(
-            str(self.request_id), self.instance, self.status, "hung" if hung else "running", self.num_tokens
-        )
+            str(self.request_id), self.instance, self.status, "hung" if hung else "running", self.num_tokens,
+            hung_for_s=hung_for,
+        )  # fmt: skip
 
 
 class SessionFlow(GatewayCalls, Flow):
@@ -190,7 +193,7 @@ class SessionFlow(GatewayCalls, Flow):
         session.turn, session.finish = done.turn, done.finish_reason
         session.actions.append(np.asarray(done.token_ids, np.int32))
         if session.marked_for_hang:  # the turn boundary: a marked session is hung now
-            session.marked_for_hang, session.hang_state = False, "hung"
+            session.marked_for_hang, session.hang_state, session.hung_since = False, "hung", now
         if self.gateway is not None:
             self.log_turn(session, done)
         if self.gateway is not None and done.turn > 0:
@@ -292,9 +295,9 @@ class SessionFlow(GatewayCalls, Flow):
         # an agent session is scheduled once its agent runs (opened it): before, it waits for a worker,
         # and hanging it would only keep the running agents hung (their workers held) for good
         live = [s for s in self.sessions.values() if self.gateway is None or s.agent_open]
-        infos = [s.info() for s in sorted(live, key=lambda s: s.request_id)]
+        infos = [s.info(now) for s in sorted(live, key=lambda s: s.request_id)]
         decision = schedule_sessions(instances, infos, self.thunder)
-        self._apply(decision)
+        self._apply(decision, now)
         self.num_hung_s += (
             sum(s.hang_state == "hung" for s in self.sessions.values()) * self.thunder.check_interval_in_ms / 1000
         )
@@ -303,18 +306,18 @@ class SessionFlow(GatewayCalls, Flow):
         self.publish(SessionTick(hung=hung, continued=continued, record=record))
         return self.take()
 
-    def _apply(self, decision: SessionDecision) -> None:
+    def _apply(self, decision: SessionDecision, now: float) -> None:
         for session_id in decision.hang:
             session = self.sessions[int(session_id)]
             self.counters["hangs"] += 1
             if session.status == "env":
-                session.hang_state = "hung"  # idle at its environment: hung at once
+                session.hang_state, session.hung_since = "hung", now  # idle at its environment: hung at once
             else:
                 session.marked_for_hang = True  # generating: hung when the turn ends
         for order in decision.resume:
             session = self.sessions[int(order.session_id)]
             self.counters["continues"] += 1
-            session.hang_state, session.marked_for_hang = "running", False
+            session.hang_state, session.marked_for_hang, session.hung_since = "running", False, None
             session.pin_next = order.instance_id if order.force_pin else ""
             held, session.held = session.held, None
             if held is not None:
