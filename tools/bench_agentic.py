@@ -29,7 +29,8 @@ cheap next to the rest of a turn), so the output says the profile cannot win the
     python tools/bench_agentic.py --scale gpu --dry-run-cpu   # the gpu path on CPU with a tiny model
 
 ``--log-dir DIR`` writes each setting's event log and config (DIR/<setting>) and checks it with the
-replay checkers (``psrl replay --check all DIR/<setting>`` does the same).
+replay checkers (``psrl replay --check all DIR/<setting>`` does the same); ``--json PATH`` writes the
+workload, the probe and every figure.
 
 The last line is ``RESULT agentic_speedup_vs_balance=<(c)/(a) turns/s> reuse_of_perfect=<(c)>
 tier_speedup=<(d)/(c)> sticky_speedup_vs_balance=<(b)/(a)>
@@ -46,7 +47,7 @@ import shutil
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
@@ -412,6 +413,7 @@ def main() -> None:
     parser.add_argument("--settings", default="balance,sticky,thunder,tier", help="comma-separated subset")
     parser.add_argument("--tier-store", choices=["auto", "lmcache", "host"], default="auto",
                         help="(d)'s store: auto = lmcache where installed, else psrl's host buffer")  # fmt: skip
+    parser.add_argument("--json", type=Path, help="also write the workload, probe and figures to this file")
     parser.add_argument("--log-dir", type=Path, help="write each setting's event log under it and replay-check it")
     parser.add_argument("overrides", nargs="*", help="config overrides key=value for every setting")
     args = parser.parse_args()
@@ -435,7 +437,32 @@ def main() -> None:
     )
     if args.log_dir is not None and not check_replay(args.log_dir, list(outcomes)):
         print("replay: some recorded decisions disagree (see above)")
+    if args.json is not None:
+        write_json(args.json, scale, measured, outcomes)
     report(outcomes, measured, tier_note, "dry-run" if args.dry_run_cpu else args.scale)
+
+
+def write_json(path: Path, scale: Scale, measured: Probe, outcomes: dict[str, AgentOutcome]) -> None:
+    """The workload, the probe and each setting's figures (what a simulator calibration compares with)."""
+    figures = {
+        name: {
+            "turns_per_s": o.turns_per_s,
+            "sessions_per_s": o.sessions_per_s,
+            "ttft_p50_s": o.ttft(0.5),
+            "ttft_p99_s": o.ttft(0.99),
+            "reuse_of_perfect": o.reuse_of_perfect,
+            "reprefill_per_turn": o.reprefill_per_turn,
+            "preemptions": o.preemptions,
+            "hung_s": o.hung_s,
+            "hangs": o.hangs,
+            "max_wait_s": o.max_hold_s,
+            "turns": o.turns,
+            "wall_s": o.wall_s,
+        }
+        for name, o in outcomes.items()
+    }
+    document = {"scale": asdict(scale), "probe": asdict(measured), "settings": figures}
+    path.write_text(json.dumps(document, indent=1))
 
 
 def _with_knobs(scale: Scale, args: argparse.Namespace) -> Scale:
