@@ -1,5 +1,5 @@
 """The rollout side of an agentic run, in one process on the wall clock: real router, session scheduler
-and engines, an agent workload in the coordinator's seat (tools/agentic_workload.py), no trainer.
+and engines, an agent workload in the coordinator's seat (psrl.sim.agent_workload), no trainer.
 
     AgentRollout(config, workload, engines).run(budget_s)  ->  AgentOutcome
 
@@ -20,7 +20,6 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-import msgspec
 import numpy as np
 
 from bus.codec import Encoder
@@ -36,23 +35,9 @@ from psrl.flows.effects import Effect, Publish, Send
 from psrl.flows.instance import InstanceFlow
 from psrl.flows.local import LocalBus
 from psrl.flows.router import RouterFlow
-from psrl.flows.session import Session, SessionFlow
-from tools.agentic_workload import AgentSource, AgentWorkload, SyntheticTools
+from psrl.sim.agent_workload import AgentSessions, AgentSource, AgentWorkload, SyntheticTools
 
 IDLE_SLEEP_S = 0.001  # a round with no engine work waits this long for the tools (no busy spin)
-
-
-class AgentSessions(SessionFlow):
-    """The session scheduler, with each turn's generation budget drawn by the workload (an agent sets
-    its own max_tokens per call) instead of ``env.max_turn_tokens`` for every turn."""
-
-    def __init__(self, config: Config, tools: SyntheticTools, workload: AgentWorkload) -> None:
-        super().__init__(config, tools)
-        self.workload = workload
-
-    def _send_turn(self, session: Session, turn: TurnNext) -> None:
-        budget = self.workload.gen_len(session.prompt_id, turn.turn)
-        super()._send_turn(session, msgspec.structs.replace(turn, max_tokens=budget))
 
 
 @dataclass

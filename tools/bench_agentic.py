@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The agentic profile against plain balancing, on an agent workload, in one invocation.
 
-Sessions of many turns (tools/agentic_workload.py: a long first prompt, then per turn generated tokens
+Sessions of many turns (psrl.sim.agent_workload: a long first prompt, then per turn generated tokens
 and a tool's output after a heavy-tailed delay, so every context grows turn by turn) run on the real
 router, session scheduler and engines, rollout side only (tools/agentic_rollout.py: no trainer,
 wall clock), for ``--budget-s`` seconds under each setting, on the same engines:
@@ -58,8 +58,8 @@ from psrl.assets import DEMO_MODEL_DIR
 from psrl.config import Config, load_config
 from psrl.engine import Engine, EngineArgs, SamplingParams
 from psrl.engine.decode_rounds import round_buckets
+from psrl.sim.agent_workload import AgentWorkload
 from tools.agentic_rollout import AgentOutcome, AgentRollout
-from tools.agentic_workload import AgentWorkload
 
 RC = "psrl.rollout_coordination."
 GOAL = 1.5  # the profile's goal against request_num_balance, in turns/s

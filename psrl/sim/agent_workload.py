@@ -10,6 +10,9 @@ same sessions reach every setting compared.
     AgentWorkload        the distributions, and each session's draws
     SyntheticTools       the session scheduler's environment port: tool outputs after their delay
     AgentSource          the coordinator's seat: keeps ``sessions`` sessions open, drops each finished one
+    AgentSessions        the session scheduler, each turn's generation budget drawn by the workload
+
+The real engines run it in ``tools/bench_agentic.py``, the modelled ones in ``psrl.sim.agentic``.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import msgspec
 import numpy as np
 
 from bus.messages import (
@@ -29,9 +33,12 @@ from bus.messages import (
     Refill,
     RequestSampling,
     TrajectoryDone,
+    TurnNext,
 )
 from bus.schema import Message
+from psrl.config import Config
 from psrl.flows.effects import Effect, Send
+from psrl.flows.session import Session, SessionFlow
 
 ROUTER = "router"
 MAX_TOOL_DELAY_S = 30.0  # the heavy tail is cut here (a tool call that long would time out in practice)
@@ -101,9 +108,13 @@ class SyntheticTools:
     """The environment port of the session scheduler (``psrl.flows.session.EnvRunner``): each step's
     answer, the tool's output or the end of the session, becomes due after the tool's delay."""
 
-    def __init__(self, workload: AgentWorkload, clock: Callable[[], float]) -> None:
+    def __init__(
+        self, workload: AgentWorkload, clock: Callable[[], float], on_due: Callable[[float], None] | None = None
+    ) -> None:
+        """``on_due(time)``: told when each answer becomes due (an event-driven clock wakes then)."""
         self.workload = workload
         self.clock = clock
+        self.on_due = on_due
         self.prompt_lens: dict[int, int] = {}
         self.tool_lens: dict[int, int] = {}  # tool tokens each session received so far
         self._pending: list[_Pending] = []
@@ -130,7 +141,10 @@ class SyntheticTools:
             acc=1.0 if done else 0.0, done=done, latency_ms=delay * 1000,
         )  # fmt: skip
         self._cancelled.discard(request_id)
-        heapq.heappush(self._pending, _Pending(self.clock() + delay, request_id, reply))
+        due = self.clock() + delay
+        heapq.heappush(self._pending, _Pending(due, request_id, reply))
+        if self.on_due is not None:
+            self.on_due(due)
 
     def cancel(self, request_id: int) -> None:
         self._cancelled.add(request_id)
@@ -202,3 +216,16 @@ class AgentSource:
 
     def undeliverable(self, send: Send, now: float) -> list[Effect]:
         return []
+
+
+class AgentSessions(SessionFlow):
+    """The session scheduler, with each turn's generation budget drawn by the workload (an agent sets
+    its own max_tokens per call) instead of ``env.max_turn_tokens`` for every turn."""
+
+    def __init__(self, config: Config, tools: SyntheticTools, workload: AgentWorkload) -> None:
+        super().__init__(config, tools)
+        self.workload = workload
+
+    def _send_turn(self, session: Session, turn: TurnNext) -> None:
+        budget = self.workload.gen_len(session.prompt_id, turn.turn)
+        super()._send_turn(session, msgspec.structs.replace(turn, max_tokens=budget))
