@@ -72,6 +72,7 @@ class AgentOutcome:
     hangs: int = 0
     context_ends: int = 0
     max_hold_s: float = 0.0  # the longest a ready turn waited for its first token
+    engine_busy_s: float = 0.0  # summed over the engines (they take turns on one thread)
     ttft_s: list[float] = field(default_factory=list)
 
     @property
@@ -132,9 +133,12 @@ class WatchedEngine:
 
     def __init__(self, engine: Engine, clock: TurnClock, now: Callable[[], float]) -> None:
         self.engine, self.turn_clock, self.now = engine, clock, now
+        self.busy_s = 0.0  # wall time inside the engine's steps (they return with their tokens on the host)
 
     def step(self) -> StepOutput:
+        started = time.perf_counter()
         out = self.engine.step()
+        self.busy_s += time.perf_counter() - started
         if out.outputs:
             now = self.now()
             self.turn_clock.tokens([int(o.request_id) for o in out.outputs if o.token_ids], now)
@@ -159,9 +163,10 @@ class AgentRollout:
         self.router = RouterFlow(config)
         weights = MemoryWeights()
         self.clock = TurnClock()
+        self.watched = [WatchedEngine(engine, self.clock, self.now) for engine in engines]
         self.instances = [
-            InstanceFlow(f"rollout-{i}", config, WatchedEngine(engine, self.clock, self.now), weights, clock=self.now)
-            for i, engine in enumerate(engines)
+            InstanceFlow(f"rollout-{i}", config, watched, weights, clock=self.now)
+            for i, watched in enumerate(self.watched)
         ]
         self.session = AgentSessions(config, self.tools, workload)
         self.bus = LocalBus(tap=self._tap)
@@ -244,6 +249,7 @@ class AgentRollout:
             hung_s=self.session.num_hung_s, hangs=self.session.counters["hangs"],
             context_ends=self.tools.num_context_ends,
             max_hold_s=max([*self.clock.ttft_s, *waiting], default=0.0), ttft_s=list(self.clock.ttft_s),
+            engine_busy_s=sum(w.busy_s for w in self.watched),
         )  # fmt: skip
 
     def _stop(self) -> None:

@@ -58,7 +58,11 @@ from psrl.assets import DEMO_MODEL_DIR
 from psrl.config import Config, load_config
 from psrl.engine import Engine, EngineArgs, SamplingParams
 from psrl.engine.decode_rounds import round_buckets
+from psrl.engine_cost.fit import fit_cost_model
+from psrl.engine_cost.model import CostModel
 from psrl.sim.agent_workload import AgentWorkload
+from psrl.sim.agentic import AgentSimulation
+from psrl.sim.profiling import ProfileGrid, profile_engine
 from tools.agentic_rollout import AgentOutcome, AgentRollout
 
 RC = "psrl.rollout_coordination."
@@ -304,7 +308,9 @@ def run_settings(scale: Scale, args: argparse.Namespace, model: Path) -> tuple[d
     engines = {"plain": build_engines(configs[plain[0]], round_path=args.dry_run_cpu) if plain else []}
     if "tier" in configs:
         engines["tier"] = build_engines(configs["tier"], round_path=args.dry_run_cpu)
-    measured = probe(next(e for e in engines.values() if e)[0], scale)
+    first = next(e for e in engines.values() if e)[0]
+    measured = probe(first, scale)
+    args.cost = calibrate(first) if args.predict else None
     print(f"engines built and warmed up in {time.perf_counter() - args.started:.0f} s", flush=True)
     outcomes: dict[str, AgentOutcome] = {}
     for repeat in range(args.repeats):
@@ -318,6 +324,32 @@ def run_settings(scale: Scale, args: argparse.Namespace, model: Path) -> tuple[d
     if "tier" in configs:
         tier_note = f"(d) tier: psrl.lmcache.store={args.tier_store} ({scale.tier_gb:g} GiB of host memory)"
     return {name: outcomes[name] for name in args.settings}, measured, tier_note
+
+
+def calibrate(engine: Engine) -> CostModel:
+    """The engine's cost model, profiled on a quick grid of batch sizes and contexts (psrl calibrate's fit)."""
+    started = time.perf_counter()
+    results, prefill = profile_engine(engine, ProfileGrid.quick())
+    fitted = fit_cost_model([r.sample for r in results] + prefill)
+    engine.reset_prefix_cache()
+    print(f"cost model in {time.perf_counter() - started:.0f} s: {fitted.summary()}", flush=True)
+    return fitted.model
+
+
+def predict(scale: Scale, args: argparse.Namespace, model: Path, outcomes: dict[str, AgentOutcome]) -> float:
+    """The simulator's turns/s for (a)-(c) on the profiled cost model next to the measured ones; the
+    largest relative error."""
+    worst = 0.0
+    for name in (n for n in ("balance", "sticky", "thunder") if n in outcomes):
+        config = setting_config(scale, name, args, model)
+        predicted = AgentSimulation(config, scale.workload, args.cost).run(scale.budget_s)
+        measured = outcomes[name].turns_per_s
+        error = predicted.turns_per_s / measured - 1
+        worst = max(worst, abs(error))
+        print(f"sim {name:8} {predicted.turns_per_s:8.2f} turns/s predicted, {measured:.2f} measured ({error:+.0%}); "
+              f"reused {predicted.hit_tokens / max(predicted.hit_tokens + predicted.prefill_tokens, 1):.2f} of "
+              f"its context tokens, {predicted.preemptions} preemptions, {predicted.hung_s:.0f} hung s")  # fmt: skip
+    return worst
 
 
 def run_one(
@@ -339,23 +371,28 @@ def tier_store(choice: str) -> str:
     return choice
 
 
-def report(outcomes: dict[str, AgentOutcome], measured: Probe, tier_note: str, scale_name: str) -> None:
+def report(
+    outcomes: dict[str, AgentOutcome], measured: Probe, tier_note: str, scale_name: str, sim_error: float | None
+) -> None:
     print(f"probe: a {measured.context}-token context prefills in {measured.prefill_s * 1000:.1f} ms = "
           f"{measured.prefill_in_steps:.1f} decode steps of a batch of {measured.batch} "
           f"({measured.decode_step_s * 1000:.2f} ms)")  # fmt: skip
     base = outcomes.get("balance")
     if base is not None:
-        share = min(0.99, base.reprefill_per_turn * measured.prefill_s / measured.context * base.turns_per_s)
-        bound = 1 / (1 - share)
+        per_token = measured.prefill_s / measured.context
+        share = base.reprefill_per_turn * per_token * base.turns_per_s  # of the wall time
+        busy = base.engine_busy_s / base.wall_s
+        saved = min(0.99, share / max(busy, 1e-9))  # of the engines' time
         verdict = (
-            f"the profile cannot win much on this {scale_name} scale: a prefill is cheap next to the rest of a "
-            "turn (decode steps, the flows' own work per message), so saved prefill buys little time"
-            if bound < GOAL
+            f"the profile cannot win much on this {scale_name} scale: a re-prefill is cheap (a context prefills "
+            f"in {measured.prefill_in_steps:.0f} decode steps' time) next to the rest of a turn's work"
+            if 1 / (1 - saved) < GOAL
             else "contexts are long enough here for reuse to pay"
         )
-        print(f"note: re-prefilling took about {share:.0%} of (a)'s wall time ({base.reprefill_per_turn:.0f} tokens "
-              f"per turn at {measured.prefill_s / measured.context * 1e6:.0f} us each): perfect reuse could speed "
-              f"(a) up at most {bound:.2f}x; {verdict}")  # fmt: skip
+        print(f"note: in (a) the engines were busy {busy:.0%} of the wall time and re-prefilled {share:.0%} of it "
+              f"({base.reprefill_per_turn:.0f} tokens per turn at {per_token * 1e6:.0f} us each): perfect reuse "
+              f"saves at most {saved:.0%} of the engines' time, {1 / (1 - saved):.2f}x where they are the "
+              f"bottleneck; {verdict}")  # fmt: skip
     print(
         f"{'setting':8} {'turns/s':>8} {'sess/s':>7} {'ttft p50':>8} {'ttft p99':>8} {'of perfect':>10} "
         f"{'reprefill/turn':>14} {'preempt':>7} {'hung s':>7} {'hangs':>5} {'max wait':>8} {'ctx ends':>8}"
@@ -378,6 +415,7 @@ def report(outcomes: dict[str, AgentOutcome], measured: Probe, tier_note: str, s
         f"tier_speedup={ratio(d and d.turns_per_s, c and c.turns_per_s):.3f} "
         f"sticky_speedup_vs_balance={ratio(b and b.turns_per_s, a and a.turns_per_s):.3f} "
         f"ttft_p99_ratio={ratio(c and c.ttft(0.99), a and a.ttft(0.99)):.3f}"
+        + ("" if sim_error is None else f" sim_max_error={sim_error:.3f}")
     )
 
 
@@ -413,6 +451,8 @@ def main() -> None:
     parser.add_argument("--settings", default="balance,sticky,thunder,tier", help="comma-separated subset")
     parser.add_argument("--tier-store", choices=["auto", "lmcache", "host"], default="auto",
                         help="(d)'s store: auto = lmcache where installed, else psrl's host buffer")  # fmt: skip
+    parser.add_argument("--predict", action="store_true",
+                        help="also profile the engine and predict (a)-(c) in the simulator")  # fmt: skip
     parser.add_argument("--json", type=Path, help="also write the workload, probe and figures to this file")
     parser.add_argument("--log-dir", type=Path, help="write each setting's event log under it and replay-check it")
     parser.add_argument("overrides", nargs="*", help="config overrides key=value for every setting")
@@ -439,7 +479,8 @@ def main() -> None:
         print("replay: some recorded decisions disagree (see above)")
     if args.json is not None:
         write_json(args.json, scale, measured, outcomes)
-    report(outcomes, measured, tier_note, "dry-run" if args.dry_run_cpu else args.scale)
+    sim_error = predict(scale, args, model, outcomes) if args.predict else None
+    report(outcomes, measured, tier_note, "dry-run" if args.dry_run_cpu else args.scale, sim_error)
 
 
 def write_json(path: Path, scale: Scale, measured: Probe, outcomes: dict[str, AgentOutcome]) -> None:

@@ -1,0 +1,129 @@
+"""The agent workload on modelled engines: what ``tools/bench_agentic.py`` measures, predicted.
+
+The same sessions (``psrl.sim.agent_workload``) run on the real router and session scheduler, as in
+the benchmark, but on modelled engines (``psrl.sim.engine_model``, with each session's prefix cache)
+and the simulated clock: the tools' delays are events, engine steps cost what the cost model says.
+Nothing trains. ``AgentSimulation(config, workload, cost).run(budget_s)`` gives the turns and
+sessions finished in ``budget_s`` simulated seconds, the prefill the prefix cache saved, KV
+preemptions and hung session-seconds: the figures the benchmark prints for one setting.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from bus.messages import SessionEnd, TurnDone
+from psrl.config import Config
+from psrl.engine_cost.model import CostModel
+from psrl.flows.effects import Effect, Send, Timer
+from psrl.flows.local import LocalBus
+from psrl.flows.router import RouterFlow
+from psrl.sim.agent_workload import AgentSessions, AgentSource, AgentWorkload, SyntheticTools
+from psrl.sim.engine_model import ModelledEngine
+from psrl.sim.events import EventQueue
+from psrl.sim.fleet import Fleet, ModelledInstance
+from psrl.sim.models import PullModel
+from psrl.sim.simulation import engine_shape
+
+SOURCE_TICK_S = 0.05  # the ramp opens sessions at this pace
+
+
+@dataclass
+class AgentSimOutcome:
+    sim_s: float
+    turns: int
+    sessions: int
+    prefill_tokens: int
+    hit_tokens: int
+    preemptions: int
+    hung_s: float
+
+    @property
+    def turns_per_s(self) -> float:
+        return self.turns / self.sim_s
+
+
+class AgentSimulation:
+    def __init__(self, config: Config, workload: AgentWorkload, cost: CostModel) -> None:
+        if not config.env.enable:
+            raise ValueError("the agent workload runs sessions: set env.enable=true (the agentic preset does)")
+        self.config, self.workload = config, workload
+        self.clock = EventQueue()
+        self.tools = SyntheticTools(workload, lambda: self.clock.now, on_due=self._tools_due)
+        self.source = AgentSource(workload, self.tools)
+        self.router = RouterFlow(config, record_decisions=False)
+        self.session = AgentSessions(config, self.tools, workload)
+        self.counts = {"turns": 0, "sessions": 0}
+        self.bus = LocalBus(tap=self._tap)
+        interval = config.psrl.status_collection.engine_sync_interval_in_ms / 1000
+        self.fleet = Fleet(self.clock, self.bus, interval)
+        self.bus.attach("coordinator", self.source)
+        self.bus.attach("router", self.router, RouterFlow.BUS_KINDS)
+        self.bus.attach("session", self.session, AgentSessions.BUS_KINDS)
+        shape = engine_shape(config)
+        for index in range(config.topology.n_rollout_instances):
+            engine = ModelledEngine(f"rollout-{index}", cost, shape, self.clock, self.fleet, version=0)
+            self.fleet.add(ModelledInstance(engine, index, PullModel((0.0,))))
+        self.fleet.spread_phases()
+        self._is_route_due = False
+
+    def _tap(self, sender: str, effect: Effect, now: float) -> None:
+        message = effect.message if isinstance(effect, Send) else None
+        if isinstance(message, TurnDone):
+            self.counts["turns"] += 1
+        elif isinstance(message, SessionEnd) and not message.error:
+            self.counts["sessions"] += 1
+
+    def run(self, budget_s: float) -> AgentSimOutcome:
+        self.bus.post("router", self.router.start(0.0), 0.0)
+        for engine in self.fleet.engines.values():
+            self.fleet.report(engine, 0.0)
+        for owner, flow in (("router", self.router), ("session", self.session)):
+            for timer in flow.timers():
+                self._every(owner, timer, 0.0)
+        self._open(0.0)
+        while self.clock.run_next() and self.clock.now < budget_s:
+            self._deliver(self.clock.now)
+        engines = self.fleet.engines.values()
+        return AgentSimOutcome(
+            sim_s=budget_s,
+            turns=self.counts["turns"],
+            sessions=self.counts["sessions"],
+            prefill_tokens=sum(e.counters.num_prefill_tokens for e in engines),
+            hit_tokens=sum(e.counters.num_prefix_hit_tokens for e in engines),
+            preemptions=sum(e.counters.num_preemptions for e in engines),
+            hung_s=self.session.num_hung_s,
+        )
+
+    def _open(self, now: float) -> None:
+        """The source's ramp: it opens sessions as time allows, until all are open."""
+        self.bus.post("coordinator", self.source.tick(now), now)
+        self._deliver(now)
+        if now < self.workload.ramp_s:
+            self.clock.at(now + SOURCE_TICK_S, self._open)
+
+    def _tools_due(self, due: float) -> None:
+        self.clock.at(due, self._tools_answer)
+
+    def _tools_answer(self, now: float) -> None:
+        for reply in self.tools.take(now):
+            self.bus.post("session", self.session.handle(reply, now), now)
+        self._deliver(now)
+
+    def _deliver(self, now: float) -> None:
+        if "router" in self.bus.deliver(now) and self.router.has_work and not self._is_route_due:
+            self._is_route_due = True
+            self.clock.at(now, self._route)
+
+    def _route(self, now: float) -> None:
+        self._is_route_due = False
+        self.bus.post("router", self.router.route(now), now)
+        self._deliver(now)
+
+    def _every(self, owner: str, timer: Timer, now: float) -> None:
+        self.clock.at(now + timer.interval_s, lambda t: self._fire(owner, timer, t))
+
+    def _fire(self, owner: str, timer: Timer, now: float) -> None:
+        self.bus.post(owner, timer.callback(now), now)
+        self._deliver(now)
+        self._every(owner, timer, now)
