@@ -310,7 +310,6 @@ def run_settings(scale: Scale, args: argparse.Namespace, model: Path) -> tuple[d
         engines["tier"] = build_engines(configs["tier"], round_path=args.dry_run_cpu)
     first = next(e for e in engines.values() if e)[0]
     measured = probe(first, scale)
-    args.cost = calibrate(first) if args.predict else None
     print(f"engines built and warmed up in {time.perf_counter() - args.started:.0f} s", flush=True)
     outcomes: dict[str, AgentOutcome] = {}
     for repeat in range(args.repeats):
@@ -318,6 +317,7 @@ def run_settings(scale: Scale, args: argparse.Namespace, model: Path) -> tuple[d
             on = engines["tier" if name == "tier" else "plain"]
             outcome = run_one(name, configs[name], scale, on, args, repeat)
             outcomes[name] = outcomes[name].merged(outcome) if name in outcomes else outcome
+    args.cost = calibrate(first) if args.predict else None  # after the windows: it cannot hold them up
     for built in engines.values():
         free(built)
     tier_note = ""
@@ -326,11 +326,16 @@ def run_settings(scale: Scale, args: argparse.Namespace, model: Path) -> tuple[d
     return {name: outcomes[name] for name in args.settings}, measured, tier_note
 
 
-def calibrate(engine: Engine) -> CostModel:
-    """The engine's cost model, profiled on a quick grid of batch sizes and contexts (psrl calibrate's fit)."""
+def calibrate(engine: Engine) -> CostModel | None:
+    """The engine's cost model, profiled on a quick grid of batch sizes and contexts (psrl calibrate's fit);
+    None, said why, when that fails (the measured figures stand without it)."""
     started = time.perf_counter()
-    results, prefill = profile_engine(engine, ProfileGrid.quick())
-    fitted = fit_cost_model([r.sample for r in results] + prefill)
+    try:
+        results, prefill = profile_engine(engine, ProfileGrid.quick())
+        fitted = fit_cost_model([r.sample for r in results] + prefill)
+    except (RuntimeError, ValueError) as exc:  # a point that does not fit the engine, an unusable fit
+        print(f"--predict: profiling the engine failed ({type(exc).__name__}: {exc}); no prediction", flush=True)
+        return None
     engine.reset_prefix_cache()
     print(f"cost model in {time.perf_counter() - started:.0f} s: {fitted.summary()}", flush=True)
     return fitted.model
@@ -479,7 +484,7 @@ def main() -> None:
         print("replay: some recorded decisions disagree (see above)")
     if args.json is not None:
         write_json(args.json, scale, measured, outcomes)
-    sim_error = predict(scale, args, model, outcomes) if args.predict else None
+    sim_error = predict(scale, args, model, outcomes) if args.cost is not None else None
     report(outcomes, measured, tier_note, "dry-run" if args.dry_run_cpu else args.scale, sim_error)
 
 
