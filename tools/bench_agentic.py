@@ -34,7 +34,9 @@ workload, the probe and every figure.
 
 The last line is ``RESULT agentic_speedup_vs_balance=<(c)/(a) turns/s> reuse_of_perfect=<(c)>
 tier_speedup=<(d)/(c)> sticky_speedup_vs_balance=<(b)/(a)>
-ttft_p99_ratio=<(c)/(a)>``.
+ttft_p99_ratio=<(c)/(a)>``, with ``sim_max_error=<largest |predicted / measured - 1| of (a)-(c)>`` under
+``--predict`` (the engine profiled after the windows, the same workload on the simulator's modelled
+engines, psrl.sim.agentic).
 """
 
 from __future__ import annotations
