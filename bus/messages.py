@@ -1216,6 +1216,10 @@ class TurnNext(Message, frozen=True):
     observation_token_ids: the environment's reply, appended to the session as is (int32; never trained).
     max_tokens: the new turn's generation budget.
     force_pin_instance: place this turn on this instance once (a continued session); empty = routing decides.
+    cut_to: a branch (the agent edited its history): the session's response is cut back to its first
+        ``cut_to`` tokens before the observation is appended (their tokens, log-probs, versions and loss
+        mask; the pinned version and the ledger reservation stay); -1 = no cut (added in 1.13).
+    num_cut: response tokens the cut drops (the abandoned branch's tail; 0 without a cut) (added in 1.13).
     """
 
     request_id: int
@@ -1223,6 +1227,8 @@ class TurnNext(Message, frozen=True):
     observation_token_ids: np.ndarray
     max_tokens: int
     force_pin_instance: str = ""
+    cut_to: int = -1
+    num_cut: int = 0
 
 
 @message("session.end")
