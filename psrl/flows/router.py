@@ -71,6 +71,7 @@ from psrl.flows.effects import Effect, Handler, Send, Timer
 from psrl.flows.router_ledger import COORDINATOR, RouterLedgerFlow
 from psrl.flows.router_recovery import RECALL, SESSION_NOT_REBUILT, RestoredRequest, RouterRecovery
 from psrl.flows.status import snapshot_from_status
+from psrl.gateway.branch import cut_response
 from psrl.routing.core import RouterCore
 from psrl.routing.decision import RoutingDecision
 from psrl.routing.policies import make_policy
@@ -381,11 +382,29 @@ class RouterFlow(RouterLedgerFlow):
         traj = self._session_waiting(turn.request_id)
         if traj is None or turn.turn != traj.turn + 1:
             return
+        if turn.cut_to >= 0 and not self._cut(traj, turn):
+            return
         self.core.wake(turn.request_id)
         self.tracker.start_turn(traj, turn.observation_token_ids, turn.max_tokens)
         pinned = turn.force_pin_instance if self._serves(turn.force_pin_instance) else None
         last = traj.instance if traj.instance is not None and self._serves(traj.instance) else None
         self.core.submit(self._routing_request(traj, hint=pinned or last, force_pin=pinned is not None))
+
+    def _cut(self, traj: TrackedTrajectory, turn: TurnNext) -> bool:
+        """A branch (the agent edited its history): the response is cut back to the kept prefix, its
+        four arrays alike; V_traj and the ledger reservation stay (``psrl.gateway.branch``). A cut past
+        the response fails the session (a scheduler out of step with this trajectory)."""
+        try:
+            arrays = cut_response(traj.token_ids, traj.logprobs, traj.versions, traj.loss_mask, turn.cut_to)
+        except ValueError as exc:
+            self.counters["bad_cuts"] += 1
+            traj.in_env, traj.error = False, f"session {traj.request_id} turn {turn.turn}: {exc}"
+            self.ended(traj.request_id, FinishReason.ERROR)  # the scheduler is told (SessionGone)
+            return False
+        traj.token_ids, traj.logprobs, traj.versions, traj.loss_mask = arrays
+        self.counters["session_cuts"] += 1
+        self.counters["session_tokens_cut"] += turn.num_cut
+        return True
 
     def _on_session_end(self, end: SessionEnd, now: float) -> None:
         traj = self._session_waiting(end.request_id)

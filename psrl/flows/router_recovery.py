@@ -70,6 +70,7 @@ from bus.messages import (
 )
 from bus.schema import Event
 from psrl.evaluation.certificate import Derivation
+from psrl.gateway.branch import cut_response
 from psrl.launches import launch_of
 from psrl.staleness.ledger import StalenessLedger
 from psrl.staleness.log_replay import LedgerReplay
@@ -91,6 +92,7 @@ class SessionPrefix:
     turn: int = 0  # the turn being generated (or handed over) at the crash
     turns: dict[int, GenerateResult] = field(default_factory=dict)  # each handed-over turn's finished result
     answers: dict[int, np.ndarray] = field(default_factory=dict)  # turn -> the environment's answer before it
+    cuts: dict[int, int] = field(default_factory=dict)  # turn -> the response cut before its answer (a branch)
     exact: bool = True  # every dispatch's prompt was the request's prompt and this prefix
     handed: dict[int, np.ndarray] = field(default_factory=dict)  # turn -> the tokens handed over (TurnDone)
     results: list[GenerateResult] = field(default_factory=list)  # every result for it, any order
@@ -113,24 +115,25 @@ class SessionPrefix:
             self.turn = current
 
     def arrays(self, upto: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """(token ids, log-probs, versions, loss mask) of the response before turn ``upto``."""
-        ids, logprobs, versions, mask = [], [], [], []
-        last_version = 0
+        """(token ids, log-probs, versions, loss mask) of the response before turn ``upto``; a branch's
+        cut (``TurnNext.cut_to``) applied before its answer, as the router applied it."""
+        ids, logprobs = np.zeros(0, np.int32), np.zeros(0, np.float32)
+        versions, mask = np.zeros(0, np.int32), np.zeros(0, np.uint8)
         for turn in range(upto):
             result = self.turns[turn]
-            ids.append(np.asarray(result.token_ids, np.int32))
-            logprobs.append(np.asarray(result.logprobs, np.float32))
-            versions.append(np.asarray(result.versions, np.int32))
-            mask.append(np.ones(len(result.token_ids), np.uint8))
-            last_version = int(versions[-1][-1]) if len(versions[-1]) else last_version
+            ids = np.concatenate([ids, np.asarray(result.token_ids, np.int32)])
+            logprobs = np.concatenate([logprobs, np.asarray(result.logprobs, np.float32)])
+            versions = np.concatenate([versions, np.asarray(result.versions, np.int32)])
+            mask = np.concatenate([mask, np.ones(len(result.token_ids), np.uint8)])
+            if self.cuts.get(turn + 1, -1) >= 0:
+                ids, logprobs, versions, mask = cut_response(ids, logprobs, versions, mask, self.cuts[turn + 1])
+            last_version = int(versions[-1]) if len(versions) else 0
             answer = self.answers[turn + 1]
-            ids.append(np.asarray(answer, np.int32))
-            logprobs.append(np.zeros(len(answer), np.float32))
-            versions.append(np.full(len(answer), last_version, np.int32))
-            mask.append(np.zeros(len(answer), np.uint8))
-        if not ids:
-            return np.zeros(0, np.int32), np.zeros(0, np.float32), np.zeros(0, np.int32), np.zeros(0, np.uint8)
-        return np.concatenate(ids), np.concatenate(logprobs), np.concatenate(versions), np.concatenate(mask)
+            ids = np.concatenate([ids, np.asarray(answer, np.int32)])
+            logprobs = np.concatenate([logprobs, np.zeros(len(answer), np.float32)])
+            versions = np.concatenate([versions, np.full(len(answer), last_version, np.int32)])
+            mask = np.concatenate([mask, np.zeros(len(answer), np.uint8)])
+        return ids, logprobs, versions, mask
 
     def turn_of(self, prompt_len: int, dispatch: GenerateRequest) -> int | None:
         """The turn a dispatch generates: the one whose prefix it carries as prompt after ``prompt_len``."""
@@ -247,6 +250,7 @@ class _Walk:
             self._from_coordinator(event)
         elif actor == SESSION and isinstance(msg, TurnNext) and msg.request_id in self.requests:
             self.requests[msg.request_id].session.answers[msg.turn] = np.asarray(msg.observation_token_ids)
+            self.requests[msg.request_id].session.cuts[msg.turn] = msg.cut_to
         elif isinstance(msg, GenerateResult) and msg.request_id in self.requests:
             restored = self.requests[msg.request_id]
             restored.session.results.append(msg)

@@ -96,6 +96,7 @@ class Session:
     agent_open: bool = False  # an agent session whose agent has opened it at the gateway (its agent runs)
     turn_log: TurnLog | None = None  # an agent session: its turns' observations, finishes, log-probs
     replaying: bool = False  # an agent session whose agent runs again: its calls meet the logged turns first
+    agent_turn: int = 1  # an agent session: the session's turn its agent's next generating call asks for
     hung_since: float | None = None  # when it was hung (ThunderAgent's max_hang_s orders by it)
 
     def info(self, now: float = 0.0) -> SessionInfo:

@@ -10,7 +10,10 @@ goes to ``answers`` (job id, result or ``ApiError``) for the actor to hand back 
 * **chat / completion**: a recorded turn is answered at once; a new one is sent to the router as
   the next turn (``TurnNext``: the new messages' tokens as the observation, sticky to the session's
   instance, pinned to its version), held while the session is hung (ThunderAgent: the call simply
-  waits), and answered when its ``TurnDone`` comes (``answer_turn``).
+  waits), and answered when its ``TurnDone`` comes (``answer_turn``). A call that edits the history
+  (a branch) is sent as a cut: ``TurnNext.cut_to`` cuts the router's trajectory back to the longest
+  common token prefix and the observation is the rest of the call's prompt (``psrl.gateway.branch``).
+  Turns are numbered per session (the router's), whatever trajectory of the TITO record they are on.
 * The agent's end (its ``EnvStepDone``) ends the session with its reward or error; a session that
   ends otherwise (the router's ``SessionGone``: surplus, staleness, failure) answers its pending
   call with a 409 the agent treats as cancellation.
@@ -32,6 +35,7 @@ import numpy as np
 from bus.messages import EnvStepDone, SessionEnd, TurnDone, TurnNext
 from psrl.flows.session_recovery import RestoredSession
 from psrl.gateway.api import ApiError
+from psrl.gateway.branch import Cut
 from psrl.gateway.replies import finish_name
 from psrl.gateway.resume import ResumeDivergedError, Step, TurnLog, place
 from psrl.gateway.sessions import Answer, Gateway, Order
@@ -103,7 +107,7 @@ class GatewayCalls:
         except ApiError:
             gateway.forget(sid)
             raise
-        session.agent_open = True
+        session.agent_open, session.agent_turn = True, 1
         return {"id": sid, "object": "session"}
 
     def _agent_rerun(self, gateway: Gateway, session: Any) -> None:
@@ -136,11 +140,13 @@ class GatewayCalls:
             self.agent_done(session, final.reward, final.acc, final.error)
             return
         observations = [[], *(o.tolist() for o in restored.observations)]
+        cuts: list[int | None] = [-1, *restored.cuts]
         sent = [True] * len(observations)
-        if final is not None:  # its call's tokens were logged, the turn not sent
+        if final is not None:  # its call's tokens were logged, the turn not sent (its cut: not logged)
             observations.append(np.asarray(final.observation_token_ids).tolist())
+            cuts.append(None)
             sent.append(False)
-        session.turn_log = TurnLog(observations, sent, list(restored.finishes), list(restored.logprobs))
+        session.turn_log = TurnLog(observations, sent, list(restored.finishes), list(restored.logprobs), cuts)
         session.replaying = True
         self.counters["agents_resumed"] += 1
         self.env.submit(session.request_id, session.prompt_id, 0, session.actions[:1])
@@ -162,15 +168,27 @@ class GatewayCalls:
                 409, f"session {sid} used its env.max_turns={self.settings.max_turns} turns", code="max_turns"
             )
         session.call_job = job_id
-        observation = np.asarray(outcome.plan.new_tokens, np.int32)
+        cut = _cut_of(outcome)
+        observation = np.asarray(cut.observation, np.int32)
         # logged as the environment's answer to the last turn (the agent answered it with this call),
         # so the event log alone shows each turn's observation, as for any session
         self.publish(EnvStepDone(request_id=session.request_id, turn=session.turn, observation_token_ids=observation))
         nxt = self._next(session, outcome)
-        self._turn_log(session).asked(nxt.turn, observation.tolist())
-        session.num_tokens += len(outcome.plan.new_tokens)
+        self._turn_log(session).asked(nxt.turn, observation.tolist(), cut.cut_to)
+        session.agent_turn = nxt.turn + 1
+        self._count_cut(session, nxt)
+        session.num_tokens += len(cut.observation) - cut.num_cut
         self._send_or_hold(session, nxt)
         return None
+
+    def _count_cut(self, session: Any, nxt: TurnNext) -> None:
+        if nxt.cut_to < 0:
+            return
+        self.counters["branches"] += 1
+        self.counters["branch_tokens_cut"] += nxt.num_cut
+        if self.log is not None:
+            self.log.info("agent session branched", request_id=session.request_id, turn=nxt.turn,
+                          cut_to=nxt.cut_to, num_cut=nxt.num_cut)  # fmt: skip
 
     def _resume_call(self, gateway: Gateway, session: Any, job_id: int, outcome: Order) -> tuple[bool, Any]:
         """A re-run agent's call met with the session's logged turns: (met, its answer or None to wait)."""
@@ -178,24 +196,30 @@ class GatewayCalls:
         if step == "new":
             session.replaying = False  # past the log: from here on its calls are new turns
             return False, None
+        turn, cut = session.agent_turn, _cut_of(outcome)
+        session.agent_turn += 1
         if self.log is not None:
-            turn = outcome.plan.turn
             self.log.info("agent call met a logged turn", request_id=session.request_id, turn=turn, step=step)
         if step == "replay":
-            return True, self._replayed(gateway, session, outcome.plan.turn, outcome.plan.new_tokens)
+            return True, self._replayed(gateway, session, turn, cut)
         session.call_job = job_id  # wait: the turn generates; send: its call is logged, the turn not sent
         self.counters["turns_awaited" if step == "wait" else "turns_resent"] += 1
         if step == "send":
-            session.num_tokens += len(outcome.plan.new_tokens)
-            self._send_or_hold(session, self._next(session, outcome))
+            session.num_tokens += len(cut.observation) - cut.num_cut
+            nxt = self._next(session, outcome)
+            self._count_cut(session, nxt)
+            self._send_or_hold(session, nxt)
         return True, None
 
     def _next(self, session: Any, outcome: Order) -> TurnNext:
+        cut = _cut_of(outcome)
         return TurnNext(
             request_id=session.request_id,
             turn=session.turn + 1,
-            observation_token_ids=np.asarray(outcome.plan.new_tokens, np.int32),
+            observation_token_ids=np.asarray(cut.observation, np.int32),
             max_tokens=outcome.max_tokens,
+            cut_to=cut.cut_to,
+            num_cut=cut.num_cut,
         )
 
     def _send_or_hold(self, session: Any, nxt: TurnNext) -> None:
@@ -206,20 +230,21 @@ class GatewayCalls:
             self._send_turn(session, nxt)
 
     def _resume_step(self, gateway: Gateway, session: Any, outcome: Order) -> Step:
-        sid, plan = str(session.request_id), outcome.plan
+        sid, cut = str(session.request_id), _cut_of(outcome)
         try:
-            return place(self._turn_log(session), sid, plan.turn, plan.new_tokens, len(session.actions))
+            turns, num_generated = self._turn_log(session), len(session.actions)
+            return place(turns, sid, session.agent_turn, cut.observation, num_generated, cut.cut_to)
         except ResumeDivergedError as exc:
             gateway.failed(sid)
             self.counters["agents_diverged"] += 1
             self._end(session.request_id, 0.0, 0.0, session.turn + 1, str(exc))
             raise ApiError(409, str(exc), code="history_diverged") from exc
 
-    def _replayed(self, gateway: Gateway, session: Any, turn: int, observation: list[int]) -> Answer:
+    def _replayed(self, gateway: Gateway, session: Any, turn: int, cut: Cut) -> Answer:
         """A turn the session already has, asked again by its re-run agent: answered from the log."""
         self.counters["turns_replayed"] += 1
         turns = self._turn_log(session)
-        turns.asked(turn, list(observation))  # kept where the log had it not (a no-op where it had)
+        turns.asked(turn, list(cut.observation), cut.cut_to)  # kept where the log had it not (a no-op where it had)
         turns.sent_turn(turn)
         tokens = session.actions[turn].tolist()
         finish = finish_name(turns.finishes[turn])
@@ -263,3 +288,8 @@ class GatewayCalls:
         record = gateway.record(sid)
         gateway.close(sid)
         return {"id": sid, "object": "session.deleted", "deleted": True, "record": record}
+
+
+def _cut_of(outcome: Order) -> Cut:
+    """The turn's cut: the gateway's (a run's session), or none (the plan's new tokens appended)."""
+    return outcome.cut if outcome.cut is not None else Cut(-1, list(outcome.plan.new_tokens))

@@ -56,6 +56,7 @@ class RestoredSession:
     answer: EnvStepDone | None = None  # the logged environment answer to its last handed-over turn
     last_next: TurnNext | None = None  # the last next turn sent for it
     observations: list[np.ndarray] = field(default_factory=list)  # per next turn sent: its observation (turn 1 on)
+    cuts: list[int] = field(default_factory=list)  # per next turn sent: its cut_to (-1: none; a branch otherwise)
     finishes: list[int] = field(default_factory=list)  # per handed-over turn: how it ended (agent sessions' replay)
     logprobs: list[list[float] | None] = field(default_factory=list)  # per handed-over turn, where logged
 
@@ -107,8 +108,9 @@ def _observe(sessions: dict[int, RestoredSession], msg: Any) -> None:
         continued = sessions.get(msg.request_id)
         if continued is not None and msg.turn == continued.turn + 1:
             continued.status, continued.answer, continued.last_next = "generate", None, msg
-            continued.num_tokens += len(msg.observation_token_ids)
+            continued.num_tokens += len(msg.observation_token_ids) - msg.num_cut
             continued.observations.append(np.asarray(msg.observation_token_ids, np.int32))
+            continued.cuts.append(msg.cut_to)
     elif isinstance(msg, (SessionEnd, SessionGone, TrajectoryDone)):
         sessions.pop(msg.request_id, None)
 

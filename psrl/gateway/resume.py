@@ -6,8 +6,9 @@ agent again from the start. Its gateway record starts empty, so each of the agen
 placed as usual (TITO: the exact tokens of the turns it rebuilt, then the new messages' tokens) and
 then met with the logged turns (``place``), by the turn's index:
 
-* **replay**: the turn is logged with the same observation tokens (what the call appends) and its
-  tokens are known: it is answered from the log; nothing reaches the router, nothing is logged.
+* **replay**: the turn is logged with the same observation tokens (what the call appends) and the
+  same cut (a branch: the response tokens it kept, ``psrl.gateway.branch``), and its tokens are
+  known: it is answered from the log; nothing reaches the router, nothing is logged.
 * **wait**: the turn was sent to the router with the same observation, its tokens are not in yet
   (it was generating when the scheduler died): the call waits for the router's ``TurnDone``.
 * **send**: the agent's answer (the observation) is logged but the turn was never sent (the old
@@ -43,6 +44,7 @@ class TurnLog:
     sent: list[bool]  # per turn: sent to the router (turn 0: always)
     finishes: list[int] = field(default_factory=list)  # per generated turn: its finish reason
     logprobs: list[list[float] | None] = field(default_factory=list)  # per generated turn, where logged
+    cuts: list[int | None] = field(default_factory=list)  # per turn: its cut_to (-1: none; None: not logged)
 
     @property
     def num_turns(self) -> int:
@@ -57,16 +59,25 @@ class TurnLog:
         if turn < self.num_turns:
             self.sent[turn] = True
 
-    def asked(self, turn: int, observation: list[int]) -> None:
-        """The agent asked for ``turn`` with ``observation``: logged, not sent yet."""
+    def asked(self, turn: int, observation: list[int], cut_to: int = -1) -> None:
+        """The agent asked for ``turn`` with ``observation`` (after cutting to ``cut_to``): logged, not sent yet."""
         if turn == self.num_turns:
             self.observations.append(observation)
             self.sent.append(False)
+        while len(self.cuts) < self.num_turns:
+            self.cuts.append(None)
+        if self.cuts[turn] is None:
+            self.cuts[turn] = cut_to
+
+    def cut_of(self, turn: int) -> int | None:
+        return self.cuts[turn] if turn < len(self.cuts) else None
 
 
-def place(log: TurnLog, session_id: str, turn: int, new_tokens: Sequence[int], num_generated: int) -> Step:
-    """What a re-run agent's call for ``turn`` (appending ``new_tokens``) gets, given the log and the
-    ``num_generated`` turns whose tokens are known."""
+def place(
+    log: TurnLog, session_id: str, turn: int, new_tokens: Sequence[int], num_generated: int, cut_to: int = -1
+) -> Step:
+    """What a re-run agent's call for ``turn`` (cutting the response to ``cut_to``, -1: no cut, then
+    appending ``new_tokens``) gets, given the log and the ``num_generated`` turns whose tokens are known."""
     if turn >= log.num_turns:
         # a turn generated whose call's tokens never reached the log (the old scheduler died as it sent
         # it): the router's tokens answer it; its observation cannot be checked
@@ -78,6 +89,13 @@ def place(log: TurnLog, session_id: str, turn: int, new_tokens: Sequence[int], n
             f"that differ from the {len(logged)} its first run logged (first difference at token "
             f"{_first_difference(new_tokens, logged)}); an agent that runs again (its worker or scheduler "
             "restarted) must repeat its calls given the same answers"
+        )
+    logged_cut = log.cut_of(turn)
+    if logged_cut is not None and logged_cut != cut_to:
+        raise ResumeDivergedError(
+            f"session {session_id} turn {turn}: the agent, run again, branches with the response cut to "
+            f"{cut_to} tokens (-1: no cut) where its first run cut to {logged_cut}; an agent that runs again "
+            "must repeat its calls given the same answers"
         )
     if turn < num_generated:
         return "replay"

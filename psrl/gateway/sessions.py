@@ -5,6 +5,11 @@ in process): ``call`` places a chat call on its session's TITO record and return
 answer (a recorded turn, answered again) or an ``Order`` to generate; ``generated`` turns the
 engine's tokens into the answer of the pending call. One call per session at a time (a second gets
 429); a closing or ended session refuses calls (409, 404 once forgotten).
+
+A training run's session is one router trajectory (``one_trajectory``): a call that does not
+continue the session's current trajectory (the one its last generated turn is on) is sent as a cut
+of that trajectory back to the longest common token prefix (``psrl.gateway.branch``, ``Order.cut``);
+the TITO record keeps both trajectories, the router only the branch.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from psrl.gateway.api import ApiError, ChatCall, CompletionCall
+from psrl.gateway.branch import BranchRefusedError, Cut, plan_cut
 from psrl.gateway.chat_templates import ChatTemplate
 from psrl.gateway.replies import Reply, make_reply, usage
 from psrl.gateway.tito import Decode, Encode, Plan, TitoError, TitoSession, Turn
@@ -25,7 +31,7 @@ class Settings:
     tool_parser: str = "auto"
     max_turn_tokens: int = 256  # a call's max_tokens is capped here
     context_tokens: int = 4096  # a prompt longer than this is refused (413)
-    can_branch: bool = True  # the router's sessions are one trajectory: an edited history gets 409
+    one_trajectory: bool = False  # a run's session is one router trajectory: an edited history cuts it back
     max_top_logprobs: int = 0  # alternatives per token the generator returns (a call asking more: 400)
 
 
@@ -48,6 +54,7 @@ class Order:
     session_id: str
     plan: Plan
     max_tokens: int
+    cut: Cut | None = None  # one_trajectory: what the router's trajectory does before generating
 
 
 @dataclass
@@ -63,6 +70,8 @@ class GatewaySession:
     state: Literal["open", "closing"] = "open"
     pending: _Pending | None = None
     num_calls: int = 0
+    current: int = 0  # the trajectory of the last generated turn (the router's, in a run)
+    prompt_len: int = 0  # the row's prompt tokens (the seeded first turn's): a run cannot cut into them
 
 
 class Gateway:
@@ -98,6 +107,7 @@ class Gateway:
         if self.decode(prompt) != self.template.render(messages, tools, True):
             raise ApiError(400, f"session {session_id}: the row's messages do not render to the run's prompt tokens")
         reply = make_reply(self.text(generated), finish, self.parser, [], f"call-{session_id}-0")
+        session.current, session.prompt_len = 0, len(prompt)
         session.tito.seed(messages, tools, prompt, generated, reply.canonical, reply.finish_reason, logprobs)
 
     def call(self, session_id: str, call: ChatCall | CompletionCall) -> Answer | Order:
@@ -111,15 +121,7 @@ class Gateway:
         if plan.kind == "recorded":
             traj = session.tito.trajectories[plan.trajectory]
             return self._answer(session, call, traj.turns[plan.turn], plan)
-        if plan.kind == "branch" and not self.settings.can_branch and session.tito.trajectories:
-            shared, total = len(plan.base), len(session.tito.trajectories[0].tokens)
-            raise ApiError(
-                409,
-                f"session {session_id} turn {plan.turn}: the conversation does not continue the "
-                f"session's last turn (it keeps {shared} of the session's {total} tokens); an edited "
-                "history would branch, and a training run's session is one trajectory: it cannot branch",
-                code="history_edited",
-            )
+        cut = self._cut(session, plan)
         if len(plan.prompt) >= self.settings.context_tokens:
             raise ApiError(
                 413,
@@ -130,8 +132,22 @@ class Gateway:
         session.num_calls += 1
         room = self.settings.context_tokens - len(plan.prompt)
         return Order(
-            session_id, plan, min(call.max_tokens or self.settings.max_turn_tokens, self.settings.max_turn_tokens, room)
+            session_id,
+            plan,
+            min(call.max_tokens or self.settings.max_turn_tokens, self.settings.max_turn_tokens, room),
+            cut,
         )
+
+    def _cut(self, session: GatewaySession, plan: Plan) -> Cut | None:
+        """A run's session: how its one trajectory goes on to the plan's prompt (a cut on a branch)."""
+        if not self.settings.one_trajectory or not session.tito.trajectories:
+            return None
+        current = session.tito.trajectories[session.current].tokens
+        where = f"session {session.session_id} turn {plan.turn}"
+        try:
+            return plan_cut(current, plan.prompt, session.prompt_len, where)
+        except BranchRefusedError as exc:
+            raise ApiError(409, str(exc), code="history_edited") from exc
 
     def _check_logprobs(self, call: ChatCall | CompletionCall) -> None:
         wanted = call.top_logprobs if isinstance(call, ChatCall) else 0
@@ -174,6 +190,7 @@ class Gateway:
         )
         turn = session.tito.record(pending.plan, tokens, reply.canonical, reply.finish_reason, logprobs)
         turn.top_logprobs = top_logprobs
+        session.current = pending.plan.trajectory
         return self._answer(session, call, turn, pending.plan)
 
     def failed(self, session_id: str) -> None:
@@ -240,6 +257,7 @@ class Gateway:
             "state": session.state,
             "in_flight": session.pending is not None,
             "num_calls": session.num_calls,
+            "current": session.current,
             "trajectories": [_trajectory(t) for t in session.tito.trajectories],
         }
 

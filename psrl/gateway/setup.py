@@ -30,7 +30,7 @@ def build_gateway(config: Any) -> Gateway:
             settings.tool_parser,
             config.env.max_turn_tokens,
             context,
-            can_branch=False,
+            one_trajectory=True,
         ),
     )
 

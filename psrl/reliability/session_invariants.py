@@ -11,7 +11,9 @@
                   again (to a restarted router, which takes each once) is no second application:
                   the response check below proves the router took it once.
     broken        a finished session whose trained response is not exactly its turns' tokens
-                  (``TurnDone``) and the environment's answers (``TurnNext``) in order, or whose next
+                  (``TurnDone``) and the environment's answers (``TurnNext``) in order, each
+                  branch's cut applied first (``TurnNext.cut_to``: an agent that edited its
+                  history goes on from the kept prefix), or whose next
                   turn's observation is not the recorded environment answer: a continuation after a
                   fault that did not continue from exactly its tokens
 
@@ -50,6 +52,7 @@ class SessionFacts:
     nexts: dict[int, dict[int, list[np.ndarray]]] = field(
         default_factory=lambda: defaultdict(lambda: defaultdict(list))
     )
+    cuts: dict[tuple[int, int], int] = field(default_factory=dict)  # (rid, turn) -> its TurnNext's cut_to
     answers: Counter[tuple[int, int]] = field(default_factory=Counter)  # (rid, turn) -> successful env answers
     answer_of: dict[tuple[int, int], np.ndarray] = field(default_factory=dict)
     ends: dict[int, list[SessionEnd]] = field(default_factory=lambda: defaultdict(list))
@@ -63,6 +66,7 @@ class SessionFacts:
             self.turns[msg.request_id][msg.turn] = np.asarray(msg.token_ids)
         elif isinstance(msg, TurnNext):
             self.nexts[msg.request_id][msg.turn].append(np.asarray(msg.observation_token_ids))
+            self.cuts[(msg.request_id, msg.turn)] = msg.cut_to
         elif isinstance(msg, EnvStepDone) and not msg.error:
             self.answers[(msg.request_id, msg.turn)] += 1
             self.answer_of[(msg.request_id, msg.turn)] = np.asarray(msg.observation_token_ids)
@@ -133,19 +137,22 @@ def _finished(facts: SessionFacts, rid: int) -> bool:
 
 
 def _continuous(facts: SessionFacts, rid: int) -> bool:
-    """The response is turn 0, answer 1, turn 1, ... exactly; each answer the one the environment gave."""
+    """The response is turn 0, answer 1, turn 1, ... exactly (each branch cut back before its answer);
+    each answer the one the environment gave."""
     num_turns = facts.ends[rid][-1].num_turns
     turns, nexts = facts.turns.get(rid, {}), facts.nexts.get(rid, {})
-    parts: list[np.ndarray] = []
+    expected = np.zeros(0, np.int64)
     for turn in range(num_turns):
         if turn > 0:
             observations = nexts.get(turn, [])
             answer = facts.answer_of.get((rid, turn - 1))
             if not observations or answer is None or not np.array_equal(observations[-1], answer):
                 return False
-            parts.append(observations[-1])
+            cut_to = facts.cuts.get((rid, turn), -1)
+            if cut_to > len(expected):
+                return False
+            expected = np.concatenate([expected if cut_to < 0 else expected[:cut_to], observations[-1]])
         if turn not in turns:
             return False
-        parts.append(turns[turn])
-    expected = np.concatenate(parts) if parts else np.zeros(0, np.int32)
+        expected = np.concatenate([expected, turns[turn]])
     return np.array_equal(np.asarray(facts.trajectories[rid].token_ids), expected)

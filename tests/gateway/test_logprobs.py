@@ -56,7 +56,7 @@ def test_more_alternatives_than_the_engine_returns_is_a_400(gateway: EngineGatew
 
 
 def test_a_turn_without_known_logprobs_is_a_400_naming_session_and_turn() -> None:
-    gateway = Gateway(bundled("demo"), _encode, _decode, _decode, Settings(can_branch=False))
+    gateway = Gateway(bundled("demo"), _encode, _decode, _decode, Settings(one_trajectory=True))
     gateway.open("9")
     assert gateway.call("9", parse_chat({"messages": ASK, "logprobs": True})) is not None  # an order
     with pytest.raises(ApiError) as caught:
