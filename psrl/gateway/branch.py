@@ -6,11 +6,12 @@ session's last turn (it dropped its last reply, truncated or summarised its hist
 later message), TITO places it on the longest history it still starts with; the call's prompt
 (``Plan.prompt``: exact tokens) then shares a prefix with the session's current tokens. The next
 turn is sent as a **cut**: the response is cut back to that longest common token prefix (its tokens,
-log-probs, versions and loss mask alike) and the rest of the call's prompt is appended as the
-observation, so the trajectory that reaches the trainer is the branch, byte for byte the engine's
-tokens. The abandoned tail is dropped from training and recorded in the event log (``TurnNext``'s
-``cut_to`` and ``num_cut``). A cut does not re-pin: the trajectory keeps its ``V_traj`` and its
-staleness reservation (it is the same trajectory, its kept tokens were generated under them).
+log-probs, versions and loss mask alike; where the masks agree too) and the rest of the call's
+prompt is appended as the observation, so the trajectory that reaches the trainer is the branch,
+byte for byte the engine's tokens. The abandoned tail is dropped from training and recorded in the
+event log (``TurnNext``'s ``cut_to`` and ``num_cut``). A cut does not re-pin: the trajectory keeps
+its ``V_traj`` and its staleness reservation (it is the same trajectory, its kept tokens were
+generated under them), and the next turn generates at that version as any turn.
 
 The row's prompt cannot be cut: it is the prompt group's. A call whose common prefix ends inside it
 (a changed system prompt, an edited first message) is refused (``BranchRefusedError``).
@@ -42,10 +43,19 @@ class Cut:
         return self.cut_to >= 0
 
 
-def plan_cut(current: Sequence[int], prompt: Sequence[int], prompt_len: int, where: str) -> Cut:
+def plan_cut(
+    current: Sequence[int],
+    current_mask: Sequence[int],
+    prompt: Sequence[int],
+    prompt_mask: Sequence[int],
+    prompt_len: int,
+    where: str,
+) -> Cut:
     """The turn that generates after ``prompt`` (full tokens) in a session whose tokens are ``current``
-    (the row's ``prompt_len`` prompt tokens, then its response). ``where`` names the session and turn."""
-    keep = _common(current, prompt)
+    (the row's ``prompt_len`` prompt tokens, then its response). The kept prefix is the longest whose
+    tokens and loss mask (1: generated, 0: prompt and observations) both agree, so what is trained of it
+    is what the branch's record says was generated. ``where`` names the session and turn."""
+    keep = min(_common(current, prompt), _common(current_mask, prompt_mask))
     if keep < prompt_len:
         raise BranchRefusedError(
             f"{where}: the conversation shares {keep} tokens with the session, fewer than the row's "

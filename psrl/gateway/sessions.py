@@ -142,10 +142,11 @@ class Gateway:
         """A run's session: how its one trajectory goes on to the plan's prompt (a cut on a branch)."""
         if not self.settings.one_trajectory or not session.tito.trajectories:
             return None
-        current = session.tito.trajectories[session.current].tokens
+        current = session.tito.trajectories[session.current]
         where = f"session {session.session_id} turn {plan.turn}"
         try:
-            return plan_cut(current, plan.prompt, session.prompt_len, where)
+            mask = session.tito.prompt_mask(plan)
+            return plan_cut(current.tokens, current.loss_mask, plan.prompt, mask, session.prompt_len, where)
         except BranchRefusedError as exc:
             raise ApiError(409, str(exc), code="history_edited") from exc
 

@@ -168,6 +168,16 @@ class TitoSession:
                 best = (index, shared)
         return best
 
+    def prompt_mask(self, plan: Plan) -> list[int]:
+        """The loss mask of a plan's prompt as the trajectory it goes on records it (1: generated)."""
+        if plan.kind == "continue" and plan.trajectory < len(self.trajectories):
+            base = self.trajectories[plan.trajectory].loss_mask[: len(plan.base)]
+        elif plan.kind == "branch" and plan.branch_of >= 0:
+            base = self.trajectories[plan.branch_of].loss_mask[: len(plan.base)]
+        else:
+            base = [0] * len(plan.base)
+        return [*base, *([0] * len(plan.new_tokens))]
+
     # ------------------------------------------------------------------ the new messages' tokens
 
     def close(self) -> str:
