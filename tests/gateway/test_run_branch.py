@@ -5,6 +5,8 @@ checks it."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 
@@ -18,16 +20,24 @@ from bus.messages import (
     TrajectoryDone,
     TurnDone,
     TurnNext,
+    TurnStarted,
 )
 from bus.schema import Envelope, Event
+from psrl.config import load_config
 from psrl.flows.router_recovery import SessionPrefix
+from psrl.flows.session import SessionFlow
 from psrl.flows.session_recovery import rebuild_sessions
 from psrl.gateway.api import ApiError
 from psrl.gateway.resume import ResumeDivergedError, TurnLog, place
+from psrl.gateway.sessions import Answer
+from psrl.gateway.setup import build_gateway
 from psrl.reliability.session_invariants import SessionFacts, check_sessions
 from tests.flows.flow_helpers import destinations, result, sent
+from tests.sessions.test_gateway_resume import from_router, logged
 from tests.sessions.test_router_sessions import _first_turn, _router
-from tests.sessions.test_session_gateway import ROW, chat, encode, make, opened, turn_done
+from tests.sessions.test_session_flow import RecordingEnv
+from tests.sessions.test_session_gateway import OVERRIDES, ROW, chat, encode, make, opened, turn_done
+from tests.sessions.test_session_recovery import Log
 
 
 def _turn(flow, where: str, turn: TurnNext, num_tokens: int, version: int = 0):
@@ -169,3 +179,78 @@ def _result(ids: list[int], version: int) -> GenerateResult:
     return GenerateResult(request_id=1, prompt_id=0, token_ids=np.asarray(ids, np.int32),
                           logprobs=np.full(len(ids), -0.5, np.float32), versions=np.full(len(ids), version, np.int32),
                           finish_reason=FinishReason.STOP, instance="i")  # fmt: skip
+
+
+# ---------------------------------------------------------------------- a scheduler restart around a branch
+
+RID = 8
+REPLIES = {1: [*encode("because"), 1], 2: [*encode("ans 7"), 1], 3: [*encode("ok"), 1]}
+
+
+def _flow() -> SessionFlow:
+    config = load_config("demo", [*OVERRIDES, "env.max_turns=5"])
+    return SessionFlow(config, RecordingEnv(), gateway=build_gateway(config))
+
+
+def _calls(flow: SessionFlow) -> list[list[dict[str, Any]]]:
+    """The agent's calls after its first: continue, drop that reply and ask otherwise, go on from the branch."""
+    text = flow.gateway.text  # type: ignore[union-attr]
+    asked = [*ROW, {"role": "assistant", "content": "ans 6"}, {"role": "user", "content": "why"}]
+    dropped = [*asked, {"role": "user", "content": "ans only"}]
+    onward = [*dropped, {"role": "assistant", "content": text(REPLIES[2])}, {"role": "user", "content": "go"}]
+    return [asked, dropped, onward]
+
+
+def _first_run(generated_upto: int) -> Log:
+    """A scheduler whose agent's turns 1..generated_upto were generated; its next call's turn generates at
+    the crash."""
+    flow, log = _flow(), Log()
+    log.add("router.link", TurnStarted(request_id=RID, prompt_id=RID // 4, instance="i0", turn=0, num_tokens=10))
+    logged(log, opened(flow, RID))
+    log.add("router.link", turn_done(RID, 0, [*encode("ans 6"), 1]))
+    chat(flow, 2, RID, ROW)
+    for turn, messages in enumerate(_calls(flow)[: generated_upto + 1], start=1):
+        logged(log, chat(flow, 10 + turn, RID, messages))
+        if turn <= generated_upto:
+            from_router(log, flow, turn_done(RID, turn, REPLIES[turn]))
+    return log
+
+
+def _restarted(log: Log) -> SessionFlow:
+    flow = _flow()
+    effects = flow.restore(rebuild_sessions(log.events, launch=0), 0.0)
+    assert not sent(effects, TurnNext)
+    flow.gateway_job(1, "open", "", {"request_id": RID, "messages": ROW, "tools": [],
+                                     "prompt_token_ids": encode("user=sum 1 2 3 assistant=")}, 0.0)  # fmt: skip
+    assert flow.answers.pop() == (1, {"id": str(RID), "object": "session"})
+    chat(flow, 2, RID, ROW)
+    flow.answers.clear()
+    return flow
+
+
+@pytest.mark.parametrize("generated_upto", [1, 2], ids=["during the branch's turn", "after it"])
+def test_a_restarted_scheduler_resumes_a_branched_session(generated_upto: int) -> None:
+    log = _first_run(generated_upto)
+    [cut] = [e.message for e in log.events if isinstance(e.message, TurnNext) and e.message.cut_to >= 0]
+    flow = _restarted(log)
+    asked, dropped, onward = _calls(flow)
+    assert chat(flow, 3, RID, asked) == []  # turn 1: from the log
+    assert isinstance(flow.answers.pop()[1], Answer)
+    assert chat(flow, 4, RID, dropped) == []  # the branch's turn: from the log, or waited for; never sent again
+    if generated_upto == 1:
+        assert flow.answers == []
+        flow.handle(turn_done(RID, 2, REPLIES[2]), 0.0)
+    (job, answer) = flow.answers.pop()
+    assert job == 4 and answer.reply.message["content"] == flow.gateway.text(REPLIES[2])  # type: ignore[union-attr]
+    effects = chat(flow, 5, RID, onward)  # it goes on from the branch, no cut
+    if generated_upto == 1:  # past the log: a new turn
+        [nxt] = sent(effects, TurnNext)
+        assert nxt.turn == 3 and nxt.cut_to == -1 and not flow.sessions[RID].replaying
+    else:  # the first run's call of turn 3 generates at the crash: the re-run's call waits for it
+        assert effects == [] and flow.answers == []
+        flow.handle(turn_done(RID, 3, REPLIES[3]), 0.0)
+        assert flow.answers.pop()[0] == 5
+    record = flow.gateway.record(str(RID))  # type: ignore[union-attr]
+    assert record["current"] == 1 and len(record["trajectories"]) == 2
+    assert flow.counters["turns_awaited" if generated_upto == 1 else "turns_replayed"] >= 1
+    assert cut.turn == 2 and flow.counters["agents_diverged"] == 0
