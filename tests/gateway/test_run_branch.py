@@ -24,7 +24,8 @@ from bus.messages import (
 )
 from bus.schema import Envelope, Event
 from psrl.config import load_config
-from psrl.flows.router_recovery import SessionPrefix
+from psrl.flows.router import RouterFlow
+from psrl.flows.router_recovery import SessionPrefix, rebuild_router
 from psrl.flows.session import SessionFlow
 from psrl.flows.session_recovery import rebuild_sessions
 from psrl.gateway.api import ApiError
@@ -32,9 +33,11 @@ from psrl.gateway.resume import ResumeDivergedError, TurnLog, place
 from psrl.gateway.sessions import Answer
 from psrl.gateway.setup import build_gateway
 from psrl.reliability.session_invariants import SessionFacts, check_sessions
-from tests.flows.flow_helpers import destinations, result, sent
+from psrl.staleness.types import LedgerSizes
+from tests.flows.flow_helpers import destinations, request, result, sent, status
+from tests.flows.test_router_recovery import Log as RecoveryLog
 from tests.sessions.test_gateway_resume import from_router, logged
-from tests.sessions.test_router_sessions import _first_turn, _router
+from tests.sessions.test_router_sessions import _first_turn, _router, flow_config
 from tests.sessions.test_session_flow import RecordingEnv
 from tests.sessions.test_session_gateway import OVERRIDES, ROW, chat, encode, make, opened, turn_done
 from tests.sessions.test_session_recovery import Log
@@ -254,3 +257,35 @@ def test_a_restarted_scheduler_resumes_a_branched_session(generated_upto: int) -
     assert record["current"] == 1 and len(record["trajectories"]) == 2
     assert flow.counters["turns_awaited" if generated_upto == 1 else "turns_replayed"] >= 1
     assert cut.turn == 2 and flow.counters["agents_diverged"] == 0
+
+
+def test_a_restarted_router_rebuilds_a_cut_session_at_its_turn() -> None:
+    log, flow = RecoveryLog(), _router()
+    log.add("coordinator-router.link", request(0, 2))
+    log.router(flow.handle(request(0, 2), 0.0))
+    [first] = sent(log.router(flow.route(0.0)), GenerateRequest)
+    where = flow.core.routed_instance(0) or ""
+    turns = [
+        TurnNext(request_id=0, turn=1, observation_token_ids=np.asarray([4], np.int32), max_tokens=5),
+        TurnNext(request_id=0, turn=2, observation_token_ids=np.asarray([5, 5], np.int32), max_tokens=5,
+                 cut_to=4, num_cut=2),
+    ]  # fmt: skip
+    req = first
+    for number, nxt in enumerate(turns):
+        log.add(f"{where}-router.link", finished := result(req, where, num_tokens=3 - number))
+        log.router(flow.handle(finished, 1.0))
+        log.add("session-router.link", nxt)
+        [req] = sent(log.router(flow.handle(nxt, 2.0) + flow.route(2.0)), GenerateRequest)
+    assert flow.tracker.live[0].token_ids.tolist() == [10, 11, 12, 4, 5, 5]  # turn 1's 10 11 cut away
+    recovery = rebuild_router(log.events, LedgerSizes.from_config(flow_config()), launch=0)
+    restarted = RouterFlow(flow_config(), recovery=recovery)
+    assert not sent(restarted.start(3.0), SessionGone)  # rebuilt exactly, its cut applied
+    session = restarted.tracker.live[0]
+    assert session.turn == 2 and session.token_ids.tolist() == [10, 11, 12, 4, 5, 5]
+    assert session.loss_mask.tolist() == [1, 1, 1, 0, 0, 0] and session.v_traj == req.pinned_version
+    restarted.handle(status(where, seq=2), 3.1)
+    out = restarted.handle(result(req, where, num_tokens=1), 3.2)
+    [done] = sent(out, TurnDone)
+    out = restarted.handle(SessionEnd(request_id=0, reward=1.0, acc=1.0, num_turns=3), 3.3) + restarted.status(3.4)
+    [traj] = sent(out, TrajectoryDone)
+    assert traj.token_ids.tolist() == [10, 11, 12, 4, 5, 5, *done.token_ids.tolist()]
