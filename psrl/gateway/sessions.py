@@ -142,6 +142,8 @@ class Gateway:
         """A run's session: how its one trajectory goes on to the plan's prompt (a cut on a branch)."""
         if not self.settings.one_trajectory or not session.tito.trajectories:
             return None
+        if plan.kind == "continue" and plan.trajectory == session.current:  # the common case: no cut
+            return Cut(-1, list(plan.new_tokens))
         current = session.tito.trajectories[session.current]
         where = f"session {session.session_id} turn {plan.turn}"
         try:
