@@ -14,7 +14,8 @@ its ``V_traj`` and its staleness reservation (it is the same trajectory, its kep
 generated under them), and the next turn generates at that version as any turn.
 
 The row's prompt cannot be cut: it is the prompt group's. A call whose common prefix ends inside it
-(a changed system prompt, an edited first message) is refused (``BranchRefusedError``).
+(a changed system prompt, an edited first message, a dropped first reply: the prompt ends with the
+template's generation prompt) is refused (``BranchRefusedError``).
 """
 
 from __future__ import annotations
@@ -59,7 +60,8 @@ def plan_cut(
     if keep < prompt_len:
         raise BranchRefusedError(
             f"{where}: the conversation shares {keep} tokens with the session, fewer than the row's "
-            f"{prompt_len} prompt tokens (a changed system prompt or first message): the prompt is the "
+            f"{prompt_len} prompt tokens (a changed system prompt or first message, or a dropped first reply): "
+            "the prompt is the "
             "prompt group's and a training run cannot branch inside it; keep the row's messages as they are"
         )
     observation = list(prompt[keep:])
