@@ -61,8 +61,8 @@ def plan_cut(
         raise BranchRefusedError(
             f"{where}: the conversation shares {keep} tokens with the session, fewer than the row's "
             f"{prompt_len} prompt tokens (a changed system prompt or first message, or a dropped first reply): "
-            "the prompt is the "
-            "prompt group's and a training run cannot branch inside it; keep the row's messages as they are"
+            "the prompt is the prompt group's and a training run cannot branch inside it; keep the row's "
+            "messages and the first reply as they are"
         )
     observation = list(prompt[keep:])
     if keep == len(current):
