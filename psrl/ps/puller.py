@@ -295,7 +295,8 @@ class Puller:
             if landed.key in owners and landed.entry_index in pending:
                 entry = pending[landed.entry_index]
                 yield entry, entry.num_bytes, *self._read_landed(entry, landed.view)
-        timeout_ms = 1 if self._plane.is_busy else 100
+        # Entries that land at request time (shared memory) leave nothing to wait for on the sockets.
+        timeout_ms = 0 if not pending else 1 if self._plane.is_busy else 100
         for sock, _ in self._links.poller.poll(timeout_ms):
             shard = self._links.shard_of[sock]
             while (message := self._links.next(sock)) is not None:
