@@ -314,7 +314,7 @@ def print_settings(work: Workload, args: argparse.Namespace) -> None:
           f"kl {work.kl_coef}, up to {work.max_response_length} tokens at temperature {work.temperature}; "
           f"device {args.device}; TRL with {args.threads} torch threads; {args.repeats} repeats")  # fmt: skip
     print("settings not matched:")
-    for row in unmatched_settings(work, args.device):
+    for row in unmatched_settings(work, args.device, args.threads):
         print(f"  - {row}")
     print(f"load average at start: {load_text()} ({os.cpu_count()} CPUs)", flush=True)
     if args.threads > 1 and os.getloadavg()[0] > (os.cpu_count() or 1):

@@ -132,12 +132,13 @@ def trl_config_kwargs(work: Workload, output_dir: str, threads: int, device: str
     }
 
 
-def unmatched_settings(work: Workload, device: str) -> list[str]:
+def unmatched_settings(work: Workload, device: str, trl_threads: int = 2) -> list[str]:
     """Settings the two sides cannot share (printed with every result)."""
     rows = [
         "rollout: psrl's engine (paged KV cache, continuous batching) vs TRL's HF generate"
         + (" (TRL without vLLM: vLLM cannot reach this machine)" if device == "cuda" else ""),
-        "processes: psrl's actors in their own processes (1 thread each) vs TRL in one process (2 torch threads)",
+        f"processes: psrl's actors in their own processes (1 thread each) vs TRL in one process "
+        f"({trl_threads} torch thread{'s' if trl_threads != 1 else ''})",
         "asynchrony: psrl at its defaults overlaps rollout and training (staleness 2); TRL is synchronous only",
         "old log-probs: psrl takes the engine's and corrects with token-level importance sampling "
         "(threshold 2); TRL recomputes them with the training model and has no such correction",
