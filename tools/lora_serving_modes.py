@@ -117,11 +117,14 @@ def compare_modes(model_dir: Path, rank: int, targets: tuple[str, ...], device: 
     load = {mode: statistics.median(run.load_s[1:] or run.load_s) * 1000 for mode, run in runs.items()}  # 1st warms
     step = {mode: statistics.median(run.step_s_per_token) * 1000 for mode, run in runs.items()}
     same = sum(merge.tokens[rid] == unmerged.tokens[rid] for rid in merge.tokens)
+    # where a near-flat (random-weight) model lets the two roundings pick different tokens, how far they agree first
+    prefix = statistics.mean(_common_share(merge.tokens[rid], unmerged.tokens[rid]) for rid in merge.tokens)
     for mode in MODES:
         print(f"lora_mode={mode}: load of a version {load[mode]:.2f} ms, decode step {step[mode]:.3f} ms "
               f"(median; batch {batch}, {max_tokens} tokens x {rounds} rounds, {device})")  # fmt: skip
     print(f"unmerged / merge: load {load['unmerged'] / load['merge']:.3f}x, decode step "
-          f"{step['unmerged'] / step['merge']:.3f}x; greedy sequences equal: {same}/{batch}")  # fmt: skip
+          f"{step['unmerged'] / step['merge']:.3f}x; greedy sequences equal: {same}/{batch}, "
+          f"the same up to the first difference: {prefix:.2f} of each on average")  # fmt: skip
     return {
         "merge_load_ms": load["merge"],
         "unmerged_load_ms": load["unmerged"],
@@ -130,4 +133,14 @@ def compare_modes(model_dir: Path, rank: int, targets: tuple[str, ...], device: 
         "unmerged_vs_merge_load": load["unmerged"] / load["merge"],
         "unmerged_vs_merge_step": step["unmerged"] / step["merge"],
         "modes_same_greedy": same / batch,
+        "modes_common_prefix": prefix,
     }
+
+
+def _common_share(a: list[int], b: list[int]) -> float:
+    """The share of the longer sequence that both hold before their first different token."""
+    longest = max(len(a), len(b))
+    if longest == 0:
+        return 1.0
+    same = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+    return same / longest
