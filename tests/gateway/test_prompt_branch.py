@@ -18,21 +18,29 @@ from bus.messages import (
     TrajectoryDone,
     TurnDone,
     TurnNext,
+    TurnStarted,
 )
 from bus.schema import Envelope, Event
+from psrl.config import load_config
 from psrl.coordination.chunks import Chunk
 from psrl.coordination.groups import PromptGroup
 from psrl.flows.router import RouterFlow
 from psrl.flows.router_recovery import rebuild_router
+from psrl.flows.session import SessionFlow
 from psrl.flows.session_recovery import rebuild_sessions
 from psrl.flows.train_data import train_data, trajectories_from
+from psrl.gateway.sessions import Answer
+from psrl.gateway.setup import build_gateway
 from psrl.reliability.session_invariants import SessionFacts, check_sessions
 from psrl.staleness.types import LedgerSizes
 from psrl.tasks.base import Prompt, Reward
 from tests.flows.flow_helpers import request, result, sent, status
 from tests.flows.test_router_recovery import Log as RecoveryLog
+from tests.sessions.test_gateway_resume import from_router, logged
 from tests.sessions.test_router_sessions import _first_turn, _router, flow_config
-from tests.sessions.test_session_gateway import ROW, chat, encode, make, opened, turn_done
+from tests.sessions.test_session_flow import RecordingEnv
+from tests.sessions.test_session_gateway import OVERRIDES, ROW, chat, encode, make, opened, turn_done
+from tests.sessions.test_session_recovery import Log
 
 PROMPT = [1, 2, 3]  # flow_helpers.request's prompt
 TURN0 = [10, 11, 12]  # _first_turn's three generated tokens
@@ -229,3 +237,51 @@ def _done(rid: int, ids: list[int], mask: list[int], prompt_keep: int = -1) -> T
                           logprobs=np.zeros(n, np.float32), versions=np.zeros(n, np.int32),
                           finish_reason=FinishReason.STOP, instance="i", num_turns=2, env_reward=1.0,
                           loss_mask=np.asarray(mask, np.uint8), prompt_keep=prompt_keep)  # fmt: skip
+
+
+# ------------------------------------------------------------------------- a scheduler restart around it
+
+RID = 8
+REPLIES = {1: [*encode("because"), 1], 2: [*encode("ans 7"), 1]}
+ASKED = [*ROW, {"role": "assistant", "content": "ans 6"}, {"role": "user", "content": "why"}]
+NO_FIRST = [*ROW, {"role": "user", "content": "ans only"}]  # the first reply dropped: a prompt cut
+
+
+def _scheduler() -> SessionFlow:
+    config = load_config("demo", [*OVERRIDES, "env.max_turns=5"])
+    return SessionFlow(config, RecordingEnv(), gateway=build_gateway(config))
+
+
+def _first_life(generated_upto: int) -> Log:
+    flow, log = _scheduler(), Log()
+    log.add("router.link", TurnStarted(request_id=RID, prompt_id=RID // 4, instance="i0", turn=0, num_tokens=10))
+    logged(log, opened(flow, RID))
+    log.add("router.link", turn_done(RID, 0, [*encode("ans 6"), 1]))
+    chat(flow, 2, RID, ROW)
+    for turn, messages in enumerate([ASKED, NO_FIRST][: generated_upto + 1], start=1):
+        logged(log, chat(flow, 10 + turn, RID, messages))
+        if turn <= generated_upto:
+            from_router(log, flow, turn_done(RID, turn, REPLIES[turn]))
+    return log
+
+
+@pytest.mark.parametrize("generated_upto", [1, 2], ids=["during the branch's turn", "after it"])
+def test_a_restarted_scheduler_resumes_a_session_branched_inside_its_prompt(generated_upto: int) -> None:
+    log = _first_life(generated_upto)
+    [cut] = [e.message for e in log.events if isinstance(e.message, TurnNext) and e.message.prompt_keep >= 0]
+    flow = _scheduler()
+    assert not sent(flow.restore(rebuild_sessions(log.events, launch=0), 0.0), TurnNext)
+    assert flow.sessions[RID].turn_log.cuts[2] == (0, cut.prompt_keep)
+    flow.gateway_job(1, "open", "", {"request_id": RID, "messages": ROW, "tools": [],
+                                     "prompt_token_ids": encode("user=sum 1 2 3 assistant=")}, 0.0)  # fmt: skip
+    chat(flow, 2, RID, ROW)
+    assert chat(flow, 3, RID, ASKED) == []  # turn 1: from the log
+    assert chat(flow, 4, RID, NO_FIRST) == []  # the prompt cut's turn: the same cut, never sent again
+    if generated_upto == 1:
+        flow.handle(turn_done(RID, 2, REPLIES[2]), 0.0)
+    (job, answer) = flow.answers.pop()
+    assert job == 4 and isinstance(answer, Answer) and flow.counters["agents_diverged"] == 0
+    assert flow.gateway.sessions[str(RID)].prompt_len == cut.prompt_keep  # type: ignore[union-attr]
+    onward = [*NO_FIRST, {"role": "assistant", "content": flow.gateway.text(REPLIES[2])}]  # type: ignore[union-attr]
+    [nxt] = sent(chat(flow, 5, RID, [*onward, {"role": "user", "content": "go"}]), TurnNext)
+    assert (nxt.turn, nxt.cut_to, nxt.prompt_keep) == (3, -1, -1)  # it goes on from the branch, no cut
