@@ -6,9 +6,12 @@ and both recoveries apply the cut."""
 
 from __future__ import annotations
 
+import msgspec
 import numpy as np
 import pytest
 
+from bus.arrays import encode_array
+from bus.codec import Decoder
 from bus.messages import (
     EnvStepDone,
     FinishReason,
@@ -285,3 +288,17 @@ def test_a_restarted_scheduler_resumes_a_session_branched_inside_its_prompt(gene
     onward = [*NO_FIRST, {"role": "assistant", "content": flow.gateway.text(REPLIES[2])}]  # type: ignore[union-attr]
     [nxt] = sent(chat(flow, 5, RID, [*onward, {"role": "user", "content": "go"}]), TurnNext)
     assert (nxt.turn, nxt.cut_to, nxt.prompt_keep) == (3, -1, -1)  # it goes on from the branch, no cut
+
+
+# ------------------------------------------------------------------------------------------- older logs
+
+
+@pytest.mark.parametrize("kind", [TurnNext, TrajectoryDone])
+def test_a_1_13_event_without_prompt_keep_reads_as_the_group_s_whole_prompt(kind: type) -> None:
+    message = TurnNext(request_id=0, turn=1, observation_token_ids=np.asarray([4], np.int32), max_tokens=5,
+                       cut_to=2, num_cut=1, prompt_keep=2) if kind is TurnNext else _done(0, [5], [1], 2)  # fmt: skip
+    fields = msgspec.structs.astuple(message)[:-1]  # the message as protocol 1.13 wrote it
+    envelope = Envelope(kind.KIND, 1, "writer", 0, 1, 2, 3)
+    body = msgspec.msgpack.Encoder(enc_hook=lambda a: encode_array(a, [], 1 << 20)).encode([(envelope, fields)])
+    old = Decoder().decode_one([kind.KIND_BYTES, body]).message
+    assert isinstance(old, kind) and old.prompt_keep == -1
