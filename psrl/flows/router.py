@@ -716,7 +716,7 @@ def _continue_session(traj: TrackedTrajectory, restored: RestoredRequest, dispat
     """A session past its first turn: its earlier turns and answers (``router_recovery.SessionPrefix``)
     go before the current turn's tokens, sent as prompt, after its prompt (cut where a branch cut it),
     as the dead router held them."""
-    ids, logprobs, versions, mask = restored.session.arrays(restored.session.turn)
+    ids, logprobs, versions, mask = restored.session.arrays(restored.session.turn, dispatch.pinned_version)
     traj.prompt_keep = restored.session.prompt_keep(restored.session.turn)
     traj.prompt_ids = restored.session.prompt(traj.prompt_ids, restored.session.turn)
     traj.token_ids = np.concatenate([ids, traj.token_ids])

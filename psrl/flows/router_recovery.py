@@ -116,9 +116,10 @@ class SessionPrefix:
         else:
             self.turn = current
 
-    def arrays(self, upto: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    def arrays(self, upto: int, pinned: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """(token ids, log-probs, versions, loss mask) of the response before turn ``upto``; a branch's
-        cut (``TurnNext.cut_to``) applied before its answer, as the router applied it."""
+        cut (``TurnNext.cut_to``) applied before its answer, as the router applied it. An answer takes
+        the version of the token before it, ``pinned`` (V_traj) where a cut left none."""
         ids, logprobs = np.zeros(0, np.int32), np.zeros(0, np.float32)
         versions, mask = np.zeros(0, np.int32), np.zeros(0, np.uint8)
         for turn in range(upto):
@@ -129,7 +130,7 @@ class SessionPrefix:
             mask = np.concatenate([mask, np.ones(len(result.token_ids), np.uint8)])
             if self.cuts.get(turn + 1, -1) >= 0:
                 ids, logprobs, versions, mask = cut_response(ids, logprobs, versions, mask, self.cuts[turn + 1])
-            last_version = int(versions[-1]) if len(versions) else 0
+            last_version = int(versions[-1]) if len(versions) else pinned
             answer = self.answers[turn + 1]
             ids = np.concatenate([ids, np.asarray(answer, np.int32)])
             logprobs = np.concatenate([logprobs, np.zeros(len(answer), np.float32)])

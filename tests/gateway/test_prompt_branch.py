@@ -16,6 +16,7 @@ from bus.messages import (
     EnvStepDone,
     FinishReason,
     GenerateRequest,
+    GenerateResult,
     SessionEnd,
     SessionGone,
     TrajectoryDone,
@@ -28,7 +29,7 @@ from psrl.config import load_config
 from psrl.coordination.chunks import Chunk
 from psrl.coordination.groups import PromptGroup
 from psrl.flows.router import RouterFlow
-from psrl.flows.router_recovery import rebuild_router
+from psrl.flows.router_recovery import SessionPrefix, rebuild_router
 from psrl.flows.session import SessionFlow
 from psrl.flows.session_recovery import rebuild_sessions
 from psrl.flows.train_data import train_data, trajectories_from
@@ -116,12 +117,24 @@ def test_a_restarted_router_rebuilds_a_session_whose_prompt_was_cut() -> None:
     session = restarted.tracker.live[0]
     assert session.turn == 2 and session.prompt_ids.tolist() == [1, 2] and session.prompt_keep == 2
     assert session.token_ids.tolist() == live.token_ids.tolist() and session.loss_mask.tolist() == [0, 0, 1, 1, 0]
+    assert session.versions.tolist() == live.versions.tolist() and session.logprobs.tolist() == live.logprobs.tolist()
     restarted.handle(status(where, seq=2), 3.1)
     out = restarted.handle(result(req, where, num_tokens=1), 3.2)
     [done] = sent(out, TurnDone)
     out = restarted.handle(SessionEnd(request_id=0, reward=1.0, acc=1.0, num_turns=3), 3.3) + restarted.status(3.4)
     [traj] = sent(out, TrajectoryDone)
     assert traj.prompt_keep == 2 and traj.token_ids.tolist() == [7, 7, 10, 11, 4, *done.token_ids.tolist()]
+
+
+def test_the_router_s_recovery_gives_a_prompt_cut_prefix_its_prompt_and_the_pinned_version() -> None:
+    prefix = SessionPrefix()
+    prefix.turns = {0: _result([10, 11, 12], 2), 1: _result([13], 3)}
+    prefix.answers = {1: np.asarray([20, 21]), 2: np.asarray([22])}
+    prefix.cuts, prefix.prompt_keeps = {1: 0, 2: -1}, {1: 2, 2: -1}
+    ids, _, versions, mask = prefix.arrays(2, pinned=2)
+    assert ids.tolist() == [20, 21, 13, 22] and mask.tolist() == [0, 0, 1, 0]
+    assert versions.tolist() == [2, 2, 3, 3]  # no token before the first answer: V_traj, as the router gives it
+    assert prefix.prompt(np.asarray(PROMPT), 2).tolist() == [1, 2] and prefix.prompt_keep(0) == -1
 
 
 # ------------------------------------------------------------------------------------------- the scheduler
@@ -232,6 +245,12 @@ def test_the_scheduler_s_recovery_keeps_a_prompt_cut() -> None:
 
 def _step(rid: int, turn: int, obs: list[int]) -> EnvStepDone:
     return EnvStepDone(request_id=rid, turn=turn, observation_token_ids=np.asarray(obs, np.int32))
+
+
+def _result(ids: list[int], version: int) -> GenerateResult:
+    return GenerateResult(request_id=1, prompt_id=0, token_ids=np.asarray(ids, np.int32),
+                          logprobs=np.full(len(ids), -0.5, np.float32), versions=np.full(len(ids), version, np.int32),
+                          finish_reason=FinishReason.STOP, instance="i")  # fmt: skip
 
 
 def _done(rid: int, ids: list[int], mask: list[int], prompt_keep: int = -1) -> TrajectoryDone:
