@@ -86,7 +86,7 @@ def test_a_cut_past_the_response_fails_the_session_naming_it() -> None:
     assert ended.finish_reason == FinishReason.ERROR
 
 
-def test_the_scheduler_sends_a_dropped_reply_as_a_cut_and_refuses_an_edited_prompt() -> None:
+def test_the_scheduler_sends_a_dropped_reply_as_a_cut_and_refuses_a_call_sharing_no_token() -> None:
     flow, _ = make()
     opened(flow, first="ans 6")
     chat(flow, 2, 8, ROW)  # the first call: the seeded turn
