@@ -850,6 +850,8 @@ class TrajectoryDone(Message, frozen=True):
     env_reward: a session's reward from its environment; unset = score the response (added in 1.4).
     env_acc: a session's task accuracy from its environment (added in 1.4).
     num_turns: a session's generation turns; 0 = not a session (added in 1.4).
+    prompt_keep: the trajectory's prompt is the first ``prompt_keep`` tokens of its group's prompt (a
+        session that branched inside the prompt, ``TurnNext.prompt_keep``); -1 = the whole prompt (added in 1.14).
     """
 
     request_id: int
@@ -866,6 +868,7 @@ class TrajectoryDone(Message, frozen=True):
     env_reward: float | None = None
     env_acc: float | None = None
     num_turns: int = 0
+    prompt_keep: int = -1
 
 
 @message("group.drop")
@@ -1219,7 +1222,11 @@ class TurnNext(Message, frozen=True):
     cut_to: a branch (the agent edited its history): the session's response is cut back to its first
         ``cut_to`` tokens before the observation is appended (their tokens, log-probs, versions and loss
         mask; the pinned version and the ledger reservation stay); -1 = no cut (added in 1.13).
-    num_cut: response tokens the cut drops (the abandoned branch's tail; 0 without a cut) (added in 1.13).
+    num_cut: tokens the cut drops (the abandoned branch's tail; 0 without a cut) (added in 1.13; the prompt's
+        dropped tokens count too since 1.14).
+    prompt_keep: a branch inside the prompt (the agent edited the row's messages or dropped the first
+        reply): the session's prompt is cut to its first ``prompt_keep`` tokens (0 < it < the prompt's
+        length) and its whole response is dropped (``cut_to`` is 0); -1 = the prompt stays (added in 1.14).
     """
 
     request_id: int
@@ -1229,6 +1236,7 @@ class TurnNext(Message, frozen=True):
     force_pin_instance: str = ""
     cut_to: int = -1
     num_cut: int = 0
+    prompt_keep: int = -1
 
 
 @message("session.end")

@@ -18,7 +18,7 @@ from typing import ClassVar, Generic, TypeVar
 import msgspec
 
 # (major, minor). Major changes the envelope or record layout; minor adds kinds or trailing fields.
-PROTOCOL_VERSION: tuple[int, int] = (1, 13)
+PROTOCOL_VERSION: tuple[int, int] = (1, 14)
 
 _KIND_PATTERN = re.compile(r"^[a-z][a-z0-9]*(\.[a-z][a-z0-9_]*)+$")
 

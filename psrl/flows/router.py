@@ -71,7 +71,7 @@ from psrl.flows.effects import Effect, Handler, Send, Timer
 from psrl.flows.router_ledger import COORDINATOR, RouterLedgerFlow
 from psrl.flows.router_recovery import RECALL, SESSION_NOT_REBUILT, RestoredRequest, RouterRecovery
 from psrl.flows.status import snapshot_from_status
-from psrl.gateway.branch import cut_response
+from psrl.gateway.branch import cut_prompt, cut_response
 from psrl.routing.core import RouterCore
 from psrl.routing.decision import RoutingDecision
 from psrl.routing.policies import make_policy
@@ -392,16 +392,24 @@ class RouterFlow(RouterLedgerFlow):
 
     def _cut(self, traj: TrackedTrajectory, turn: TurnNext) -> bool:
         """A branch (the agent edited its history): the response is cut back to the kept prefix, its
-        four arrays alike; V_traj and the ledger reservation stay (``psrl.gateway.branch``). A cut past
-        the response fails the session (a scheduler out of step with this trajectory)."""
+        four arrays alike, and a branch inside the prompt cuts the prompt too (the trajectory then
+        carries a prompt of its own to the trainer); V_traj and the ledger reservation stay
+        (``psrl.gateway.branch``). A cut past the response or prompt fails the session (a scheduler
+        out of step with this trajectory)."""
         try:
             arrays = cut_response(traj.token_ids, traj.logprobs, traj.versions, traj.loss_mask, turn.cut_to)
+            prompt = traj.prompt_ids
+            if turn.prompt_keep >= 0:
+                prompt = cut_prompt(traj.prompt_ids, turn.prompt_keep, turn.cut_to)
         except ValueError as exc:
             self.counters["bad_cuts"] += 1
             traj.in_env, traj.error = False, f"session {traj.request_id} turn {turn.turn}: {exc}"
             self.ended(traj.request_id, FinishReason.ERROR)  # the scheduler is told (SessionGone)
             return False
         traj.token_ids, traj.logprobs, traj.versions, traj.loss_mask = arrays
+        if turn.prompt_keep >= 0:  # the trajectory carries this prompt of its own to the trainer
+            traj.prompt_ids, traj.prompt_keep = prompt, turn.prompt_keep
+            self.counters["session_prompt_cuts"] += 1
         self.counters["session_cuts"] += 1
         self.counters["session_tokens_cut"] += turn.num_cut
         return True
@@ -706,8 +714,11 @@ class RouterFlow(RouterLedgerFlow):
 
 def _continue_session(traj: TrackedTrajectory, restored: RestoredRequest, dispatch: GenerateRequest) -> None:
     """A session past its first turn: its earlier turns and answers (``router_recovery.SessionPrefix``)
-    go before the current turn's tokens, sent as prompt, as the dead router held them."""
-    ids, logprobs, versions, mask = restored.session.arrays(restored.session.turn)
+    go before the current turn's tokens, sent as prompt, after its prompt (cut where a branch cut it),
+    as the dead router held them."""
+    ids, logprobs, versions, mask = restored.session.arrays(restored.session.turn, dispatch.pinned_version)
+    traj.prompt_keep = restored.session.prompt_keep(restored.session.turn)
+    traj.prompt_ids = restored.session.prompt(traj.prompt_ids, restored.session.turn)
     traj.token_ids = np.concatenate([ids, traj.token_ids])
     traj.logprobs = np.concatenate([logprobs, traj.logprobs])
     traj.versions = np.concatenate([versions, traj.versions])

@@ -12,8 +12,9 @@ handled.
 A multi-turn session (``env.enable``) is rebuilt at the turn of the router's last dispatch
 (``SessionPrefix``): its response before that turn is, turn by turn, the instance's finished result
 of each earlier turn (the one the dead router handed over as ``TurnDone``: tokens, log-probs,
-versions) and the environment's answer to it (the scheduler's ``TurnNext``: log-prob 0, untrained);
-the dispatch's prompt must be exactly the request's prompt and that prefix. The current turn then
+versions) and the environment's answer to it (the scheduler's ``TurnNext``: log-prob 0, untrained),
+each branch's cut applied before its answer (``cut_to``; ``prompt_keep`` cuts the request's prompt
+too); the dispatch's prompt must be exactly that prompt and that prefix. The current turn then
 goes by the rule above (queued, its logged result handled, or recalled). When a turn finishes the
 router hands it to the session scheduler again; the scheduler takes a turn it already has once and
 answers it again with the next turn or end it had sent (``SessionFlow``), which the dead router
@@ -93,11 +94,12 @@ class SessionPrefix:
     turns: dict[int, GenerateResult] = field(default_factory=dict)  # each handed-over turn's finished result
     answers: dict[int, np.ndarray] = field(default_factory=dict)  # turn -> the environment's answer before it
     cuts: dict[int, int] = field(default_factory=dict)  # turn -> the response cut before its answer (a branch)
+    prompt_keeps: dict[int, int] = field(default_factory=dict)  # turn -> the prompt cut before it (a branch inside it)
     exact: bool = True  # every dispatch's prompt was the request's prompt and this prefix
     handed: dict[int, np.ndarray] = field(default_factory=dict)  # turn -> the tokens handed over (TurnDone)
     results: list[GenerateResult] = field(default_factory=list)  # every result for it, any order
 
-    def resolve(self, prompt_len: int, dispatch: GenerateRequest | None) -> None:
+    def resolve(self, prompt: np.ndarray, dispatch: GenerateRequest | None) -> None:
         """Match each handed-over turn with the instance's result of those very tokens (the router's
         and the instances' events reach the log in any order), then find the last dispatch's turn."""
         for turn, tokens in self.handed.items():
@@ -108,15 +110,16 @@ class SessionPrefix:
             self.turns[turn] = found[-1]
         if dispatch is None or not self.handed:
             return  # not a session, or in its first turn: the prompt is the request's
-        current = self.turn_of(prompt_len, dispatch)
+        current = self.turn_of(prompt, dispatch)
         if current is None:
             self.exact = False
         else:
             self.turn = current
 
-    def arrays(self, upto: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    def arrays(self, upto: int, pinned: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """(token ids, log-probs, versions, loss mask) of the response before turn ``upto``; a branch's
-        cut (``TurnNext.cut_to``) applied before its answer, as the router applied it."""
+        cut (``TurnNext.cut_to``) applied before its answer, as the router applied it. An answer takes
+        the version of the token before it, ``pinned`` (V_traj) where a cut left none."""
         ids, logprobs = np.zeros(0, np.int32), np.zeros(0, np.float32)
         versions, mask = np.zeros(0, np.int32), np.zeros(0, np.uint8)
         for turn in range(upto):
@@ -127,7 +130,7 @@ class SessionPrefix:
             mask = np.concatenate([mask, np.ones(len(result.token_ids), np.uint8)])
             if self.cuts.get(turn + 1, -1) >= 0:
                 ids, logprobs, versions, mask = cut_response(ids, logprobs, versions, mask, self.cuts[turn + 1])
-            last_version = int(versions[-1]) if len(versions) else 0
+            last_version = int(versions[-1]) if len(versions) else pinned
             answer = self.answers[turn + 1]
             ids = np.concatenate([ids, np.asarray(answer, np.int32)])
             logprobs = np.concatenate([logprobs, np.zeros(len(answer), np.float32)])
@@ -135,14 +138,26 @@ class SessionPrefix:
             mask = np.concatenate([mask, np.zeros(len(answer), np.uint8)])
         return ids, logprobs, versions, mask
 
-    def turn_of(self, prompt_len: int, dispatch: GenerateRequest) -> int | None:
-        """The turn a dispatch generates: the one whose prefix it carries as prompt after ``prompt_len``."""
-        carried = np.asarray(dispatch.prompt_token_ids)[prompt_len:]
+    def prompt_keep(self, upto: int) -> int:
+        """The prompt tokens the session kept before turn ``upto`` (the last branch inside the prompt
+        among turns 1..upto); -1: the request's whole prompt."""
+        keeps = [self.prompt_keeps.get(turn, -1) for turn in range(1, upto + 1)]
+        return next((keep for keep in reversed(keeps) if keep >= 0), -1)
+
+    def prompt(self, request_prompt: np.ndarray, upto: int) -> np.ndarray:
+        """The session's prompt at turn ``upto``: the request's, cut where a branch cut it."""
+        keep = self.prompt_keep(upto)
+        return request_prompt if keep < 0 else request_prompt[:keep]
+
+    def turn_of(self, prompt: np.ndarray, dispatch: GenerateRequest) -> int | None:
+        """The turn a dispatch generates: the one whose prompt and prefix it carries as its prompt
+        (``prompt``: the request's)."""
+        carried = np.asarray(dispatch.prompt_token_ids)
         for turn in range(len(self.turns) + 1):
             if turn > 0 and (turn - 1 not in self.turns or turn not in self.answers):
                 return None
-            prefix = self.arrays(turn)[0]
-            if len(prefix) == len(carried) and np.array_equal(prefix, carried):
+            expected = np.concatenate([self.prompt(np.asarray(prompt), turn), self.arrays(turn)[0]])
+            if len(expected) == len(carried) and np.array_equal(expected, carried):
                 return turn
         return None
 
@@ -203,7 +218,7 @@ def rebuild_router(events: Iterable[Event[Any]], sizes: LedgerSizes, launch: int
     for rid, restored in state.requests.items():
         flags, instances = derivation.flags_so_far(rid)
         restored.flags, restored.result_instances = int(flags), instances
-        restored.session.resolve(len(restored.request.prompt_token_ids), restored.dispatch)
+        restored.session.resolve(np.asarray(restored.request.prompt_token_ids, np.int32), restored.dispatch)
     recovery = RouterRecovery(
         ledger.current(), state.requests, seen_event_ids=state.seen, ps_version=state.ps_version,
         num_missing_events=gaps.num_missing, retiring=sorted(state.retiring),
@@ -251,6 +266,7 @@ class _Walk:
         elif actor == SESSION and isinstance(msg, TurnNext) and msg.request_id in self.requests:
             self.requests[msg.request_id].session.answers[msg.turn] = np.asarray(msg.observation_token_ids)
             self.requests[msg.request_id].session.cuts[msg.turn] = msg.cut_to
+            self.requests[msg.request_id].session.prompt_keeps[msg.turn] = msg.prompt_keep
         elif isinstance(msg, GenerateResult) and msg.request_id in self.requests:
             restored = self.requests[msg.request_id]
             restored.session.results.append(msg)

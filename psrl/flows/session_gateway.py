@@ -11,8 +11,9 @@ goes to ``answers`` (job id, result or ``ApiError``) for the actor to hand back 
   the next turn (``TurnNext``: the new messages' tokens as the observation, sticky to the session's
   instance, pinned to its version), held while the session is hung (ThunderAgent: the call simply
   waits), and answered when its ``TurnDone`` comes (``answer_turn``). A call that edits the history
-  (a branch) is sent as a cut: ``TurnNext.cut_to`` cuts the router's trajectory back to the longest
-  common token prefix and the observation is the rest of the call's prompt (``psrl.gateway.branch``).
+  (a branch) is sent as a cut: ``TurnNext.cut_to`` (and ``prompt_keep``, a branch inside the row's
+  prompt) cuts the router's trajectory back to the longest common token prefix and the observation is
+  the rest of the call's prompt (``psrl.gateway.branch``).
   Turns are numbered per session (the router's), whatever trajectory of the TITO record they are on.
 * The agent's end (its ``EnvStepDone``) ends the session with its reward or error; a session that
   ends otherwise (the router's ``SessionGone``: surplus, staleness, failure) answers its pending
@@ -35,7 +36,7 @@ import numpy as np
 from bus.messages import EnvStepDone, SessionEnd, TurnDone, TurnNext
 from psrl.flows.session_recovery import RestoredSession
 from psrl.gateway.api import ApiError
-from psrl.gateway.branch import Cut
+from psrl.gateway.branch import NO_CUT, Cut, CutPoint
 from psrl.gateway.replies import finish_name
 from psrl.gateway.resume import ResumeDivergedError, Step, TurnLog, place
 from psrl.gateway.sessions import Answer, Gateway, Order
@@ -140,7 +141,7 @@ class GatewayCalls:
             self.agent_done(session, final.reward, final.acc, final.error)
             return
         observations = [[], *(o.tolist() for o in restored.observations)]
-        cuts: list[int | None] = [-1, *restored.cuts]
+        cuts: list[CutPoint | None] = [NO_CUT, *restored.cuts]
         sent = [True] * len(observations)
         if final is not None:  # its call's tokens were logged, the turn not sent (its cut: not logged)
             observations.append(np.asarray(final.observation_token_ids).tolist())
@@ -174,7 +175,7 @@ class GatewayCalls:
         # so the event log alone shows each turn's observation, as for any session
         self.publish(EnvStepDone(request_id=session.request_id, turn=session.turn, observation_token_ids=observation))
         nxt = self._next(session, outcome)
-        self._turn_log(session).asked(nxt.turn, observation.tolist(), cut.cut_to)
+        self._turn_log(session).asked(nxt.turn, observation.tolist(), cut.point)
         session.agent_turn = nxt.turn + 1
         self._count_cut(session, nxt)
         session.num_tokens += len(cut.observation) - cut.num_cut
@@ -188,7 +189,7 @@ class GatewayCalls:
         self.counters["branch_tokens_cut"] += nxt.num_cut
         if self.log is not None:
             self.log.info("agent session branched", request_id=session.request_id, turn=nxt.turn,
-                          cut_to=nxt.cut_to, num_cut=nxt.num_cut)  # fmt: skip
+                          cut_to=nxt.cut_to, prompt_keep=nxt.prompt_keep, num_cut=nxt.num_cut)  # fmt: skip
 
     def _resume_call(self, gateway: Gateway, session: Any, job_id: int, outcome: Order) -> tuple[bool, Any]:
         """A re-run agent's call met with the session's logged turns: (met, its answer or None to wait)."""
@@ -220,6 +221,7 @@ class GatewayCalls:
             max_tokens=outcome.max_tokens,
             cut_to=cut.cut_to,
             num_cut=cut.num_cut,
+            prompt_keep=cut.prompt_keep,
         )
 
     def _send_or_hold(self, session: Any, nxt: TurnNext) -> None:
@@ -233,7 +235,7 @@ class GatewayCalls:
         sid, cut = str(session.request_id), _cut_of(outcome)
         try:
             turns, num_generated = self._turn_log(session), len(session.actions)
-            return place(turns, sid, session.agent_turn, cut.observation, num_generated, cut.cut_to)
+            return place(turns, sid, session.agent_turn, cut.observation, num_generated, cut.point)
         except ResumeDivergedError as exc:
             gateway.failed(sid)
             self.counters["agents_diverged"] += 1
@@ -244,7 +246,7 @@ class GatewayCalls:
         """A turn the session already has, asked again by its re-run agent: answered from the log."""
         self.counters["turns_replayed"] += 1
         turns = self._turn_log(session)
-        turns.asked(turn, list(cut.observation), cut.cut_to)  # kept where the log had it not (a no-op where it had)
+        turns.asked(turn, list(cut.observation), cut.point)  # kept where the log had it not (a no-op where it had)
         turns.sent_turn(turn)
         tokens = session.actions[turn].tolist()
         finish = finish_name(turns.finishes[turn])

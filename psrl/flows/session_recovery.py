@@ -38,6 +38,7 @@ import numpy as np
 from bus.gaps import GapTracker
 from bus.messages import EnvStepDone, SessionEnd, SessionGone, TrajectoryDone, TurnDone, TurnNext, TurnStarted
 from bus.schema import Event
+from psrl.gateway.branch import CutPoint
 from psrl.launches import launch_of
 
 ROUTER_LINK = "router.link"
@@ -56,7 +57,7 @@ class RestoredSession:
     answer: EnvStepDone | None = None  # the logged environment answer to its last handed-over turn
     last_next: TurnNext | None = None  # the last next turn sent for it
     observations: list[np.ndarray] = field(default_factory=list)  # per next turn sent: its observation (turn 1 on)
-    cuts: list[int] = field(default_factory=list)  # per next turn sent: its cut_to (-1: none; a branch otherwise)
+    cuts: list[CutPoint] = field(default_factory=list)  # per next turn sent: its (cut_to, prompt_keep); NO_CUT: none
     finishes: list[int] = field(default_factory=list)  # per handed-over turn: how it ended (agent sessions' replay)
     logprobs: list[list[float] | None] = field(default_factory=list)  # per handed-over turn, where logged
 
@@ -110,7 +111,7 @@ def _observe(sessions: dict[int, RestoredSession], msg: Any) -> None:
             continued.status, continued.answer, continued.last_next = "generate", None, msg
             continued.num_tokens += len(msg.observation_token_ids) - msg.num_cut
             continued.observations.append(np.asarray(msg.observation_token_ids, np.int32))
-            continued.cuts.append(msg.cut_to)
+            continued.cuts.append((msg.cut_to, msg.prompt_keep))
     elif isinstance(msg, (SessionEnd, SessionGone, TrajectoryDone)):
         sessions.pop(msg.request_id, None)
 

@@ -2,7 +2,8 @@
 
 The coordinator flattens a chunk's kept trajectories into one message (``train_data``); the
 trainer splits it into validated ``Trajectory`` records (``trajectories_from``). Both directions
-live here, so the two ends cannot drift apart.
+live here, so the two ends cannot drift apart. A trajectory's prompt is its group's, except for a
+session that branched inside the prompt (``TrajectoryDone.prompt_keep``), which carries its own.
 """
 
 from __future__ import annotations
@@ -35,9 +36,9 @@ def train_data(chunk: Chunk, groups: list[PromptGroup], *, with_logprobs: bool =
         prompt_ids=np.asarray([g.prompt_id for g, _, _ in rows], i32),
         request_ids=np.asarray([r.request_id for _, r, _ in rows], i32),
         v_traj=np.asarray([r.v_traj for _, r, _ in rows], i32),
-        prompt_lengths=np.asarray([len(g.prompt_token_ids) for g, _, _ in rows], i32),
+        prompt_lengths=np.asarray([len(prompt_of(g, r)) for g, r, _ in rows], i32),
         response_lengths=np.asarray([len(r.token_ids) for _, r, _ in rows], i32),
-        prompt_token_ids=cat([g.prompt_token_ids for g, _, _ in rows], i32),
+        prompt_token_ids=cat([prompt_of(g, r) for g, r, _ in rows], i32),
         response_token_ids=cat([r.token_ids for _, r, _ in rows], i32),
         response_logprobs=cat([r.logprobs for _, r, _ in rows], f32) if with_logprobs else np.zeros(0, f32),
         response_versions=cat([r.versions for _, r, _ in rows], i32),
@@ -47,6 +48,14 @@ def train_data(chunk: Chunk, groups: list[PromptGroup], *, with_logprobs: bool =
         flags=np.asarray([r.flags for _, r, _ in rows], i32),
         response_loss_mask=_loss_mask([r for _, r, _ in rows]),
     )
+
+
+def prompt_of(group: PromptGroup, result: TrajectoryDone) -> np.ndarray:
+    """A trajectory's prompt: its group's, or the first ``prompt_keep`` tokens of it where its session
+    branched inside the prompt (the rest of that session's call then sits in its response, untrained)."""
+    if result.prompt_keep < 0:
+        return group.prompt_token_ids
+    return group.prompt_token_ids[: result.prompt_keep]
 
 
 def _loss_mask(results: list[TrajectoryDone]) -> np.ndarray | None:

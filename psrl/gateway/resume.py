@@ -7,7 +7,7 @@ placed as usual (TITO: the exact tokens of the turns it rebuilt, then the new me
 then met with the logged turns (``place``), by the turn's index:
 
 * **replay**: the turn is logged with the same observation tokens (what the call appends) and the
-  same cut (a branch: the response tokens it kept, ``psrl.gateway.branch``), and its tokens are
+  same cut (a branch: the response and prompt tokens it kept, ``psrl.gateway.branch``), and its tokens are
   known: it is answered from the log; nothing reaches the router, nothing is logged.
 * **wait**: the turn was sent to the router with the same observation, its tokens are not in yet
   (it was generating when the scheduler died): the call waits for the router's ``TurnDone``.
@@ -28,6 +28,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
+from psrl.gateway.branch import NO_CUT, CutPoint
+
 Step = Literal["replay", "wait", "send", "new"]
 
 
@@ -44,7 +46,7 @@ class TurnLog:
     sent: list[bool]  # per turn: sent to the router (turn 0: always)
     finishes: list[int] = field(default_factory=list)  # per generated turn: its finish reason
     logprobs: list[list[float] | None] = field(default_factory=list)  # per generated turn, where logged
-    cuts: list[int | None] = field(default_factory=list)  # per turn: its cut_to (-1: none; None: not logged)
+    cuts: list[CutPoint | None] = field(default_factory=list)  # per turn: its cut (NO_CUT: none; None: not logged)
 
     @property
     def num_turns(self) -> int:
@@ -59,24 +61,24 @@ class TurnLog:
         if turn < self.num_turns:
             self.sent[turn] = True
 
-    def asked(self, turn: int, observation: list[int], cut_to: int = -1) -> None:
-        """The agent asked for ``turn`` with ``observation`` (after cutting to ``cut_to``): logged, not sent yet."""
+    def asked(self, turn: int, observation: list[int], cut: CutPoint = NO_CUT) -> None:
+        """The agent asked for ``turn`` with ``observation`` (after the cut ``cut``): logged, not sent yet."""
         if turn == self.num_turns:
             self.observations.append(observation)
             self.sent.append(False)
         while len(self.cuts) < self.num_turns:
             self.cuts.append(None)
         if self.cuts[turn] is None:
-            self.cuts[turn] = cut_to
+            self.cuts[turn] = cut
 
-    def cut_of(self, turn: int) -> int | None:
+    def cut_of(self, turn: int) -> CutPoint | None:
         return self.cuts[turn] if turn < len(self.cuts) else None
 
 
 def place(
-    log: TurnLog, session_id: str, turn: int, new_tokens: Sequence[int], num_generated: int, cut_to: int = -1
+    log: TurnLog, session_id: str, turn: int, new_tokens: Sequence[int], num_generated: int, cut: CutPoint = NO_CUT
 ) -> Step:
-    """What a re-run agent's call for ``turn`` (cutting the response to ``cut_to``, -1: no cut, then
+    """What a re-run agent's call for ``turn`` (the cut ``cut``: its ``(cut_to, prompt_keep)``, then
     appending ``new_tokens``) gets, given the log and the ``num_generated`` turns whose tokens are known."""
     if turn >= log.num_turns:
         # a turn generated whose call's tokens never reached the log (the old scheduler died as it sent
@@ -91,10 +93,10 @@ def place(
             "restarted) must repeat its calls given the same answers"
         )
     logged_cut = log.cut_of(turn)
-    if logged_cut is not None and logged_cut != cut_to:
+    if logged_cut is not None and tuple(logged_cut) != tuple(cut):
         raise ResumeDivergedError(
-            f"session {session_id} turn {turn}: the agent, run again, branches with the response cut to "
-            f"{cut_to} tokens (-1: no cut) where its first run cut to {logged_cut}; an agent that runs again "
+            f"session {session_id} turn {turn}: the agent, run again, branches with the cut (cut_to, prompt_keep) "
+            f"{tuple(cut)} where its first run cut {tuple(logged_cut)} (-1: no cut); an agent that runs again "
             "must repeat its calls given the same answers"
         )
     if turn < num_generated:

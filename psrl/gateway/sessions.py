@@ -8,8 +8,10 @@ engine's tokens into the answer of the pending call. One call per session at a t
 
 A training run's session is one router trajectory (``one_trajectory``): a call that does not
 continue the session's current trajectory (the one its last generated turn is on) is sent as a cut
-of that trajectory back to the longest common token prefix (``psrl.gateway.branch``, ``Order.cut``);
-the TITO record keeps both trajectories, the router only the branch.
+of that trajectory back to the longest common token prefix (``psrl.gateway.branch``, ``Order.cut``),
+inside the row's prompt too (the router's trajectory then has a shorter prompt of its own, which the
+session's next cuts are measured from); the TITO record keeps both trajectories, the router only the
+branch.
 """
 
 from __future__ import annotations
@@ -61,6 +63,7 @@ class Order:
 class _Pending:
     plan: Plan
     call: ChatCall | CompletionCall
+    cut: Cut | None = None
 
 
 @dataclass
@@ -71,7 +74,7 @@ class GatewaySession:
     pending: _Pending | None = None
     num_calls: int = 0
     current: int = 0  # the trajectory of the last generated turn (the router's, in a run)
-    prompt_len: int = 0  # the row's prompt tokens (the seeded first turn's): a run cannot cut into them
+    prompt_len: int = 0  # the router trajectory's prompt tokens: the row's, or fewer after a branch inside it
 
 
 class Gateway:
@@ -128,7 +131,7 @@ class Gateway:
                 f"the prompt is {len(plan.prompt)} tokens; the model's context is {self.settings.context_tokens}",
                 code="context_length_exceeded",
             )
-        session.pending = _Pending(plan, call)
+        session.pending = _Pending(plan, call, cut)
         session.num_calls += 1
         room = self.settings.context_tokens - len(plan.prompt)
         return Order(
@@ -149,7 +152,7 @@ class Gateway:
         try:
             mask = session.tito.prompt_mask(plan)
             return plan_cut(current.tokens, current.loss_mask, plan.prompt, mask, session.prompt_len, where)
-        except BranchRefusedError as exc:
+        except BranchRefusedError as exc:  # no token in common: nothing to branch from
             raise ApiError(409, str(exc), code="history_edited") from exc
 
     def _check_logprobs(self, call: ChatCall | CompletionCall) -> None:
@@ -194,6 +197,8 @@ class Gateway:
         turn = session.tito.record(pending.plan, tokens, reply.canonical, reply.finish_reason, logprobs)
         turn.top_logprobs = top_logprobs
         session.current = pending.plan.trajectory
+        if pending.cut is not None and pending.cut.prompt_keep >= 0:  # the router's prompt was cut with it
+            session.prompt_len = pending.cut.prompt_keep
         return self._answer(session, call, turn, pending.plan)
 
     def failed(self, session_id: str) -> None:

@@ -13,7 +13,8 @@
     broken        a finished session whose trained response is not exactly its turns' tokens
                   (``TurnDone``) and the environment's answers (``TurnNext``) in order, each
                   branch's cut applied first (``TurnNext.cut_to``: an agent that edited its
-                  history goes on from the kept prefix), or whose next
+                  history goes on from the kept prefix), whose trained prompt is not what the
+                  last branch inside the prompt kept (``TurnNext.prompt_keep``), or whose next
                   turn's observation is not the recorded environment answer: a continuation after a
                   fault that did not continue from exactly its tokens
 
@@ -53,6 +54,7 @@ class SessionFacts:
         default_factory=lambda: defaultdict(lambda: defaultdict(list))
     )
     cuts: dict[tuple[int, int], int] = field(default_factory=dict)  # (rid, turn) -> its TurnNext's cut_to
+    prompt_keeps: dict[tuple[int, int], int] = field(default_factory=dict)  # (rid, turn) -> its prompt_keep
     answers: Counter[tuple[int, int]] = field(default_factory=Counter)  # (rid, turn) -> successful env answers
     answer_of: dict[tuple[int, int], np.ndarray] = field(default_factory=dict)
     ends: dict[int, list[SessionEnd]] = field(default_factory=lambda: defaultdict(list))
@@ -67,6 +69,7 @@ class SessionFacts:
         elif isinstance(msg, TurnNext):
             self.nexts[msg.request_id][msg.turn].append(np.asarray(msg.observation_token_ids))
             self.cuts[(msg.request_id, msg.turn)] = msg.cut_to
+            self.prompt_keeps[(msg.request_id, msg.turn)] = msg.prompt_keep
         elif isinstance(msg, EnvStepDone) and not msg.error:
             self.answers[(msg.request_id, msg.turn)] += 1
             self.answer_of[(msg.request_id, msg.turn)] = np.asarray(msg.observation_token_ids)
@@ -138,10 +141,11 @@ def _finished(facts: SessionFacts, rid: int) -> bool:
 
 def _continuous(facts: SessionFacts, rid: int) -> bool:
     """The response is turn 0, answer 1, turn 1, ... exactly (each branch cut back before its answer);
-    each answer the one the environment gave."""
+    each answer the one the environment gave; the prompt kept what the last branch inside it kept."""
     num_turns = facts.ends[rid][-1].num_turns
     turns, nexts = facts.turns.get(rid, {}), facts.nexts.get(rid, {})
     expected = np.zeros(0, np.int64)
+    prompt_keep = -1
     for turn in range(num_turns):
         if turn > 0:
             observations = nexts.get(turn, [])
@@ -152,7 +156,14 @@ def _continuous(facts: SessionFacts, rid: int) -> bool:
             if cut_to > len(expected):
                 return False
             expected = np.concatenate([expected if cut_to < 0 else expected[:cut_to], observations[-1]])
+            prompt_keep = _kept_prompt(prompt_keep, facts.prompt_keeps.get((rid, turn), -1))
         if turn not in turns:
             return False
         expected = np.concatenate([expected, turns[turn]])
-    return np.array_equal(np.asarray(facts.trajectories[rid].token_ids), expected)
+    done = facts.trajectories[rid]
+    return done.prompt_keep == prompt_keep and np.array_equal(np.asarray(done.token_ids), expected)
+
+
+def _kept_prompt(kept: int, cut: int) -> int:
+    """The prompt a session keeps after a turn's prompt cut (-1: none, the prompt stays as it was)."""
+    return kept if cut < 0 else cut

@@ -67,6 +67,7 @@ class TrackedTrajectory:
     in_env: bool = False  # sessions: the turn finished and the environment step is pending
     env_reward: float | None = None
     env_acc: float | None = None
+    prompt_keep: int = -1  # sessions: the prompt was cut to this many tokens (a branch inside it); -1: whole
 
     @property
     def num_generated(self) -> int:
@@ -217,6 +218,7 @@ class TrajectoryTracker:
             env_reward=traj.env_reward,
             env_acc=traj.env_acc,
             num_turns=traj.turn + 1 if traj.env_reward is not None else 0,
+            prompt_keep=traj.prompt_keep,
         )
 
     def finish(self, request_id: int, *, wasted: bool = False) -> TrackedTrajectory | None:

@@ -1,7 +1,8 @@
 """A run's session branching on an edited history, part by part: the scheduler's gateway sends the
-cut (``TurnNext.cut_to``), the router cuts its trajectory (tokens, log-probs, versions, loss mask
-alike; V_traj kept), the sessions checker and both recoveries apply the cut, and the resume rule
-checks it."""
+cut (``TurnNext.cut_to``; ``prompt_keep`` for a branch inside the row's prompt), the router cuts its
+trajectory (tokens, log-probs, versions, loss mask alike; the prompt too; V_traj kept), the trainer's
+data carries the cut prompt, the sessions checker and both recoveries apply the cut, and the resume
+rule checks it."""
 
 from __future__ import annotations
 
@@ -85,7 +86,7 @@ def test_a_cut_past_the_response_fails_the_session_naming_it() -> None:
     assert ended.finish_reason == FinishReason.ERROR
 
 
-def test_the_scheduler_sends_a_dropped_reply_as_a_cut_and_refuses_an_edited_prompt() -> None:
+def test_the_scheduler_sends_a_dropped_reply_as_a_cut_and_refuses_a_call_sharing_no_token() -> None:
     flow, _ = make()
     opened(flow, first="ans 6")
     chat(flow, 2, 8, ROW)  # the first call: the seeded turn
@@ -114,11 +115,12 @@ def test_the_scheduler_sends_a_dropped_reply_as_a_cut_and_refuses_an_edited_prom
     router_response = [*turn0, *obs1[:shared], *cut.observation_token_ids.tolist(), *encode("ans 7"), 1]
     assert branch["token_ids"] == prompt + router_response  # what the router's cut trajectory holds
     flow.answers.clear()
+    # this template renders a system message first ("system=..."): no token in common with "user=...", no branch
     changed = [{"role": "system", "content": "be short"}, *ROW]
     assert sent(chat(flow, 5, 8, changed), TurnNext) == []
     [(_, refused)] = flow.answers
     assert isinstance(refused, ApiError) and refused.status == 409 and refused.code == "history_edited"
-    assert "session 8 turn 0: the conversation shares" in refused.message and "row's" in refused.message
+    assert "session 8 turn 0: the conversation shares no token" in refused.message
 
 
 def test_the_sessions_checker_applies_cuts() -> None:
@@ -160,11 +162,13 @@ def test_the_scheduler_s_recovery_keeps_each_turn_s_cut_and_the_resume_rule_chec
     ]  # fmt: skip
     events = [Event(Envelope("k", 1, "session", 0, i + 1, 0, 0), m) for i, m in enumerate(msgs)]
     [restored] = rebuild_sessions(events, 0).sessions.values()
-    assert restored.cuts == [0] and restored.num_tokens == 3
-    log = TurnLog([[], [7]], [True, True], [0], [None], [-1, 0])
-    assert place(log, "1", 1, [7], 1, 0) == "wait"
-    with pytest.raises(ResumeDivergedError, match=r"session 1 turn 1: .* cut to -1 tokens .* first run cut to 0"):
-        place(log, "1", 1, [7], 1, -1)
+    assert restored.cuts == [(0, -1)] and restored.num_tokens == 3
+    log = TurnLog([[], [7]], [True, True], [0], [None], [(-1, -1), (0, -1)])
+    assert place(log, "1", 1, [7], 1, (0, -1)) == "wait"
+    with pytest.raises(ResumeDivergedError, match=r"session 1 turn 1: .* \(-1, -1\) where its first run cut \(0, -1\)"):
+        place(log, "1", 1, [7], 1, (-1, -1))
+    with pytest.raises(ResumeDivergedError, match=r"\(0, 2\) where its first run cut \(0, -1\)"):
+        place(log, "1", 1, [7], 1, (0, 2))  # the same tokens appended after another prompt cut
 
 
 def _step(rid: int, turn: int, obs: list[int]) -> EnvStepDone:
