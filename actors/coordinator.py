@@ -68,6 +68,7 @@ class CoordinatorActor(FlowActor):
     def teardown(self) -> None:
         if hasattr(self, "task"):
             self.task.close()
-        if getattr(self, "held_out", None) is not None:
-            self.held_out.close()
+        held_out = getattr(self, "held_out", None)
+        if held_out is not None:
+            held_out.close()
         super().teardown()

@@ -71,8 +71,9 @@ class RolloutActor(FlowActor):
         super().teardown()
         if hasattr(self, "weights"):
             self.weights.close()
-        if getattr(self, "kv", None) is not None:
-            self.kv.close()
+        kv = getattr(self, "kv", None)
+        if kv is not None:
+            kv.close()
 
 
 def kv_port(config: Config, engine: RolloutEngine) -> KvPort | None:
