@@ -98,7 +98,7 @@ def _log_uniform(rng: np.random.Generator, bounds: tuple[int, int]) -> int:
 
 
 @dataclass(order=True)
-class _Pending:
+class _DueReply:
     due: float
     request_id: int
     reply: EnvStepDone = field(compare=False)
@@ -117,7 +117,7 @@ class SyntheticTools:
         self.on_due = on_due
         self.prompt_lens: dict[int, int] = {}
         self.tool_lens: dict[int, int] = {}  # tool tokens each session received so far
-        self._pending: list[_Pending] = []
+        self._pending: list[_DueReply] = []
         self._cancelled: set[int] = set()
         self.num_context_ends = 0  # sessions stopped by max_context before their last turn
 
@@ -142,7 +142,7 @@ class SyntheticTools:
         )  # fmt: skip
         self._cancelled.discard(request_id)
         due = self.clock() + delay
-        heapq.heappush(self._pending, _Pending(due, request_id, reply))
+        heapq.heappush(self._pending, _DueReply(due, request_id, reply))
         if self.on_due is not None:
             self.on_due(due)
 

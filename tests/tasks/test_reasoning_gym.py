@@ -180,5 +180,5 @@ def test_task_kwargs_belong_to_reasoning_gym_tasks() -> None:
 def test_the_example_config_is_valid() -> None:
     example = Path(__file__).parents[2] / "examples" / "reasoning_gym" / "config.yaml"
     config = load_config(str(example))
-    assert config.task.name == "reasoning_gym:syllogism" and config.task.response_prefix == "<answer>"
+    assert config.task.name == "reasoning_gym:needle_haystack" and config.task.response_prefix == "<answer>"
     assert config.model.path is not None and config.model.path.endswith("SmolLM2-135M-Instruct")
