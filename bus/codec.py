@@ -140,6 +140,12 @@ class Decoder:
 
     def _decode_old(self, cls: type[Message], buffers: Sequence[Buffer], error: Exception | None) -> list[Event[Any]]:
         """Decode events of other schema versions through their upgrade functions."""
+        events = [self._upgraded(cls, item, error) for item in self._generic_items(cls.KIND, buffers)]
+        self._check_frames_used(len(buffers) - 2)
+        return events
+
+    def _generic_items(self, kind: str, buffers: Sequence[Buffer]) -> list[Any]:
+        """A body decoded without its kind's schema (its array frames at hand): the list of its events."""
         self._array_frames = buffers[2:]
         self._used_frames.clear()
         try:
@@ -147,10 +153,8 @@ class Decoder:
         finally:
             self._array_frames = ()
         if not isinstance(raw, list) or not raw:
-            raise DecodeError(DropReason.MALFORMED, f"{cls.KIND}: body is not a non-empty array of events")
-        events = [self._upgraded(cls, item, error) for item in raw]
-        self._check_frames_used(len(buffers) - 2)
-        return events
+            raise DecodeError(DropReason.MALFORMED, f"{kind}: body is not a non-empty array of events")
+        return raw
 
     def _decode_renamed(self, kind_bytes: bytes, buffers: Sequence[Buffer]) -> list[Event[Any]]:
         """Events of a kind that left the protocol: read as the kind that replaced it, or refused with why."""
@@ -160,15 +164,7 @@ class Decoder:
         rename = upgrade.RENAMED_KINDS.get(kind)
         if rename is None:
             raise DecodeError(DropReason.UNKNOWN_KIND, f"kind {kind_bytes[:_MAX_KIND_BYTES]!r} is not in the catalogue")
-        self._array_frames = buffers[2:]
-        self._used_frames.clear()
-        try:
-            raw = self._generic.decode(buffers[1])
-        finally:
-            self._array_frames = ()
-        if not isinstance(raw, list) or not raw:
-            raise DecodeError(DropReason.MALFORMED, f"{kind}: body is not a non-empty array of events")
-        events = [self._renamed(kind, rename, item) for item in raw]
+        events = [self._renamed(kind, rename, item) for item in self._generic_items(kind, buffers)]
         self._check_frames_used(len(buffers) - 2)
         return events
 

@@ -55,24 +55,11 @@ from psrl.ps.puller import Puller
 from psrl.ps.pusher import Pusher
 from psrl.trainer.lora import LoraSettings, apply_lora
 from psrl.trainer.lora import adapter_names as model_adapter_names
+from tools.lora_serving_modes import adapter_version, compare_modes
 
 
 def demo_weights() -> dict[str, torch.Tensor]:
     return {name: tensor.clone() for name, tensor in iter_safetensors(DEMO_MODEL_DIR)}
-
-
-def random_adapters(model_weights: dict[str, torch.Tensor], targets: tuple[str, ...], rank: int, seed: int
-                    ) -> dict[str, torch.Tensor]:  # fmt: skip
-    """An adapter version for every targeted projection of ``model_weights`` (values of a trained one's size)."""
-    gen = torch.Generator().manual_seed(seed)
-    out = {}
-    for name, weight in model_weights.items():
-        module = name.removesuffix(".weight")
-        if name.endswith(".weight") and module.rpartition(".")[2] in targets:
-            lora_a, lora_b = adapter_names(module)
-            out[lora_a] = torch.randn(rank, weight.shape[1], generator=gen) * 0.05
-            out[lora_b] = torch.randn(weight.shape[0], rank, generator=gen) * 0.01
-    return out
 
 
 def measure_demo(rank: int, targets: tuple[str, ...], versions: int) -> dict[str, float]:
@@ -86,7 +73,7 @@ def measure_demo(rank: int, targets: tuple[str, ...], versions: int) -> dict[str
             full_pull = puller.pull(1, lambda name, tensor: None)
             adapter_bytes = []
             for version in range(2, versions + 2):
-                adapters = random_adapters(full, targets, rank, seed=version)
+                adapters = adapter_version(full, targets, rank, seed=version)
                 pushed = pusher.push(version, adapters)
                 stream = puller.stream(version)
                 engine.load_weights(stream, version)
@@ -125,7 +112,7 @@ def measure_sync_load(shape: str, rank: int, targets: tuple[str, ...], device: t
             try:
                 seconds = []
                 for version in range(1, versions + 1):
-                    pusher.push(version, random_adapters(base, targets, rank, seed=version))
+                    pusher.push(version, adapter_version(base, targets, rank, seed=version))
                     started = time.perf_counter()
                     engine.load_weights(puller.stream(version), version)
                     if device.type == "cuda":
@@ -240,9 +227,7 @@ def main() -> None:
 
 
 def measure_modes(args: argparse.Namespace, targets: tuple[str, ...]) -> dict[str, float]:
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from lora_serving_modes import compare_modes
-    from random_model import write_model
+    from tools.random_model import write_model
 
     device = torch.device(args.device)
     if args.modes == "demo":
