@@ -93,10 +93,10 @@ def place(
             "restarted) must repeat its calls given the same answers"
         )
     logged_cut = log.cut_of(turn)
-    if logged_cut is not None and tuple(logged_cut) != tuple(cut):
+    if logged_cut is not None and logged_cut != cut:
         raise ResumeDivergedError(
             f"session {session_id} turn {turn}: the agent, run again, branches with the cut (cut_to, prompt_keep) "
-            f"{tuple(cut)} where its first run cut {tuple(logged_cut)} (-1: no cut); an agent that runs again "
+            f"{cut} where its first run cut {logged_cut} (-1: no cut); an agent that runs again "
             "must repeat its calls given the same answers"
         )
     if turn < num_generated:

@@ -156,14 +156,10 @@ def _continuous(facts: SessionFacts, rid: int) -> bool:
             if cut_to > len(expected):
                 return False
             expected = np.concatenate([expected if cut_to < 0 else expected[:cut_to], observations[-1]])
-            prompt_keep = _kept_prompt(prompt_keep, facts.prompt_keeps.get((rid, turn), -1))
+            cut_prompt_to = facts.prompt_keeps.get((rid, turn), -1)
+            prompt_keep = cut_prompt_to if cut_prompt_to >= 0 else prompt_keep
         if turn not in turns:
             return False
         expected = np.concatenate([expected, turns[turn]])
     done = facts.trajectories[rid]
     return done.prompt_keep == prompt_keep and np.array_equal(np.asarray(done.token_ids), expected)
-
-
-def _kept_prompt(kept: int, cut: int) -> int:
-    """The prompt a session keeps after a turn's prompt cut (-1: none, the prompt stays as it was)."""
-    return kept if cut < 0 else cut
