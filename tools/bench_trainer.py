@@ -51,6 +51,7 @@ BASE = ["actor.use_dynamic_bsz=True", "actor.ppo_max_token_len_per_gpu=16384"]
 VARIANTS = {
     "default": [],
     "padded": ["actor.packing=False"],
+    "eager": ["actor.compile=False"],
     "recompute": ["actor.gradient_checkpointing=True"],
     "no_recompute": ["actor.gradient_checkpointing=False"],
     "no_recompute_8k": ["actor.gradient_checkpointing=False", "actor.ppo_max_token_len_per_gpu=8192"],

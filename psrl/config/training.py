@@ -197,6 +197,12 @@ class ActorSettings(Section):
         "auto: per micro-batch, only when its estimated activations exceed 60% of the free device memory "
         "(psrl.trainer.memory).",
     )
+    compile: bool | Literal["auto"] = field(
+        "auto",
+        "torch.compile each transformer layer of the trainer's models (built once, reused by every layer, "
+        "dynamic shapes): fuses the norms, rotary embeddings, activations and casts between the matmuls "
+        "(psrl.trainer.compiled). auto: on CUDA, off on CPU (where building costs more than it saves).",
+    )
     packing: bool = field(
         True,
         "Padding-free micro-batches: whole sequences end to end in one row with varlen attention, balanced by "

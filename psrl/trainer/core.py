@@ -59,6 +59,7 @@ from psrl.trainer.packing import micro_batch_count, plan_packed
 from psrl.trainer.parallel import ParallelContext
 from psrl.trainer.stages import ForwardModels, TrainerError, advantage_stage, per_sample_stage
 from psrl.trainer.update import UpdateSettings, actor_step, critic_step, denominators, token_budget_batches
+from psrl.trainer.compiled import compile_enabled, compile_layers
 from psrl.trainer.varlen import use_varlen_attention
 
 ModelT = TypeVar("ModelT", bound=torch.nn.Module)
@@ -419,6 +420,8 @@ class TrainerCore:
         """A loaded model set up for this trainer's micro-batches (varlen attention when packed)."""
         if self.config.actor.packing:
             use_varlen_attention(model)
+        if compile_enabled(self.config.actor.compile, self.parallel.device):
+            compile_layers(model)
         return model
 
     def _trainable(self, name: str, raw: torch.nn.Module, lr: float) -> Trainable:
