@@ -42,6 +42,7 @@ from psrl.rl.trajectory import Trajectory
 from psrl.tms import TRAINER, SideMemory
 from psrl.trainer import checkpoint
 from psrl.trainer.checkpoint import Trainable
+from psrl.trainer.compiled import compile_enabled, compile_layers
 from psrl.trainer.forward import compute_precision
 from psrl.trainer.lora import LoraSettings
 from psrl.trainer.memory import CheckpointPolicy, checkpoint_mode
@@ -59,7 +60,6 @@ from psrl.trainer.packing import micro_batch_count, plan_packed
 from psrl.trainer.parallel import ParallelContext
 from psrl.trainer.stages import ForwardModels, TrainerError, advantage_stage, per_sample_stage
 from psrl.trainer.update import UpdateSettings, actor_step, critic_step, denominators, token_budget_batches
-from psrl.trainer.compiled import compile_enabled, compile_layers
 from psrl.trainer.varlen import use_varlen_attention
 
 ModelT = TypeVar("ModelT", bound=torch.nn.Module)

@@ -46,7 +46,7 @@ class VarlenError(RuntimeError):
     """A packed attention call came without its sequence boundaries."""
 
 
-@torch.compiler.disable  # the kernel runs as in eager mode inside a compiled layer (psrl.trainer.compiled)
+@torch.compiler.disable  # type: ignore[untyped-decorator]  # eager inside a compiled layer (psrl.trainer.compiled)
 def varlen_attention(
     module: nn.Module,
     query: Tensor,
