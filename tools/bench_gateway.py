@@ -46,37 +46,67 @@ KV_BLOCKS = 2048  # 32k tokens: every session's prefix stays cached, a turn pref
 Post = Callable[[str, dict[str, Any]], Awaitable[tuple[float, float, dict[str, Any]]]]
 
 
-class RawClient:
-    """One keep-alive HTTP/1.1 connection: a request written at once, the answer read by its length."""
+class RawClient(asyncio.Protocol):
+    """One keep-alive HTTP/1.1 connection: a request written at once, the answer read by its length.
 
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.reader, self.writer = reader, writer
+    An answer's arrival is stamped in the transport's callback that completes it, not when its
+    session's coroutine next runs: with 64 sessions on one client loop, that second wait is the
+    client's own queue (its other sessions' JSON and next requests), not the gateway's time."""
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.buffer = bytearray()
+        self.waiter: asyncio.Future[tuple[float, int, dict[str, str], bytes]] | None = None
 
     @classmethod
     async def open(cls, host: str, port: int) -> RawClient:
-        return cls(*await asyncio.open_connection(host, port))
+        _, client = await asyncio.get_running_loop().create_connection(cls, host, port)
+        return client
 
-    async def request(self, method: str, path: str, body: dict[str, Any] | None) -> tuple[dict[str, str], bytes]:
-        data = json.dumps(body).encode() if body is not None else b""
-        head = f"{method} {path} HTTP/1.1\r\nhost: bench\r\ncontent-type: application/json\r\n"
-        self.writer.write(f"{head}content-length: {len(data)}\r\n\r\n".encode() + data)
-        lines = (await self.reader.readuntil(b"\r\n\r\n")).decode().split("\r\n")
-        status = int(lines[0].split()[1])
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        self.buffer += data
+        answer = self._answer()
+        if answer is not None and self.waiter is not None and not self.waiter.done():
+            self.waiter.set_result((time.perf_counter(), *answer))
+
+    def _answer(self) -> tuple[int, dict[str, str], bytes] | None:
+        end = self.buffer.find(b"\r\n\r\n")
+        if end < 0:
+            return None
+        lines = self.buffer[:end].decode().split("\r\n")
         fields = (line.partition(":") for line in lines[1:] if line)
         headers = {name.strip().lower(): value.strip() for name, _, value in fields}
-        raw = await self.reader.readexactly(int(headers["content-length"]))
+        size = end + 4 + int(headers["content-length"])
+        if len(self.buffer) < size:
+            return None
+        raw = bytes(self.buffer[end + 4 : size])
+        del self.buffer[:size]
+        return int(lines[0].split()[1]), headers, raw
+
+    async def request(self, method: str, path: str, body: dict[str, Any] | None) -> tuple[float, dict[str, str], bytes]:
+        """(arrival time, headers, body) of the answer."""
+        assert self.transport is not None
+        data = json.dumps(body).encode() if body is not None else b""
+        head = f"{method} {path} HTTP/1.1\r\nhost: bench\r\ncontent-type: application/json\r\n"
+        self.waiter = asyncio.get_running_loop().create_future()
+        self.transport.write(f"{head}content-length: {len(data)}\r\n\r\n".encode() + data)
+        arrived, status, headers, raw = await self.waiter
         if status != 200:
             raise RuntimeError(f"{method} {path}: {status} {raw.decode()}")
-        return headers, raw
+        return arrived, headers, raw
 
     async def post(self, path: str, body: dict[str, Any]) -> tuple[float, float, dict[str, Any]]:
         started = time.perf_counter()
-        headers, raw = await self.request("POST", path, body)
-        latency_ms = (time.perf_counter() - started) * 1000
-        return latency_ms, float(headers.get("x-psrl-engine-ms", 0.0)), json.loads(raw)
+        arrived, headers, raw = await self.request("POST", path, body)
+        return (arrived - started) * 1000, float(headers.get("x-psrl-engine-ms", 0.0)), json.loads(raw)
 
     def close(self) -> None:
-        self.writer.close()
+        if self.transport is not None:
+            self.transport.close()
 
 
 async def session(post: Post, turns: int, max_tokens: int) -> list[tuple[float, float]]:
@@ -130,8 +160,8 @@ async def http_floor(url: str, calls: int = 200) -> float:
     spent = []
     for _ in range(calls):
         started = time.perf_counter()
-        await client.request("GET", "/health", None)
-        spent.append((time.perf_counter() - started) * 1000)
+        arrived, _, _ = await client.request("GET", "/health", None)
+        spent.append((arrived - started) * 1000)
     client.close()
     return statistics.median(spent)
 
