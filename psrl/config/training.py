@@ -201,7 +201,7 @@ class ActorSettings(Section):
         "auto",
         "torch.compile each transformer layer of the trainer's models (built once, reused by every layer, "
         "dynamic shapes): fuses the norms, rotary embeddings, activations and casts between the matmuls "
-        "(psrl.trainer.compiled). auto: on CUDA, off on CPU (where building costs more than it saves).",
+        "(psrl.trainer.compiled). auto: on CUDA (1.33-1.35x a real-scale step); off on CPU.",
     )
     packing: bool = field(
         True,
