@@ -177,8 +177,13 @@ def test_task_kwargs_belong_to_reasoning_gym_tasks() -> None:
     assert check(load_config(None, ["task.name=reasoning_gym:gcd", "task.kwargs={size: 5}"])) == []
 
 
-def test_the_example_config_is_valid() -> None:
-    example = Path(__file__).parents[2] / "examples" / "reasoning_gym" / "config.yaml"
+@pytest.mark.parametrize(
+    ("file", "task"),
+    [("config.yaml", "needle_haystack"), ("word_reversal.yaml", "word_sequence_reversal")],
+)
+def test_the_example_configs_are_valid(file: str, task: str) -> None:
+    example = Path(__file__).parents[2] / "examples" / "reasoning_gym" / file
     config = load_config(str(example))
-    assert config.task.name == "reasoning_gym:needle_haystack" and config.task.response_prefix == "<answer>"
+    assert config.task.name == f"reasoning_gym:{task}" and config.task.response_prefix == "<answer>"
     assert config.model.path is not None and config.model.path.endswith("SmolLM2-135M-Instruct")
+    assert check(config) == []
