@@ -24,7 +24,11 @@ The rollout-correction family at staleness 8 (docs/studies/rollout_correction.md
 ``--correction-plot`` writes, per setting, held-out accuracy over versions, the sampler-trainer
 KL (k3) and the masked token fraction over steps; ``--json`` then also carries those curves.
 
-Every run evaluates on the demo task's held-out split (greedy exact match and pass@k) at version 0,
+``--config FILE`` runs the settings on another preset or YAML file instead of the demo (e.g.
+``examples/reasoning_gym/word_reversal.yaml``: its task, model and sizes, with each setting's
+staleness and correction on top).
+
+Every run evaluates on its task's held-out split (greedy exact match and pass@k) at version 0,
 every ``--eval-interval`` versions and at the last version. Seeds vary the prompt stream, the
 rollout sampling and the trainer (the held-out prompts are the same for every seed). The table
 gives, per setting, the final held-out accuracy (mean ± spread over seeds), pass@k, the gain over
@@ -123,7 +127,7 @@ def one_run(args: argparse.Namespace, setting: str, seed: int) -> StudyRun:
     from psrl.report.collect import read_timeline
 
     started = time.monotonic()
-    result = psrl.run("demo", overrides(args, setting, seed), name=f"{setting}_seed{seed}", root=args.root)
+    result = psrl.run(args.config, overrides(args, setting, seed), name=f"{setting}_seed{seed}", root=args.root)
     if not result.ok:
         raise SystemExit(f"{setting} seed {seed} failed: {result.reason} ({result.run_dir})")
     records = result.metrics()
@@ -158,7 +162,7 @@ def eval_cost(args: argparse.Namespace) -> None:
     for repeat in range(args.seeds):
         for evaluate in (False, True):
             name = f"cost_{'eval' if evaluate else 'none'}_{repeat}"
-            result = psrl.run("demo", overrides(args, "s2_tis", 0, evaluate=evaluate), name=name, root=args.root)
+            result = psrl.run(args.config, overrides(args, "s2_tis", 0, evaluate=evaluate), name=name, root=args.root)
             if not result.ok:
                 raise SystemExit(f"{name} failed: {result.reason}")
             line = read_timeline(result.run_dir)
@@ -176,7 +180,7 @@ def _mean(values: list[float]) -> float:
     return float(np.mean(values)) if values else float("nan")
 
 
-def plot(runs: list[StudyRun], order: list[str], path: Path) -> None:
+def plot(runs: list[StudyRun], order: list[str], path: Path, task: str = "demo task") -> None:
     from matplotlib.figure import Figure
 
     figure = Figure(figsize=(8, 4.5), dpi=110, layout="constrained")
@@ -194,7 +198,7 @@ def plot(runs: list[StudyRun], order: list[str], path: Path) -> None:
     axes.set_ylabel("held-out exact-match accuracy (%, greedy)")
     axes.grid(True, alpha=0.3)
     axes.legend(fontsize=8)
-    figure.suptitle("demo task: held-out accuracy vs staleness (mean over seeds, band = min..max)")
+    figure.suptitle(f"{task}: held-out accuracy vs staleness (mean over seeds, band = min..max)")
     figure.savefig(path, format="png")
 
 
@@ -229,6 +233,9 @@ def plot_correction(runs: list[StudyRun], order: list[str], path: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="1 seed, 30 steps, 64 held-out prompts")
+    parser.add_argument(
+        "--config", default="demo", help="the preset or YAML file every setting overrides (default: the demo preset)"
+    )
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=80)
     parser.add_argument("--eval-interval", type=int, default=20)
@@ -270,7 +277,7 @@ def main() -> None:
         print(line)
     print(f"study wall time {time.monotonic() - started:.0f} s")
     if args.plot:
-        plot(runs, order, args.plot)
+        plot(runs, order, args.plot, "demo task" if args.config == "demo" else Path(args.config).stem)
     if args.correction_plot:
         plot_correction(runs, order, args.correction_plot)
     print(result_line(rows))
