@@ -116,6 +116,8 @@ def main() -> None:
     )
     ap.add_argument("--variant", choices=["fused", "reference", *LOG_PROB_ONLY], help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.liger and not str(args.device).startswith("cuda"):
+        ap.error(f"--liger needs a CUDA device (Liger-kernel is Triton-only); got --device {args.device}")
     if args.variant:  # a child: one variant, its figures as JSON
         print(json.dumps(measure(args)))
         return
