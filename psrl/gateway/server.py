@@ -84,8 +84,8 @@ class Guarded:
     their endpoint: routing and middleware were a quarter of a call's time in the server. Their
     errors get the same OpenAI-shaped answers as the app's handlers give."""
 
-    def __init__(self, app: FastAPI, settings: ServerSettings, direct: dict[str, Endpoint] | None = None) -> None:
-        self.app, self.settings, self.direct = app, settings, direct or {}
+    def __init__(self, app: FastAPI, settings: ServerSettings, direct: dict[str, Endpoint]) -> None:
+        self.app, self.settings, self.direct = app, settings, direct
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] == "http":
