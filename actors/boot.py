@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 import tempfile
 from dataclasses import asdict, dataclass, field
@@ -69,16 +70,23 @@ class Boot:
             raise KeyError(f"{self.name}: no endpoint for {name!r} (known: {sorted(self.endpoints)})") from None
 
     def curve_keys(self) -> CurveKeys | None:
-        """Materialise the key files in a private directory and load them (None = no CURVE)."""
+        """Load the boot line's keys (None = no CURVE).
+
+        zmq reads keys from files only, so they pass through a private directory that is removed
+        as soon as they are in memory: secret keys are not left behind in the temp directory.
+        """
         if not self.curve_files:
             return None
         directory = Path(tempfile.mkdtemp(prefix=f"psrl-keys-{self.name}-"))
-        for relative, content in self.curve_files.items():
-            path = directory / relative
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(content)
-            os.chmod(path, 0o600)
-        return load_keys(directory)
+        try:
+            for relative, content in self.curve_files.items():
+                path = directory / relative
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text(content)
+                os.chmod(path, 0o600)
+            return load_keys(directory)
+        finally:
+            shutil.rmtree(directory, ignore_errors=True)
 
 
 def read_curve_files(directory: str | Path) -> dict[str, str]:

@@ -39,11 +39,17 @@ class KeyPair:
 
 @dataclass(frozen=True)
 class CurveKeys:
-    """The keys one process needs: the server pair, its client pair, and who is authorized."""
+    """The keys one process needs: the server pair, its client pair, and who is authorized.
+
+    Everything is read into memory when the keys load, so the files can be removed right after
+    (an actor's private copy is, see ``actors.boot``). ``authorized`` is None when the directory
+    had no ``authorized/``: such a process can connect but must not bind a CURVE socket.
+    """
 
     server: KeyPair
     client: KeyPair
-    authorized_dir: Path
+    authorized: frozenset[bytes] | None
+    source: Path
 
 
 def generate_keys(directory: str | Path, client_name: str = CLIENT_NAME, force: bool = False) -> list[Path]:
@@ -85,8 +91,19 @@ def load_keys(directory: str | Path, client_name: str = CLIENT_NAME) -> CurveKey
     return CurveKeys(
         server=_load_pair(root / f"{SERVER_NAME}.key_secret"),
         client=_load_pair(root / f"{client_name}.key_secret"),
-        authorized_dir=root / AUTHORIZED_DIR,
+        authorized=_load_authorized(root / AUTHORIZED_DIR),
+        source=root,
     )
+
+
+def _load_authorized(directory: Path) -> frozenset[bytes] | None:
+    """The z85 public keys allowed to connect (None when the directory is absent)."""
+    if not directory.is_dir():
+        return None
+    try:
+        return frozenset(zmq.auth.load_certificates(str(directory)))
+    except (OSError, ValueError) as exc:
+        raise BusError(f"CURVE authorized keys in {directory} are not readable: {exc}") from exc
 
 
 def _load_pair(path: Path) -> KeyPair:
@@ -118,9 +135,20 @@ def start_authenticator(ctx: zmq.Context[zmq.Socket[bytes]], keys: CurveKeys) ->
 
     Call once per context before binding CURVE sockets; stop it with ``.stop()`` at shutdown.
     """
-    if not keys.authorized_dir.is_dir():
-        raise BusError(f"{keys.authorized_dir} is missing: no client would be allowed to connect")
+    if keys.authorized is None:
+        missing = keys.source / AUTHORIZED_DIR
+        raise BusError(f"{missing} is missing: no client would be allowed to connect")
     authenticator = ThreadAuthenticator(ctx)
     authenticator.start()
-    authenticator.configure_curve(domain="*", location=str(keys.authorized_dir))
+    authenticator.configure_curve_callback(domain="*", credentials_provider=_Allowed(keys.authorized))
     return authenticator
+
+
+class _Allowed:
+    """ZAP credentials check against the public keys read at load time."""
+
+    def __init__(self, keys: frozenset[bytes]) -> None:
+        self.keys = keys
+
+    def callback(self, domain: str, z85_client_key: bytes) -> bool:
+        return z85_client_key in self.keys

@@ -27,6 +27,7 @@ default_vs_padded=...``.
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import math
 import random
@@ -34,6 +35,8 @@ import statistics
 import sys
 import tempfile
 import time
+import traceback
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -204,16 +207,50 @@ def model_dir(args: argparse.Namespace, scratch: Path) -> Path:
 
 @contextlib.contextmanager
 def profiled(enabled: bool) -> Iterator[None]:
-    """torch.profiler around one step when asked; prints the operators that took the most time."""
+    """torch.profiler around one step when asked; prints the operators that took the most time, and on
+    a GPU the CUDA runtime calls by host time and the code that made the host wait for the device."""
     if not enabled:
         yield
         return
     on_gpu = torch.cuda.is_available()
     activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if on_gpu else [])
-    with torch.profiler.profile(activities=activities) as profiler:
+    with torch.profiler.profile(activities=activities) as profiler, host_waits(on_gpu) as sites:
         yield
     sort_by = "self_cuda_time_total" if on_gpu else "self_cpu_time_total"
-    print(profiler.key_averages().table(sort_by=sort_by, row_limit=25, max_name_column_width=60), flush=True)
+    averages = profiler.key_averages()
+    print(averages.table(sort_by=sort_by, row_limit=25, max_name_column_width=60), flush=True)
+    if on_gpu:
+        runtime = sorted((e for e in averages if e.key.startswith("cuda")), key=lambda e: -e.self_cpu_time_total)
+        for event in runtime[:8]:
+            print(f"runtime {event.key}: {event.count} calls, {event.self_cpu_time_total / 1e3:.1f} ms host")
+        for site, count in sites.most_common(12):
+            print(f"host wait x{count}: {site}")
+
+
+@contextlib.contextmanager
+def host_waits(enabled: bool) -> Iterator[collections.Counter[str]]:
+    """Count the psrl call sites of operations that synchronise the host with the device (torch's sync
+    debug mode warns at each; the innermost psrl frame names the site)."""
+    sites: collections.Counter[str] = collections.Counter()
+    if not enabled:
+        yield sites
+        return
+
+    def record(message: object, *_: object, **__: object) -> None:
+        frames = [f for f in traceback.extract_stack()[:-1] if "/psrl/" in f.filename or "/tools/" in f.filename]
+        where = f"{'/'.join(frames[-1].filename.rsplit('/', 2)[-2:])}:{frames[-1].lineno} {frames[-1].name}" if frames else "?"
+        sites[where] += 1
+
+    previous = warnings.showwarning
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.showwarning = record  # type: ignore[assignment]
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            yield sites
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+            warnings.showwarning = previous
 
 
 def main() -> None:

@@ -151,6 +151,9 @@ class SessionFlow(GatewayCalls, Flow):
     def restore(self, recovery: SessionRecovery, now: float) -> list[Effect]:
         """Take over the sessions a dead scheduler left (the rule: ``psrl.flows.session_recovery``)."""
         self.ended.update(recovery.ended)
+        for end in recovery.unconfirmed_ends.values():  # it may not have left the dead scheduler
+            self.counters["restored_ends_resent"] += 1
+            self.send(ROUTER, end, request_id=end.request_id)
         for restored in recovery.sessions.values():
             session = Session(restored.request_id, restored.prompt_id, restored.instance)
             session.status = "env" if restored.status == "env" else "generate"
@@ -158,6 +161,9 @@ class SessionFlow(GatewayCalls, Flow):
             session.actions, session.last_next = list(restored.actions), restored.last_next
             self.sessions[session.request_id] = session
             self.counters["restored_sessions"] += 1
+            if restored.last_next is not None and not restored.next_placed:  # it may not have left the dead one
+                self.counters["restored_turns_resent"] += 1
+                self.send(ROUTER, restored.last_next, request_id=session.request_id, prompt_id=session.prompt_id)
             if self.gateway is not None:  # the agent's process died with the old scheduler: it runs again
                 self.resume_agent(session, restored)
                 continue

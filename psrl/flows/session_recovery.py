@@ -9,8 +9,13 @@ sessions). A log with gaps in that launch cannot be rebuilt from (``num_missing_
 
 The rule for a session alive at the crash (``RestoredSession``), by its last logged step:
 
-* its turn is generating (``TurnStarted`` or ``TurnNext`` last): it waits for the router's
-  ``TurnDone``, as before;
+* its turn is generating (``TurnStarted`` last): it waits for the router's ``TurnDone``, as before;
+* its next turn was sent and the router had not placed it (``TurnNext`` last): it is sent again,
+  since the message may have died with the scheduler (a killed process's queued sends are lost,
+  though the sender logged them); the router takes each turn once, so a copy it already has is
+  dropped there;
+* it ended (``SessionEnd`` logged) and the router has not finished its trajectory (no
+  ``TrajectoryDone`` or ``SessionGone`` after it): the end is sent again, for the same reason;
 * its turn was handed over and its environment answer is logged, but neither the next turn nor
   the end was sent (the answer was held while the session was hung, or the scheduler died in
   between): the answer is handled now, so the session goes on from exactly that answer;
@@ -56,6 +61,7 @@ class RestoredSession:
     actions: list[np.ndarray] = field(default_factory=list)
     answer: EnvStepDone | None = None  # the logged environment answer to its last handed-over turn
     last_next: TurnNext | None = None  # the last next turn sent for it
+    next_placed: bool = True  # False while the router has not logged placing last_next (TurnStarted)
     observations: list[np.ndarray] = field(default_factory=list)  # per next turn sent: its observation (turn 1 on)
     cuts: list[CutPoint] = field(default_factory=list)  # per next turn sent: its (cut_to, prompt_keep); NO_CUT: none
     finishes: list[int] = field(default_factory=list)  # per handed-over turn: how it ended (agent sessions' replay)
@@ -66,6 +72,7 @@ class RestoredSession:
 class SessionRecovery:
     sessions: dict[int, RestoredSession] = field(default_factory=dict)  # alive at the crash, in order
     ended: dict[int, SessionEnd] = field(default_factory=dict)  # every session the scheduler ended
+    unconfirmed_ends: dict[int, SessionEnd] = field(default_factory=dict)  # ends the router has not acted on
     seen_event_ids: set[str] = field(default_factory=set)  # the router's messages for the scheduler in the log
     num_missing_events: int = 0
 
@@ -90,6 +97,9 @@ def rebuild_sessions(events: Iterable[Event[Any]], launch: int) -> SessionRecove
             recovery.seen_event_ids.add(event.envelope.event_id)
         if isinstance(event.message, SessionEnd):
             recovery.ended[event.message.request_id] = event.message
+            recovery.unconfirmed_ends[event.message.request_id] = event.message
+        elif isinstance(event.message, (SessionGone, TrajectoryDone)):
+            recovery.unconfirmed_ends.pop(event.message.request_id, None)
         _observe(recovery.sessions, event.message)
     recovery.num_missing_events = gaps.num_missing
     return recovery
@@ -99,6 +109,7 @@ def _observe(sessions: dict[int, RestoredSession], msg: Any) -> None:
     if isinstance(msg, TurnStarted):
         session = sessions.setdefault(msg.request_id, RestoredSession(msg.request_id, msg.prompt_id))
         session.instance, session.status, session.num_tokens = msg.instance, "generate", msg.num_tokens
+        session.next_placed = True
     elif isinstance(msg, TurnDone):
         _turn_done(sessions, msg)
     elif isinstance(msg, EnvStepDone):
@@ -109,6 +120,7 @@ def _observe(sessions: dict[int, RestoredSession], msg: Any) -> None:
         continued = sessions.get(msg.request_id)
         if continued is not None and msg.turn == continued.turn + 1:
             continued.status, continued.answer, continued.last_next = "generate", None, msg
+            continued.next_placed = False
             continued.num_tokens += len(msg.observation_token_ids) - msg.num_cut
             continued.observations.append(np.asarray(msg.observation_token_ids, np.int32))
             continued.cuts.append((msg.cut_to, msg.prompt_keep))

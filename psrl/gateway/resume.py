@@ -10,7 +10,8 @@ then met with the logged turns (``place``), by the turn's index:
   same cut (a branch: the response and prompt tokens it kept, ``psrl.gateway.branch``), and its tokens are
   known: it is answered from the log; nothing reaches the router, nothing is logged.
 * **wait**: the turn was sent to the router with the same observation, its tokens are not in yet
-  (it was generating when the scheduler died): the call waits for the router's ``TurnDone``.
+  (it was generating when the scheduler died, or the restored scheduler sent it again because the
+  router had not placed it): the call waits for the router's ``TurnDone``.
 * **send**: the agent's answer (the observation) is logged but the turn was never sent (the old
   scheduler died in between, or held it for a hung session): it is sent now, not logged again.
 * **new**: past the log: a turn like any other. (A turn the router generated although its call's

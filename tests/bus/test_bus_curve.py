@@ -148,3 +148,26 @@ def test_keys_cli_writes_private_secrets_and_refuses_to_overwrite(tmp_path: Path
 def test_missing_key_files_are_named(tmp_path: Path) -> None:
     with pytest.raises(BusError, match=r"server\.key_secret is missing"):
         load_keys(tmp_path)
+
+
+def test_an_actors_boot_keys_load_into_memory_and_leave_no_files(
+    ctx: zmq.Context, keys: CurveKeys, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An actor's private copy of the run's keys (secret keys included) is gone once they load."""
+    from actors.boot import Boot, read_curve_files
+
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setattr("tempfile.tempdir", str(scratch))
+    boot = Boot("rollout-0", "rollout", 0, 0, "", {}, curve_files=read_curve_files(keys.source))
+    loaded = boot.curve_keys()
+    assert loaded is not None and list(scratch.iterdir()) == []
+    assert loaded.server == keys.server and loaded.authorized == keys.authorized
+    start_authenticator(ctx, loaded).stop()  # the authorized keys need no directory any more
+
+
+def test_binding_without_authorized_keys_is_refused_with_the_directory_named(
+    ctx: zmq.Context, keys: CurveKeys
+) -> None:
+    with pytest.raises(BusError, match=r"authorized is missing"):
+        start_authenticator(ctx, dataclasses.replace(keys, authorized=None))

@@ -35,11 +35,16 @@ def history(flow: SessionFlow, upto: int) -> list[dict[str, Any]]:
 
 
 def logged(log: Log, effects: list[Effect]) -> None:
+    """The scheduler's messages in the log, and the router placing each next turn it sends."""
     for effect in effects:
         if isinstance(effect, Publish):
             log.add("session", effect.message)
         elif isinstance(effect, Send):
             log.add("session-router.link", effect.message)
+            if isinstance(effect.message, TurnNext):
+                turn = effect.message.turn
+                log.add("router.link", TurnStarted(request_id=RID, prompt_id=RID // 4, instance="i0", turn=turn,
+                                                   num_tokens=10))  # fmt: skip
 
 
 def from_router(log: Log, flow: SessionFlow, message: Any) -> list[Effect]:
@@ -218,3 +223,21 @@ def test_a_turn_the_router_generated_whose_call_never_reached_the_log_is_replaye
     assert not sent(effects, TurnNext) and not [e for e in effects if isinstance(e, Publish)]
     assert answer_of(flow, 4).reply.message["content"] == flow.gateway.text(TURN_TOKENS[2])  # type: ignore[union-attr]
     assert flow.sessions[RID].turn_log.num_turns == 3  # type: ignore[union-attr]
+
+
+def test_a_turn_whose_message_died_with_the_scheduler_is_sent_again_and_its_call_waits_for_it() -> None:
+    """The first scheduler logged turn 2 and was killed before the router got it (no TurnStarted):
+    the restored scheduler sends it again, and the re-run agent's call waits for its tokens."""
+    log, _ = first_run(generated_upto=1)
+    log.events = [e for e in log.events if not (isinstance(e.message, TurnStarted) and e.message.turn == 2)]
+    flow, _ = make()
+    [again] = sent(flow.restore(rebuild_sessions(log.events, launch=0), 0.0), TurnNext)
+    assert (again.request_id, again.turn) == (RID, 2) and flow.counters["restored_turns_resent"] == 1
+    flow.gateway_job(1, "open", "", _open_body(), 0.0)
+    flow.answers.clear()
+    for job, turn in ((2, 0), (3, 1)):
+        chat(flow, job, RID, history(flow, turn))
+        answer_of(flow, job)
+    assert chat(flow, 4, RID, history(flow, 2)) == [] and flow.answers == []  # sent once: it waits
+    flow.handle(turn_done(RID, 2, TURN_TOKENS[2]), 0.0)
+    assert answer_of(flow, 4).reply.message["content"] == flow.gateway.text(TURN_TOKENS[2])  # type: ignore[union-attr]

@@ -68,18 +68,24 @@ def test_a_restored_scheduler_continues_each_session_by_the_rule_and_finishes_th
     out = flow.restore(rebuild_sessions(crashed_log().events, launch=0), 5.0)
     [turn] = sent(out, TurnNext)  # the logged answer goes on at once: exactly its tokens
     assert turn.request_id == 2 and turn.turn == 1 and turn.observation_token_ids.tolist() == [16]
+    [end] = sent(out, SessionEnd)  # 4's end is logged, its trajectory not done: it may not have left
+    assert end.request_id == 4 and end.reward == 1.0
     assert env.submitted == [(3, 0, [[3, 7]])]  # the unanswered step runs again from its actions
     flow.handle(turn_done(1, 1, [9]), 6.0)  # the generating one's turn arrives as before
     assert env.submitted[-1] == (1, 1, [[1, 7], [9]])
     assert sent(flow.handle(step(3, 0, [5]), 7.0), TurnNext)[0].request_id == 3
-    assert dict(flow.counters) == {"restored_sessions": 3, "restored_answers": 1, "restored_steps_rerun": 1}
+    assert dict(flow.counters) == {
+        "restored_sessions": 3, "restored_answers": 1, "restored_steps_rerun": 1, "restored_ends_resent": 1
+    }  # fmt: skip
 
 
 def test_a_session_whose_trajectory_ended_is_not_restored() -> None:
     log = crashed_log()
-    done = TrajectoryDone(3, 0, 0, np.zeros(2, np.int32), np.zeros(2, np.float32), np.zeros(2, np.int32), 4, "i0")
-    log.add("router.link", done)
-    assert 3 not in rebuild_sessions(log.events, launch=0).sessions
+    for rid in (3, 4):
+        done = TrajectoryDone(rid, 0, 0, np.zeros(2, np.int32), np.zeros(2, np.float32), np.zeros(2, np.int32), 4, "i0")
+        log.add("router.link", done)
+    recovery = rebuild_sessions(log.events, launch=0)
+    assert 3 not in recovery.sessions and recovery.unconfirmed_ends == {}  # 4's end reached the router
 
 
 def test_a_turn_handed_over_again_is_taken_once_and_answered_as_before() -> None:
@@ -101,3 +107,21 @@ def test_a_restored_scheduler_answers_a_repeated_turn_with_the_logged_next_turn(
     assert sent(flow.handle(turn_done(1, 0, [1, 7]), 6.0), TurnNext)[0].observation_token_ids.tolist() == [15]
     assert sent(flow.handle(turn_done(4, 0, [4, 7]), 6.1), SessionEnd)[0].reward == 1.0  # ended before the crash
     assert all(rid != 4 for rid, _, _ in env.submitted)
+
+
+def test_a_next_turn_the_router_never_placed_is_sent_again_on_restore() -> None:
+    """The scheduler logged its next turn and was killed before the message left it: nothing would
+    ever generate the turn, so the restored scheduler sends it again (the router takes a turn once)."""
+    log = Log()
+    log.add("router.link", started(1)).add("router.link", turn_done(1, 0, [1, 7]))
+    log.add("session", step(1, 0, [15])).add("session-router.link", nxt(1, 1, [15]))
+    restored = rebuild_sessions(log.events, launch=0)
+    assert restored.sessions[1].next_placed is False
+    flow, env = make()
+    [again] = sent(flow.restore(restored, 5.0), TurnNext)
+    assert (again.request_id, again.turn, again.observation_token_ids.tolist()) == (1, 1, [15])
+    assert flow.counters["restored_turns_resent"] == 1 and env.submitted == []
+    flow.handle(turn_done(1, 1, [9]), 6.0)  # generated once it arrives: the session goes on as before
+    assert env.submitted == [(1, 1, [[1, 7], [9]])]
+    placed = rebuild_sessions(log.add("router.link", started(1, turn=1)).events, launch=0)
+    assert sent(make()[0].restore(placed, 5.0), TurnNext) == []  # placed: its tokens are coming
