@@ -171,7 +171,7 @@ class UnmergedAdapters:
         host = self._pinned[:total]
         torch.cat([t.reshape(-1) for t in tensors], out=host)
         flat = host.to(self.device, non_blocking=True)
-        self._copied = torch.cuda.Event()
+        self._copied = torch.cuda.Event()  # type: ignore[no-untyped-call]
         self._copied.record()
         moved: dict[str, dict[str, Tensor]] = {}
         offset = 0

@@ -58,7 +58,14 @@ from psrl.trainer.models import (
 from psrl.trainer.optimizer_state import allocate_adam_state
 from psrl.trainer.packing import micro_batch_count, plan_packed
 from psrl.trainer.parallel import ParallelContext
-from psrl.trainer.stages import ForwardModels, TrainerError, advantage_stage, per_sample_stage
+from psrl.trainer.stages import (
+    ForwardModels,
+    PendingForward,
+    TrainerError,
+    advantage_stage,
+    finish_forwards,
+    run_forwards,
+)
 from psrl.trainer.update import UpdateSettings, actor_step, critic_step, denominators, token_budget_batches
 from psrl.trainer.varlen import use_varlen_attention
 
@@ -295,29 +302,35 @@ class TrainerCore:
             state.num_rounds += 1
 
     def _forward_units(self, state: _TrainingBuffer, *, is_final: bool) -> None:
+        """The per-sample stage of every complete forward unit: all forwards launched, then read back."""
         unit = max(1, self.config.actor.ppo_micro_batch_size_per_gpu // self.group_size)
+        started = time.perf_counter()
+        pending: list[PendingForward] = []
         while state.num_forwarded < len(state.own):
             available = len(state.own) - state.num_forwarded
             if available < unit and not is_final:
-                return
+                break
             groups = state.own[state.num_forwarded : state.num_forwarded + unit]
-            started = time.perf_counter()
             with compute_precision(self.parallel.device, self.settings.compute_dtype), self._no_checkpointing():
-                for part in self._forward_batches([s for g in groups for s in g]):
-                    per_sample_stage(
-                        part,
-                        self._forward_models(),
-                        self.config.algorithm,
-                        temperature=self.settings.temperature,
-                        pad_token_id=self.settings.pad_token_id,
-                        parallel=self.parallel,
-                        sums=state.sums,
-                        packing=self.settings.packing,
-                        buffer_id=state.buffer_id,
-                        max_staleness=self.config.psrl.staleness,
-                    )
-            state.forward_s += time.perf_counter() - started
+                samples = [s for g in groups for s in g]
+                pending += [self._launch_forwards(part) for part in self._forward_batches(samples)]
             state.num_forwarded += len(groups)
+        for launched in pending:
+            finish_forwards(launched, self.config.algorithm, sums=state.sums, buffer_id=state.buffer_id,
+                            max_staleness=self.config.psrl.staleness)  # fmt: skip
+        if pending:
+            state.forward_s += time.perf_counter() - started
+
+    def _launch_forwards(self, samples: list[Sample]) -> PendingForward:
+        return run_forwards(
+            samples,
+            self._forward_models(),
+            self.config.algorithm,
+            temperature=self.settings.temperature,
+            pad_token_id=self.settings.pad_token_id,
+            parallel=self.parallel,
+            packing=self.settings.packing,
+        )
 
     def _forward_batches(self, samples: list[Sample]) -> list[list[Sample]]:
         """A forward unit's micro-batches: token-balanced when packed (psrl.trainer.packing), else the

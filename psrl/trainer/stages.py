@@ -40,7 +40,22 @@ class ForwardModels:
     critic: nn.Module | None  # only with GAE
 
 
-def per_sample_stage(
+@dataclass(frozen=True)
+class PendingForward:
+    """One micro-batch's no-grad forwards, launched; their results are on their way to the host.
+
+    The micro-batch loop launches every forward before it reads any result back (`finish_forwards`):
+    reading one back waits for the device, and the device then idles while the host prepares the next
+    micro-batch. The correction and its statistics run on the host copies (small [B, R] tensors).
+    """
+
+    samples: Sequence[Sample]
+    batch: Batch  # the padded per-token tensors, on the host
+    results: dict[str, Tensor]  # old_log_probs, ref_log_probs, values (as computed), on the host
+    copied: torch.cuda.Event | None  # recorded after the copies to the host; None: already there
+
+
+def run_forwards(
     samples: Sequence[Sample],
     models: ForwardModels,
     algorithm: Algorithm,
@@ -48,40 +63,55 @@ def per_sample_stage(
     temperature: float,
     pad_token_id: int,
     parallel: ParallelContext,
-    sums: MetricSums,
-    buffer_id: int = 0,
-    max_staleness: int = 0,
     packing: bool = False,
-) -> None:
-    """Fill `old_log_probs`, `is_weights`, `rs_accept`, `ref_log_probs` and `values` of one micro-batch
-    (packed when `packing`: the models then run varlen attention, see `psrl.trainer.packing`)."""
-    micro: MicroBatch = pack(samples, pad_token_id) if packing else collate(samples, pad_token_id)
-    micro = micro.to(parallel.device)
-    batch = padded_of(micro)
+) -> PendingForward:
+    """Launch the forwards of one micro-batch (packed when `packing`: the models then run varlen
+    attention, see `psrl.trainer.packing`): old log-probs, reference log-probs and values as needed."""
+    host: MicroBatch = pack(samples, pad_token_id) if packing else collate(samples, pad_token_id)
+    batch = padded_of(host)
     correction = algorithm.rollout_correction
-    spec = spec_of(correction)
-    if (correction.bypass_mode or spec.is_active) and not batch.has_rollout_log_probs:
+    if (correction.bypass_mode or spec_of(correction).is_active) and not batch.has_rollout_log_probs:
         raise TrainerError("rollout correction needs the engine's log-probs, and a trajectory came without them")
-    if correction.bypass_mode:
-        old_log_probs = batch.rollout_log_probs
-    else:
+    micro = host.to(parallel.device)
+    results = {}
+    if not correction.bypass_mode:
         # the policy stays in eval mode from load_policy (checkpointed layers alone carry training=True)
-        old_log_probs = no_grad_log_probs(models.policy, micro, temperature)
-    _store(old_log_probs, samples, "old_log_probs")
+        results["old_log_probs"] = no_grad_log_probs(models.policy, micro, temperature)
+    if models.reference is not None:
+        results["ref_log_probs"] = no_grad_log_probs(models.reference, micro, temperature)
+    if models.critic is not None:
+        results["values"] = no_grad_values(models.critic, micro)
+    if parallel.device.type != "cuda":
+        return PendingForward(samples, batch, {k: v.float() for k, v in results.items()}, None)
+    copies = {name: _host_copy(value) for name, value in results.items()}
+    copied = torch.cuda.Event()  # type: ignore[no-untyped-call]
+    copied.record()
+    return PendingForward(samples, batch, copies, copied)
+
+
+def _host_copy(values: Tensor) -> Tensor:
+    out = torch.empty(values.shape, dtype=torch.float32, pin_memory=True)
+    return out.copy_(values.detach().float(), non_blocking=True)
+
+
+def finish_forwards(
+    pending: PendingForward, algorithm: Algorithm, *, sums: MetricSums, buffer_id: int = 0, max_staleness: int = 0
+) -> None:
+    """Fill `old_log_probs`, `is_weights`, `rs_accept`, `ref_log_probs` and `values` of a launched micro-batch."""
+    if pending.copied is not None:
+        pending.copied.synchronize()
+    samples, batch, results = pending.samples, pending.batch, pending.results
+    correction = algorithm.rollout_correction
+    old_log_probs = batch.rollout_log_probs if correction.bypass_mode else results["old_log_probs"]
+    scatter_rows(old_log_probs, samples, "old_log_probs")
     if batch.has_rollout_log_probs and not correction.bypass_mode:
         staleness = token_staleness(buffer_id, batch.token_versions, batch.versions).clamp(0, max_staleness)
-        _correct(samples, batch, old_log_probs, spec, staleness, sums, max_staleness)
+        _correct(samples, batch, old_log_probs, spec_of(correction), staleness, sums, max_staleness)
     if batch.has_rollout_log_probs:
         _add_mismatch(sums, old_log_probs, batch.rollout_log_probs, batch.response_mask)
-    if models.reference is not None:
-        _store(no_grad_log_probs(models.reference, micro, temperature), samples, "ref_log_probs")
-    if models.critic is not None:
-        _store(no_grad_values(models.critic, micro), samples, "values")
-
-
-def _store(values: Tensor, samples: Sequence[Sample], name: str) -> None:
-    """Per-row values onto the samples: one copy to the host for the whole batch, not one per row."""
-    scatter_rows(values.detach().to("cpu", torch.float32), samples, name)
+    for name in ("ref_log_probs", "values"):
+        if name in results:
+            scatter_rows(results[name], samples, name)
 
 
 def _correct(
@@ -100,11 +130,11 @@ def _correct(
     mask = batch.response_mask
     result = correct(old_log_probs, batch.rollout_log_probs, mask, spec)
     if result.is_weights is not None and spec.is_level is not None:
-        _store(result.is_weights, samples, "is_weights")
+        scatter_rows(result.is_weights, samples, "is_weights")
         raw = torch.exp(level_log_ratio(result.log_ratio, mask, spec.is_level))  # the weight before truncation
         _add_is_stats(sums, is_statistics(raw, mask, spec.is_upper, result.log_ratio), float(mask.sum()))
     if result.accept is not None:
-        _store(result.accept, samples, "rs_accept")
+        scatter_rows(result.accept, samples, "rs_accept")
     for name, (mean, weight) in correction_metrics(result, mask, staleness).items():
         sums.add(name, mean, weight)
     for s in range(max_staleness + 1):

@@ -164,13 +164,13 @@ class TestFineGrainOverlap:
     ) -> None:
         """Forward units of micro // rollout_n groups must not depend on where the chunks were cut."""
         units: list[tuple[int, ...]] = []
-        real_stage = core_module.per_sample_stage
+        real_stage = core_module.run_forwards
 
-        def recording_stage(samples: list[Sample], *args: object, **kwargs: object) -> None:
+        def recording_stage(samples: list[Sample], *args: object, **kwargs: object) -> object:
             units.append(tuple(s.trajectory.prompt_id for s in samples))
-            real_stage(samples, *args, **kwargs)  # type: ignore[arg-type]
+            return real_stage(samples, *args, **kwargs)  # type: ignore[arg-type]
 
-        monkeypatch.setattr(core_module, "per_sample_stage", recording_stage)
+        monkeypatch.setattr(core_module, "run_forwards", recording_stage)
         sizes = [f"actor.ppo_micro_batch_size_per_gpu={micro}"]
         reference = TrainerCore(trainer_config(sizes), model_dir=tiny_model_dir)
         chunked = TrainerCore(
