@@ -8,15 +8,19 @@ are estimated from the model's shape and the micro-batch's tokens,
     tokens x layers x ((10 x hidden + 4 x intermediate) x bytes of the compute dtype + 8 x hidden)
 
 (the inputs of the norms, projections, attention and MLP a decoder layer saves, and the float32
-norm statistics), and the layers are checkpointed when that exceeds `BUDGET_SHARE` of the memory
-still free on the device (on CUDA: free memory plus what the caching allocator holds unused; on a
-CPU: the host's available memory, MemAvailable). No-grad forwards never checkpoint (nothing is kept for a
-backward). Fixed ``true`` / ``false`` keep the old behaviour for benchmarks that compare both.
+norm statistics). When that exceeds `BUDGET_SHARE` of the memory still free on the device (on CUDA:
+free memory plus what the caching allocator holds unused; on a CPU: the host's available memory,
+MemAvailable), the fewest layers are recomputed that bring it under (a recomputed layer keeps only
+its input, `hidden` values a token): recomputation costs a layer's forward again, so recomputing
+every layer where a few suffice gives away up to a quarter of the step. No-grad forwards never
+checkpoint (nothing is kept for a backward). Fixed ``true`` / ``false`` recompute every layer or
+none, for benchmarks that compare both.
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -50,9 +54,11 @@ class CheckpointPolicy:
     mode: CheckpointMode
     compute_dtype: torch.dtype
     layers: list[nn.Module] = field(default_factory=list)
-    bytes_per_token: float = 0.0
-    checkpointed: int = 0  # micro-batches that recomputed their layers, since the model was loaded
+    bytes_per_token: float = 0.0  # every layer's activations, none recomputed
+    kept_bytes_per_token: float = 0.0  # what a recomputed layer keeps (its input)
+    checkpointed: int = 0  # micro-batches that recomputed layers, since the model was loaded
     micro_batches: int = 0  # micro-batches the rule decided on
+    layers_recomputed: int = 0  # layers recomputed, summed over those micro-batches
 
     def __post_init__(self) -> None:
         if self.mode == "off":
@@ -60,24 +66,33 @@ class CheckpointPolicy:
         enable_gradient_checkpointing(self.model)
         self.layers = [m for m in self.model.modules() if hasattr(m, "_gradient_checkpointing_func")]
         self.bytes_per_token = activation_bytes_per_token(self.model, self.compute_dtype)
+        self.kept_bytes_per_token = _hidden_size(self.model) * torch.empty(0, dtype=self.compute_dtype).element_size()
         self._set(self.mode == "on")
 
-    def _set(self, enabled: bool) -> None:
-        for layer in self.layers:
-            setattr(layer, "gradient_checkpointing", enabled)  # noqa: B010 - transformers' flag, not a module attribute mypy knows
+    def _set(self, enabled: bool, count: int | None = None) -> None:
+        """Recompute the first `count` layers (all of them when None) if `enabled`, none otherwise."""
+        count = len(self.layers) if count is None or not enabled else count
+        for index, layer in enumerate(self.layers):
+            setattr(layer, "gradient_checkpointing", enabled and index < count)  # noqa: B010 - transformers' flag, not a module attribute mypy knows
 
-    def wants(self, num_tokens: int, device: torch.device) -> bool:
+    def layers_to_recompute(self, num_tokens: int, device: torch.device) -> int:
         if self.mode != "auto":
-            return self.mode == "on"
-        return num_tokens * self.bytes_per_token > BUDGET_SHARE * free_bytes(device)
+            return len(self.layers) if self.mode == "on" else 0
+        return layers_to_recompute(
+            num_tokens * self.bytes_per_token,
+            num_tokens * self.kept_bytes_per_token,
+            len(self.layers),
+            BUDGET_SHARE * free_bytes(device),
+        )
 
     @contextlib.contextmanager
     def around(self, num_tokens: int, device: torch.device) -> Iterator[None]:
-        """Checkpoint the layers during one forward+backward of `num_tokens` tokens if the rule says so."""
-        enabled = self.wants(num_tokens, device)
+        """Recompute as many layers as the rule says during one forward+backward of `num_tokens` tokens."""
+        count = self.layers_to_recompute(num_tokens, device)
         self.micro_batches += 1
-        self.checkpointed += enabled
-        self._set(enabled)
+        self.checkpointed += count > 0
+        self.layers_recomputed += count
+        self._set(count > 0, count)
         try:
             yield
         finally:
@@ -91,6 +106,24 @@ class CheckpointPolicy:
             yield
         finally:
             self._set(self.mode == "on")
+
+
+def layers_to_recompute(activations: float, kept_per_layer: float, num_layers: int, budget: float) -> int:
+    """The fewest of `num_layers` layers to recompute so that a forward's kept activations fit `budget`:
+    every layer keeps `activations / num_layers`, a recomputed one `kept_per_layer` (all of them
+    when even that does not fit)."""
+    if activations <= budget or num_layers == 0:
+        return 0
+    per_layer = activations / num_layers
+    saved = per_layer - kept_per_layer
+    if saved <= 0:
+        return num_layers
+    return min(num_layers, math.ceil((activations - budget) / saved))
+
+
+def _hidden_size(model: nn.Module) -> int:
+    config = getattr(model, "config", None) or getattr(getattr(model, "backbone", None), "config", None)
+    return int(getattr(config, "hidden_size", 0))
 
 
 def activation_bytes_per_token(model: nn.Module, compute_dtype: torch.dtype) -> float:

@@ -248,6 +248,34 @@ def test_checkpointing_by_memory_budget(tiny_model_dir: Path, monkeypatch: pytes
     assert not any(layer.gradient_checkpointing for layer in policy.layers)  # off again after the update
 
 
+def test_the_fewest_layers_that_fit_are_recomputed() -> None:
+    from psrl.trainer.memory import layers_to_recompute
+
+    assert layers_to_recompute(100.0, 1.0, 10, budget=100.0) == 0  # fits: nothing recomputed
+    assert layers_to_recompute(100.0, 1.0, 10, budget=90.0) == 2  # each recomputed layer frees 9
+    assert layers_to_recompute(100.0, 1.0, 10, budget=10.0) == 10  # the least it can keep is 10
+    assert layers_to_recompute(100.0, 1.0, 10, budget=1.0) == 10  # does not fit at all: every layer
+
+
+def test_a_tight_budget_recomputes_some_layers_and_trains_the_same(
+    tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from psrl.trainer import memory
+
+    reference = TrainerCore(trainer_config(["actor.gradient_checkpointing=False"]), model_dir=tiny_model_dir)
+    partial = TrainerCore(trainer_config(), model_dir=tiny_model_dir)
+    policy = partial.checkpointing["policy"]
+    real = memory.layers_to_recompute  # a budget of 3/4 of each micro-batch's activations
+    monkeypatch.setattr(memory, "layers_to_recompute", lambda act, kept, n, _budget: real(act, kept, n, 0.75 * act))
+    assert 0 < policy.layers_to_recompute(64, torch.device("cpu")) < len(policy.layers)
+    for buffer_id in range(2):
+        expected = reference.train_buffer(buffer_id, make_buffer(buffer_id)).metrics["actor/pg_loss"]
+        assert partial.train_buffer(buffer_id, make_buffer(buffer_id)).metrics["actor/pg_loss"] == pytest.approx(
+            expected, rel=1e-5, abs=1e-6
+        )
+    assert policy.checkpointed > 0 and policy.layers_recomputed < policy.checkpointed * len(policy.layers)
+
+
 def test_ranks_take_one_group_a_round_balanced_by_tokens() -> None:
     from psrl.trainer.core import round_owners
 
