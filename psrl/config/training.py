@@ -194,8 +194,8 @@ class ActorSettings(Section):
         "auto",
         "Policy and critic keep only each transformer layer's input for the backward pass and recompute the "
         "rest (activation memory of long responses drops by about the layer count; one more forward per update). "
-        "auto: per micro-batch, only when its estimated activations exceed 60% of the free device memory "
-        "(psrl.trainer.memory).",
+        "auto: per micro-batch, when its estimated activations exceed 60% of the free device memory, and then "
+        "only the fewest layers that bring them under (psrl.trainer.memory).",
     )
     compile: bool | Literal["auto"] = field(
         "auto",
