@@ -40,7 +40,10 @@ def _kill_trainer_after(version: int, sup: Supervisor, killed: dict[str, int]) -
         time.sleep(0.3)
 
 
-def test_a_curve_run_syncs_every_instance_and_a_replacement_trainer_pulls(tmp_path) -> None:
+def test_a_curve_run_syncs_every_instance_and_a_replacement_trainer_pulls(tmp_path, monkeypatch) -> None:
+    scratch = tmp_path / "tmp"  # the actors' temp directory: their private copies of the keys go there
+    scratch.mkdir()
+    monkeypatch.setenv("TMPDIR", str(scratch))
     config = load_config(
         "demo",
         ["bus.curve=on", f"psrl.staleness={STALENESS}", f"trainer.total_steps={STEPS}", "bus.handshake_timeout_s=120"],
@@ -64,3 +67,4 @@ def test_a_curve_run_syncs_every_instance_and_a_replacement_trainer_pulls(tmp_pa
     assert all(max(versions) > STALENESS + 1 for versions in loads.values()), loads
     restarts = [e.message for e in events if isinstance(e.message, ActorRestarted)]
     assert [(r.actor, r.old_incarnation) for r in restarts] == [("trainer-0", killed["incarnation"])]
+    assert not list(scratch.glob("psrl-keys-*")), "an actor left its copy of the secret keys behind"
