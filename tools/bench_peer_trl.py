@@ -22,6 +22,8 @@ settings it could not match, a table per run, medians per system and last
     .venv/bin/python tools/bench_peer_trl.py --steps 10 --repeats 1               # a quick look
     .venv/bin/python tools/bench_peer_trl.py --model smollm2                      # tools/convert_smollm2.py first
     .venv/bin/python tools/bench_peer_trl.py --device cuda                        # TRL without vLLM
+    .venv/bin/python tools/bench_peer_trl.py --model smollm2 --config examples/reasoning_gym/word_reversal.yaml \
+        --systems trl,async --steps 24 --repeats 1                                # an external task
 
 Positional ``key=value`` overrides go to psrl's configuration and so to both sides.
 """
@@ -72,6 +74,17 @@ class RunRecord:
     notes: list[str] = field(default_factory=list)
 
 
+def workload_task(work: Workload) -> Any:
+    """The run's task as psrl's coordinator builds it (a reasoning-gym task renders its prompts with the
+    model's chat template), for TRL's prompts and reward and for the evaluation."""
+    from transformers import AutoTokenizer
+
+    from psrl.config import load_config
+    from psrl.flows.task_source import make_task
+
+    return make_task(load_config(work.config, list(work.overrides)), AutoTokenizer.from_pretrained(work.model_dir))
+
+
 # ---------------------------------------------------------------------------------------- the TRL side
 
 
@@ -81,9 +94,7 @@ def trl_inputs(work: Workload) -> tuple[Any, Any, list[float], bool]:
     from datasets import Dataset
     from transformers import AutoTokenizer
 
-    from psrl.tasks import get_task
-
-    task = get_task(work.task, work.task_seed)
+    task = workload_task(work)
     prompts = [task.prompt(i) for i in range(work.steps * work.groups)]
     tokenizer = AutoTokenizer.from_pretrained(work.model_dir)
     # TRL tokenizes a plain-text prompt as the processing class does by default; psrl as tokenizer.encode
@@ -169,11 +180,11 @@ def timed(command: list[str], env: dict[str, str], log: Path) -> tuple[float, fl
 
 
 def run_psrl(system: str, overrides: list[str], work: Workload, root: Path, repeat: int) -> RunRecord:
-    """`psrl launch demo` as a user types it; times from its metrics (the trainer's step records)."""
+    """`psrl launch <config>` as a user types it; times from its metrics (the trainer's step records)."""
     name = f"{system}-{repeat}"
     psrl_cli = Path(sys.executable).with_name("psrl")
-    command = [str(psrl_cli), "launch", "demo", *overrides, *PSRL_MODE[system], "--root", str(root), "--name", name,
-               "--quiet"]  # fmt: skip
+    command = [str(psrl_cli), "launch", work.config, *overrides, *PSRL_MODE[system], "--root", str(root),
+               "--name", name, "--quiet"]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}  # the Makefile's default; actors set theirs
     started, wall = timed(command, env, root / f"{name}.log")
     run_dir = root / name
@@ -197,10 +208,8 @@ def evaluate(model_dir: Path, work: Workload, num_prompts: int, device: str) -> 
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
-    from psrl.tasks import get_task
-
     hf_logging.disable_progress_bar()  # a weight-loading bar per evaluation buries the results
-    held_out = get_task(work.task, work.task_seed).held_out()  # type: ignore[attr-defined]
+    held_out = workload_task(work).held_out()  # type: ignore[attr-defined]
     tokenizer = AutoTokenizer.from_pretrained(work.model_dir)  # the original tokenizer for every model
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(device).eval()
     eos = tokenizer.eos_token_id
@@ -248,15 +257,16 @@ def build_workload(args: argparse.Namespace) -> tuple[Workload, list[str]]:
         overrides.append(f"model.path={model_dir}")
     if args.device == "cuda":
         overrides.append("topology.device=cuda")
-    config = checked(load_config("demo", overrides))
-    return workload_from_config(config, model_dir), overrides
+    config = checked(load_config(args.config, overrides))
+    return workload_from_config(config, model_dir, args.config, overrides), overrides
 
 
 def run_all(work: Workload, overrides: list[str], root: Path, args: argparse.Namespace) -> list[RunRecord]:
     records = []
+    systems = tuple(s for s in SYSTEMS if s in args.systems.split(","))
     for repeat in range(args.repeats):
         # alternate the order so that a drift in the machine's load favours no system
-        order = SYSTEMS if repeat % 2 == 0 else tuple(reversed(SYSTEMS))
+        order = systems if repeat % 2 == 0 else tuple(reversed(systems))
         for system in order:
             print(f"  repeat {repeat + 1}/{args.repeats}: {system} ... (load {load_text()})", flush=True)
             if system == "trl":
@@ -327,6 +337,8 @@ def print_settings(work: Workload, args: argparse.Namespace) -> None:
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", choices=["demo", "smollm2"], default="demo")
+    parser.add_argument("--config", default="demo", help="psrl's configuration: a preset or a YAML file (both sides)")
+    parser.add_argument("--systems", default=",".join(SYSTEMS), help=f"which of {','.join(SYSTEMS)} to run")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--steps", type=int, default=40, help="training steps (batches) per run")
     parser.add_argument("--repeats", type=int, default=2, help="runs of each system, the order alternating")

@@ -238,8 +238,11 @@ def host_waits(enabled: bool) -> Iterator[collections.Counter[str]]:
 
     def record(message: object, *_: object, **__: object) -> None:
         frames = [f for f in traceback.extract_stack()[:-1] if "/psrl/" in f.filename or "/tools/" in f.filename]
-        where = f"{'/'.join(frames[-1].filename.rsplit('/', 2)[-2:])}:{frames[-1].lineno} {frames[-1].name}" if frames else "?"
-        sites[where] += 1
+        if not frames:
+            sites["?"] += 1
+            return
+        inner = frames[-1]
+        sites[f"{'/'.join(inner.filename.rsplit('/', 2)[-2:])}:{inner.lineno} {inner.name}"] += 1
 
     previous = warnings.showwarning
     with warnings.catch_warnings():

@@ -1,7 +1,7 @@
 """Pure parts of tools/bench_peer_trl.py: one workload, written as psrl overrides and as TRL's GRPOConfig.
 
-The workload is read from psrl's resolved configuration (the demo preset plus the benchmark's
-overrides), so both sides get the values psrl actually runs with, never a second copy of them.
+The workload is read from psrl's resolved configuration (the demo preset, or another configuration,
+plus the benchmark's overrides), so both sides get the values psrl actually runs with, never a second copy of them.
 A *step* is one batch: ``groups`` prompts x ``group_size`` responses, trained as
 ``groups / mini_batch_groups`` AdamW updates in both systems (TRL: ``steps_per_generation``).
 Nothing here imports TRL or starts a process: the settings table and the RESULT arithmetic are tested
@@ -47,6 +47,8 @@ class Workload:
     loss_agg_mode: str
     gradient_checkpointing: bool
     seed: int
+    config: str = "demo"  # the psrl configuration (a preset or a YAML file) the workload was read from
+    overrides: tuple[str, ...] = ()  # and its overrides: the task is built from both, on either side
 
     @property
     def updates_per_step(self) -> int:
@@ -57,11 +59,14 @@ class Workload:
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any]) -> Workload:
-        return cls(**{**values, "betas": tuple(values["betas"])})
+        return cls(**{**values, "betas": tuple(values["betas"]), "overrides": tuple(values.get("overrides", ()))})
 
 
-def workload_from_config(config: Any, model_dir: str) -> Workload:
-    """The workload psrl runs with ``config`` (a resolved ``psrl.config.Config``)."""
+def workload_from_config(
+    config: Any, model_dir: str, source: str = "demo", overrides: Sequence[str] = ()
+) -> Workload:
+    """The workload psrl runs with ``config`` (a resolved ``psrl.config.Config``, read from ``source``
+    with ``overrides``)."""
     actor, algo, task = config.actor, config.algorithm, config.task
     return Workload(
         model_dir=model_dir,
@@ -88,6 +93,8 @@ def workload_from_config(config: Any, model_dir: str) -> Workload:
         loss_agg_mode=algo.loss_agg_mode,
         gradient_checkpointing=actor.gradient_checkpointing is True,  # auto: psrl recomputes only what would not fit
         seed=config.trainer.seed,
+        config=source,
+        overrides=tuple(overrides),
     )
 
 
