@@ -49,7 +49,7 @@ install-vllm: $(VLLM_VENV)/.installed
 $(TRL_VENV)/.installed: pyproject.toml constraints.txt
 	test -x $(TRL_BIN)/python || $(PY) -m venv $(TRL_VENV)
 	$(TRL_BIN)/pip install -q -c constraints.txt torch==2.13.0
-	$(TRL_BIN)/pip install -q -c constraints.txt -e . trl pytest pytest-timeout
+	$(TRL_BIN)/pip install -q -c constraints.txt -e '.[reasoning-gym]' trl pytest pytest-timeout
 	$(TRL_BIN)/python -c 'from trl import GRPOConfig, GRPOTrainer'
 	touch $@
 
