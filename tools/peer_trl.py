@@ -62,9 +62,7 @@ class Workload:
         return cls(**{**values, "betas": tuple(values["betas"]), "overrides": tuple(values.get("overrides", ()))})
 
 
-def workload_from_config(
-    config: Any, model_dir: str, source: str = "demo", overrides: Sequence[str] = ()
-) -> Workload:
+def workload_from_config(config: Any, model_dir: str, source: str = "demo", overrides: Sequence[str] = ()) -> Workload:
     """The workload psrl runs with ``config`` (a resolved ``psrl.config.Config``, read from ``source``
     with ``overrides``)."""
     actor, algo, task = config.actor, config.algorithm, config.task

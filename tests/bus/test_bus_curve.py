@@ -166,8 +166,6 @@ def test_an_actors_boot_keys_load_into_memory_and_leave_no_files(
     start_authenticator(ctx, loaded).stop()  # the authorized keys need no directory any more
 
 
-def test_binding_without_authorized_keys_is_refused_with_the_directory_named(
-    ctx: zmq.Context, keys: CurveKeys
-) -> None:
+def test_binding_without_authorized_keys_is_refused_with_the_directory_named(ctx: zmq.Context, keys: CurveKeys) -> None:
     with pytest.raises(BusError, match=r"authorized is missing"):
         start_authenticator(ctx, dataclasses.replace(keys, authorized=None))
