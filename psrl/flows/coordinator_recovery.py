@@ -11,9 +11,6 @@ what the dead coordinator is logged as having done:
 
 * requests, group verdicts (``GroupAccept``, ``GroupDrop``), ``Consume`` and ``TrainBatch`` it
   already sent are not sent again; those it never got to send (it died first) are sent now;
-* a request it is logged as sending that the router is logged nowhere as having (no event of the
-  router names it) is sent again: a killed process loses the sends still queued in its socket,
-  though its link logged them; the router takes a request it already has once (``duplicate_requests``);
 * every chunk of a buffer the trainer has not reached yet is handed to the trainer ranks again
   (a rank skips the chunks it already has), since chunk traffic is not logged;
 * metrics, sync ticks and commands are not repeated: the new incarnation decides afresh.
@@ -57,7 +54,6 @@ class LoggedOutputs:
     """What the dead coordinator is logged as having sent, by what identifies each."""
 
     requests: set[int] = field(default_factory=set)
-    known_to_router: set[int] = field(default_factory=set)  # requests some event of the router names
     accepts: set[int] = field(default_factory=set)
     drops: set[int] = field(default_factory=set)
     consumes: set[int] = field(default_factory=set)
@@ -82,7 +78,7 @@ class LoggedOutputs:
         """Whether ``effect`` (from the re-run) still has to happen."""
         message = effect.message if isinstance(effect, Send | Publish) else None
         if isinstance(message, GenerateRequest):
-            return message.request_id not in self.requests or message.request_id not in self.known_to_router
+            return message.request_id not in self.requests
         if isinstance(message, GroupAccept):
             return message.prompt_id not in self.accepts
         if isinstance(message, GroupDrop):
@@ -119,8 +115,6 @@ def replay_coordinator(
             continue
         gaps.observe(env)
         actor = actor_of(env.sender)
-        if actor == ROUTER and isinstance(getattr(message, "request_id", None), int):
-            outputs.known_to_router.add(message.request_id)
         if actor == ROUTER and env.sender.endswith(".link") and type(message) in flow.link_kinds:
             inputs.append(message)
             seen.add(env.event_id)
