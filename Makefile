@@ -56,7 +56,7 @@ $(TRL_VENV)/.installed: pyproject.toml constraints.txt
 install-trl: $(TRL_VENV)/.installed
 
 test-trl: install-trl
-	$(TRL_BIN)/python -m pytest -m trl
+	$(TRL_BIN)/python -m pytest -m trl tests/unit/test_peer_trl.py
 
 # the verifiers extra (task.name=verifiers:<env>) in its own venv: its ~45 dependencies (anthropic, mcp,
 # openai-agents, uvloop, ...) stay out of the main venv, and later verifiers releases pin openai < 3
