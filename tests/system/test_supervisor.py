@@ -141,7 +141,10 @@ def test_ctrl_c_stops_every_process(tmp_path) -> None:
         time.sleep(0.2)
     from psrl.rundir import RunDir
 
-    pids = [e.message.pid for e in logged_events(RunDir(run)) if isinstance(e.message, ActorStarted)]
+    pids: list[int] = []
+    while time.monotonic() < deadline and len(pids) < len(roles):  # the logger may not have written them yet
+        pids = [e.message.pid for e in logged_events(RunDir(run)) if isinstance(e.message, ActorStarted)]
+        time.sleep(0.2)
     launcher.send_signal(signal.SIGINT)
     stopped_at = time.monotonic()
     out, _ = launcher.communicate(timeout=30)
