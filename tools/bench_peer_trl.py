@@ -348,7 +348,11 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--trl-python", type=Path, default=TRL_PYTHON, help="the TRL venv's python")
     parser.add_argument("--child", type=Path, default=None, help=argparse.SUPPRESS)
     parser.add_argument("overrides", nargs="*", help="psrl config overrides (key=value), applied to both sides")
-    return parser.parse_args()
+    args = parser.parse_args()
+    unknown = sorted(set(args.systems.split(",")) - set(SYSTEMS))
+    if unknown:
+        parser.error(f"--systems {args.systems!r}: unknown {unknown}; use a comma list of {','.join(SYSTEMS)}")
+    return args
 
 
 def main() -> None:

@@ -236,16 +236,16 @@ def host_waits(enabled: bool) -> Iterator[collections.Counter[str]]:
         yield sites
         return
 
-    def record(message: object, *_: object, **__: object) -> None:
-        frames = [f for f in traceback.extract_stack()[:-1] if "/psrl/" in f.filename or "/tools/" in f.filename]
-        if not frames:
-            sites["?"] += 1
+    def record(message: object, *rest: object, **kwargs: object) -> None:
+        if "synchroniz" not in str(message):  # any other warning is shown as usual
+            previous(message, *rest, **kwargs)  # type: ignore[arg-type]
             return
-        inner = frames[-1]
-        sites[f"{'/'.join(inner.filename.rsplit('/', 2)[-2:])}:{inner.lineno} {inner.name}"] += 1
+        frames = [f for f in traceback.extract_stack()[:-1] if "/psrl/" in f.filename or "/tools/" in f.filename]
+        inner = frames[-1] if frames else None
+        sites[f"{'/'.join(inner.filename.rsplit('/', 2)[-2:])}:{inner.lineno} {inner.name}" if inner else "?"] += 1
 
     previous = warnings.showwarning
-    with warnings.catch_warnings():
+    with warnings.catch_warnings():  # restores showwarning and the filters on exit
         warnings.simplefilter("always")
         warnings.showwarning = record  # type: ignore[assignment]
         torch.cuda.set_sync_debug_mode("warn")
@@ -253,7 +253,6 @@ def host_waits(enabled: bool) -> Iterator[collections.Counter[str]]:
             yield sites
         finally:
             torch.cuda.set_sync_debug_mode("default")
-            warnings.showwarning = previous
 
 
 def main() -> None:

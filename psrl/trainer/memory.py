@@ -121,15 +121,19 @@ def layers_to_recompute(activations: float, kept_per_layer: float, num_layers: i
     return min(num_layers, math.ceil((activations - budget) / saved))
 
 
+def _model_config(model: nn.Module) -> object:
+    """The model's Hugging Face config (a critic keeps it on its backbone)."""
+    return getattr(model, "config", None) or getattr(getattr(model, "backbone", None), "config", None)
+
+
 def _hidden_size(model: nn.Module) -> int:
-    config = getattr(model, "config", None) or getattr(getattr(model, "backbone", None), "config", None)
-    return int(getattr(config, "hidden_size", 0))
+    return int(getattr(_model_config(model), "hidden_size", 0))
 
 
 def activation_bytes_per_token(model: nn.Module, compute_dtype: torch.dtype) -> float:
     """Activation bytes one token keeps for the backward over every layer (the estimate above)."""
-    config = getattr(model, "config", None) or getattr(getattr(model, "backbone", None), "config", None)
-    hidden = int(getattr(config, "hidden_size", 0))
+    config = _model_config(model)
+    hidden = _hidden_size(model)
     intermediate = int(getattr(config, "intermediate_size", 4 * hidden) or 4 * hidden)
     layers = int(getattr(config, "num_hidden_layers", 1))
     size = torch.empty(0, dtype=compute_dtype).element_size()
