@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import faulthandler
 import logging
 import os
+import signal
 import sys
 from collections.abc import Callable
 
@@ -43,6 +45,9 @@ def prepare_process(boot: Boot) -> None:
     the thread count is also applied to torch itself, and the GPUs only while CUDA is untouched
     (importing torch does not start CUDA: the device list is read when it first starts)."""
     quiet_progress_bars()
+    # `kill -USR1 <pid>` writes every thread's stack to the actor's log (its stderr); the launcher
+    # does so to an actor that does not stop when asked, before forcing it
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     threads = int(boot.options.get("torch_threads", 0))
     if threads:  # several actors share the machine's cores
         os.environ["OMP_NUM_THREADS"] = str(threads)

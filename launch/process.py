@@ -55,6 +55,7 @@ class ActorProcess:
     is_ready: bool = False
     last_heartbeat: float = field(default=0.0)
     saving_since: float | None = None  # when it reported saving a checkpoint while stopping
+    last_step_s: float | None = None  # a trainer's last step: a stop lets the step in flight finish
     warm: bool = False  # its imports were done ahead of need: a warm spare or a fork of the fork server
 
     @property
@@ -88,6 +89,22 @@ class ActorProcess:
             return
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.popen.pid, signum)
+
+    def dump_stacks(self, log_path: Path, wait_s: float = 0.5) -> str:
+        """Every thread's Python stack, which the actor writes to its log on SIGUSR1 (``actors.__main__``):
+        where an actor that does not stop is stuck. Local actors only; "" when nothing came."""
+        if self.is_remote or self.popen.poll() is not None:
+            return ""
+        try:
+            start = log_path.stat().st_size
+            os.kill(self.popen.pid, signal.SIGUSR1)
+        except OSError:
+            return ""
+        time.sleep(wait_s)  # the dump is written from a signal handler, a few milliseconds at most
+        with contextlib.suppress(OSError), log_path.open("rb") as log:
+            log.seek(start)
+            return log.read().decode(errors="replace")
+        return ""
 
     def close_stdin(self) -> None:
         if self.popen.stdin is not None and not self.popen.stdin.closed:

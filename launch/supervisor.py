@@ -42,6 +42,7 @@ from bus.messages import (
     ScaleRequest,
     Shutdown,
     StallDiagnosed,
+    TrainerProgress,
 )
 from bus.schema import Event
 from bus.security import generate_keys, load_keys
@@ -58,6 +59,7 @@ from launch.spare_policy import SparePolicy
 from launch.spares import SparePool
 from launch.stall import SUBSCRIPTIONS as STALL_SUBSCRIPTIONS
 from launch.stall import RunStallWatch
+from launch.stopping import StoppingActor, grace_end
 from psrl.checkpoint_dirs import latest_checkpoint, read_trainer_state, remove_snapshots
 from psrl.config import Config, to_yaml
 from psrl.config.bus_settings import bus_settings
@@ -397,20 +399,7 @@ class Supervisor:
         name = sender.split("/", 1)[0]  # heartbeats (/hb) and control events (/ctl) come from the actor
         process = self.processes.get(name)
         if process is not None and event.envelope.incarnation == process.incarnation:
-            if isinstance(msg, Heartbeat):
-                process.last_heartbeat = time.monotonic()
-            elif isinstance(msg, Hello):
-                process.remote_pid = msg.pid
-                process.last_heartbeat = time.monotonic()
-            elif isinstance(msg, Ready):
-                process.is_ready = True
-                process.last_heartbeat = time.monotonic()
-                if self.scaler is not None:
-                    self.scaler.joined(name)
-            elif isinstance(msg, ActorDead):
-                self.dead_reasons[name] = msg.reason
-            elif isinstance(msg, ActorStatus) and msg.detail == CHECKPOINT_ON_STOP:
-                process.saving_since = time.monotonic()
+            self._on_actor_event(name, process, msg)
         if isinstance(msg, RunFinished):
             self._end(EXIT_OK if msg.success else EXIT_FAILED, msg.reason or "run finished")
         elif isinstance(msg, ScaleRequest):
@@ -421,6 +410,25 @@ class Supervisor:
             self.stall.observe(event, time.monotonic())
         for listener in self.listeners:
             listener(event)
+
+    def _on_actor_event(self, name: str, process: ActorProcess, msg: Any) -> None:
+        """An event from the current incarnation of one of the run's actors."""
+        if isinstance(msg, Heartbeat):
+            process.last_heartbeat = time.monotonic()
+        elif isinstance(msg, Hello):
+            process.remote_pid = msg.pid
+            process.last_heartbeat = time.monotonic()
+        elif isinstance(msg, Ready):
+            process.is_ready = True
+            process.last_heartbeat = time.monotonic()
+            if self.scaler is not None:
+                self.scaler.joined(name)
+        elif isinstance(msg, ActorDead):
+            self.dead_reasons[name] = msg.reason
+        elif isinstance(msg, ActorStatus) and msg.detail == CHECKPOINT_ON_STOP:
+            process.saving_since = time.monotonic()
+        elif isinstance(msg, TrainerProgress):
+            process.last_step_s = msg.step_s
 
     def _check_processes(self) -> None:
         now = time.monotonic()
@@ -607,14 +615,17 @@ class Supervisor:
             return
         if hasattr(self, "publisher"):
             self.publisher.publish(Shutdown(targets=names, reason=self.end_reason or ""))
+        asked = time.monotonic()
         while any(self.processes[n].poll() is None for n in names):
-            if time.monotonic() >= self._grace_end(names, deadline):
+            if time.monotonic() >= self._grace_end(names, deadline, asked):
                 break
             self._pump_events(0.05)  # still watching: a trainer may report that it is checkpointing
         for sig, grace in ((signal.SIGTERM, TERM_GRACE_S), (signal.SIGKILL, 1.0)):
             alive = [self.processes[n] for n in names if self.processes[n].poll() is None]
             for process in alive:
                 self.log.warning("forcing actor to stop", actor=process.spec.name, signal=sig.name)
+                if sig == signal.SIGTERM:
+                    self._log_stacks(process)
                 process.signal(sig)
             for process in alive:
                 process.wait(grace)
@@ -626,10 +637,21 @@ class Supervisor:
             if not process.log.closed:
                 process.log.close()
 
-    def _grace_end(self, names: list[str], deadline: float) -> float:
-        """`deadline`, or later while one of `names` is saving a checkpoint (bounded by stop_save_timeout_s)."""
-        saving = [p.saving_since for n in names if (p := self.processes[n]).saving_since is not None]
-        return max([deadline, *(since + self.config.trainer.stop_save_timeout_s for since in saving)])
+    def _log_stacks(self, process: ActorProcess) -> None:
+        """Where an actor that did not stop when asked is stuck (its threads' stacks, also in its log)."""
+        stacks = process.dump_stacks(self.run_dir.log_file(process.spec.name))
+        if stacks.strip():
+            self.log.warning("actor did not stop; its threads", actor=process.spec.name, stacks=stacks.strip())
+
+    def _grace_end(self, names: list[str], deadline: float, asked: float) -> float:
+        """`deadline`, or later for a trainer that saves a checkpoint or may still be in a step (launch.stopping)."""
+        now = time.monotonic()
+        actors = [
+            StoppingActor(p.saving_since, p.last_step_s, now - p.last_heartbeat)
+            for p in (self.processes[n] for n in names)
+        ]
+        limit_s = self.config.bus.heartbeat_interval_ms * self.config.bus.heartbeat_misses / 1000
+        return grace_end(actors, deadline, asked, self.config.trainer.stop_save_timeout_s, limit_s)
 
 
 def _pid() -> int:
