@@ -11,6 +11,10 @@ what the dead coordinator is logged as having done:
 
 * requests, group verdicts (``GroupAccept``, ``GroupDrop``), ``Consume`` and ``TrainBatch`` it
   already sent are not sent again; those it never got to send (it died first) are sent now;
+* a request it is logged as sending that the router is logged nowhere as having (no event of the
+  router names it) is sent again: a killed process loses the sends still queued in its socket,
+  though its link logged them; the router takes each request id once in a launch, so a copy of one
+  it holds queued, runs or has finished is dropped (``duplicate_requests``);
 * every chunk of a buffer the trainer has not reached yet is handed to the trainer ranks again
   (a rank skips the chunks it already has), since chunk traffic is not logged;
 * metrics, sync ticks and commands are not repeated: the new incarnation decides afresh.
@@ -54,6 +58,7 @@ class LoggedOutputs:
     """What the dead coordinator is logged as having sent, by what identifies each."""
 
     requests: set[int] = field(default_factory=set)
+    known_to_router: set[int] = field(default_factory=set)  # requests some event of the router names
     accepts: set[int] = field(default_factory=set)
     drops: set[int] = field(default_factory=set)
     consumes: set[int] = field(default_factory=set)
@@ -78,7 +83,7 @@ class LoggedOutputs:
         """Whether ``effect`` (from the re-run) still has to happen."""
         message = effect.message if isinstance(effect, Send | Publish) else None
         if isinstance(message, GenerateRequest):
-            return message.request_id not in self.requests
+            return message.request_id not in self.requests or message.request_id not in self.known_to_router
         if isinstance(message, GroupAccept):
             return message.prompt_id not in self.accepts
         if isinstance(message, GroupDrop):
@@ -115,6 +120,8 @@ def replay_coordinator(
             continue
         gaps.observe(env)
         actor = actor_of(env.sender)
+        if actor == ROUTER and isinstance(getattr(message, "request_id", None), int):
+            outputs.known_to_router.add(message.request_id)
         if actor == ROUTER and env.sender.endswith(".link") and type(message) in flow.link_kinds:
             inputs.append(message)
             seen.add(env.event_id)

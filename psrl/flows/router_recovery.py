@@ -71,6 +71,7 @@ from bus.messages import (
 )
 from bus.schema import Event
 from psrl.evaluation.certificate import Derivation
+from psrl.flows.id_ranges import IdRanges
 from psrl.gateway.branch import cut_response
 from psrl.launches import launch_of
 from psrl.staleness.ledger import StalenessLedger
@@ -185,6 +186,7 @@ class RouterRecovery:
     requests: dict[int, RestoredRequest] = field(default_factory=dict)  # alive at the crash, in arrival order
     commands: list[Any] = field(default_factory=list)  # coordinator commands never handled, in log order
     seen_event_ids: set[str] = field(default_factory=set)  # every coordinator message logged so far
+    taken: IdRanges = field(default_factory=IdRanges)  # every request the coordinator is logged sending
     ps_version: int = 0
     num_missing_events: int = 0  # sequence gaps in the launch's log: events the logger never got
     retiring: list[str] = field(default_factory=list)  # instances removed by psrl scale that had not exited
@@ -220,7 +222,7 @@ def rebuild_router(events: Iterable[Event[Any]], sizes: LedgerSizes, launch: int
         restored.flags, restored.result_instances = int(flags), instances
         restored.session.resolve(np.asarray(restored.request.prompt_token_ids, np.int32), restored.dispatch)
     recovery = RouterRecovery(
-        ledger.current(), state.requests, seen_event_ids=state.seen, ps_version=state.ps_version,
+        ledger.current(), state.requests, seen_event_ids=state.seen, taken=state.taken, ps_version=state.ps_version,
         num_missing_events=gaps.num_missing, retiring=sorted(state.retiring),
     )  # fmt: skip
     recovery.commands = [e.message for e in state.commands if e.envelope.event_id not in state.handled]
@@ -236,6 +238,7 @@ class _Walk:
 
     requests: dict[int, RestoredRequest] = field(default_factory=dict)
     ended: set[int] = field(default_factory=set)  # requests the router handed back (TrajectoryDone)
+    taken: IdRanges = field(default_factory=IdRanges)  # every request the coordinator sent
     early: dict[int, list[Event[Any]]] = field(default_factory=dict)  # events of requests not yet seen
     commands: list[Event[Any]] = field(default_factory=list)
     handled: set[str] = field(default_factory=set)  # coordinator messages the router logged something for
@@ -288,6 +291,7 @@ class _Walk:
     def _from_coordinator(self, event: Event[Any]) -> None:
         msg = event.message
         if isinstance(msg, GenerateRequest):
+            self.taken.add(msg.request_id)
             if msg.request_id in self.ended or msg.request_id in self.requests:
                 return  # handed back already: its end reached the log before the request
             self.requests[msg.request_id] = RestoredRequest(msg)

@@ -11,6 +11,7 @@ from bus.messages import (
     GroupFinished,
     Metrics,
     Occupy,
+    RoutingRecord,
     TrainData,
     TrainerProgress,
     WeightsPublished,
@@ -27,11 +28,19 @@ N = 2
 
 
 class Log(LoggedEvents):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lose_requests: set[int] = set()  # die in the coordinator's socket: logged, never delivered
+
     def coordinator(self, effects: list[Effect]) -> list[Effect]:
-        """What the coordinator did, as its links and publisher log it (chunks are not logged)."""
+        """What the coordinator did, as its links and publisher log it (chunks are not logged), and the
+        router placing each request it gets (its RoutingRecord)."""
         for effect in effects:
             if isinstance(effect, Send) and effect.message.LOGGED:
                 self.add(f"coordinator-{effect.to}.link", effect.message)
+                request = effect.message
+                if isinstance(request, GenerateRequest) and request.request_id not in self.lose_requests:
+                    self.add("router", RoutingRecord(request.request_id, "rollout-0", "balance", b""))
             elif isinstance(effect, Publish):
                 self.add("coordinator", effect.message)
         return effects
@@ -110,3 +119,14 @@ def test_a_log_that_lost_events_says_so() -> None:
     assert replay_coordinator(_flow(), log.events, launch=0, now=5.0).num_missing_events == 0
     del log.events[[i for i, e in enumerate(log.events) if e.envelope.sender == "router.link"][1]]
     assert replay_coordinator(_flow(), log.events, launch=0, now=5.0).num_missing_events == 1
+
+
+def test_a_request_the_router_never_got_is_sent_again() -> None:
+    """The dead coordinator's link logged the request, but it died in the socket's queue with the
+    process: no event of the router names it, so the replacement sends it again."""
+    log = Log()
+    log.lose_requests = {N * 2}  # the first request of prompt 2, sent after groups 0 and 1 completed
+    _first_life(log, occupy_second=True)
+    assert any(isinstance(e.message, GenerateRequest) and e.message.request_id == N * 2 for e in log.events)
+    recovery = replay_coordinator(_flow(), log.events, launch=0, now=5.0)
+    assert [r.request_id for r in sent(recovery.effects, GenerateRequest)] == [N * 2]

@@ -257,3 +257,17 @@ def test_proactive_truncate_completes_the_buffer_the_trainer_waits_for() -> None
     [finished] = [c for c in sent(out, GroupFinished) if c.prompt_id == 1]
     assert finished.occupied_buffer == 0  # already occupied: the coordinator does not ask again
     assert [sorted(r.prompt_ids) for r in sent(out, BufferReady)] == [[0, 1]]
+
+
+def test_a_copy_of_a_request_is_dropped_whether_it_is_queued_running_or_finished() -> None:
+    """A restarted coordinator sends again what may have died in its predecessor's socket: the router
+    takes each request id once in a launch."""
+    flow = _router()
+    effects = _submit(flow, 0)
+    routed = sent(effects, GenerateRequest)
+    assert sent(flow.handle(request(0, N), 0.5) + flow.route(0.5), GenerateRequest) == []  # running
+    _finish(flow, routed, effects)
+    assert 0 not in flow.tracker.live
+    assert sent(flow.handle(request(0, N), 1.5) + flow.route(1.5), GenerateRequest) == []  # finished
+    assert flow.counters["duplicate_requests"] == 2
+    assert sent(_submit(flow, 1), GenerateRequest)  # new ids are taken as before

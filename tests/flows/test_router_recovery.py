@@ -208,3 +208,16 @@ def test_a_requests_dispatch_and_end_logged_before_the_request_itself_are_taken_
     recovery = rebuild_router(log.events, LedgerSizes.from_config(_config()), launch=0)
     assert sorted(recovery.requests) == [1, 3] and recovery.num_recalled == 2
     assert all(r.dispatch is not None for r in recovery.requests.values())
+
+
+def test_a_rebuilt_router_takes_no_request_id_twice() -> None:
+    """Every id the coordinator is logged sending, finished or alive, is taken: a copy of one (a
+    restarted coordinator's resend) is dropped by the new router too."""
+    log, _, _ = _first_life()
+    flow, recovery, _ = _restart(log)
+    assert all(rid in recovery.taken for rid in range(4)) and 4 not in recovery.taken
+    for name in ("rollout-0", "rollout-1"):
+        flow.handle(status(name, seq=2), 2.1)
+    for rid in (0, 1):  # finished in the dead router; recalled in this one
+        assert sent(flow.handle(request(rid, N), 2.2) + flow.route(2.2), GenerateRequest) == []
+    assert flow.counters["duplicate_requests"] == 2
