@@ -468,6 +468,7 @@ class Supervisor:
             return
         for name in holders:
             self.dead_reasons[name] = f"stalled: waited for {diagnosis.waits_for}"
+            self._log_stacks(self.processes[name], "actor stalled; its threads")
             self.processes[name].signal(signal.SIGKILL)
 
     def _note_stall(self, liveness: Liveness, silences: dict[str, float], watcher_gap_s: float) -> None:
@@ -637,11 +638,11 @@ class Supervisor:
             if not process.log.closed:
                 process.log.close()
 
-    def _log_stacks(self, process: ActorProcess) -> None:
-        """Where an actor that did not stop when asked is stuck (its threads' stacks, also in its log)."""
+    def _log_stacks(self, process: ActorProcess, what: str = "actor did not stop; its threads") -> None:
+        """Where an actor about to be forced out is stuck (its threads' stacks, also in its log)."""
         stacks = process.dump_stacks(self.run_dir.log_file(process.spec.name))
         if stacks.strip():
-            self.log.warning("actor did not stop; its threads", actor=process.spec.name, stacks=stacks.strip())
+            self.log.warning(what, actor=process.spec.name, stacks=stacks.strip())
 
     def _grace_end(self, names: list[str], deadline: float, asked: float) -> float:
         """`deadline`, or later for a trainer that saves a checkpoint or may still be in a step (launch.stopping)."""

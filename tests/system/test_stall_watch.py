@@ -59,6 +59,8 @@ def test_a_stalled_run_is_diagnosed_restarted_once_and_ended_resumably(tmp_path)
         failing = "pulls from the parameter server keep failing" in diagnosis.waits_for
         assert failing or diagnosis.waits_for.startswith("a sync: requests need version >= 1"), diagnosis
         assert diagnosis.facts["trained_version"] == str(trained)
+        for holder in diagnosis.holders:  # where it waited, written before it was restarted
+            assert "(most recent call first)" in sup.run_dir.log_file(holder).read_text(errors="replace")
     restarted = {m.actor for m in events if isinstance(m, ActorRestarted)}
     assert set(diagnoses[0].holders) <= restarted <= {"rollout-0", "rollout-1"}, "the holders, nobody else"
 
