@@ -28,6 +28,7 @@ from psrl.ps.staging import HostStaging
 from psrl.tms import TRAINER
 from psrl.tms.backend import side_memory
 from psrl.trainer import ParallelContext, TrainerCore, latest_checkpoint
+from psrl.trainer.threads import CpuSampler, threads_for
 
 
 class TrainerActor(FlowActor):
@@ -89,7 +90,22 @@ class TrainerActor(FlowActor):
         self.attach(
             TrainerFlow(cfg, self.core, name=self.name, log=self.log), serving=self.make_link(self.name, serve=True)
         )
+        adapts = cfg.topology.trainer_threads == "auto" and self.parallel.device.type == "cpu"
+        self.cpu = CpuSampler() if adapts else None
         return {"version": self.core.version}
+
+    def _size_thread_pool(self, step: int, version: int) -> None:
+        """``topology.trainer_threads=auto`` on CPU: the cores the other processes left idle (psrl.trainer.threads)."""
+        sample = self.cpu.since_last() if self.cpu is not None else None
+        if sample is not None and self.cpu is not None:
+            threads = threads_for(self.cpu.num_cores, sample.wall_s, sample.host_busy_s, sample.own_cpu_s)
+            if threads != torch.get_num_threads():
+                others = max(0.0, sample.host_busy_s - sample.own_cpu_s) / max(sample.wall_s, 1e-9)
+                self.log.info("trainer threads", threads=threads, others_busy_cores=round(others, 2), version=version)
+                torch.set_num_threads(threads)
+        if self.rank == 0:
+            threads_now = {"perf/trainer_threads": float(torch.get_num_threads())}
+            self.publisher.publish(Metrics(step=step, values=threads_now), model_version=version)
 
     def _catch_up_with_ps(self) -> int:
         """A replacement rank whose checkpoint is older than the version the parameter server committed
@@ -133,6 +149,7 @@ class TrainerActor(FlowActor):
             }
             self.publisher.publish(Metrics(step=effect.step, values=timings), model_version=effect.version)
         self._maybe_checkpoint(effect.version)
+        self._size_thread_pool(effect.step, effect.version)
         progress = TrainerProgress(
             step=effect.step,
             version=effect.version,

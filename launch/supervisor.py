@@ -258,7 +258,7 @@ class Supervisor:
             options={
                 "log_level": self.config.run.log_level,
                 "dist_master": self.dist_master,
-                "torch_threads": self.config.topology.threads_per_actor,
+                "torch_threads": _torch_threads(spec.role, self.config),
                 # the router's ledger and the coordinator's buffers and prompt cursor continue from here
                 "initial_version": self.resume.version,
                 "first_prompt_id": self.resume.next_prompt_id,
@@ -653,6 +653,14 @@ class Supervisor:
         ]
         limit_s = self.config.bus.heartbeat_interval_ms * self.config.bus.heartbeat_misses / 1000
         return grace_end(actors, deadline, asked, self.config.trainer.stop_save_timeout_s, limit_s)
+
+
+def _torch_threads(role: str, config: Config) -> int:
+    """An actor's torch threads at start (an ``auto`` trainer starts with threads_per_actor and adapts)."""
+    fixed = config.topology.trainer_threads
+    if role == "trainer" and isinstance(fixed, int) and fixed > 0:
+        return fixed
+    return config.topology.threads_per_actor
 
 
 def _pid() -> int:

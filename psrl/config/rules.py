@@ -28,6 +28,13 @@ def problem(paths: tuple[str, ...] | str, value: object, message: str, fix: str)
     return ConfigProblem(paths if isinstance(paths, tuple) else (paths,), repr(value), message, fix)
 
 
+def trainer_threads_non_negative(c: Config) -> Iterator[ConfigProblem]:
+    threads = c.topology.trainer_threads
+    if isinstance(threads, int) and threads < 0:
+        yield problem("topology.trainer_threads", threads, "a thread count cannot be negative",
+                      "use auto (the cores the other actors leave idle), 0 (threads_per_actor) or a count")  # fmt: skip
+
+
 def staleness_non_negative(c: Config) -> Iterator[ConfigProblem]:
     if c.psrl.staleness < 0:
         yield problem(
@@ -515,7 +522,7 @@ def task_kwargs_used(c: Config) -> Iterator[ConfigProblem]:
                       "remove task.kwargs or data.train_files")  # fmt: skip
 
 
-RULES = (*RULES, eval_settings_used, agent_rules, task_kwargs_used, *LORA_RULES)
+RULES = (*RULES, trainer_threads_non_negative, eval_settings_used, agent_rules, task_kwargs_used, *LORA_RULES)
 
 
 def check(config: Config) -> list[ConfigProblem]:

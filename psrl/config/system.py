@@ -58,6 +58,13 @@ class Topology(Section):
     n_ps_shards: int = field(2, "Parameter-server shards; tensors are balanced across them by bytes.", ge=1)
     device: Literal["auto", "cpu", "cuda"] = field("auto", "Device of engines and trainer (auto = cuda if present).")
     threads_per_actor: int = field(1, "torch intra-op threads per actor process (0 = torch default).", ge=0)
+    trainer_threads: int | Literal["auto"] = field(
+        "auto",
+        "torch intra-op threads of each trainer rank. auto: on CPU, after every version the trainer takes "
+        "the cores the other processes left idle since the last one (at least one; psrl.trainer.threads): "
+        "a step that is mostly training (a larger model, short answers) gets the rollout's idle cores, a "
+        "saturated host keeps one; on CUDA, threads_per_actor. A number fixes it; 0 = threads_per_actor.",
+    )
     fork_server: bool = field(
         True,
         "Start this host's actors (and their replacements) as forks of one process that imported their "

@@ -1,0 +1,45 @@
+"""topology.trainer_threads=auto: the trainer takes the cores the other processes left idle."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from psrl.trainer.threads import CpuSampler, host_busy_seconds, threads_for
+
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def test_a_saturated_host_keeps_one_thread_and_an_idle_one_gives_its_cores() -> None:
+    # the demo on 2 cores: the other actors keep 1.2 cores busy
+    assert threads_for(2, wall_s=10.0, host_busy_s=20.0, own_cpu_s=8.0) == 1
+    # SmolLM2 with short answers: the rollout keeps 0.3 of a core busy
+    assert threads_for(2, wall_s=10.0, host_busy_s=13.0, own_cpu_s=10.0) == 2
+    assert threads_for(16, wall_s=1.0, host_busy_s=5.0, own_cpu_s=1.0) == 12
+    assert threads_for(16, wall_s=1.0, host_busy_s=40.0, own_cpu_s=1.0) == 1  # busier than the cores
+    assert threads_for(4, wall_s=0.0, host_busy_s=0.0, own_cpu_s=0.0) == 1
+
+
+def test_the_trainers_own_time_is_not_counted_against_it() -> None:
+    """A trainer that used both cores itself still finds them free next time (no oscillation)."""
+    assert threads_for(2, wall_s=10.0, host_busy_s=20.0, own_cpu_s=19.0) == 2
+
+
+def test_busy_time_is_read_from_the_aggregate_line() -> None:
+    stat = f"cpu  {TICK * 3} 0 {TICK} {TICK * 50} {TICK * 2} 0 0 0 0 0\ncpu0 1 2 3 4 5 6 7 8 9 10\n"
+    assert host_busy_seconds(stat) == pytest.approx(4.0)  # user + system; idle and iowait are not busy
+    assert host_busy_seconds("intr 1 2 3\n") is None
+
+
+def test_the_sampler_measures_between_calls(tmp_path: Path) -> None:
+    stat = tmp_path / "stat"
+    stat.write_text(f"cpu  {TICK * 10} 0 0 {TICK * 100} 0 0 0 0\n")
+    sampler = CpuSampler(stat)
+    assert sampler.is_available and sampler.num_cores >= 1
+    stat.write_text(f"cpu  {TICK * 13} 0 {TICK} {TICK * 100} 0 0 0 0\n")
+    sample = sampler.since_last()
+    assert sample is not None and sample.host_busy_s == pytest.approx(4.0) and sample.wall_s > 0
+    stat.unlink()
+    assert sampler.since_last() is None  # no /proc/stat (not Linux): the pool is left as it is
