@@ -11,13 +11,15 @@ what the dead coordinator is logged as having done:
 
 * requests, group verdicts (``GroupAccept``, ``GroupDrop``), ``Consume`` and ``TrainBatch`` it
   already sent are not sent again; those it never got to send (it died first) are sent now;
-* a request it is logged as sending that the router is logged nowhere as having (no event of the
-  router names it) is sent again: a killed process loses the sends still queued in its socket,
-  though its link logged them; the router takes each request id once in a launch, so a copy of one
-  it holds queued, runs or has finished is dropped (``duplicate_requests``);
+* a request or group verdict or ``Consume`` it is logged as sending that the router is logged
+  nowhere as having is sent again: a killed process loses the sends still queued in its socket,
+  though its link logged them. A request counts as had when any router event names it (a queued
+  one has none yet); a command when the router logged something while handling it (it handles
+  commands at once, each with a ledger record). The router takes each of these once in a launch
+  (``psrl.flows.once_each``), so a copy of one it already has is dropped;
 * every chunk of a buffer the trainer has not reached yet is handed to the trainer ranks again
   (a rank skips the chunks it already has), since chunk traffic is not logged;
-* metrics, sync ticks and commands are not repeated: the new incarnation decides afresh.
+* metrics, sync ticks and sync or migration commands are not repeated: the new incarnation decides afresh.
 
 Only this launch counts (a resumed run's coordinator starts from its checkpoint's cursor). A log
 with gaps in that launch (the logger lost events) cannot be re-run: ``num_missing_events`` says so
@@ -32,10 +34,7 @@ from typing import Any
 
 from bus.gaps import GapTracker
 from bus.messages import (
-    Consume,
     GenerateRequest,
-    GroupAccept,
-    GroupDrop,
     RunFinished,
     ScaleDecided,
     TrainBatch,
@@ -46,6 +45,7 @@ from bus.messages import (
 from bus.schema import Event
 from psrl.flows.coordinator import CoordinatorFlow
 from psrl.flows.effects import Effect, Publish, Send
+from psrl.flows.once_each import once_key
 from psrl.flows.router_recovery import COORDINATOR, ROUTER, actor_of
 from psrl.launches import launch_of
 
@@ -55,41 +55,43 @@ FACTS = (WeightsPublished, TrainerProgress, ScaleDecided)
 
 @dataclass
 class LoggedOutputs:
-    """What the dead coordinator is logged as having sent, by what identifies each."""
+    """What the dead coordinator is logged as having sent, and what of it the router is logged as having."""
 
-    requests: set[int] = field(default_factory=set)
-    known_to_router: set[int] = field(default_factory=set)  # requests some event of the router names
-    accepts: set[int] = field(default_factory=set)
-    drops: set[int] = field(default_factory=set)
-    consumes: set[int] = field(default_factory=set)
+    sent: dict[tuple[type, int], str] = field(default_factory=dict)  # a once-each message -> its event id
+    router_requests: set[int] = field(default_factory=set)  # requests some event of the router names
+    router_parents: set[str] = field(default_factory=set)  # coordinator messages the router logged something for
     batches: set[int] = field(default_factory=set)
     has_finished: bool = False
 
-    def note(self, message: Any) -> None:
-        if isinstance(message, GenerateRequest):
-            self.requests.add(message.request_id)
-        elif isinstance(message, GroupAccept):
-            self.accepts.add(message.prompt_id)
-        elif isinstance(message, GroupDrop):
-            self.drops.add(message.prompt_id)
-        elif isinstance(message, Consume):
-            self.consumes.add(message.buffer)
+    def note(self, message: Any, event_id: str) -> None:
+        key = once_key(message)
+        if key is not None:
+            self.sent[(type(message), key)] = event_id
         elif isinstance(message, TrainBatch):
             self.batches.add(message.buffer)
         elif isinstance(message, RunFinished):
             self.has_finished = True
 
+    def note_router(self, event: Event[Any]) -> None:
+        """A router event: the request it names, and the coordinator message it was logged handling."""
+        request_id = getattr(event.message, "request_id", None)
+        if isinstance(request_id, int):
+            self.router_requests.add(request_id)
+        if event.envelope.parent is not None:
+            self.router_parents.add(event.envelope.parent)
+
     def is_new(self, effect: Effect) -> bool:
-        """Whether ``effect`` (from the re-run) still has to happen."""
+        """Whether ``effect`` (from the re-run) still has to happen: never sent, or sent and the router
+        is logged nowhere as having it (it may have died in the dead process's socket)."""
         message = effect.message if isinstance(effect, Send | Publish) else None
-        if isinstance(message, GenerateRequest):
-            return message.request_id not in self.requests or message.request_id not in self.known_to_router
-        if isinstance(message, GroupAccept):
-            return message.prompt_id not in self.accepts
-        if isinstance(message, GroupDrop):
-            return message.prompt_id not in self.drops
-        if isinstance(message, Consume):
-            return message.buffer not in self.consumes
+        key = once_key(message)
+        if key is not None:
+            event_id = self.sent.get((type(message), key))
+            if event_id is None:
+                return True
+            if isinstance(message, GenerateRequest):  # a queued request has no router event yet
+                return message.request_id not in self.router_requests
+            return event_id not in self.router_parents  # a command is handled (and logged) at once
         if isinstance(message, TrainBatch):
             return message.buffer not in self.batches
         if isinstance(message, RunFinished):
@@ -120,15 +122,15 @@ def replay_coordinator(
             continue
         gaps.observe(env)
         actor = actor_of(env.sender)
-        if actor == ROUTER and isinstance(getattr(message, "request_id", None), int):
-            outputs.known_to_router.add(message.request_id)
+        if actor == ROUTER:
+            outputs.note_router(event)
         if actor == ROUTER and env.sender.endswith(".link") and type(message) in flow.link_kinds:
             inputs.append(message)
             seen.add(env.event_id)
         elif isinstance(message, FACTS):
             inputs.append(message)
         elif actor == COORDINATOR:
-            outputs.note(message)
+            outputs.note(message, env.event_id)
     effects = flow.start(now)
     for message in inputs:
         effects += flow.handle(message, now)

@@ -68,7 +68,6 @@ from psrl.config import Config
 from psrl.config.coordination import RoutingStrategy
 from psrl.engine_cost.model import CostModel
 from psrl.flows.effects import Effect, Handler, Send, Timer
-from psrl.flows.id_ranges import IdRanges
 from psrl.flows.router_ledger import COORDINATOR, RouterLedgerFlow
 from psrl.flows.router_recovery import RECALL, SESSION_NOT_REBUILT, RestoredRequest, RouterRecovery
 from psrl.flows.status import snapshot_from_status
@@ -142,9 +141,8 @@ class RouterFlow(RouterLedgerFlow):
         self.has_sessions = config.env.enable
         self.ps_version = max(initial_version, recovery.ps_version if recovery is not None else 0)
         self.recovery = recovery
-        # every request taken: a copy (a restarted coordinator sends again what may have died in its
-        # predecessor's socket) is dropped, whether the original is queued, running or finished
-        self.taken = recovery.taken if recovery is not None else IdRanges()
+        if recovery is not None:
+            self.taken = recovery.taken
         # requests a restarted router asked their instances to hand back (request -> instance), and
         # until when it waits for them before continuing them from the tokens of their last dispatch
         self.recalled: dict[int, str] = {}
@@ -282,10 +280,8 @@ class RouterFlow(RouterLedgerFlow):
     # ------------------------------------------------------------------ trajectories
 
     def _on_request(self, req: GenerateRequest, now: float) -> None:
-        if req.request_id in self.taken:
-            self.counters["duplicate_requests"] += 1
+        if self.is_copy(req):
             return
-        self.taken.add(req.request_id)
         traj = self.tracker.add(req, req.request_id % self.n_per_prompt)
         self.core.submit(self._routing_request(traj))
 

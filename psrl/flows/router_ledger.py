@@ -17,6 +17,7 @@ from bus.messages import (
     BufferReady,
     Consume,
     FinishReason,
+    GenerateRequest,
     GroupAccept,
     GroupDrop,
     GroupFinished,
@@ -26,8 +27,10 @@ from bus.messages import (
     Refill,
     VersionAborted,
 )
+from bus.schema import Message
 from psrl.config import Config
 from psrl.flows.base import Flow
+from psrl.flows.once_each import OnceEach
 from psrl.routing.core import RouterCore
 from psrl.routing.trajectories import TrackedTrajectory, TrajectoryTracker
 from psrl.staleness.ledger import StalenessLedger
@@ -67,6 +70,15 @@ class RouterLedgerFlow(Flow, ABC):
         # a restarted router's trajectories whose finish its predecessor counted but never delivered
         # (``psrl.flows.router_recovery``): request -> that finish's outcome
         self.owed_finishes: dict[int, FinishOutcome] = {}
+        # requests and commands taken (psrl.flows.once_each): a copy from a restarted coordinator is dropped
+        self.taken = OnceEach()
+
+    def is_copy(self, message: Message) -> bool:
+        """Whether ``message`` is a copy of a request or command taken before in this launch (counted)."""
+        if self.taken.take(message):
+            return False
+        self.counters["duplicate_requests" if isinstance(message, GenerateRequest) else "duplicate_commands"] += 1
+        return True
 
     @abstractmethod
     def abort_one(self, request_id: int, reason: str) -> None:
@@ -157,6 +169,8 @@ class RouterLedgerFlow(Flow, ABC):
     # ------------------------------------------------------------------ coordinator commands
 
     def _on_group_accept(self, accept: GroupAccept, now: float) -> None:
+        if self.is_copy(accept):
+            return
         prompt_id = accept.prompt_id
         reserved = self.ledger.group_buffer(prompt_id)
         version = self.ledger.group_version(prompt_id)
@@ -195,6 +209,8 @@ class RouterLedgerFlow(Flow, ABC):
         self.send(COORDINATOR, BufferReady(buffer=buffer, prompt_ids=self.ledger.occupied_groups(buffer)))
 
     def _on_group_drop(self, drop: GroupDrop, now: float) -> None:
+        if self.is_copy(drop):
+            return
         reason = _ABORT_REASONS.get(drop.reason, AbortReason.CANCELLED)
         aborted = self.ledger.abort_group(drop.prompt_id, reason)
         self._log_op("abort_group", drop.prompt_id, -1, reason.name, describe_abort(aborted))
@@ -203,6 +219,8 @@ class RouterLedgerFlow(Flow, ABC):
         self.core.notify_ledger_changed()
 
     def _on_consume(self, consume: Consume, now: float) -> None:
+        if self.is_copy(consume):
+            return
         try:
             consumed = self.ledger.consume(consume.buffer)
         except LedgerError as exc:

@@ -71,7 +71,7 @@ from bus.messages import (
 )
 from bus.schema import Event
 from psrl.evaluation.certificate import Derivation
-from psrl.flows.id_ranges import IdRanges
+from psrl.flows.once_each import OnceEach
 from psrl.gateway.branch import cut_response
 from psrl.launches import launch_of
 from psrl.staleness.ledger import StalenessLedger
@@ -186,7 +186,8 @@ class RouterRecovery:
     requests: dict[int, RestoredRequest] = field(default_factory=dict)  # alive at the crash, in arrival order
     commands: list[Any] = field(default_factory=list)  # coordinator commands never handled, in log order
     seen_event_ids: set[str] = field(default_factory=set)  # every coordinator message logged so far
-    taken: IdRanges = field(default_factory=IdRanges)  # every request the coordinator is logged sending
+    # every request the coordinator is logged sending, every command the dead router handled
+    taken: OnceEach = field(default_factory=OnceEach)
     ps_version: int = 0
     num_missing_events: int = 0  # sequence gaps in the launch's log: events the logger never got
     retiring: list[str] = field(default_factory=list)  # instances removed by psrl scale that had not exited
@@ -226,6 +227,8 @@ def rebuild_router(events: Iterable[Event[Any]], sizes: LedgerSizes, launch: int
         num_missing_events=gaps.num_missing, retiring=sorted(state.retiring),
     )  # fmt: skip
     recovery.commands = [e.message for e in state.commands if e.envelope.event_id not in state.handled]
+    for command in (e.message for e in state.commands if e.envelope.event_id in state.handled):
+        state.taken.take(command)  # those never handled are taken when the new router handles them
     return recovery
 
 
@@ -238,7 +241,7 @@ class _Walk:
 
     requests: dict[int, RestoredRequest] = field(default_factory=dict)
     ended: set[int] = field(default_factory=set)  # requests the router handed back (TrajectoryDone)
-    taken: IdRanges = field(default_factory=IdRanges)  # every request the coordinator sent
+    taken: OnceEach = field(default_factory=OnceEach)  # every request the coordinator sent
     early: dict[int, list[Event[Any]]] = field(default_factory=dict)  # events of requests not yet seen
     commands: list[Event[Any]] = field(default_factory=list)
     handled: set[str] = field(default_factory=set)  # coordinator messages the router logged something for
@@ -291,7 +294,7 @@ class _Walk:
     def _from_coordinator(self, event: Event[Any]) -> None:
         msg = event.message
         if isinstance(msg, GenerateRequest):
-            self.taken.add(msg.request_id)
+            self.taken.take(msg)
             if msg.request_id in self.ended or msg.request_id in self.requests:
                 return  # handed back already: its end reached the log before the request
             self.requests[msg.request_id] = RestoredRequest(msg)

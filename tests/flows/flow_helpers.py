@@ -123,8 +123,8 @@ class LoggedEvents:
         self.events: list[Event[Any]] = []
         self.stampers: dict[str, Stamper] = {}
 
-    def add(self, sender: str, message: Message, incarnation: int = 0) -> Event[Any]:
+    def add(self, sender: str, message: Message, incarnation: int = 0, parent: str | None = None) -> Event[Any]:
         stamper = self.stampers.setdefault(f"{sender}#{incarnation}", Stamper(sender, incarnation))
-        event = Event(stamper.stamp(message), message)
+        event = Event(stamper.stamp(message, parent=parent), message)
         self.events.append(event)
         return event

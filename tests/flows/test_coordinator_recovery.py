@@ -8,7 +8,9 @@ from bus.messages import (
     Consume,
     GenerateRequest,
     GroupAccept,
+    GroupDrop,
     GroupFinished,
+    LedgerOp,
     Metrics,
     Occupy,
     RoutingRecord,
@@ -23,6 +25,7 @@ from psrl.flows.coordinator_recovery import replay_coordinator
 from psrl.flows.effects import Effect, Publish, Send
 from tests.flows.flow_helpers import FixedPrompts, LoggedEvents, done, sent
 
+COMMANDS = (GroupAccept, GroupDrop, Consume)
 SMALL = ["psrl.staleness_buffer_entries=2", "psrl.rollout_n=2", "psrl.staleness=1", "actor.ppo_mini_batch_size=2"]
 N = 2
 
@@ -30,17 +33,21 @@ N = 2
 class Log(LoggedEvents):
     def __init__(self) -> None:
         super().__init__()
-        self.lose_requests: set[int] = set()  # die in the coordinator's socket: logged, never delivered
+        # die in the coordinator's socket: logged by its link, never delivered
+        self.lose_requests: set[int] = set()
+        self.lose_commands: set[type] = set()
 
     def coordinator(self, effects: list[Effect]) -> list[Effect]:
         """What the coordinator did, as its links and publisher log it (chunks are not logged), and the
-        router placing each request it gets (its RoutingRecord)."""
+        router taking what reached it: a request's RoutingRecord, a command's ledger record."""
         for effect in effects:
             if isinstance(effect, Send) and effect.message.LOGGED:
-                self.add(f"coordinator-{effect.to}.link", effect.message)
-                request = effect.message
-                if isinstance(request, GenerateRequest) and request.request_id not in self.lose_requests:
-                    self.add("router", RoutingRecord(request.request_id, "rollout-0", "balance", b""))
+                sent_event = self.add(f"coordinator-{effect.to}.link", effect.message)
+                message = effect.message
+                if isinstance(message, GenerateRequest) and message.request_id not in self.lose_requests:
+                    self.add("router", RoutingRecord(message.request_id, "rollout-0", "balance", b""))
+                elif isinstance(message, COMMANDS) and type(message) not in self.lose_commands:
+                    self.add("router", LedgerOp("op", 0, -1, "", ""), parent=sent_event.envelope.event_id)
             elif isinstance(effect, Publish):
                 self.add("coordinator", effect.message)
         return effects
@@ -130,3 +137,16 @@ def test_a_request_the_router_never_got_is_sent_again() -> None:
     assert any(isinstance(e.message, GenerateRequest) and e.message.request_id == N * 2 for e in log.events)
     recovery = replay_coordinator(_flow(), log.events, launch=0, now=5.0)
     assert [r.request_id for r in sent(recovery.effects, GenerateRequest)] == [N * 2]
+
+
+def test_a_command_the_router_never_handled_is_sent_again() -> None:
+    """The group verdict was logged by the dead coordinator's link, but no router record was logged
+    while handling it: it died in the socket (or waits in the router's queue: the router drops a copy)."""
+    log = Log()
+    log.lose_commands = {GroupAccept}
+    _first_life(log, occupy_second=True)
+    logged = [e.message.prompt_id for e in log.events if isinstance(e.message, GroupAccept)]
+    assert logged == [0, 1]
+    recovery = replay_coordinator(_flow(), log.events, launch=0, now=5.0)
+    assert sorted(a.prompt_id for a in sent(recovery.effects, GroupAccept)) == [0, 1]
+    assert sent(recovery.effects, Consume) == []  # none was due yet; the handled ones are not repeated

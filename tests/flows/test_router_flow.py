@@ -13,6 +13,7 @@ from bus.messages import (
     FinishReason,
     GenerateRequest,
     GroupAccept,
+    GroupDrop,
     GroupFinished,
     LedgerOp,
     Metrics,
@@ -271,3 +272,17 @@ def test_a_copy_of_a_request_is_dropped_whether_it_is_queued_running_or_finished
     assert sent(flow.handle(request(0, N), 1.5) + flow.route(1.5), GenerateRequest) == []  # finished
     assert flow.counters["duplicate_requests"] == 2
     assert sent(_submit(flow, 1), GenerateRequest)  # new ids are taken as before
+
+
+def test_a_copy_of_a_group_verdict_or_consume_is_dropped() -> None:
+    """An accept taken twice would be refused by the ledger and answered with a drop of a kept group."""
+    flow = _router()
+    effects = _submit(flow, 0) + _submit(flow, 1)
+    _finish(flow, sent(effects, GenerateRequest), effects)
+    for prompt_id in (0, 1):
+        flow.handle(GroupAccept(prompt_id=prompt_id, request_ids=[prompt_id * N, prompt_id * N + 1]), 2.0)
+    copy = flow.handle(GroupAccept(prompt_id=0, request_ids=[0, 1]), 2.1)
+    assert sent(copy, GroupDrop) == [] and sent(copy, Occupy) == []
+    flow.handle(Consume(buffer=0, trainer_version=0), 3.0)
+    assert flow.handle(Consume(buffer=0, trainer_version=0), 3.1) == []
+    assert flow.ledger.next_buffer_id == 1 and flow.counters["duplicate_commands"] == 2

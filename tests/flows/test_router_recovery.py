@@ -215,9 +215,19 @@ def test_a_rebuilt_router_takes_no_request_id_twice() -> None:
     restarted coordinator's resend) is dropped by the new router too."""
     log, _, _ = _first_life()
     flow, recovery, _ = _restart(log)
-    assert all(rid in recovery.taken for rid in range(4)) and 4 not in recovery.taken
+    assert all(recovery.taken.has(request(rid, N)) for rid in range(4)) and not recovery.taken.has(request(4, N))
     for name in ("rollout-0", "rollout-1"):
         flow.handle(status(name, seq=2), 2.1)
     for rid in (0, 1):  # finished in the dead router; recalled in this one
         assert sent(flow.handle(request(rid, N), 2.2) + flow.route(2.2), GenerateRequest) == []
     assert flow.counters["duplicate_requests"] == 2
+
+
+def test_a_logged_command_the_dead_router_never_handled_is_handled_once() -> None:
+    """The rebuilt router handles it from the log; the copy a restarted coordinator sends is dropped."""
+    log, _, _ = _first_life()
+    accept = GroupAccept(prompt_id=0, request_ids=[0])
+    log.add("coordinator-router.link", accept)  # the router died before handling it: nothing names it
+    flow, recovery, _ = _restart(log)
+    assert recovery.commands == [accept] and flow.taken.has(accept)
+    assert flow.handle(accept, 3.0) == [] and flow.counters["duplicate_commands"] == 1
