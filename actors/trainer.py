@@ -20,6 +20,7 @@ from actors.base import Inputs
 from actors.boot import CHECKPOINT_ON_STOP
 from actors.flow_actor import FlowActor
 from bus.messages import ActorState, Metrics, TrainData, TrainerProgress, WeightsPushed
+from bus.schema import Event
 from psrl.engine.args import EngineArgs
 from psrl.flows.effects import Effect, PushWeights
 from psrl.flows.trainer import TrainerFlow
@@ -49,7 +50,14 @@ class TrainerActor(FlowActor):
         # a failed step or push must not leave the run waiting: the actor ends and is restarted
         # the flow's bus kinds too: colocation's tms.pause / tms.resume reach the trainer on the bus
         bus = super().inputs().bus
-        return Inputs(link={TrainData: self.to_flow}, bus=bus, fatal=frozenset({TrainData}))
+        return Inputs(link={TrainData: self._on_train_data}, bus=bus, fatal=frozenset({TrainData}))
+
+    def _on_train_data(self, event: Event[TrainData]) -> None:
+        # never more threads than cores: the launcher may have pinned this process to fewer since the
+        # pool was sized, and OpenMP threads sharing a core wait on each other at every barrier
+        if self.cpu is not None and torch.get_num_threads() > self.cpu.num_cores:
+            torch.set_num_threads(self.cpu.num_cores)
+        self.to_flow(event)
 
     def setup(self) -> dict[str, int]:
         cfg = self.config
@@ -98,8 +106,9 @@ class TrainerActor(FlowActor):
         """``topology.trainer_threads=auto`` on CPU: the cores the other processes left idle (psrl.trainer.threads)."""
         sample = self.cpu.since_last() if self.cpu is not None else None
         if sample is not None and self.cpu is not None:
-            threads = threads_for(self.cpu.num_cores, sample.wall_s, sample.host_busy_s, sample.own_cpu_s)
-            if threads != torch.get_num_threads():
+            current = torch.get_num_threads()
+            threads = threads_for(self.cpu.num_cores, sample.wall_s, sample.host_busy_s, sample.own_cpu_s, current)
+            if threads != current:
                 others = max(0.0, sample.host_busy_s - sample.own_cpu_s) / max(sample.wall_s, 1e-9)
                 self.log.info("trainer threads", threads=threads, others_busy_cores=round(others, 2), version=version)
                 torch.set_num_threads(threads)

@@ -46,6 +46,7 @@ from bus.messages import (
 )
 from bus.schema import Event
 from bus.security import generate_keys, load_keys
+from launch.cpu_placement import CpuPlacement, places_cores
 from launch.forkserver import ForkServer
 from launch.hosts import HostsFile
 from launch.liveness import Liveness
@@ -122,6 +123,9 @@ class Supervisor:
         # where `psrl scale` starts new rollout instances (a cluster placement may set its own before run())
         self.rollout_placement: RolloutPlacement = default_placement(config, hosts)
         self.scaler: ScaleController | None = None
+        is_local = hosts is None or all(h.is_local for h in hosts.hosts)
+        yields = config.topology.cpu_placement == "auto"
+        self.cpu_placement = CpuPlacement(self.log, yields_to_others=yields) if places_cores(config, is_local) else None
 
     # ------------------------------------------------------------------ public
 
@@ -429,6 +433,9 @@ class Supervisor:
             process.saving_since = time.monotonic()
         elif isinstance(msg, TrainerProgress):
             process.last_step_s = msg.step_s
+            if self.cpu_placement is not None and name == "trainer-0":
+                others = [p.pid for n, p in self.processes.items() if n != name and p.poll() is None]
+                self.cpu_placement.update(process.pid, others)
 
     def _check_processes(self) -> None:
         now = time.monotonic()

@@ -65,6 +65,14 @@ class Topology(Section):
         "a step that is mostly training (a larger model, short answers) gets the rollout's idle cores, a "
         "saturated host keeps one; on CUDA, threads_per_actor. A number fixes it; 0 = threads_per_actor.",
     )
+    cpu_placement: Switch = field(
+        "auto",
+        "On a CPU-only host with one trainer rank, every actor local, trainer_threads=auto and "
+        "threads_per_actor=1: after every version the launcher "
+        "gives the trainer the cores the other actors leave free and keeps those on the rest, so their "
+        "wake-ups do not preempt its step (launch.cpu_placement). auto: while the host is not busy with "
+        "other work; on: also then; off: the scheduler places every process.",
+    )
     fork_server: bool = field(
         True,
         "Start this host's actors (and their replacements) as forks of one process that imported their "

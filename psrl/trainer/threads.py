@@ -1,43 +1,33 @@
 """How many CPU threads a trainer rank computes with (``topology.trainer_threads=auto``).
 
 On a CPU host the trainer shares the cores with the rollout instances, the router and the rest. How
-much of a step is training differs by workload: on the bundled demo the other actors keep about
-1.2 of 2 cores busy, and a second trainer thread only competes with them (0.333 against 0.314 s a
-step); with SmolLM2-135M and ten-token answers they keep about 0.2 busy, and a second thread makes
+much of a step is training differs by workload: on the bundled demo the other processes keep about
+0.7 of 2 cores busy, and a second trainer thread only competes with them (0.333 against 0.314 s a
+step); with SmolLM2-135M and ten-token answers they keep about 0.3 busy, and a second thread makes
 each step 1.33x faster. So the trainer sizes its pool after every version by what the host had
-left: the cores, less what the other processes used since the last decision (the host's busy time
-from ``/proc/stat`` minus the trainer's own CPU time), rounded to the nearest whole core, at least
-one. The rule is pure (``threads_for``); ``CpuSampler`` reads the counters.
+left: the cores it may run on (the launcher may have pinned it: ``launch.cpu_placement``), less
+what the other processes used since the last decision (the host's busy time from ``/proc/stat``
+minus the trainer's own CPU time), rounded to the nearest whole core, at least one. The rule is
+pure (``threads_for``); ``CpuSampler`` reads the counters.
 """
 
 from __future__ import annotations
 
-import math
 import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-PROC_STAT = Path("/proc/stat")
-IDLE_FIELDS = (3, 4)  # idle, iowait in the aggregate "cpu" line (after the label)
+from psrl.cpu_usage import PROC_STAT, read_host_busy_seconds, whole_cores
 
 
-def threads_for(num_cores: int, wall_s: float, host_busy_s: float, own_cpu_s: float) -> int:
-    """The trainer's threads for the next step: the cores others left free over ``wall_s``, 1 to num_cores."""
+def threads_for(num_cores: int, wall_s: float, host_busy_s: float, own_cpu_s: float, current: int | None = None) -> int:
+    """The trainer's threads for the next step: the cores others left free over ``wall_s``, 1 to
+    num_cores (``current`` is kept near a rounding boundary: psrl.cpu_usage.whole_cores)."""
     if wall_s <= 0:
         return 1
     others = max(0.0, host_busy_s - own_cpu_s) / wall_s
-    return max(1, min(num_cores, math.floor(num_cores - others + 0.5)))
-
-
-def host_busy_seconds(stat_text: str) -> float | None:
-    """CPU seconds the host spent busy since boot, from ``/proc/stat``'s aggregate line (None: unreadable)."""
-    first = stat_text.split("\n", 1)[0].split()
-    if not first or first[0] != "cpu":
-        return None
-    ticks = [int(v) for v in first[1:9]]  # user nice system idle iowait irq softirq steal
-    idle = sum(ticks[i] for i in IDLE_FIELDS)
-    return (sum(ticks) - idle) / os.sysconf("SC_CLK_TCK")
+    return whole_cores(num_cores - others, current, lowest=1, highest=num_cores)
 
 
 @dataclass
@@ -52,18 +42,19 @@ class CpuSampler:
 
     def __init__(self, stat_path: Path = PROC_STAT) -> None:
         self.stat_path = stat_path
-        self.num_cores = len(os.sched_getaffinity(0))
         self._last = self._read()
+
+    @property
+    def num_cores(self) -> int:
+        """The cores this process may run on now (the launcher may pin it: launch.cpu_placement)."""
+        return len(os.sched_getaffinity(0))
 
     @property
     def is_available(self) -> bool:
         return self._last is not None
 
     def _read(self) -> CpuSample | None:
-        try:
-            busy = host_busy_seconds(self.stat_path.read_text())
-        except OSError:
-            return None
+        busy = read_host_busy_seconds(self.stat_path)
         return None if busy is None else CpuSample(time.monotonic(), busy, time.process_time())
 
     def since_last(self) -> CpuSample | None:

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from psrl.trainer.threads import CpuSampler, host_busy_seconds, threads_for
+from psrl.cpu_usage import host_busy_seconds
+from psrl.trainer.threads import CpuSampler, threads_for
 
 TICK = os.sysconf("SC_CLK_TCK")
 
@@ -43,3 +44,10 @@ def test_the_sampler_measures_between_calls(tmp_path: Path) -> None:
     assert sample is not None and sample.host_busy_s == pytest.approx(4.0) and sample.wall_s > 0
     stat.unlink()
     assert sampler.since_last() is None  # no /proc/stat (not Linux): the pool is left as it is
+
+
+def test_a_thread_count_near_its_boundary_is_kept() -> None:
+    # others at 0.46 and 0.58 cores of 2: one thread stays one, two stay two
+    assert threads_for(2, wall_s=1.0, host_busy_s=1.46, own_cpu_s=1.0, current=1) == 1
+    assert threads_for(2, wall_s=1.0, host_busy_s=1.58, own_cpu_s=1.0, current=2) == 2
+    assert threads_for(2, wall_s=1.0, host_busy_s=1.8, own_cpu_s=1.0, current=2) == 1  # well past it
