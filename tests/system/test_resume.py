@@ -40,6 +40,11 @@ def events_of(run_dir: RunDir) -> list:
     return [e.event for e in EventLogReader(run_dir.events).events()]
 
 
+def log_tail(run_dir: RunDir, actor: str, lines: int = 60) -> str:
+    path = run_dir.log_file(actor)
+    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) if path.is_file() else "(no log)"
+
+
 def trained_prompts(events: list) -> list[int]:
     """Prompt ids of every buffer the trainer trained on (the coordinator may hand over a buffer past
     the last step, which the trainer skips), in training order."""
@@ -81,7 +86,8 @@ def test_resume_far_past_the_staleness_bound_continues_ledger_and_cursor(tmp_pat
 
 def test_sigterm_mid_run_checkpoints_and_the_run_resumes(tmp_path) -> None:
     run_dir = RunDir.create(tmp_path / "runs", "stopped")
-    config = load_config("demo", [*SMALL, "trainer.total_steps=200"])
+    # a run that makes no step for two minutes gets the stall watch's diagnosis and stack dumps
+    config = load_config("demo", [*SMALL, "trainer.total_steps=200", "run.stall_timeout_s=60"])
     progress: list[int] = []
 
     def stop_after_three_steps(sup: Supervisor) -> None:
@@ -96,7 +102,10 @@ def test_sigterm_mid_run_checkpoints_and_the_run_resumes(tmp_path) -> None:
     code = sup.run()
     assert code == EXIT_INTERRUPTED, sup.end_reason
     latest = latest_checkpoint(run_dir.checkpoints)
-    assert latest is not None, "a stopped run keeps its progress (save_freq=0: nothing else saved it)"
+    assert latest is not None, (
+        f"a stopped run keeps its progress (save_freq=0: nothing else saved it); steps seen {progress}; "
+        f"the trainer's log ends:\n{log_tail(run_dir, 'trainer-0')}"
+    )
     saved = read_trainer_state(latest)["version"]
     assert saved >= 3 and saved >= max(progress) - 1
     assert (latest / "policy" / "tokenizer.json").is_file()
