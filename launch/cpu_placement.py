@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from psrl.config import Config
-from psrl.cpu_usage import process_cpu_seconds, read_host_busy_seconds, whole_cores
+from psrl.cpu_usage import HYSTERESIS_CORES, process_cpu_seconds, read_host_busy_seconds, whole_cores
 
 # the host's busy time outside the run, in cores, above which the machine counts as shared
 SHARED_HOST_CORES = 0.3
@@ -47,7 +47,9 @@ def plan_cores(
     ``yields_to_others``, a shared host gets no plan). Others that need less than half a core get no
     core of their own: the trainer takes every core and shares them. Near a rounding boundary the
     current split is kept (psrl.cpu_usage.whole_cores)."""
-    if len(cores) < 2 or (yields_to_others and outside_busy > SHARED_HOST_CORES):
+    # a plan in force is kept through the same margin as the core counts', so one noisy sample does not flap it
+    shared_above = SHARED_HOST_CORES + (HYSTERESIS_CORES if current is not None else 0.0)
+    if len(cores) < 2 or (yields_to_others and outside_busy > shared_above):
         return None
     ordered = sorted(cores)
     held = len(current.trainer) if current is not None else len(ordered)
@@ -81,11 +83,14 @@ class CpuPlacement:
         self.plan: CorePlan | None = None
         self._last: tuple[float, float, dict[int, float]] | None = None
 
-    def update(self, trainer: int, others: Sequence[int]) -> CorePlan | None:
-        """After a version: plan from the use since the last one, pin every process by it."""
+    def update(self, trainer: int, others: Sequence[int], helpers: Sequence[int] = ()) -> CorePlan | None:
+        """After a version: plan from the use since the last one, pin every process by it. ``helpers``:
+        the run's processes it leaves unpinned (the launcher, its fork server, warm spares); their use
+        is the run's, not another job's, and counts with the others'."""
         now = time.monotonic()
         host = read_host_busy_seconds()
-        used = {pid: s for pid in (trainer, *others) if (s := process_cpu_seconds(pid)) is not None}
+        pids = (trainer, *others, *helpers, os.getpid())
+        used = {pid: s for pid in pids if (s := process_cpu_seconds(pid)) is not None}
         last, self._last = self._last, (now, host or 0.0, used)
         if last is None or host is None or trainer not in used:
             return self.plan
@@ -117,9 +122,12 @@ class CpuPlacement:
 def places_cores(config: Config, is_local: bool) -> bool:
     """Whether ``topology.cpu_placement`` applies: one trainer rank on this CPU-only machine, sizing its
     threads to its cores (``trainer_threads=auto``), the other actors on one thread each (a pinned
-    process with more OpenMP threads than cores stalls at every barrier)."""
+    process with more OpenMP threads than cores stalls at every barrier) and the embedded engine
+    (vLLM's CPU engine binds its own OpenMP threads to cores)."""
     topology = config.topology
     if topology.cpu_placement == "off" or topology.n_trainer_ranks != 1 or not is_local:
+        return False
+    if config.engine.backend != "embedded":
         return False
     if topology.trainer_threads != "auto" or topology.threads_per_actor != 1:
         return False

@@ -435,7 +435,12 @@ class Supervisor:
             process.last_step_s = msg.step_s
             if self.cpu_placement is not None and name == "trainer-0":
                 others = [p.pid for n, p in self.processes.items() if n != name and p.poll() is None]
-                self.cpu_placement.update(process.pid, others)
+                self.cpu_placement.update(process.pid, others, self._helper_pids())
+
+    def _helper_pids(self) -> list[int]:
+        """The run's processes that are not actors: the fork server and the warm spares."""
+        spares = [s.popen.pid for s in self.spares.spares.values()] if self.spares is not None else []
+        return [self.fork_server.popen.pid, *spares] if self.fork_server is not None else spares
 
     def _check_processes(self) -> None:
         now = time.monotonic()

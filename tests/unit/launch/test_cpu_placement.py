@@ -33,7 +33,7 @@ def test_placement_applies_to_one_local_cpu_trainer_only() -> None:
     assert not places_cores(load_config("demo", ["topology.device=cpu", "topology.cpu_placement=off"]), True)
     assert not places_cores(load_config("demo", ["topology.device=cpu", "topology.n_trainer_ranks=2"]), True)
     assert not places_cores(load_config("demo", ["topology.device=cuda"]), True)
-    for pinned_threads in ("topology.trainer_threads=2", "topology.threads_per_actor=2"):
+    for pinned_threads in ("topology.trainer_threads=2", "topology.threads_per_actor=2", "engine.backend=vllm"):
         assert not places_cores(load_config("demo", ["topology.device=cpu", pinned_threads]), True)
 
 
@@ -66,3 +66,10 @@ def test_a_split_near_its_boundary_is_kept() -> None:
     assert plan_cores([0, 1], others_busy=0.46, outside_busy=0.0, current=one) == one
     assert plan_cores([0, 1], others_busy=0.58, outside_busy=0.0, current=None) is None
     assert plan_cores([0, 1], others_busy=0.3, outside_busy=0.0, current=one) is None  # well past it
+
+
+def test_a_plan_in_force_survives_one_noisy_sample_of_outside_work() -> None:
+    one = CorePlan((0,), (1,))
+    assert plan_cores([0, 1], others_busy=0.7, outside_busy=0.35, current=None) is None
+    assert plan_cores([0, 1], others_busy=0.7, outside_busy=0.35, current=one) == one
+    assert plan_cores([0, 1], others_busy=0.7, outside_busy=0.6, current=one) is None  # another job, for real
