@@ -107,7 +107,7 @@ class TrainerActor(FlowActor):
         sample = self.cpu.since_last() if self.cpu is not None else None
         if sample is not None and self.cpu is not None:
             current = torch.get_num_threads()
-            threads = threads_for(self.cpu.num_cores, sample.wall_s, sample.host_busy_s, sample.own_cpu_s, current)
+            threads = threads_for(len(sample.cores), sample.wall_s, sample.host_busy_s, sample.own_cpu_s, current)
             if threads != current:
                 others = max(0.0, sample.host_busy_s - sample.own_cpu_s) / max(sample.wall_s, 1e-9)
                 self.log.info("trainer threads", threads=threads, others_busy_cores=round(others, 2), version=version)

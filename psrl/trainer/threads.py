@@ -6,8 +6,8 @@ much of a step is training differs by workload: on the bundled demo the other pr
 step); with SmolLM2-135M and ten-token answers they keep about 0.3 busy, and a second thread makes
 each step 1.33x faster. So the trainer sizes its pool after every version by what the host had
 left: the cores it may run on (the launcher may have pinned it: ``launch.cpu_placement``), less
-what the other processes used since the last decision (the host's busy time from ``/proc/stat``
-minus the trainer's own CPU time), rounded to the nearest whole core, at least one. The rule is
+what the other processes used of those cores since the last decision (their busy time from
+``/proc/stat`` minus the trainer's own CPU time), rounded to the nearest whole core, at least one. The rule is
 pure (``threads_for``); ``CpuSampler`` reads the counters.
 """
 
@@ -33,8 +33,9 @@ def threads_for(num_cores: int, wall_s: float, host_busy_s: float, own_cpu_s: fl
 @dataclass
 class CpuSample:
     wall_s: float
-    host_busy_s: float
+    host_busy_s: float  # on the cores this process may run on
     own_cpu_s: float
+    cores: frozenset[int]
 
 
 class CpuSampler:
@@ -54,13 +55,17 @@ class CpuSampler:
         return self._last is not None
 
     def _read(self) -> CpuSample | None:
-        busy = read_host_busy_seconds(self.stat_path)
-        return None if busy is None else CpuSample(time.monotonic(), busy, time.process_time())
+        cores = frozenset(os.sched_getaffinity(0))
+        busy = read_host_busy_seconds(self.stat_path, cores)
+        return None if busy is None else CpuSample(time.monotonic(), busy, time.process_time(), cores)
 
     def since_last(self) -> CpuSample | None:
-        """What passed since the previous call (or construction); None where the host has no /proc/stat."""
+        """What passed on this process's cores since the previous call (or construction); None where the
+        host has no /proc/stat, or where the launcher moved the process to other cores meanwhile."""
         now = self._read()
         last, self._last = self._last, now
-        if now is None or last is None:
+        if now is None or last is None or now.cores != last.cores:
             return None
-        return CpuSample(now.wall_s - last.wall_s, now.host_busy_s - last.host_busy_s, now.own_cpu_s - last.own_cpu_s)
+        return CpuSample(
+            now.wall_s - last.wall_s, now.host_busy_s - last.host_busy_s, now.own_cpu_s - last.own_cpu_s, now.cores
+        )

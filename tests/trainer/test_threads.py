@@ -34,12 +34,19 @@ def test_busy_time_is_read_from_the_aggregate_line() -> None:
     assert host_busy_seconds("intr 1 2 3\n") is None
 
 
+def _stat_of_own_cores(first_core_line: str) -> str:
+    """A /proc/stat whose first core of this process's affinity has ``first_core_line``'s ticks, the rest idle."""
+    first, *rest = sorted(os.sched_getaffinity(0))
+    idle = "".join(f"cpu{core} 0 0 0 {TICK * 100} 0 0 0 0\n" for core in rest)
+    return f"cpu  1 2 3 4 5 6 7 8\ncpu{first} {first_core_line}\n{idle}"
+
+
 def test_the_sampler_measures_between_calls(tmp_path: Path) -> None:
     stat = tmp_path / "stat"
-    stat.write_text(f"cpu  {TICK * 10} 0 0 {TICK * 100} 0 0 0 0\n")
+    stat.write_text(_stat_of_own_cores(f"{TICK * 10} 0 0 {TICK * 100} 0 0 0 0"))
     sampler = CpuSampler(stat)
     assert sampler.is_available and sampler.num_cores >= 1
-    stat.write_text(f"cpu  {TICK * 13} 0 {TICK} {TICK * 100} 0 0 0 0\n")
+    stat.write_text(_stat_of_own_cores(f"{TICK * 13} 0 {TICK} {TICK * 100} 0 0 0 0"))
     sample = sampler.since_last()
     assert sample is not None and sample.host_busy_s == pytest.approx(4.0) and sample.wall_s > 0
     stat.unlink()
@@ -51,3 +58,22 @@ def test_a_thread_count_near_its_boundary_is_kept() -> None:
     assert threads_for(2, wall_s=1.0, host_busy_s=1.46, own_cpu_s=1.0, current=1) == 1
     assert threads_for(2, wall_s=1.0, host_busy_s=1.58, own_cpu_s=1.0, current=2) == 2
     assert threads_for(2, wall_s=1.0, host_busy_s=1.8, own_cpu_s=1.0, current=2) == 1  # well past it
+
+
+def test_busy_time_of_some_cores_counts_only_their_lines() -> None:
+    """A trainer pinned to cores 0-1 of four counts only what ran there: the others' cores are theirs."""
+    stat = (f"cpu  {TICK * 9} 0 0 0 0 0 0 0\ncpu0 {TICK} 0 0 0 0 0 0 0\ncpu1 {TICK * 2} 0 0 0 0 0 0 0\n"
+            f"cpu2 {TICK * 3} 0 0 0 0 0 0 0\ncpu3 {TICK * 3} 0 0 0 0 0 0 0\n")  # fmt: skip
+    assert host_busy_seconds(stat, {0, 1}) == pytest.approx(3.0)
+    assert host_busy_seconds(stat) == pytest.approx(9.0)
+    assert host_busy_seconds(stat, {0, 7}) is None  # a core the host does not list
+
+
+def test_a_move_to_other_cores_skips_one_decision(tmp_path: Path) -> None:
+    stat = tmp_path / "stat"
+    stat.write_text(_stat_of_own_cores(f"{TICK} 0 0 {TICK * 100} 0 0 0 0"))
+    sampler = CpuSampler(stat)
+    assert sampler._last is not None
+    sampler._last.cores = frozenset({-1})  # as if read before the launcher pinned this process elsewhere
+    assert sampler.since_last() is None
+    assert sampler.since_last() is not None
