@@ -18,11 +18,17 @@ import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from psrl.config import Config
-from psrl.cpu_usage import HYSTERESIS_CORES, process_cpu_seconds, read_host_busy_seconds, whole_cores
+from psrl.config.rules import cpu_placement_blockers
+from psrl.cpu_usage import (
+    HYSTERESIS_CORES,
+    nvidia_gpu_present,
+    process_cpu_seconds,
+    read_host_busy_seconds,
+    whole_cores,
+)
 
 # the host's busy time outside the run, in cores, above which the machine counts as shared
 SHARED_HOST_CORES = 0.3
@@ -120,21 +126,8 @@ class CpuPlacement:
 
 
 def places_cores(config: Config, is_local: bool) -> bool:
-    """Whether ``topology.cpu_placement`` applies: one trainer rank on this CPU-only machine, sizing its
-    threads to its cores (``trainer_threads=auto``), the other actors on one thread each (a pinned
-    process with more OpenMP threads than cores stalls at every barrier) and the embedded engine
-    (vLLM's CPU engine binds its own OpenMP threads to cores)."""
-    topology = config.topology
-    if topology.cpu_placement == "off" or topology.n_trainer_ranks != 1 or not is_local:
+    """Whether ``topology.cpu_placement`` applies: not off, nothing in the configuration against it
+    (psrl.config.rules.cpu_placement_blockers), every actor on this host, and the host CPU-only."""
+    if config.topology.cpu_placement == "off" or not is_local or cpu_placement_blockers(config):
         return False
-    if config.engine.backend != "embedded":
-        return False
-    if topology.trainer_threads != "auto" or topology.threads_per_actor != 1:
-        return False
-    return topology.device == "cpu" or (topology.device == "auto" and not _has_gpu())
-
-
-def _has_gpu() -> bool:
-    """An NVIDIA driver with a device (read from /proc and /dev: the launcher does not import torch)."""
-    gpus = Path("/proc/driver/nvidia/gpus")
-    return (gpus.is_dir() and any(gpus.iterdir())) or Path("/dev/nvidia0").exists()
+    return config.topology.device == "cpu" or not nvidia_gpu_present()

@@ -17,6 +17,7 @@ from typing import Any
 from psrl.config import Config
 from psrl.config.loader import relative_to_file
 from psrl.config.rules import problem
+from psrl.cpu_usage import nvidia_gpu_present
 from psrl.errors import ConfigError, ConfigProblem
 
 ROWS_CHECKED = 64  # rows of each split rendered before the run starts
@@ -35,7 +36,21 @@ def check_environment(config: Config, *, spans_hosts: bool = False) -> list[Conf
     """Every problem found (empty when the run can start). Across hosts the GPUs are not this machine's."""
     found: dict[str, Any] = {}  # what one check learns (tokenizer, dataset columns) and a later one needs
     checks = [c for c in CHECKS if not (spans_hosts and c in (gpus, memory_saver_device))]
-    return [p for check in checks for p in check(config, found)]
+    return [*(p for check in checks for p in check(config, found)), *cpu_placement_host(config, spans_hosts)]
+
+
+def cpu_placement_host(c: Config, spans_hosts: bool) -> Iterator[ConfigProblem]:
+    """``topology.cpu_placement=on`` needs every actor on this host and a CPU-only host (the rest of
+    what it needs is in the configuration: psrl.config.rules.cpu_placement_possible)."""
+    if c.topology.cpu_placement != "on":
+        return
+    if spans_hosts:
+        yield problem("topology.cpu_placement", "on", "the run spans hosts: the launcher pins only its own",
+                      "set topology.cpu_placement=auto or off")  # fmt: skip
+    elif c.topology.device == "auto" and nvidia_gpu_present():
+        yield problem(("topology.cpu_placement", "topology.device"), "on", "this host has a GPU, which device=auto "
+                      "uses: the trainer's CPU cores are not its step", "set topology.device=cpu, or "
+                      "topology.cpu_placement=auto or off")  # fmt: skip
 
 
 def checked(config: Config, *, spans_hosts: bool = False) -> Config:

@@ -35,6 +35,29 @@ def trainer_threads_non_negative(c: Config) -> Iterator[ConfigProblem]:
                       "use auto (the cores the other actors leave idle), 0 (threads_per_actor) or a count")  # fmt: skip
 
 
+def cpu_placement_blockers(c: Config) -> list[tuple[str, str]]:
+    """Settings under which the launcher cannot place the trainer's cores (launch.cpu_placement), each
+    as (field, why); the host's own conditions (every actor local, no GPU) are checked before launch."""
+    t = c.topology
+    found = [
+        ("topology.n_trainer_ranks", "it places one trainer rank", t.n_trainer_ranks != 1),
+        ("topology.trainer_threads", "the trainer must size its threads to its cores", t.trainer_threads != "auto"),
+        ("topology.threads_per_actor", "a pinned actor must compute on one thread", t.threads_per_actor != 1),
+        ("topology.device", "it places CPU processes", t.device == "cuda"),
+        ("topology.cluster", "the actors run on the cluster's nodes, not this host", t.cluster is not None),
+        ("engine.backend", "vLLM's CPU engine binds its own threads to cores", c.engine.backend != "embedded"),
+    ]  # fmt: skip
+    return [(path, why) for path, why, blocks in found if blocks]
+
+
+def cpu_placement_possible(c: Config) -> Iterator[ConfigProblem]:
+    if c.topology.cpu_placement != "on":
+        return
+    for path, why in cpu_placement_blockers(c):
+        yield problem(("topology.cpu_placement", path), "on", f"cannot place cores here: {why}",
+                      f"set topology.cpu_placement=auto (where it can apply) or off, or change {path}")  # fmt: skip
+
+
 def staleness_non_negative(c: Config) -> Iterator[ConfigProblem]:
     if c.psrl.staleness < 0:
         yield problem(
@@ -522,7 +545,15 @@ def task_kwargs_used(c: Config) -> Iterator[ConfigProblem]:
                       "remove task.kwargs or data.train_files")  # fmt: skip
 
 
-RULES = (*RULES, trainer_threads_non_negative, eval_settings_used, agent_rules, task_kwargs_used, *LORA_RULES)
+RULES = (
+    *RULES,
+    trainer_threads_non_negative,
+    cpu_placement_possible,
+    eval_settings_used,
+    agent_rules,
+    task_kwargs_used,
+    *LORA_RULES,
+)
 
 
 def check(config: Config) -> list[ConfigProblem]:

@@ -70,8 +70,9 @@ class Topology(Section):
         "On a CPU-only host with one trainer rank, every actor local, trainer_threads=auto and "
         "threads_per_actor=1: after every version the launcher "
         "gives the trainer the cores the other actors leave free and keeps those on the rest, so their "
-        "wake-ups do not preempt its step (launch.cpu_placement). auto: while the host is not busy with "
-        "other work; on: also then; off: the scheduler places every process.",
+        "wake-ups do not preempt its step (launch.cpu_placement). auto: where those hold and while the host "
+        "is not busy with other work; on: also then, and a run where they do not hold is refused; off: the "
+        "scheduler places every process.",
     )
     fork_server: bool = field(
         True,

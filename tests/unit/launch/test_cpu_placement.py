@@ -11,6 +11,8 @@ import pytest
 
 from launch.cpu_placement import CorePlan, CpuPlacement, pin, places_cores, plan_cores
 from psrl.config import load_config
+from psrl.errors import ConfigError
+from psrl.preflight import cpu_placement_host
 
 
 def test_the_trainer_gets_what_the_others_leave_and_they_keep_a_core() -> None:
@@ -73,3 +75,16 @@ def test_a_plan_in_force_survives_one_noisy_sample_of_outside_work() -> None:
     assert plan_cores([0, 1], others_busy=0.7, outside_busy=0.35, current=None) is None
     assert plan_cores([0, 1], others_busy=0.7, outside_busy=0.35, current=one) == one
     assert plan_cores([0, 1], others_busy=0.7, outside_busy=0.6, current=one) is None  # another job, for real
+
+
+def test_placement_switched_on_where_it_cannot_apply_is_refused_before_launch() -> None:
+    for blocker in ("topology.trainer_threads=2", "topology.threads_per_actor=2", "topology.n_trainer_ranks=2",
+                    "engine.backend=vllm", "topology.cluster=ray"):  # fmt: skip
+        with pytest.raises(ConfigError) as refused:
+            load_config("demo", ["topology.device=cpu", "topology.cpu_placement=on", blocker])
+        [problem] = refused.value.problems
+        assert problem.paths == ("topology.cpu_placement", blocker.split("=")[0]), problem
+    assert places_cores(load_config("demo", ["topology.device=cpu", "topology.cpu_placement=on"]), True)
+    [across] = list(cpu_placement_host(load_config("demo", ["topology.cpu_placement=on"]), spans_hosts=True))
+    assert across.paths == ("topology.cpu_placement",)
+    assert not list(cpu_placement_host(load_config("demo", ["topology.cpu_placement=auto"]), spans_hosts=True))
