@@ -179,11 +179,17 @@ def timed(command: list[str], env: dict[str, str], log: Path) -> tuple[float, fl
 # ---------------------------------------------------------------------------------------- the psrl side
 
 
+def psrl_cli() -> list[str]:
+    """The `psrl` command of this interpreter; its module where the script is not installed (a checkout on
+    PYTHONPATH, as on a GPU machine with carried packages)."""
+    script = Path(sys.executable).with_name("psrl")
+    return [str(script)] if script.exists() else [sys.executable, "-m", "psrl.cli.main"]
+
+
 def run_psrl(system: str, overrides: list[str], work: Workload, root: Path, repeat: int) -> RunRecord:
     """`psrl launch <config>` as a user types it; times from its metrics (the trainer's step records)."""
     name = f"{system}-{repeat}"
-    psrl_cli = Path(sys.executable).with_name("psrl")
-    command = [str(psrl_cli), "launch", work.config, *overrides, *PSRL_MODE[system], "--root", str(root),
+    command = [*psrl_cli(), "launch", work.config, *overrides, *PSRL_MODE[system], "--root", str(root),
                "--name", name, "--quiet"]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}  # the Makefile's default; actors set theirs
     started, wall = timed(command, env, root / f"{name}.log")
@@ -238,9 +244,12 @@ def resolve_model(name: str) -> str | None:
         from psrl.assets import DEMO_MODEL_DIR
 
         return str(DEMO_MODEL_DIR)
-    from tools.convert_smollm2 import default_output_dir
+    if name == "smollm2":
+        from tools.convert_smollm2 import default_output_dir
 
-    path = default_output_dir()
+        path = default_output_dir()
+    else:
+        path = Path(name).expanduser()
     return str(path) if (path / "config.json").exists() else None
 
 
@@ -250,8 +259,9 @@ def build_workload(args: argparse.Namespace) -> tuple[Workload, list[str]]:
 
     model_dir = resolve_model(args.model)
     if model_dir is None:
-        raise SystemExit(f"--model {args.model}: no converted model on this machine; run `make model-smollm2` "
-                         "(or tools/convert_smollm2.py) first. Skipped.")  # fmt: skip
+        fix = ("run `make model-smollm2` (or tools/convert_smollm2.py) first" if args.model == "smollm2"
+               else "give demo, smollm2 or a directory with a config.json")  # fmt: skip
+        raise SystemExit(f"--model {args.model}: no model there; {fix}. Skipped.")
     overrides = [f"trainer.total_steps={args.steps}", *args.overrides]
     if args.model != "demo":
         overrides.append(f"model.path={model_dir}")
@@ -336,7 +346,8 @@ def print_settings(work: Workload, args: argparse.Namespace) -> None:
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", choices=["demo", "smollm2"], default="demo")
+    parser.add_argument("--model", default="demo",
+                        help="demo, smollm2 (tools/convert_smollm2.py) or a model directory")  # fmt: skip
     parser.add_argument("--config", default="demo", help="psrl's configuration: a preset or a YAML file (both sides)")
     parser.add_argument("--systems", default=",".join(SYSTEMS), help=f"which of {','.join(SYSTEMS)} to run")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")

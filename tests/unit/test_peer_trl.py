@@ -89,3 +89,22 @@ def test_trls_config_takes_the_arguments() -> None:
     config = trl.GRPOConfig(**trl_config_kwargs(work, "/tmp/unused", threads=2, device="cpu"))
     assert config.generation_batch_size == work.groups * work.group_size
     assert config.num_generations == work.group_size and config.max_steps == work.steps * work.updates_per_step
+
+
+def test_model_is_demo_smollm2_or_a_directory_with_a_config(tmp_path) -> None:
+    from psrl.assets import DEMO_MODEL_DIR
+    from tools.bench_peer_trl import resolve_model
+
+    assert resolve_model("demo") == str(DEMO_MODEL_DIR)
+    assert resolve_model(str(DEMO_MODEL_DIR)) == str(DEMO_MODEL_DIR)
+    assert resolve_model(str(tmp_path)) is None  # no config.json: not a model
+
+
+def test_the_psrl_command_it_starts_runs() -> None:
+    import subprocess
+
+    from tools.bench_peer_trl import psrl_cli
+
+    done = subprocess.run([*psrl_cli(), "launch", "--help"], capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    assert "--root" in done.stdout
