@@ -27,7 +27,7 @@ import select
 import sys
 import time
 import traceback
-from typing import Any
+from typing import Any, NoReturn
 
 from actors.spare import warm_imports
 
@@ -105,7 +105,7 @@ def serve() -> None:
                 _fork(json.loads(line))
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None) -> NoReturn:
     parser = argparse.ArgumentParser(prog="python -m actors.forkserver", description=__doc__)
     parser.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0 = torch default)")
     parser.add_argument("--classes", default="", help="actor classes to import: roles or module:Class, comma separated")
@@ -116,8 +116,12 @@ def main(argv: list[str] | None = None) -> int:
     modules = warm_imports([c for c in args.classes.split(",") if c])
     _say({"ready": modules, "import_s": round(time.monotonic() - started, 3)})
     serve()
-    return 0
+    # Nothing here needs tearing down, and unwinding the imported torch and transformers takes about a
+    # second that the launcher would wait for at the end of every run.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()
