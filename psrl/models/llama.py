@@ -123,7 +123,13 @@ class DecoderModel(nn.Module):
         # [hidden, vocab]; with tied embeddings, a transposed copy kept in step by load_weights
         self.lm_head_t = nn.Parameter(torch.empty(spec.hidden_size, spec.vocab_size))
         # a plain attribute, not a buffer: Module.to(dtype) would drop its imaginary part
-        self.rope_rotation = rotation_table(spec, max_positions)
+        if torch.empty(0).is_meta:
+            # built on the meta device (the loader), the table would go through torch's Python reference
+            # kernels, whose first use imports its compiler stack (a second at every engine start); the loader
+            # computes the real table once the model is on its device
+            self.rope_rotation = torch.empty(max_positions, spec.head_dim // 2, dtype=torch.complex64)
+        else:
+            self.rope_rotation = rotation_table(spec, max_positions)
 
     def forward(
         self,
