@@ -400,11 +400,13 @@ class CoordinatorFlow(Flow):
         if published.version > self.ps_version:
             self.ps_version = published.version
             self.version_times.append(now)
-            self._dispatch()
             # decide now whether instances sync to it, not at the next tick (up to a tick of every version);
-            # colocated, the switch hands the GPUs over on its own schedule, and syncs go with it
+            # colocated, the switch hands the GPUs over on its own schedule, and syncs go with it. Before the
+            # new requests: effects go out in order, and a synchronous step waits for the instances' load,
+            # not for a buffer's worth of requests to be sent first
             if self.switch is None:
                 self._decide(now)
+            self._dispatch()
 
     def _on_loaded(self, loaded: WeightsLoaded, now: float) -> None:
         self.instances.loaded(loaded.instance, loaded.version, loaded.load_ms / 1000)
