@@ -22,6 +22,9 @@ settings it could not match, a table per run, medians per system and last
     .venv/bin/python tools/bench_peer_trl.py --steps 10 --repeats 1               # a quick look
     .venv/bin/python tools/bench_peer_trl.py --model smollm2                      # tools/convert_smollm2.py first
     .venv/bin/python tools/bench_peer_trl.py --device cuda                        # TRL without vLLM
+    .venv/bin/python tools/bench_peer_trl.py --device cuda --model /tmp/m05 --steps 6 --repeats 1 \
+        psrl.staleness_buffer_entries=64 actor.ppo_mini_batch_size=16 task.max_response_length=128 \
+        engine.max_num_seqs=256 engine.num_kv_blocks=4096         # a 0.5B body (tools/random_model.py)
     .venv/bin/python tools/bench_peer_trl.py --model smollm2 --config examples/reasoning_gym/word_reversal.yaml \
         --systems trl,async --steps 24 --repeats 1                                # an external task
 
