@@ -1,14 +1,17 @@
 """A parameter-server shard: hosts one `ShardServer` and announces its versions on the bus.
 
 The shard's sockets run in their own thread (pushes and pulls never wait for the actor loop);
-its version hooks are queued and published from the actor loop, where the publisher lives.
+its version hooks are queued and published from the actor loop, where the publisher lives, which a
+byte on a pipe wakes at once: a synchronous step waits for the publication.
 Shard 0 commits last, so its commit is the run's `WeightsPublished`: when it fires, every
 shard already serves the version.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import os
 import queue
 import threading
 
@@ -38,14 +41,27 @@ class ParameterShardActor(Actor):
         )
         options = dataclasses.replace(options, host=self.boot.host)
         self.events: queue.SimpleQueue[tuple[str, VersionEvent]] = queue.SimpleQueue()
+        self.wake_read, self.wake_write = os.pipe()
+        os.set_blocking(self.wake_write, False)
+        self.add_input(self.wake_read, self._on_wake)
         self.server = ShardServer(
             options,
-            on_commit=lambda e: self.events.put(("commit", e)),
-            on_stored=lambda e: self.events.put(("stored", e)),
+            on_commit=lambda e: self._queue("commit", e),
+            on_stored=lambda e: self._queue("stored", e),
         )
         self.thread, self.stop_server = self.server.start_thread()
-        self.every(0.02, self._announce)
         return {"shard": self.boot.index}
+
+    def _queue(self, what: str, event: VersionEvent) -> None:
+        """In the server's thread: hand the event to the actor loop and wake it."""
+        self.events.put((what, event))
+        # a full pipe already holds a wake-up; a closed one means the actor is past its teardown
+        with contextlib.suppress(OSError):
+            os.write(self.wake_write, b"\0")
+
+    def _on_wake(self) -> None:
+        os.read(self.wake_read, 4096)
+        self._announce()
 
     def drop_counts(self) -> dict[str, int]:
         counts = super().drop_counts()
@@ -73,3 +89,7 @@ class ParameterShardActor(Actor):
             self.thread.join(timeout=5)
             self.server.close()
             self._announce()
+        if hasattr(self, "wake_read"):
+            self.remove_input(self.wake_read)
+            os.close(self.wake_read)
+            os.close(self.wake_write)
