@@ -123,7 +123,7 @@ class DecoderModel(nn.Module):
         # [hidden, vocab]; with tied embeddings, a transposed copy kept in step by load_weights
         self.lm_head_t = nn.Parameter(torch.empty(spec.hidden_size, spec.vocab_size))
         # a plain attribute, not a buffer: Module.to(dtype) would drop its imaginary part
-        if torch.empty(0).is_meta:
+        if torch.get_default_device().type == "meta":
             # built on the meta device (the loader), the table would go through torch's Python reference
             # kernels, whose first use imports its compiler stack (a second at every engine start); the loader
             # computes the real table once the model is on its device
