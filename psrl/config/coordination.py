@@ -168,6 +168,18 @@ class ThunderAgent(Section):
         "(bounds a session's wait by this plus the time its room takes to free); 0 = smallest first only.",
         ge=0,
     )
+    ready_first: bool = field(
+        True,
+        "Continue hung sessions whose next turn is ready (their environment answered) before those still at "
+        "their environment, longest waiting first; false: smallest first only (ThunderAgent's order).",
+    )
+    max_ready_wait_s: float = field(
+        0.0,
+        "With ready_first: a ready turn that has waited this long for room is continued at once on its "
+        "instance, by hanging sessions there that are at their environment (bounds what hanging adds to "
+        "time to first token, trading some of the working set's reuse); 0 = off.",
+        ge=0,
+    )
 
 
 class SessionStrategy(Section):

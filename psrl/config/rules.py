@@ -283,6 +283,16 @@ def sticky_sessions_need_bucketed(c: Config) -> Iterator[ConfigProblem]:
         )
 
 
+def ready_wait_needs_ready_first(c: Config) -> Iterator[ConfigProblem]:
+    ta = c.psrl.rollout_coordination.session_strategy.thunder_agent
+    if ta.max_ready_wait_s > 0 and not ta.ready_first:
+        wait = RC + "session_strategy.thunder_agent.max_ready_wait_s"
+        first = RC + "session_strategy.thunder_agent.ready_first"
+        yield problem((wait, first), ta.max_ready_wait_s,
+                      "bounds the wait of ready turns, which only ready_first tells apart",
+                      f"set {first}=True, or {wait}=0")  # fmt: skip
+
+
 def sessions_need_an_environment(c: Config) -> Iterator[ConfigProblem]:
     """Hang/continue schedules sessions; sessions take their prompts from the environment (whose name
     the preflight checks: the environments sit above the config)."""
@@ -506,6 +516,7 @@ RULES: tuple[Rule, ...] = (
     p2p_needs_versioned_kv,
     kv_transfer_prerequisites,
     sticky_sessions_need_bucketed,
+    ready_wait_needs_ready_first,
     sessions_need_an_environment,
     cost_model_readable,
     sync_threshold_set,

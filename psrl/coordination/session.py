@@ -27,6 +27,17 @@ nothing passes an overdue session that does not fit yet: under ``bucketed`` the 
 frees is kept for it, so it waits at most ``max_hang_s`` plus the time that room takes to free
 (``global`` keeps the order but may still place a smaller session where the overdue one does not
 fit). Smallest first alone lets a large session wait as long as smaller ones keep fitting.
+
+Among the rest, sessions whose next turn is ready (``waiting_s`` > 0: its environment answered
+while it was hung, so the turn waits here) come before those still at their environment, the one
+waiting longest first; one that does not fit is passed by smaller ones. Room given to a session
+still calling its tool buys nothing until the tool answers, while a ready turn's wait is time to
+its first token: this order spends the room where a turn is waiting. Without ready turns the order
+is smallest first, as before. With ``max_ready_wait_s`` > 0, a ready turn that has waited that long
+and still does not fit is continued anyway on its instance, by hanging sessions there that are at
+their environment (smallest first, as many as make its room): its wait is bounded by that plus a
+tick wherever sessions at their environment hold the room, at the price of the working set that
+hanging keeps small (ThunderAgent's gain). ``ready_first=false`` restores smallest first only.
 """
 
 from __future__ import annotations
@@ -46,6 +57,7 @@ class SessionInfo(msgspec.Struct, frozen=True, gc=False):
     total_tokens: int
     is_closing: bool = False
     hung_for_s: float = 0.0  # how long the session has been hung at this tick (0: not hung)
+    waiting_s: float = 0.0  # how long its next turn has been ready and held (0: none ready)
 
 
 class InstanceCapacity(msgspec.Struct, frozen=True, gc=False):
@@ -86,6 +98,8 @@ def schedule_sessions(
         orders = _continue_bucketed(kept, remaining, settings) + _continue_global(stranded, remaining, settings)
     else:
         orders = _continue_global(hung, remaining, settings)
+    if settings.ready_first and settings.max_ready_wait_s > 0:
+        orders += _swap_for_ready(live, hung, orders, hang, remaining, settings)
     return SessionDecision(tuple(hang), tuple(orders), remaining)
 
 
@@ -97,10 +111,64 @@ def _is_overdue(session: SessionInfo, settings: ThunderAgent) -> bool:
     return settings.max_hang_s > 0 and session.hung_for_s >= settings.max_hang_s
 
 
+def _is_ready(session: SessionInfo, settings: ThunderAgent) -> bool:
+    return settings.ready_first and session.waiting_s > 0
+
+
 def _continue_order(hung: list[SessionInfo], settings: ThunderAgent) -> list[SessionInfo]:
-    """Overdue sessions first, longest hung first; then the rest smallest first."""
+    """Overdue sessions first, longest hung first; then ready turns, longest waiting first; then the rest
+    smallest first."""
     overdue = sorted((s for s in hung if _is_overdue(s, settings)), key=lambda s: (-s.hung_for_s, s.session_id))
-    return overdue + sorted((s for s in hung if not _is_overdue(s, settings)), key=_size_key)
+    rest = [s for s in hung if not _is_overdue(s, settings)]
+    ready = sorted((s for s in rest if _is_ready(s, settings)), key=lambda s: (-s.waiting_s, s.session_id))
+    return overdue + ready + sorted((s for s in rest if not _is_ready(s, settings)), key=_size_key)
+
+
+def _demand(session: SessionInfo, settings: ThunderAgent) -> float:
+    """The room a running session takes in the capacity view."""
+    weight = 1.0 if session.status == "generate" else settings.env_token_weight
+    return weight * session.total_tokens + settings.buffer_per_session
+
+
+def _swap_for_ready(
+    live: list[SessionInfo],
+    hung: list[SessionInfo],
+    orders: list[ContinueOrder],
+    hang: list[str],
+    remaining: dict[str, float],
+    settings: ThunderAgent,
+) -> list[ContinueOrder]:
+    """Ready turns that waited ``max_ready_wait_s`` and that the room did not admit, each continued on its
+    instance by hanging sessions there that are calling their environment (smallest first, only as many
+    as make its room; none if they cannot): those need no KV until their tool answers, while the ready
+    turn waits now. Appends to ``hang``."""
+    continued, hung_now = {o.session_id for o in orders}, set(hang)
+    swaps: list[ContinueOrder] = []
+    for session in hung:
+        instance = session.instance_id
+        if not _is_ready(session, settings) or session.session_id in continued or instance not in remaining:
+            continue
+        if settings.max_ready_wait_s <= 0 or session.waiting_s < settings.max_ready_wait_s:
+            continue
+        short = session.total_tokens + settings.buffer_per_session - remaining[instance]
+        at_env = sorted(
+            (s for s in live if s.instance_id == instance and s.hang_state == "running" and s.status == "env"
+             and s.session_id not in hung_now),
+            key=_size_key,
+        )  # fmt: skip
+        freed, shed = 0.0, []
+        for candidate in at_env:
+            if freed >= short:
+                break
+            freed += _demand(candidate, settings)
+            shed.append(candidate.session_id)
+        if freed < short:
+            continue
+        hang.extend(shed)
+        hung_now.update(shed)
+        remaining[instance] += freed - session.total_tokens - settings.buffer_per_session
+        swaps.append(ContinueOrder(session.session_id, instance, settings.continue_force_pin))
+    return swaps
 
 
 def _hang_instance(
@@ -109,12 +177,7 @@ def _hang_instance(
     """Sessions to hang on one instance and its remaining capacity afterwards."""
     generating = sum(s.total_tokens for s in running if s.status == "generate")
     shared = max(0.0, generating - cap.used_tokens)
-
-    def demand(session: SessionInfo) -> float:
-        weight = 1.0 if session.status == "generate" else settings.env_token_weight
-        return weight * session.total_tokens + settings.buffer_per_session
-
-    remaining = cap.total_tokens + shared - sum(demand(s) for s in running)
+    remaining = cap.total_tokens + shared - sum(_demand(s, settings) for s in running)
     order = sorted((s for s in running if s.status == "env"), key=_size_key) + sorted(
         (s for s in running if s.status == "generate"), key=_size_key
     )
@@ -123,7 +186,7 @@ def _hang_instance(
         if remaining >= 0:
             break
         hung.append(session.session_id)
-        remaining += demand(session)
+        remaining += _demand(session, settings)
     return hung, remaining
 
 
@@ -138,7 +201,9 @@ def _continue_bucketed(
         for session in (s for s in hung if s.instance_id == instance_id):
             need = session.total_tokens + buffer
             if need > left:
-                break  # smallest first: nothing larger fits either; overdue: nothing passes it
+                if _is_overdue(session, settings):
+                    break  # nothing passes an overdue session: the room is kept for it
+                continue  # a smaller one may still fit
             left -= need
             orders.append(ContinueOrder(session.session_id, instance_id, settings.continue_force_pin))
         remaining[instance_id] = left
@@ -152,9 +217,11 @@ def _continue_global(
     open_ids = [i for i, left in remaining.items() if left > buffer]
     budget = sum(remaining[i] for i in open_ids)
     chosen: list[SessionInfo] = []
-    for session in hung:  # smallest first (overdue ones before): the largest prefix that fits the total
+    for session in hung:  # in continue order: as many as fit the total, overdue ones not passed
         if session.total_tokens + buffer > budget:
-            break
+            if _is_overdue(session, settings):
+                break
+            continue
         budget -= session.total_tokens + buffer
         chosen.append(session)
     orders = []

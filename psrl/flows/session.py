@@ -49,6 +49,7 @@ from bus.messages import (
 )
 from bus.schema import Message
 from psrl.config import Config
+from psrl.coordination.held_waits import HeldWaits
 from psrl.coordination.session import (
     InstanceCapacity,
     SessionDecision,
@@ -98,13 +99,16 @@ class Session:
     replaying: bool = False  # an agent session whose agent runs again: its calls meet the logged turns first
     agent_turn: int = 1  # an agent session: the session's turn its agent's next generating call asks for
     hung_since: float | None = None  # when it was hung (ThunderAgent's max_hang_s orders by it)
+    held_since: float | None = None  # when its held next turn became ready (ready turns are continued first)
 
     def info(self, now: float = 0.0) -> SessionInfo:
         hung = self.hang_state == "hung" or self.marked_for_hang
         hung_for = 0.0 if self.hung_since is None else now - self.hung_since
+        # a turn held since this very tick still counts as ready: the smallest positive wait
+        waiting = 0.0 if self.held_since is None else max(now - self.held_since, 1e-9)
         return SessionInfo(
             str(self.request_id), self.instance, self.status, "hung" if hung else "running", self.num_tokens,
-            hung_for_s=hung_for,
+            hung_for_s=hung_for, waiting_s=waiting,
         )  # fmt: skip
 
 
@@ -125,6 +129,7 @@ class SessionFlow(GatewayCalls, Flow):
         self.gone: set[str] = set()  # instances removed from the set (psrl scale): never back
         self.counters: Counter[str] = Counter()
         self.num_hung_s = 0.0  # session-seconds spent hung (summed over ticks)
+        self.held_waits = HeldWaits()  # how long ready turns waited for their session's continue
 
     def handlers(self) -> dict[type[Message], Handler]:
         return {
@@ -233,8 +238,7 @@ class SessionFlow(GatewayCalls, Flow):
                 max_tokens=self.settings.max_turn_tokens,
             )
             if session.hang_state == "hung":
-                session.held = nxt
-                self.counters["turns_held"] += 1
+                self.hold(session, nxt, now)
             else:
                 self._send_turn(session, nxt)
 
@@ -250,6 +254,11 @@ class SessionFlow(GatewayCalls, Flow):
         elif session is not None and session.last_next is not None and session.last_next.turn == done.turn + 1:
             self.send(ROUTER, session.last_next, request_id=done.request_id, prompt_id=done.prompt_id)
         return True  # otherwise its answer is still to come (the step runs, or the session is hung)
+
+    def hold(self, session: Session, turn: TurnNext, now: float) -> None:
+        """A hung session's next turn is ready: it waits here until a tick continues the session."""
+        session.held, session.held_since = turn, now
+        self.counters["turns_held"] += 1
 
     def _send_turn(self, session: Session, turn: TurnNext) -> None:
         if session.pin_next:
@@ -328,6 +337,8 @@ class SessionFlow(GatewayCalls, Flow):
             session.pin_next = order.instance_id if order.force_pin else ""
             held, session.held = session.held, None
             if held is not None:
+                self.held_waits.add(now - (now if session.held_since is None else session.held_since))
+                session.held_since = None
                 self._send_turn(session, held)
 
 

@@ -58,6 +58,8 @@ class GatewayCalls:
 
         def _send_turn(self, session: Any, turn: TurnNext) -> None: ...
 
+        def hold(self, session: Any, turn: TurnNext, now: float) -> None: ...
+
         def publish(self, message: Any, **ids: Any) -> None: ...
 
         def _end(self, request_id: int, reward: float, acc: float, num_turns: int, error: str) -> None: ...
@@ -65,14 +67,14 @@ class GatewayCalls:
     def gateway_job(self, job_id: int, op: str, sid: str, payload: Any, now: float) -> None:
         """One call from the gateway's HTTP thread; its answer goes to ``answers`` (maybe later)."""
         try:
-            result = self._job(job_id, op, sid, payload)
+            result = self._job(job_id, op, sid, payload, now)
         except ApiError as error:
             self.counters[f"gateway_errors_{error.status}"] += 1
             result = error
         if result is not None:
             self.answers.append((job_id, result))
 
-    def _job(self, job_id: int, op: str, sid: str, payload: Any) -> Any:
+    def _job(self, job_id: int, op: str, sid: str, payload: Any, now: float) -> Any:
         gateway = self._gateway()
         if op == "open":
             return self._open(gateway, payload)
@@ -81,7 +83,7 @@ class GatewayCalls:
         if op == "delete":
             return self._delete(gateway, sid)
         if op in ("chat", "completion"):
-            return self._call(gateway, job_id, sid, payload)
+            return self._call(gateway, job_id, sid, payload, now)
         raise ApiError(404, f"no operation {op}")
 
     def _gateway(self) -> Gateway:
@@ -152,7 +154,7 @@ class GatewayCalls:
         self.counters["agents_resumed"] += 1
         self.env.submit(session.request_id, session.prompt_id, 0, session.actions[:1])
 
-    def _call(self, gateway: Gateway, job_id: int, sid: str, call: Any) -> Any:
+    def _call(self, gateway: Gateway, job_id: int, sid: str, call: Any, now: float) -> Any:
         session = self.sessions.get(int(sid)) if sid.isdigit() else None
         if session is None:
             raise ApiError(404, f"no session {sid}", code="session_not_found")
@@ -160,7 +162,7 @@ class GatewayCalls:
         if isinstance(outcome, Answer):
             return outcome
         if session.replaying:
-            met, answer = self._resume_call(gateway, session, job_id, outcome)
+            met, answer = self._resume_call(gateway, session, job_id, outcome, now)
             if met:
                 return answer
         if session.turn + 1 >= self.settings.max_turns:
@@ -179,7 +181,7 @@ class GatewayCalls:
         session.agent_turn = nxt.turn + 1
         self._count_cut(session, nxt)
         session.num_tokens += len(cut.observation) - cut.num_cut
-        self._send_or_hold(session, nxt)
+        self._send_or_hold(session, nxt, now)
         return None
 
     def _count_cut(self, session: Any, nxt: TurnNext) -> None:
@@ -191,7 +193,7 @@ class GatewayCalls:
             self.log.info("agent session branched", request_id=session.request_id, turn=nxt.turn,
                           cut_to=nxt.cut_to, prompt_keep=nxt.prompt_keep, num_cut=nxt.num_cut)  # fmt: skip
 
-    def _resume_call(self, gateway: Gateway, session: Any, job_id: int, outcome: Order) -> tuple[bool, Any]:
+    def _resume_call(self, gateway: Gateway, session: Any, job_id: int, outcome: Order, now: float) -> tuple[bool, Any]:
         """A re-run agent's call met with the session's logged turns: (met, its answer or None to wait)."""
         step = self._resume_step(gateway, session, outcome)
         if step == "new":
@@ -209,7 +211,7 @@ class GatewayCalls:
             session.num_tokens += len(cut.observation) - cut.num_cut
             nxt = self._next(session, outcome)
             self._count_cut(session, nxt)
-            self._send_or_hold(session, nxt)
+            self._send_or_hold(session, nxt, now)
         return True, None
 
     def _next(self, session: Any, outcome: Order) -> TurnNext:
@@ -224,10 +226,9 @@ class GatewayCalls:
             prompt_keep=cut.prompt_keep,
         )
 
-    def _send_or_hold(self, session: Any, nxt: TurnNext) -> None:
+    def _send_or_hold(self, session: Any, nxt: TurnNext, now: float) -> None:
         if session.hang_state == "hung":
-            session.held = nxt  # answered once a later tick continues the session
-            self.counters["turns_held"] += 1
+            self.hold(session, nxt, now)  # answered once a later tick continues the session
         else:
             self._send_turn(session, nxt)
 

@@ -37,6 +37,9 @@ class AgentSimOutcome:
     hit_tokens: int
     preemptions: int
     hung_s: float
+    held_turns: int = 0  # turns that became ready while their session was hung
+    held_p99_s: float = 0.0  # their wait for the continue, 99th percentile
+    held_max_s: float = 0.0
 
     @property
     def turns_per_s(self) -> float:
@@ -93,6 +96,9 @@ class AgentSimulation:
             hit_tokens=sum(e.counters.num_prefix_hit_tokens for e in engines),
             preemptions=sum(e.counters.num_preemptions for e in engines),
             hung_s=self.session.num_hung_s,
+            held_turns=self.session.held_waits.count,
+            held_p99_s=self.session.held_waits.quantile(0.99) if self.session.held_waits.count else 0.0,
+            held_max_s=self.session.held_waits.max_s,
         )
 
     def _open(self, now: float) -> None:

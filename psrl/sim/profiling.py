@@ -65,16 +65,32 @@ class EngineLimits:
     kv_capacity_tokens: int
     max_model_len: int
     block_size: int
+    steps_per_call: int = 1  # decode steps one `Engine.step()` runs (several with decode rounds)
 
     @classmethod
     def of(cls, engine: Engine) -> EngineLimits:
         status = engine.status()
-        return cls(engine.args.max_num_seqs, status.kv_capacity_tokens, engine.max_model_len, engine.args.block_size)
+        return cls(
+            engine.args.max_num_seqs,
+            status.kv_capacity_tokens,
+            engine.max_model_len,
+            engine.args.block_size,
+            steps_per_call(engine),
+        )
+
+
+def steps_per_call(engine: Engine) -> int:
+    return engine.args.decode_steps if engine.runner.rounds is not None else 1
+
+
+def tokens_grown(grid: ProfileGrid, limits: EngineLimits) -> int:
+    """Tokens each request grows by while its point is measured (prefill's first token included)."""
+    return (grid.num_warmup_steps + grid.num_timed_steps + 2) * limits.steps_per_call
 
 
 def grid_points(grid: ProfileGrid, limits: EngineLimits) -> list[GridPoint]:
     """The (batch size, context) points that fit the engine, without duplicates, smallest first."""
-    extra = grid.num_warmup_steps + grid.num_timed_steps + 2  # tokens each request grows while measured
+    extra = tokens_grown(grid, limits)
     sizes = sorted({n for n in (*grid.batch_sizes, limits.max_num_seqs) if 1 <= n <= limits.max_num_seqs})
     points: list[GridPoint] = []
     for n in sizes:
@@ -107,7 +123,7 @@ def profile_engine(
     prefill: list[ProfileSample] = []
     for _ in range(grid.num_repeats):
         for index, point in enumerate(points):
-            step_times, kv_tokens, prefill_samples = _measure(engine, point, grid, rng, clock)
+            step_times, kv_tokens, prefill_samples = _measure(engine, point, grid, limits, rng, clock)
             times[index] += step_times
             kv[index] += kv_tokens
             prefill += prefill_samples
@@ -130,14 +146,13 @@ def lower_quartile(values: Sequence[float]) -> float:
 
 
 def _measure(
-    engine: Engine, point: GridPoint, grid: ProfileGrid, rng: random.Random, clock: Clock
+    engine: Engine, point: GridPoint, grid: ProfileGrid, limits: EngineLimits, rng: random.Random, clock: Clock
 ) -> tuple[list[float], list[int], list[ProfileSample]]:
     """One pass over a point: start its requests, prefill, warm up, time decode steps, abort.
 
     With decode rounds (several steps per `Engine.step()`), a round's time is divided by its steps.
     """
-    steps_per_call = engine.args.decode_steps if engine.runner.rounds is not None else 1
-    num_tokens = (grid.num_warmup_steps + grid.num_timed_steps + 2) * steps_per_call
+    num_tokens = tokens_grown(grid, limits)
     params = SamplingParams(max_tokens=num_tokens, min_tokens=num_tokens, ignore_eos=True)
     vocab = engine.spec.vocab_size
     ids = [f"profile-{rng.getrandbits(48):x}-{i}" for i in range(point.num_running)]

@@ -29,6 +29,19 @@ def test_grid_points_fit_the_engine_and_include_its_largest_batch() -> None:
     assert len([p for p in points if p.num_running == 1]) == 2
 
 
+def test_grid_points_leave_room_for_decode_rounds() -> None:
+    """With decode rounds every measured step grows a request by a whole round: a point at the
+    context limit must leave that room, or its request ends by length before it is timed."""
+    limits = EngineLimits(max_num_seqs=4, kv_capacity_tokens=480_000, max_model_len=32_768, block_size=16,
+                          steps_per_call=16)
+    grid = ProfileGrid.quick()
+    grown = (grid.num_timed_steps + grid.num_warmup_steps + 2) * 16
+    points = grid_points(grid, limits)
+    assert max(p.context_tokens for p in points) == limits.max_model_len - grown - 1
+    for p in points:
+        assert p.context_tokens + grown < limits.max_model_len
+
+
 def test_lower_quartile() -> None:
     assert lower_quartile([5.0]) == 5.0
     assert lower_quartile([1.0, 2.0, 3.0, 4.0, 5.0]) == 2.0
