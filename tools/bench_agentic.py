@@ -355,7 +355,8 @@ def predict(scale: Scale, args: argparse.Namespace, model: Path, outcomes: dict[
         worst = max(worst, abs(error))
         print(f"sim {name:8} {predicted.turns_per_s:8.2f} turns/s predicted, {measured:.2f} measured ({error:+.0%}); "
               f"reused {predicted.hit_tokens / max(predicted.hit_tokens + predicted.prefill_tokens, 1):.2f} of "
-              f"its context tokens, {predicted.preemptions} preemptions, {predicted.hung_s:.0f} hung s")  # fmt: skip
+              f"its context tokens, {predicted.preemptions} preemptions, {predicted.hung_s:.0f} hung s, "
+              f"{predicted.held_turns} held turns (p99 wait {predicted.held_p99_s:.2f} s)")  # fmt: skip
     return worst
 
 
