@@ -8,9 +8,9 @@ import pytest
 
 from bus.messages import TurnNext
 from psrl.config import load_config
-from psrl.errors import ConfigError
 from psrl.config.coordination import ThunderAgent
 from psrl.coordination.session import InstanceCapacity, SessionInfo, schedule_sessions
+from psrl.errors import ConfigError
 from tests.sessions.test_session_flow import make, sent, started, status, step, turn_done
 
 TA = "psrl.rollout_coordination.session_strategy.thunder_agent."

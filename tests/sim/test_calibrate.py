@@ -32,8 +32,9 @@ def test_grid_points_fit_the_engine_and_include_its_largest_batch() -> None:
 def test_grid_points_leave_room_for_decode_rounds() -> None:
     """With decode rounds every measured step grows a request by a whole round: a point at the
     context limit must leave that room, or its request ends by length before it is timed."""
-    limits = EngineLimits(max_num_seqs=4, kv_capacity_tokens=480_000, max_model_len=32_768, block_size=16,
-                          steps_per_call=16)
+    limits = EngineLimits(
+        max_num_seqs=4, kv_capacity_tokens=480_000, max_model_len=32_768, block_size=16, steps_per_call=16
+    )
     grid = ProfileGrid.quick()
     grown = (grid.num_timed_steps + grid.num_warmup_steps + 2) * 16
     points = grid_points(grid, limits)
