@@ -349,7 +349,9 @@ def predict(scale: Scale, args: argparse.Namespace, model: Path, outcomes: dict[
     worst = 0.0
     for name in (n for n in ("balance", "sticky", "thunder") if n in outcomes):
         config = setting_config(scale, name, args, model)
-        predicted = AgentSimulation(config, scale.workload, args.cost).run(scale.budget_s)
+        # this process steps every engine in turn on one device: while all have work, each waits for the others
+        sharing = config.topology.n_rollout_instances
+        predicted = AgentSimulation(config, scale.workload, args.cost, engines_per_device=sharing).run(scale.budget_s)
         measured = outcomes[name].turns_per_s
         error = predicted.turns_per_s / measured - 1
         worst = max(worst, abs(error))

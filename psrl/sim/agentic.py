@@ -6,6 +6,11 @@ and the simulated clock: the tools' delays are events, engine steps cost what th
 Nothing trains. ``AgentSimulation(config, workload, cost).run(budget_s)`` gives the turns and
 sessions finished in ``budget_s`` simulated seconds, the prefill the prefix cache saved, KV
 preemptions and hung session-seconds: the figures the benchmark prints for one setting.
+
+``engines_per_device``: how many instances take turns on one device. The benchmark steps all its
+engines one after another in one thread on one GPU, so while they all have work (the GPU run keeps
+them busy about 97% of its time) each engine's step waits for the others': every step then costs
+that many times its own time. A fleet with a device per instance is 1, the default.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ from psrl.sim.engine_model import ModelledEngine
 from psrl.sim.events import EventQueue
 from psrl.sim.fleet import Fleet, ModelledInstance
 from psrl.sim.models import PullModel
-from psrl.sim.simulation import engine_shape
+from psrl.sim.simulation import engine_shape, slowed
 
 SOURCE_TICK_S = 0.05  # the ramp opens sessions at this pace
 
@@ -47,9 +52,12 @@ class AgentSimOutcome:
 
 
 class AgentSimulation:
-    def __init__(self, config: Config, workload: AgentWorkload, cost: CostModel) -> None:
+    def __init__(self, config: Config, workload: AgentWorkload, cost: CostModel, engines_per_device: int = 1) -> None:
         if not config.env.enable:
             raise ValueError("the agent workload runs sessions: set env.enable=true (the agentic preset does)")
+        if engines_per_device < 1:
+            raise ValueError(f"engines_per_device={engines_per_device}: at least 1")
+        cost = slowed(cost, engines_per_device)
         self.config, self.workload = config, workload
         self.clock = EventQueue()
         self.tools = SyntheticTools(workload, lambda: self.clock.now, on_due=self._tools_due)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from psrl.config import load_config
 from psrl.engine_cost.model import load_cost_model
 from psrl.sim.agent_workload import AgentWorkload
@@ -17,14 +19,14 @@ WORKLOAD = AgentWorkload(sessions=8, prompt_tokens=(512, 1024), turns=(4, 8), ge
                          vocab=(2, 48), ramp_s=1.0)  # fmt: skip
 
 
-def run(*overrides: str) -> tuple[int, int, int]:
+def run(*overrides: str, engines_per_device: int = 1) -> tuple[int, int, int]:
     config = load_config(
         "agentic",
         ["topology.n_rollout_instances=2", "engine.num_kv_blocks=512", "engine.max_num_seqs=8", "psrl.rollout_n=1",
          "algorithm.adv_estimator=reinforce_plus_plus", "psrl.staleness_buffer_entries=4096",
          "actor.ppo_mini_batch_size=4096", "env.max_turns=8", "env.max_turn_tokens=24", *overrides],
     )  # fmt: skip
-    out = AgentSimulation(config, WORKLOAD, COST).run(30.0)
+    out = AgentSimulation(config, WORKLOAD, COST, engines_per_device=engines_per_device).run(30.0)
     return out.turns, out.hit_tokens, out.prefill_tokens
 
 
@@ -36,3 +38,11 @@ def test_sticky_sessions_reuse_their_context_on_modelled_engines() -> None:
     assert balance[0] > 50 and sticky[0] > 50
     assert sticky[1] > balance[1] and sticky[2] < balance[2]  # more hits, less prefill
     assert run() == sticky  # deterministic
+
+
+def test_engines_taking_turns_on_one_device_finish_fewer_turns() -> None:
+    """The benchmark steps its engines one after another on one device: each step waits for the others'."""
+    alone, sharing = run()[0], run(engines_per_device=2)[0]
+    assert sharing < alone
+    with pytest.raises(ValueError, match="engines_per_device"):
+        run(engines_per_device=0)
