@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
@@ -11,6 +12,9 @@ from launch.hosts import Host, HostsFile
 from psrl.config import Config
 from psrl.config.loader import split_preset
 from psrl.errors import ConfigError
+
+if TYPE_CHECKING:
+    from launch.forkserver import ForkServer
 
 EPILOG = """\b
 Examples:
@@ -64,6 +68,34 @@ def launch(
     quiet: bool,
 ) -> None:
     """Start a run: bus, logger, parameter server, rollout instances, trainer, router, coordinator."""
+    ahead = _fork_server_ahead(hosts_file, cluster)
+    try:
+        _launch(args, hosts_file, cluster, name, root, actor_classes, quiet, ahead)
+    finally:
+        if ahead is not None:  # a run that took it has closed it by now; one that did not never will
+            ahead.discard()
+
+
+def _fork_server_ahead(hosts_file: Path | None, cluster: str | None) -> ForkServer | None:
+    """The fork server of a local run, importing the actors' modules while the configuration is read and
+    checked (about a second on 2 cores); the run takes it if its actors' classes and threads fit."""
+    if hosts_file is not None or cluster is not None:
+        return None
+    from launch.forkserver import ForkServer
+
+    return ForkServer.ahead()
+
+
+def _launch(
+    args: tuple[str, ...],
+    hosts_file: Path | None,
+    cluster: str | None,
+    name: str | None,
+    root: str | None,
+    actor_classes: tuple[str, ...],
+    quiet: bool,
+    ahead: ForkServer | None,
+) -> None:
     from launch.hosts import HostsFileError, parse_hosts_file
     from launch.plan import hosts_overrides
     from launch.runner import run_launch
@@ -91,7 +123,10 @@ def launch(
         sys.exit(_launch_on_cluster(config, config.topology.cluster, name, root, classes, quiet))
     if hosts is not None:
         _exit_if_unreachable(hosts)
-    sys.exit(run_launch(config, hosts, name=name, root=root, actor_classes=classes, quiet=quiet).exit_code)
+    result = run_launch(
+        config, hosts, name=name, root=root, actor_classes=classes, quiet=quiet, fork_server_ahead=ahead
+    )
+    sys.exit(result.exit_code)
 
 
 def _launch_on_cluster(

@@ -30,21 +30,33 @@ REPLY_TIMEOUT_S = 30.0
 POLL_S = 0.01
 
 
+# What ``psrl launch`` imports ahead, before it has read its configuration: the classes of a local run
+# (the session scheduler's too, so that agentic runs find it imported).
+AHEAD_CLASSES = ("rollout", "ps", "trainer", "router", "coordinator", "session")
+AHEAD_THREADS = 1  # topology.threads_per_actor's default
+
+
 class ForkServer:
-    def __init__(self, classes: list[str], threads: int, log_path: Path, fifo_dir: Path) -> None:
+    """``log_path`` / ``fifo_dir`` None: a server started ahead of its run directory (``ahead``); its
+    output is held until ``adopt`` gives it the run's."""
+
+    def __init__(self, classes: list[str], threads: int, log_path: Path | None, fifo_dir: Path | None) -> None:
+        self.classes, self.threads = list(classes), threads
         self.fifo_dir = fifo_dir
-        fifo_dir.mkdir(parents=True, exist_ok=True)
-        self.log = log_path.open("ab")
+        if fifo_dir is not None:
+            fifo_dir.mkdir(parents=True, exist_ok=True)
         command = [sys.executable, "-u", "-m", "actors.forkserver", "--classes", ",".join(classes)]
         self.popen = subprocess.Popen(
             [*command, "--threads", str(threads)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
-            stderr=self.log,
+            stderr=subprocess.PIPE,
             cwd=str(REPO_ROOT),
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
             start_new_session=True,
         )
+        assert self.popen.stderr is not None
+        self.log = ServerLog(self.popen.stderr, log_path)
         self.ready = threading.Event()
         self.import_s: float | None = None
         self.exits: dict[int, int] = {}
@@ -65,6 +77,27 @@ class ForkServer:
             elif "exit" in reply:
                 self.exits[int(reply["exit"])] = int(reply["code"])
 
+    @classmethod
+    def ahead(cls) -> ForkServer:
+        """A server importing a local run's usual classes while the launcher reads its configuration."""
+        return cls(list(AHEAD_CLASSES), AHEAD_THREADS, None, None)
+
+    def adopt(self, classes: list[str], threads: int, log_path: Path, fifo_dir: Path) -> bool:
+        """Take this server for a run that needs ``classes`` at ``threads``: True (its output now goes to
+        ``log_path``) when it imports all of them at that thread count and still runs."""
+        if not set(classes) <= set(self.classes) or threads != self.threads or not self.is_alive:
+            return False
+        fifo_dir.mkdir(parents=True, exist_ok=True)
+        self.fifo_dir = fifo_dir
+        self.log.attach(log_path)
+        return True
+
+    def discard(self) -> None:
+        """End a server no run took (it has forked nothing): at once, mid-import or not."""
+        with contextlib.suppress(ProcessLookupError):
+            self.popen.kill()
+        self.close()
+
     @property
     def is_alive(self) -> bool:
         return self.popen.poll() is None
@@ -74,7 +107,7 @@ class ForkServer:
 
     def start(self, spec: ActorSpec, boot: Boot, log_path: Path) -> ActorProcess | None:
         """The actor forked by the server (its boot line on its FIFO), or None: start it cold."""
-        if boot.options.get("ld_preload") or not self.ready.is_set() or not self.is_alive:
+        if boot.options.get("ld_preload") or not self.ready.is_set() or not self.is_alive or self.fifo_dir is None:
             return None
         log_path.parent.mkdir(parents=True, exist_ok=True)
         fifo = self.fifo_dir / f"{boot.name}.{boot.incarnation}.stdin"
@@ -106,7 +139,9 @@ class ForkServer:
                 return None
 
     def close(self) -> None:
-        """Ends the server (its children go on: each has its own lifeline)."""
+        """Ends the server (its children go on: each has its own lifeline); again: nothing more."""
+        if self.log.is_closed:
+            return
         with contextlib.suppress(OSError):
             if self.popen.stdin is not None:
                 self.popen.stdin.close()
@@ -119,6 +154,44 @@ class ForkServer:
         if self.popen.stdout is not None:
             self.popen.stdout.close()
         self.log.close()
+
+
+class ServerLog:
+    """The server's stderr, copied by a thread into its log file; held in memory until the file is
+    known (a server started ahead of its run directory)."""
+
+    def __init__(self, stream: IO[bytes], path: Path | None) -> None:
+        self.is_closed = False
+        self._file: IO[bytes] | None = None if path is None else path.open("ab")
+        self._held: list[bytes] = []
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._copy, args=(stream,), name="forkserver-log", daemon=True)
+        self._thread.start()
+
+    def attach(self, path: Path) -> None:
+        with self._lock:
+            if self._file is None:
+                self._file = path.open("ab")
+                self._file.write(b"".join(self._held))
+                self._file.flush()
+                self._held.clear()
+
+    def _copy(self, stream: IO[bytes]) -> None:
+        for line in stream:
+            with self._lock:
+                if self._file is None:
+                    self._held.append(line)
+                else:
+                    self._file.write(line)
+                    self._file.flush()
+        stream.close()
+
+    def close(self) -> None:
+        self._thread.join(timeout=2.0)  # it ends at the server's end of output
+        with self._lock:
+            self.is_closed = True
+            if self._file is not None:
+                self._file.close()
 
 
 class ForkedChild:

@@ -8,6 +8,7 @@ from typing import Any
 
 import click
 
+from launch.forkserver import ForkServer
 from launch.hosts import HostsFile
 from launch.metrics_sink import MetricsSink
 from launch.plan import plan_actors
@@ -41,6 +42,7 @@ def run_launch(
     root: str | None = None,
     actor_classes: dict[str, str] | None = None,
     quiet: bool = False,
+    fork_server_ahead: ForkServer | None = None,
 ) -> LaunchResult:
     run_dir = RunDir.create(root or config.run.root, name or config.run.name)
     done = _nothing_to_do(config, run_dir)
@@ -68,7 +70,9 @@ def run_launch(
         listeners.append(recorder.on_event)
         closers.append(recorder)
     click.echo(f"run directory: {run_dir.path}")
-    supervisor = Supervisor(config, run_dir, hosts, listeners=tuple(listeners), actor_options=options)
+    supervisor = Supervisor(
+        config, run_dir, hosts, listeners=tuple(listeners), actor_options=options, fork_server_ahead=fork_server_ahead
+    )
     try:
         code = supervisor.run()
     finally:

@@ -99,8 +99,10 @@ class Supervisor:
         *,
         listeners: tuple[Listener, ...] = (),
         actor_options: dict[str, Any] | None = None,
+        fork_server_ahead: ForkServer | None = None,
     ) -> None:
         self.config = config
+        self.fork_server_ahead = fork_server_ahead  # started before the config was read: taken if it fits
         self.run_dir = run_dir
         self.hosts = hosts
         self.listeners = listeners
@@ -155,6 +157,8 @@ class Supervisor:
             self._stop_all()
             if self.fork_server is not None:
                 self.fork_server.close()
+            if self.fork_server_ahead is not None:  # the run ended before it started its actors
+                self.fork_server_ahead.discard()
             self._stop_bus()
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
@@ -315,14 +319,22 @@ class Supervisor:
         """One process that imports the local actors' classes once and forks each of them (topology.fork_server)."""
         local = [s for s in specs if s.host is None or s.host.is_local]
         if not self.config.topology.fork_server or not local:
+            if self.fork_server_ahead is not None:
+                self.fork_server_ahead.discard()
+                self.fork_server_ahead = None
             return None
         classes: list[str] = []
         for spec in local:
             target = str(self.actor_options.get(spec.name, {}).get("actor_class", spec.role))
             if target not in classes:
                 classes.append(target)
-        log_file = self.run_dir.log_file("forkserver")
-        return ForkServer(classes, self.config.topology.threads_per_actor, log_file, ipc_dir(self.run_dir.path))
+        log_file, threads = self.run_dir.log_file("forkserver"), self.config.topology.threads_per_actor
+        ahead, self.fork_server_ahead = self.fork_server_ahead, None
+        if ahead is not None and ahead.adopt(classes, threads, log_file, ipc_dir(self.run_dir.path)):
+            return ahead
+        if ahead is not None:
+            ahead.discard()
+        return ForkServer(classes, threads, log_file, ipc_dir(self.run_dir.path))
 
     def _spare_pool(self) -> SparePool | None:
         """Warm spares on the launching host, warming the classes of the actors that run there."""
