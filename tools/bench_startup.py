@@ -1,10 +1,11 @@
 """Start-up cost: time from the launch to the first trained step, with and without the fork server.
 
-Runs the same short launch (the demo preset, or any preset with overrides) alternating
-``topology.fork_server=true`` and ``false``, ``--repeats`` times each, and reports the median time to
-the first ``train.progress`` and of the whole run. Both sides pay the same logger start, model loads
-and first generation; what differs is whether every actor imports its own modules (off) or forks
-from one process that imported them once (on).
+Runs the same short ``psrl launch`` (the demo preset, or any preset with overrides) as a user does, a
+fresh command each time, alternating ``topology.fork_server=true`` and ``false``, ``--repeats`` times
+each, and reports the median time from the command's start to the first ``train.progress`` in the
+run's event log, and of the whole command. Both sides pay the same CLI, logger start, model loads and
+first generation; what differs is whether every actor imports its own modules (off) or forks from
+one process that imported them once, started by the command before it read its configuration (on).
 
     python tools/bench_startup.py                       # the demo, 2 steps, 2 repeats
     python tools/bench_startup.py --repeats 3 reasoning trainer.total_steps=2
@@ -18,33 +19,33 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
-from typing import Any
+from pathlib import Path
 
+from bus.eventlog.reader import EventLogReader
 from bus.messages import TrainerProgress
-from launch.supervisor import EXIT_OK, Supervisor
-from psrl.config import load_config
-from psrl.log import configure
-from psrl.rundir import RunDir
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
 def timed_launch(preset: str, overrides: list[str], fork_server: bool) -> tuple[float, float]:
-    """(seconds to the first trained step, seconds of the whole run) of one launch."""
-    config = load_config(preset, [*overrides, f"topology.fork_server={str(fork_server).lower()}"])
-    sup = Supervisor(config, RunDir.create(tempfile.mkdtemp(prefix="psrl-startup-"), "startup"))
-    started = time.monotonic()
-    first: list[float] = []
-
-    def on_event(event: Any) -> None:
-        if isinstance(event.message, TrainerProgress) and not first:
-            first.append(time.monotonic() - started)
-
-    sup.listeners = (on_event,)
-    code = sup.run()
-    if code != EXIT_OK or not first:
-        raise RuntimeError(f"the launch did not train (exit {code}: {sup.end_reason})")
-    return first[0], time.monotonic() - started
+    """(seconds from the command's start to the first trained step, seconds of the whole command)."""
+    root = Path(tempfile.mkdtemp(prefix="psrl-startup-"))
+    switch = f"topology.fork_server={str(fork_server).lower()}"
+    command = [sys.executable, "-m", "psrl.cli.main", "launch", preset, *overrides, switch,
+               "--root", str(root), "--name", "startup", "--quiet"]  # fmt: skip
+    started_ns, started = time.time_ns(), time.monotonic()
+    done = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, check=False)
+    whole = time.monotonic() - started
+    if done.returncode != 0:
+        raise RuntimeError(f"the launch did not train (exit {done.returncode}): {done.stderr[-2000:]}")
+    for logged in EventLogReader(root / "startup" / "events").events():
+        if logged.event.envelope.kind == TrainerProgress.KIND:
+            return (logged.event.envelope.wall_ns - started_ns) / 1e9, whole
+    raise RuntimeError(f"the launch logged no trained step: {root / 'startup'}")
 
 
 def main() -> None:
@@ -53,7 +54,6 @@ def main() -> None:
     parser.add_argument("preset", nargs="?", default="demo", help="preset name or YAML file")
     parser.add_argument("overrides", nargs="*", help="config overrides (default: 2 steps, no warm spares)")
     args = parser.parse_args()
-    configure("warning")
     overrides = args.overrides or ["trainer.total_steps=2", "topology.warm_spares=0"]
     results: dict[bool, list[tuple[float, float]]] = {True: [], False: []}
     for _ in range(args.repeats):
