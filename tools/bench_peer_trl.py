@@ -20,6 +20,7 @@ settings it could not match, a table per run, medians per system and last
 
     make install-trl && .venv/bin/python tools/bench_peer_trl.py                 # demo model, CPU, 40 steps x 2
     .venv/bin/python tools/bench_peer_trl.py --steps 10 --repeats 1               # a quick look
+    .venv/bin/python tools/bench_peer_trl.py --systems trl,async --repeats 5 --vary-seed   # accuracy over 5 seeds
     .venv/bin/python tools/bench_peer_trl.py --model smollm2                      # tools/convert_smollm2.py first
     .venv/bin/python tools/bench_peer_trl.py --device cuda                        # TRL without vLLM
     .venv/bin/python tools/bench_peer_trl.py --device cuda --model /tmp/m05 --steps 6 --repeats 1 \
@@ -256,7 +257,9 @@ def resolve_model(name: str) -> str | None:
     return str(path) if (path / "config.json").exists() else None
 
 
-def build_workload(args: argparse.Namespace) -> tuple[Workload, list[str]]:
+def build_workload(args: argparse.Namespace, seed_offset: int = 0) -> tuple[Workload, list[str]]:
+    """The workload and psrl's overrides; ``seed_offset``: the prompt generator's and the trainer's seeds
+    moved by that much on both sides (the engine's request seeds follow the task's)."""
     from psrl.config import load_config
     from psrl.preflight import checked
 
@@ -270,8 +273,12 @@ def build_workload(args: argparse.Namespace) -> tuple[Workload, list[str]]:
         overrides.append(f"model.path={model_dir}")
     if args.device == "cuda":
         overrides.append("topology.device=cuda")
-    config = checked(load_config(args.config, overrides))
-    return workload_from_config(config, model_dir, args.config, overrides), overrides
+    config = load_config(args.config, overrides)
+    if seed_offset:
+        seeds = config.task.seed + seed_offset, config.trainer.seed + seed_offset
+        overrides += [f"task.seed={seeds[0]}", f"trainer.seed={seeds[1]}"]
+        config = load_config(args.config, overrides)
+    return workload_from_config(checked(config), model_dir, args.config, overrides), overrides
 
 
 def run_all(work: Workload, overrides: list[str], root: Path, args: argparse.Namespace) -> list[RunRecord]:
@@ -280,13 +287,14 @@ def run_all(work: Workload, overrides: list[str], root: Path, args: argparse.Nam
     for repeat in range(args.repeats):
         # alternate the order so that a drift in the machine's load favours no system
         order = systems if repeat % 2 == 0 else tuple(reversed(systems))
+        seeded = build_workload(args, seed_offset=repeat) if args.vary_seed and repeat else (work, overrides)
         for system in order:
             print(f"  repeat {repeat + 1}/{args.repeats}: {system} ... (load {load_text()})", flush=True)
             if system == "trl":
-                record = run_trl(work, root, repeat, args)
+                record = run_trl(seeded[0], root, repeat, args)
             else:
-                record = run_psrl(system, overrides, work, root, repeat)
-            record.acc = evaluate(record.model_dir, work, args.eval_prompts, args.device)
+                record = run_psrl(system, seeded[1], seeded[0], root, repeat)
+            record.acc = evaluate(record.model_dir, seeded[0], args.eval_prompts, args.device)
             print_record(record)
             records.append(record)
     return records
@@ -357,6 +365,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=40, help="training steps (batches) per run")
     parser.add_argument("--repeats", type=int, default=2, help="runs of each system, the order alternating")
     parser.add_argument("--threads", type=int, default=2, help="torch threads of the TRL process")
+    parser.add_argument("--vary-seed", action="store_true",
+                        help="repeat r: task.seed and trainer.seed + r on both sides (medians over seeds)")  # fmt: skip
     parser.add_argument("--eval-prompts", type=int, default=64, help="held-out prompts per evaluation")
     parser.add_argument("--root", type=Path, default=None, help="where the runs go (default: a temporary directory)")
     parser.add_argument("--trl-python", type=Path, default=TRL_PYTHON, help="the TRL venv's python")
