@@ -74,7 +74,7 @@ install-verifiers: $(VF_VENV)/.installed
 # verifiers environments: unit tests against the library's rubric, and single- and multi-turn launches
 # that replay 100%
 test-verifiers: install-verifiers
-	$(VF_BIN)/python -m pytest -m verifiers tests/tasks/test_verifiers.py tests/system/test_verifiers_launch.py
+	$(VF_BIN)/python -m pytest -m verifiers tests/tasks/test_verifiers.py tests/tasks/test_verifiers_eval.py tests/system/test_verifiers_launch.py
 
 # mini-swe-agent (PyPI), driven as a black-box agent command, in its own venv: it brings litellm and its
 # pins; the test runs from the main venv and starts `mini` from this one

@@ -29,6 +29,13 @@ def sums(num_examples: int, seed: int, terms: int = 2) -> Dataset:
     return Dataset.from_list(rows)
 
 
+def held_out_sums(num_examples: int, seed: int, terms: int = 2) -> Dataset:
+    """Sums none of `sums(num_examples, seed)`'s rows ask: the environments' eval split."""
+    seen = set(sums(num_examples, seed, terms)["question"])
+    rows = [row for row in sums(4 * num_examples, seed + 1, terms) if row["question"] not in seen]
+    return Dataset.from_list(rows[:num_examples])
+
+
 def digits_right(answer: str, text: str) -> float:
     """1 for the exact sum; else half the share of right digits, aligned from the last one."""
     got = "".join(ch for ch in text if ch.isdigit())[::-1]
@@ -47,7 +54,8 @@ def rubric() -> vf.Rubric:
 
 
 def load_single(num_examples: int = 64, seed: int = 0) -> vf.Environment:
-    return vf.SingleTurnEnv(dataset=sums(num_examples, seed), system_prompt=SYSTEM_PROMPT, rubric=rubric())
+    return vf.SingleTurnEnv(dataset=sums(num_examples, seed), eval_dataset=held_out_sums(num_examples, seed),
+                            system_prompt=SYSTEM_PROMPT, rubric=rubric())  # fmt: skip
 
 
 class RetryEnv(vf.MultiTurnEnv):
@@ -65,8 +73,8 @@ class RetryEnv(vf.MultiTurnEnv):
 
 
 def load_retry(num_examples: int = 64, seed: int = 0, max_turns: int = 3) -> vf.Environment:
-    return RetryEnv(dataset=sums(num_examples, seed), system_prompt=SYSTEM_PROMPT, rubric=rubric(),
-                    max_turns=max_turns)  # fmt: skip
+    return RetryEnv(dataset=sums(num_examples, seed), eval_dataset=held_out_sums(num_examples, seed),
+                    system_prompt=SYSTEM_PROMPT, rubric=rubric(), max_turns=max_turns)  # fmt: skip
 
 
 def add(a: int, b: int) -> int:
@@ -80,8 +88,9 @@ def add(a: int, b: int) -> int:
 
 
 def load_tool(num_examples: int = 64, seed: int = 0, max_turns: int = 3) -> vf.Environment:
-    return vf.ToolEnv(dataset=sums(num_examples, seed, terms=3), system_prompt="add with the add tool then answer",
-                      tools=[add], rubric=rubric(), max_turns=max_turns)  # fmt: skip
+    return vf.ToolEnv(dataset=sums(num_examples, seed, terms=3), eval_dataset=held_out_sums(num_examples, seed, 3),
+                      system_prompt="add with the add tool then answer", tools=[add], rubric=rubric(),
+                      max_turns=max_turns)  # fmt: skip
 
 
 def load_raising(num_examples: int = 8) -> vf.Environment:

@@ -57,24 +57,31 @@ MAX_TURNS_TEXT = "used its env.max_turns="
 async def rollout(client: Any, row: dict[str, Any]) -> dict[str, float]:
     """Run the row's example through its environment with `client` (an `openai.AsyncOpenAI` bound to
     the session); its rubric's reward as `{score, acc}`."""
-    from verifiers.clients import OpenAIChatCompletionsClient
-
     spec = row["verifiers"]
     env = load_env(spec["task"], spec["kwargs"])
     example = env.get_dataset()[int(spec["example"])]
     if await first_call(env, example) != (row["messages"], row["tools"]):
         raise VerifiersRolloutError(f"example {spec['example']} of {spec['task']} is not the row's prompt "
                                     "(the environment's dataset changed since the rows were written)")  # fmt: skip
+    score = await scored_rollout(env, spec["task"], example, client, spec["model"], dict(env.sampling_args))
+    return {"score": score, "acc": 1.0 if score >= env.pass_threshold else 0.0}
+
+
+async def scored_rollout(
+    env: Any, task_name: str, example: dict[str, Any], client: Any, model: str, sampling_args: dict[str, Any]
+) -> float:
+    """One rollout of `example` through the environment's own loop with `client` (an `openai.AsyncOpenAI`),
+    scored by its rubric; raises `VerifiersRolloutError` when the rubric or a model call failed."""
+    from verifiers.clients import OpenAIChatCompletionsClient
+
     with _RubricErrors() as errors:
-        output = await env.run_rollout(example, OpenAIChatCompletionsClient(client), spec["model"],
-                                       dict(env.sampling_args))  # fmt: skip
+        output = await env.run_rollout(example, OpenAIChatCompletionsClient(client), model, sampling_args)
     if errors.messages:
-        raise VerifiersRolloutError(f"the rubric of {spec['task']} failed: {'; '.join(errors.messages)}")
+        raise VerifiersRolloutError(f"the rubric of {task_name} failed: {'; '.join(errors.messages)}")
     refused = gateway_refusal(output.get("error"))
     if refused is not None:
         raise VerifiersRolloutError(f"a model call failed: {refused}")
-    score = checked_reward(spec["task"], output.get("reward"))
-    return {"score": score, "acc": 1.0 if score >= env.pass_threshold else 0.0}
+    return checked_reward(task_name, output.get("reward"))
 
 
 def gateway_refusal(error: Any) -> str | None:
