@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -68,65 +70,57 @@ def launch(
     quiet: bool,
 ) -> None:
     """Start a run: bus, logger, parameter server, rollout instances, trainer, router, coordinator."""
-    ahead = _fork_server_ahead(hosts_file, cluster)
-    try:
-        _launch(args, hosts_file, cluster, name, root, actor_classes, quiet, ahead)
-    finally:
-        if ahead is not None:  # a run that took it has closed it by now; one that did not never will
-            ahead.discard()
+    with _fork_server_ahead(hosts_file, cluster) as ahead:
+        from launch.hosts import HostsFileError, parse_hosts_file
+        from launch.plan import hosts_overrides
+        from launch.runner import run_launch
+        from psrl.config import load_config
+        from psrl.log import configure
+        from psrl.preflight import checked
+
+        preset, overrides = split_preset(args)
+        preset = preset or "demo"
+        try:
+            hosts = parse_hosts_file(hosts_file) if hosts_file is not None else None
+            cluster_override = [f"topology.cluster={cluster}"] if cluster else []
+            config = load_config(preset, [*(hosts_overrides(hosts) if hosts else []), *overrides, *cluster_override])
+            on_cluster = config.topology.cluster is not None
+            if on_cluster and hosts is not None:
+                click.echo(
+                    "--hosts and --cluster (topology.cluster) both place the actors; fix: use one of them", err=True
+                )
+                sys.exit(2)
+            config = checked(config, spans_hosts=on_cluster or (hosts is not None and hosts.spans_hosts))
+        except (ConfigError, HostsFileError) as exc:
+            click.echo(str(exc), err=True)
+            sys.exit(2)
+        configure(config.run.log_level)
+        classes = dict(item.split("=", 1) for item in actor_classes)
+        if config.topology.cluster is not None:
+            sys.exit(_launch_on_cluster(config, config.topology.cluster, name, root, classes, quiet))
+        if hosts is not None:
+            _exit_if_unreachable(hosts)
+        result = run_launch(
+            config, hosts, name=name, root=root, actor_classes=classes, quiet=quiet, fork_server_ahead=ahead
+        )
+        sys.exit(result.exit_code)
 
 
-def _fork_server_ahead(hosts_file: Path | None, cluster: str | None) -> ForkServer | None:
+@contextlib.contextmanager
+def _fork_server_ahead(hosts_file: Path | None, cluster: str | None) -> Iterator[ForkServer | None]:
     """The fork server of a local run, importing the actors' modules while the configuration is read and
-    checked (about a second on 2 cores); the run takes it if its actors' classes and threads fit."""
+    checked (about a second on 2 cores); the run takes it if its actors' classes and threads fit. Ended
+    on the way out: a run that took it has closed it by then, one that did not never will."""
     if hosts_file is not None or cluster is not None:
-        return None
+        yield None
+        return
     from launch.forkserver import ForkServer
 
-    return ForkServer.ahead()
-
-
-def _launch(
-    args: tuple[str, ...],
-    hosts_file: Path | None,
-    cluster: str | None,
-    name: str | None,
-    root: str | None,
-    actor_classes: tuple[str, ...],
-    quiet: bool,
-    ahead: ForkServer | None,
-) -> None:
-    from launch.hosts import HostsFileError, parse_hosts_file
-    from launch.plan import hosts_overrides
-    from launch.runner import run_launch
-    from psrl.config import load_config
-    from psrl.log import configure
-    from psrl.preflight import checked
-
-    preset, overrides = split_preset(args)
-    preset = preset or "demo"
+    ahead = ForkServer.ahead()
     try:
-        hosts = parse_hosts_file(hosts_file) if hosts_file is not None else None
-        cluster_override = [f"topology.cluster={cluster}"] if cluster else []
-        config = load_config(preset, [*(hosts_overrides(hosts) if hosts else []), *overrides, *cluster_override])
-        on_cluster = config.topology.cluster is not None
-        if on_cluster and hosts is not None:
-            click.echo("--hosts and --cluster (topology.cluster) both place the actors; fix: use one of them", err=True)
-            sys.exit(2)
-        config = checked(config, spans_hosts=on_cluster or (hosts is not None and hosts.spans_hosts))
-    except (ConfigError, HostsFileError) as exc:
-        click.echo(str(exc), err=True)
-        sys.exit(2)
-    configure(config.run.log_level)
-    classes = dict(item.split("=", 1) for item in actor_classes)
-    if config.topology.cluster is not None:
-        sys.exit(_launch_on_cluster(config, config.topology.cluster, name, root, classes, quiet))
-    if hosts is not None:
-        _exit_if_unreachable(hosts)
-    result = run_launch(
-        config, hosts, name=name, root=root, actor_classes=classes, quiet=quiet, fork_server_ahead=ahead
-    )
-    sys.exit(result.exit_code)
+        yield ahead
+    finally:
+        ahead.discard()
 
 
 def _launch_on_cluster(
