@@ -148,7 +148,7 @@ def _swap_for_ready(
         instance = session.instance_id
         if not _is_ready(session, settings) or session.session_id in continued or instance not in remaining:
             continue
-        if settings.max_ready_wait_s <= 0 or session.waiting_s < settings.max_ready_wait_s:
+        if session.waiting_s < settings.max_ready_wait_s:
             continue
         short = session.total_tokens + settings.buffer_per_session - remaining[instance]
         at_env = sorted(

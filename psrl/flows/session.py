@@ -337,7 +337,8 @@ class SessionFlow(GatewayCalls, Flow):
             session.pin_next = order.instance_id if order.force_pin else ""
             held, session.held = session.held, None
             if held is not None:
-                self.held_waits.add(now - (now if session.held_since is None else session.held_since))
+                if session.held_since is not None:
+                    self.held_waits.add(now - session.held_since)
                 session.held_since = None
                 self._send_turn(session, held)
 
