@@ -29,7 +29,7 @@ runner in the in-process driver and tests. Its answers come back as ``EnvStepDon
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -49,7 +49,6 @@ from bus.messages import (
 )
 from bus.schema import Message
 from psrl.config import Config
-from psrl.coordination.held_waits import HeldWaits
 from psrl.coordination.session import (
     InstanceCapacity,
     SessionDecision,
@@ -66,6 +65,7 @@ from psrl.gateway.resume import TurnLog
 from psrl.gateway.sessions import Gateway
 
 ROUTER = "router"
+HELD_WAITS_KEPT = 65_536
 
 
 class EnvRunner(Protocol):
@@ -129,7 +129,8 @@ class SessionFlow(GatewayCalls, Flow):
         self.gone: set[str] = set()  # instances removed from the set (psrl scale): never back
         self.counters: Counter[str] = Counter()
         self.num_hung_s = 0.0  # session-seconds spent hung (summed over ticks)
-        self.held_waits = HeldWaits()  # how long ready turns waited for their session's continue
+        # how long ready turns waited for their session's continue (the most recent: memory stays bounded)
+        self.held_waits: deque[float] = deque(maxlen=HELD_WAITS_KEPT)
 
     def handlers(self) -> dict[type[Message], Handler]:
         return {
@@ -338,7 +339,7 @@ class SessionFlow(GatewayCalls, Flow):
             held, session.held = session.held, None
             if held is not None:
                 if session.held_since is not None:
-                    self.held_waits.add(now - session.held_since)
+                    self.held_waits.append(now - session.held_since)
                 session.held_since = None
                 self._send_turn(session, held)
 

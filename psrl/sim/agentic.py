@@ -23,6 +23,7 @@ from psrl.engine_cost.model import CostModel
 from psrl.flows.effects import Effect, Send, Timer
 from psrl.flows.local import LocalBus
 from psrl.flows.router import RouterFlow
+from psrl.reliability.faults import percentile
 from psrl.sim.agent_workload import AgentSessions, AgentSource, AgentWorkload, SyntheticTools
 from psrl.sim.engine_model import ModelledEngine
 from psrl.sim.events import EventQueue
@@ -104,9 +105,9 @@ class AgentSimulation:
             hit_tokens=sum(e.counters.num_prefix_hit_tokens for e in engines),
             preemptions=sum(e.counters.num_preemptions for e in engines),
             hung_s=self.session.num_hung_s,
-            held_turns=self.session.held_waits.count,
-            held_p99_s=self.session.held_waits.quantile(0.99) if self.session.held_waits.count else 0.0,
-            held_max_s=self.session.held_waits.max_s,
+            held_turns=len(self.session.held_waits),
+            held_p99_s=percentile(self.session.held_waits, 0.99),
+            held_max_s=max(self.session.held_waits, default=0.0),
         )
 
     def _open(self, now: float) -> None:
