@@ -33,7 +33,6 @@ POLL_S = 0.01
 # What ``psrl launch`` imports ahead, before it has read its configuration: the classes of a local run
 # (the session scheduler's too, so that agentic runs find it imported).
 AHEAD_CLASSES = ("rollout", "ps", "trainer", "router", "coordinator", "session")
-AHEAD_THREADS = 1  # topology.threads_per_actor's default
 
 
 class ForkServer:
@@ -79,8 +78,11 @@ class ForkServer:
 
     @classmethod
     def ahead(cls) -> ForkServer:
-        """A server importing a local run's usual classes while the launcher reads its configuration."""
-        return cls(list(AHEAD_CLASSES), AHEAD_THREADS, None, None)
+        """A server importing a local run's usual classes, at the default threads per actor, while the
+        launcher reads its configuration."""
+        from psrl.config.system import Topology
+
+        return cls(list(AHEAD_CLASSES), Topology.model_fields["threads_per_actor"].default, None, None)
 
     def adopt(self, classes: list[str], threads: int, log_path: Path, fifo_dir: Path) -> bool:
         """Take this server for a run that needs ``classes`` at ``threads``: True (its output now goes to
