@@ -283,6 +283,23 @@ def sticky_sessions_need_bucketed(c: Config) -> Iterator[ConfigProblem]:
         )
 
 
+# the hang/continue decision's own settings: read by nothing while the scheduler is off
+THUNDER_DECISION_FIELDS = (
+    "env_token_weight", "buffer_per_session", "continue_force_pin", "max_hang_s", "ready_first", "max_ready_wait_s",
+)  # fmt: skip
+
+
+def thunder_settings_need_thunder(c: Config) -> Iterator[ConfigProblem]:
+    ta = c.psrl.rollout_coordination.session_strategy.thunder_agent
+    defaults = type(ta)()
+    changed = [name for name in THUNDER_DECISION_FIELDS if getattr(ta, name) != getattr(defaults, name)]
+    if changed and not ta.enable:
+        enable = RC + "session_strategy.thunder_agent.enable"
+        yield problem(tuple(RC + "session_strategy.thunder_agent." + name for name in changed),
+                      [getattr(ta, name) for name in changed], "ThunderAgent settings with the scheduler off",
+                      f"set {enable}=True, or remove them")  # fmt: skip
+
+
 def ready_wait_needs_ready_first(c: Config) -> Iterator[ConfigProblem]:
     ta = c.psrl.rollout_coordination.session_strategy.thunder_agent
     if ta.max_ready_wait_s > 0 and not ta.ready_first:
@@ -516,6 +533,7 @@ RULES: tuple[Rule, ...] = (
     p2p_needs_versioned_kv,
     kv_transfer_prerequisites,
     sticky_sessions_need_bucketed,
+    thunder_settings_need_thunder,
     ready_wait_needs_ready_first,
     sessions_need_an_environment,
     cost_model_readable,

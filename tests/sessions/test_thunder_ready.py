@@ -63,6 +63,12 @@ def test_a_bound_on_ready_waits_needs_ready_first() -> None:
         load_config("agentic", [TA + "ready_first=false", TA + "max_ready_wait_s=1"])
 
 
+def test_thunder_settings_with_the_scheduler_off_are_refused_not_ignored() -> None:
+    with pytest.raises(ConfigError, match="max_ready_wait_s.*scheduler off"):
+        load_config("agentic", [TA + "enable=false", TA + "max_ready_wait_s=1"])
+    load_config("agentic", [TA + "enable=false"])  # the preset's own scope and tick: nothing changed by hand
+
+
 def test_the_scheduler_knows_how_long_a_held_turn_has_waited_and_counts_the_wait() -> None:
     flow, _ = make()
     flow.handle(status("i0", 100, 0), 0.0)
