@@ -64,7 +64,7 @@ def test_a_bound_on_ready_waits_needs_ready_first() -> None:
 
 
 def test_thunder_settings_with_the_scheduler_off_are_refused_not_ignored() -> None:
-    with pytest.raises(ConfigError, match="max_ready_wait_s.*scheduler off"):
+    with pytest.raises(ConfigError, match=r"max_ready_wait_s.*scheduler off"):
         load_config("agentic", [TA + "enable=false", TA + "max_ready_wait_s=1"])
     load_config("agentic", [TA + "enable=false"])  # the preset's own scope and tick: nothing changed by hand
 
