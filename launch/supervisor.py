@@ -317,24 +317,20 @@ class Supervisor:
 
     def _start_fork_server(self, specs: list[ActorSpec]) -> ForkServer | None:
         """One process that imports the local actors' classes once and forks each of them (topology.fork_server)."""
+        ahead, self.fork_server_ahead = self.fork_server_ahead, None
         local = [s for s in specs if s.host is None or s.host.is_local]
-        if not self.config.topology.fork_server or not local:
-            if self.fork_server_ahead is not None:
-                self.fork_server_ahead.discard()
-                self.fork_server_ahead = None
-            return None
         classes: list[str] = []
         for spec in local:
             target = str(self.actor_options.get(spec.name, {}).get("actor_class", spec.role))
             if target not in classes:
                 classes.append(target)
         log_file, threads = self.run_dir.log_file("forkserver"), self.config.topology.threads_per_actor
-        ahead, self.fork_server_ahead = self.fork_server_ahead, None
-        if ahead is not None and ahead.adopt(classes, threads, log_file, ipc_dir(self.run_dir.path)):
+        wanted = self.config.topology.fork_server and bool(local)
+        if ahead is not None and wanted and ahead.adopt(classes, threads, log_file, ipc_dir(self.run_dir.path)):
             return ahead
         if ahead is not None:
             ahead.discard()
-        return ForkServer(classes, threads, log_file, ipc_dir(self.run_dir.path))
+        return ForkServer(classes, threads, log_file, ipc_dir(self.run_dir.path)) if wanted else None
 
     def _spare_pool(self) -> SparePool | None:
         """Warm spares on the launching host, warming the classes of the actors that run there."""
