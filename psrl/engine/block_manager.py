@@ -41,6 +41,9 @@ class PrefixCacheStats:
         return self.num_hit_tokens / self.num_queried_tokens if self.num_queried_tokens else 0.0
 
 
+TIER_LOOKUP_PIECE = 16  # blocks hashed and looked up in the tier at a time
+
+
 class OffloadTier(Protocol):
     """Where cached blocks go when the device needs their room, and come back from."""
 
@@ -48,8 +51,13 @@ class OffloadTier(Protocol):
         """``block`` (hashed, free) is about to be overwritten: keep a copy of its keys/values."""
         ...
 
-    def load(self, block_id: int, block_hash: int, token_ids: tuple[int, ...]) -> bool:
-        """Fill ``block_id`` with the tier's copy of that block; False when the tier does not hold it."""
+    def held_prefix(self, block_hashes: list[int], token_ids: list[tuple[int, ...]]) -> int:
+        """How many of these blocks, from the first, the tier holds (nothing copied)."""
+        ...
+
+    def load(self, block_ids: list[int], block_hashes: list[int], token_ids: list[tuple[int, ...]]) -> int:
+        """Fill ``block_ids`` with the tier's copies of these blocks, from the first up to one it lacks
+        (before the next model step); how many."""
         ...
 
 
@@ -187,23 +195,20 @@ class BlockManager:
 
     def _load_from_tier(self, seq: Sequence, device_hits: list[int]) -> list[int]:
         """Continue the prefix past the device hits with blocks the tier holds (loaded into fresh blocks)."""
-        tier, size = self.tier, self.block_size
+        tier = self.tier
         assert tier is not None
-        loaded: list[int] = []
         parent = self.blocks[device_hits[-1]].hash if device_hits else NO_HASH
-        for index in range(len(device_hits), reusable_blocks(seq.num_tokens, size)):
-            tokens = tuple(seq.token_ids[index * size : (index + 1) * size])
-            parent = chained_hash(parent, tokens)
-            block_id = self._take_fresh()
-            if not tier.load(block_id, parent, tokens):
-                self._release_unfilled(block_id)
-                break
+        hashes, tokens = self._held_chain(seq, len(device_hits), parent)
+        block_ids = [self._take_fresh() for _ in hashes]
+        count = tier.load(block_ids, hashes, tokens) if hashes else 0
+        for block_id in reversed(block_ids[count:]):  # lost meanwhile (a peer's transfer made room)
+            self._release_unfilled(block_id)
+        for block_id, block_hash, block_tokens in zip(block_ids[:count], hashes, tokens, strict=False):
             block = self.blocks[block_id]
-            block.hash, block.token_ids = parent, tokens
-            self._hash_to_block_id.setdefault(parent, block_id)
-            loaded.append(block_id)
-        self.num_tier_loaded_blocks += len(loaded)
-        return loaded
+            block.hash, block.token_ids = block_hash, block_tokens
+            self._hash_to_block_id.setdefault(block_hash, block_id)
+        self.num_tier_loaded_blocks += count
+        return block_ids[:count]
 
     def extend_from_tier(self, seq: Sequence) -> int:
         """Load tier blocks that landed after ``seq`` was allocated (an async KV transfer) over its
@@ -214,14 +219,9 @@ class BlockManager:
             return 0
         if start != seq.num_hashed_blocks:  # the chain of hashes must reach the first block to fill
             return 0
-        tier, loaded = self.tier, 0
         parent = self.blocks[seq.block_table[start - 1]].hash if start > 0 else NO_HASH
-        for index in range(start, reusable_blocks(seq.num_tokens, size)):
-            tokens = tuple(seq.token_ids[index * size : (index + 1) * size])
-            parent = chained_hash(parent, tokens)
-            if not tier.load(seq.block_table[index], parent, tokens):
-                break
-            loaded += 1
+        hashes, tokens = self._held_chain(seq, start, parent)
+        loaded = self.tier.load(seq.block_table[start : start + len(hashes)], hashes, tokens) if hashes else 0
         if loaded:
             seq.num_computed_tokens += loaded * size
             seq.num_cached_tokens += loaded * size
@@ -229,6 +229,27 @@ class BlockManager:
             self.num_tier_loaded_blocks += loaded
             self.hash_blocks(seq)
         return loaded * size
+
+    def _held_chain(self, seq: Sequence, first: int, parent: int) -> tuple[list[int], list[tuple[int, ...]]]:
+        """Chained hashes and token ids of ``seq``'s reusable whole blocks from ``first`` on, as far as
+        the tier holds them (hashed a piece at a time: most lookups stop at their first block)."""
+        assert self.tier is not None
+        size, end = self.block_size, reusable_blocks(seq.num_tokens, self.block_size)
+        hashes: list[int] = []
+        tokens: list[tuple[int, ...]] = []
+        for piece_start in range(first, end, TIER_LOOKUP_PIECE):
+            piece_hashes, piece_tokens = [], []
+            for index in range(piece_start, min(piece_start + TIER_LOOKUP_PIECE, end)):
+                block_tokens = tuple(seq.token_ids[index * size : (index + 1) * size])
+                parent = chained_hash(parent, block_tokens)
+                piece_hashes.append(parent)
+                piece_tokens.append(block_tokens)
+            held = self.tier.held_prefix(piece_hashes, piece_tokens)
+            hashes += piece_hashes[:held]
+            tokens += piece_tokens[:held]
+            if held < len(piece_hashes):
+                break
+        return hashes, tokens
 
     def _release_unfilled(self, block_id: int) -> None:
         # back at the head of the free order: it holds nothing worth keeping

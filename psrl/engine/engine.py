@@ -119,8 +119,9 @@ class Engine:
             raise ValueError("the offload tier (psrl.lmcache.enable) needs engine.enable_prefix_caching=True")
         shape = tuple(self.runner.kv_cache[:, 0].shape)
         tier = make_tier(
-            args.offload_bytes, shape, self.dtype, args.offload_policy, args.offload_pin_budget, args.offload_store
-        )
+            args.offload_bytes, shape, self.dtype, args.offload_policy, args.offload_pin_budget, args.offload_store,
+            pin=self.device.type == "cuda",
+        )  # fmt: skip
         return EngineOffload(tier, self.runner.kv_cache, lambda: self.weight_version)
 
     @property
@@ -223,6 +224,7 @@ class Engine:
             return StepOutput()
         round_steps = self._round_steps()
         batch = self.scheduler.schedule(max(round_steps, 1))
+        self._flush_tier_copies()
         if batch is None:
             return StepOutput()
         if round_steps and not batch.is_prefill:
@@ -322,7 +324,7 @@ class Engine:
         prefilled again after ``restore_memory``) and the prefix cache is forgotten, since the KV cache's
         contents are not kept. Nothing runs on the GPU until ``restore_memory``."""
         self.scheduler.preempt_all()
-        self.reset_prefix_cache()
+        self.reset_prefix_cache()  # after the copies to and from the tier decided so far have run
         return self.memory.pause()
 
     def restore_memory(self) -> SwitchReport:
@@ -340,6 +342,7 @@ class Engine:
         """
         if self.offload is not None and not reset_prefix_cache:
             raise ValueError("with an offload tier every weight load resets the prefix cache (version tags)")
+        self._flush_tier_copies()  # blocks given up under the old weights go to the tier under its version
         named = _named_tensors(weights)
         if self.lora is not None:  # adapters become merged weights, or are staged for the unmerged projections
             named = self.lora.prepare(named)
@@ -358,7 +361,14 @@ class Engine:
         return len(named)
 
     def reset_prefix_cache(self) -> None:
+        self._flush_tier_copies()
         self.block_manager.reset_prefix_cache()
+
+    def _flush_tier_copies(self) -> None:
+        """Run the copies between the KV cache and the tier decided since the last step (before the KV
+        cache is written or released, or the tier changes otherwise)."""
+        if self.offload is not None:
+            self.offload.flush()
 
     def _check_weights(self, named: list[tuple[str, torch.Tensor]]) -> None:
         for name, tensor in named:

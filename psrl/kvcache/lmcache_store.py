@@ -206,6 +206,12 @@ class LmcacheStore:
         objs[0].ref_count_down()  # the caller copies before the next tier operation (the tier's lock covers both)
         return self._blocks(offsets[0], 1, self.dtype).view(self.block_shape)
 
+    def contains(self, key: TierKey) -> bool:
+        offsets, objs = self._hold([key])
+        for obj in objs:
+            obj.ref_count_down()
+        return bool(offsets)
+
     def read_many_into(self, keys: list[TierKey], out: torch.Tensor) -> int:
         """Copy the blocks of ``keys`` into the rows of ``out`` up to the first one missing; how many."""
         offsets, objs = self._hold(keys[: len(out)])

@@ -38,6 +38,10 @@ class PayloadStore(Protocol):
         """The stored tensor (valid until ``delete(key)``), or None."""
         ...
 
+    def contains(self, key: TierKey) -> bool:
+        """Whether ``get(key)`` would find it (no copy, nothing waited for)."""
+        ...
+
     def delete(self, key: TierKey) -> None: ...
 
     def clear(self) -> None: ...
@@ -162,6 +166,17 @@ class KvTier:
                 return False
             out.copy_(payload.view(out.shape))
             return True
+
+    def held_prefix(self, keys: list[TierKey], token_ids: list[tuple[int, ...]]) -> int:
+        """How many of ``keys``, from the first, the tier holds for exactly these tokens (no copy, no
+        hit counted: a reader asks before it takes room for them)."""
+        with self._lock:
+            count = 0
+            for key, tokens in zip(keys, token_ids, strict=True):
+                if self._tokens.get(key) != tokens or not self.store.contains(key):
+                    break
+                count += 1
+            return count
 
     def read(self, key: TierKey) -> tuple[tuple[int, ...], torch.Tensor] | None:
         """(token ids, a copy of the payload) for a peer, or None."""

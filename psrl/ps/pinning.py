@@ -10,27 +10,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from psrl.log import get_logger
-
-# cudaHostRegister flags: portable to every context; read-only for mappings opened without write access
-# (pinning a copy-on-write mapping would otherwise copy its pages).
-HOST_REGISTER_PORTABLE, HOST_REGISTER_READ_ONLY = 0x01, 0x08
+from psrl.kvcache.host_buffer import register_address, unregister_from_cuda
 
 
 def register(view: memoryview, *, read_only: bool = False) -> int | None:
     """Lock ``view``'s pages; its address (for ``unregister``), or None when CUDA refused (logged)."""
-    import torch
-
     address = int(np.frombuffer(view, dtype=np.uint8).ctypes.data)
-    flags = HOST_REGISTER_PORTABLE | (HOST_REGISTER_READ_ONLY if read_only else 0)
-    error = torch.cuda.cudart().cudaHostRegister(address, len(view), flags)  # type: ignore[no-untyped-call]
-    if int(error) != 0:
-        get_logger("psrl.ps.pinning").warning("ps.pin_failed", bytes=len(view), cuda_error=int(error))
-        return None
-    return address
+    return address if register_address(address, len(view), read_only=read_only) else None
 
 
 def unregister(address: int) -> None:
-    import torch
-
-    torch.cuda.cudart().cudaHostUnregister(address)  # type: ignore[no-untyped-call]
+    unregister_from_cuda(address)

@@ -135,3 +135,24 @@ def test_256_sequences_of_8k_tokens_run_when_blocks_allow_and_preempt_cleanly_wh
     tight, preemptions = _run_long_batch(checkpoint, num_kv_blocks=100 * 511 + 50)
     assert preemptions > 0 and len(tight) == 256
     assert all(tight[key].output_ids == roomy[key].output_ids for key in roomy)
+
+
+def test_cuda_reload_from_the_pinned_host_tier_gives_the_tokens_of_a_recompute(qwen2: Checkpoint) -> None:
+    from tests.engine.test_host_tier import FILLERS, PROMPT
+
+    engine = make_engine(qwen2, device="cuda", num_kv_blocks=20, offload_bytes=4 << 20, max_num_seqs=2,
+                         offload_store="host")  # fmt: skip
+    assert engine.offload is not None and engine.offload.tier.store.pinned  # type: ignore[attr-defined]
+    first = _greedy_one(engine, "a", PROMPT)
+    for k, filler in enumerate(FILLERS):
+        _greedy_one(engine, f"filler-{k}", filler)
+    assert engine.block_manager.cached_blocks(PROMPT) == []
+    again = _greedy_one(engine, "b", PROMPT)
+    assert engine.status().num_tier_loaded_tokens == 7 * 4
+    assert again.output_ids == first.output_ids == qwen2.reference_greedy(PROMPT, len(first.output_ids))
+
+
+def _greedy_one(engine, request_id: str, prompt: list[int]):  # type: ignore[no-untyped-def]
+    engine.add_request(request_id, prompt, greedy(max_tokens=6))
+    results, _ = run_to_completion(engine)
+    return results[request_id]

@@ -34,6 +34,9 @@ class DictStore:
     def get(self, key: TierKey) -> torch.Tensor | None:
         return self.data.get(key)
 
+    def contains(self, key: TierKey) -> bool:
+        return key in self.data
+
     def delete(self, key: TierKey) -> None:
         self.data.pop(key, None)
 
