@@ -156,7 +156,13 @@ class ProactiveFilterStrategy(Section):
 class ThunderAgent(Section):
     enable: bool = field(False, "Capacity-based hang/continue scheduling of multi-turn sessions.")
     check_interval_in_ms: int = field(1000, "Scheduler tick.")
-    env_token_weight: float = field(1.0, "Weight of the KV held by sessions that are calling their environment.")
+    env_token_weight: float | None = field(
+        None,
+        "Weight of the KV held by sessions that are calling their environment. Unset: 0.0 with the KV offload "
+        "tier on (psrl.lmcache.enable: the tier keeps what a resting session's blocks give up, so they hold "
+        "no room a running turn needs), else 1.0.",
+        ge=0,
+    )
     buffer_per_session: int = field(100, "Decode headroom reserved per running session (tokens).")
     continue_scope: Literal["bucketed", "global"] = field(
         "bucketed", "bucketed: readmit on the same instance; global: best-fit-decreasing over all instances."
@@ -180,6 +186,11 @@ class ThunderAgent(Section):
         "time to first token, trading some of the working set's reuse); 0 = off.",
         ge=0,
     )
+
+    @property
+    def env_weight(self) -> float:
+        """``env_token_weight`` as the scheduler reads it (1.0 where no config resolved it)."""
+        return 1.0 if self.env_token_weight is None else self.env_token_weight
 
 
 class SessionStrategy(Section):

@@ -47,6 +47,14 @@ class Config(Section):
             red.redundant_rollout_n = red.alg_rollout_n
         return self
 
+    @model_validator(mode="after")
+    def _resolve_env_token_weight(self) -> Config:
+        """ThunderAgent's weight of resting sessions' KV, unset: 0 where the offload tier keeps it, else 1."""
+        thunder = self.psrl.rollout_coordination.session_strategy.thunder_agent
+        if thunder.enable and thunder.env_token_weight is None:
+            thunder.env_token_weight = 0.0 if self.psrl.lmcache.enable else 1.0
+        return self
+
     @property
     def entries_per_buffer(self) -> int:
         """Slots per staleness buffer (B' with batch-level redundancy, else B)."""

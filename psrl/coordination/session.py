@@ -9,6 +9,10 @@ capacity ``total`` KV tokens, of which ``used`` are measured in use, and running
                             + env_token_weight * sum over env sessions in R - H of tokens
                             - shared + buffer_per_session * |R - H|)
 
+``env_token_weight`` is 0 by default with the KV offload tier on: the blocks a resting session
+gives up go to the tier and come back by a copy, so they need no room kept for them (the agent
+benchmark's figures are in docs/benchmarks.md).
+
 ``shared`` is fixed for the tick. When ``remaining`` (nothing hung) is negative, sessions are
 hung until it is not: env sessions first (already off the GPU, cheapest to shed), then generate
 sessions, smallest first. Hanging never aborts a turn: the session router blocks its next turn.
@@ -126,7 +130,7 @@ def _continue_order(hung: list[SessionInfo], settings: ThunderAgent) -> list[Ses
 
 def _demand(session: SessionInfo, settings: ThunderAgent) -> float:
     """The room a running session takes in the capacity view."""
-    weight = 1.0 if session.status == "generate" else settings.env_token_weight
+    weight = 1.0 if session.status == "generate" else settings.env_weight
     return weight * session.total_tokens + settings.buffer_per_session
 
 
