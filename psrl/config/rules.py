@@ -293,6 +293,8 @@ def thunder_settings_need_thunder(c: Config) -> Iterator[ConfigProblem]:
     ta = c.psrl.rollout_coordination.session_strategy.thunder_agent
     defaults = type(ta)()
     changed = [name for name in THUNDER_DECISION_FIELDS if getattr(ta, name) != getattr(defaults, name)]
+    if ta.env_token_weight == 1.0:  # the weight without a tier, which resolved configs (run dirs) carry
+        changed = [name for name in changed if name != "env_token_weight"]
     if changed and not ta.enable:
         enable = RC + "session_strategy.thunder_agent.enable"
         yield problem(tuple(RC + "session_strategy.thunder_agent." + name for name in changed),

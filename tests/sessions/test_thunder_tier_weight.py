@@ -26,6 +26,8 @@ def test_the_weight_of_resting_sessions_is_0_with_the_tier_and_1_without() -> No
     assert weight([TA + "enable=true", *TIER]) == 0.0
     assert weight([TA + "enable=true", *TIER, TA + "env_token_weight=0.5"]) == 0.5
     assert weight([TA + "enable=false", *TIER]) is None  # nothing reads it: not resolved, not refused
+    # a run's config.yaml carries the weight without a tier; loaded with the scheduler off, it is no change
+    assert weight([TA + "enable=false", TA + "env_token_weight=1.0"]) == 1.0
 
 
 def test_the_resolved_weight_is_written_into_the_run_config() -> None:
