@@ -20,6 +20,7 @@ DEVICES = [
     "cpu",
     pytest.param("cuda", marks=GPU),
 ]
+Tiered = tuple[torch.Tensor, EngineOffload]
 LAYERS, BLOCKS, BLOCK_SHAPE = 2, 8, (4, 2, 1, 3)  # block size 4, keys and values, 1 head of 3
 
 
@@ -43,72 +44,76 @@ def block(block_id: int, block_hash: int) -> Block:
     return Block(block_id, hash=block_hash, token_ids=(block_hash,))
 
 
-@pytest.mark.parametrize("device", DEVICES)
-def test_a_block_given_up_then_reused_by_a_load_is_stored_as_it_was(device: str) -> None:
-    kv = cache(device)
-    offload = offload_of(kv)
-    offload.offload(block(1, 101))
+@pytest.fixture(params=DEVICES)
+def tiered(request: pytest.FixtureRequest) -> Tiered:
+    """A cache on each device and its offload tier."""
+    kv = cache(request.param)
+    return kv, offload_of(kv)
+
+
+def store(offload: EngineOffload, *block_ids: int) -> None:
+    """Give up these blocks (block b under hash 100 + b) and run the copies."""
+    for block_id in block_ids:
+        offload.offload(block(block_id, 100 + block_id))
     offload.flush()
+
+
+def filled_with(kv: torch.Tensor, block_id: int) -> float:
+    """The one value block ``block_id`` holds everywhere."""
+    values = kv[:, block_id].unique()
+    assert len(values) == 1, values
+    return float(values.item())
+
+
+def test_a_block_given_up_then_reused_by_a_load_is_stored_as_it_was(tiered: Tiered) -> None:
+    kv, offload = tiered
+    store(offload, 1)
     offload.offload(block(2, 102))  # block 2 given up, then filled with the tier's copy of block 1
     assert offload.load([2], [101], [(101,)]) == 1
-    assert torch.equal(kv[:, 2], torch.full_like(kv[:, 2], 2.0))  # nothing ran yet
+    assert filled_with(kv, 2) == 2.0  # nothing ran yet
     offload.flush()
-    assert torch.equal(kv[:, 2], torch.full_like(kv[:, 2], 1.0))
+    assert filled_with(kv, 2) == 1.0
     assert offload.load([3], [102], [(102,)]) == 1
     offload.flush()
-    assert torch.equal(kv[:, 3], torch.full_like(kv[:, 3], 2.0))
+    assert filled_with(kv, 3) == 2.0
 
 
-@pytest.mark.parametrize("device", DEVICES)
-def test_a_load_gets_what_the_tier_held_when_it_was_loaded(device: str) -> None:
-    kv = cache(device)
-    offload = offload_of(kv)
-    offload.offload(block(5, 105))
-    offload.flush()
+def test_a_load_gets_what_the_tier_held_when_it_was_loaded(tiered: Tiered) -> None:
+    kv, offload = tiered
+    store(offload, 5)
     assert offload.load([6], [105], [(105,)]) == 1
     offload.tier.clear()
     offload.flush()
-    assert torch.equal(kv[:, 6], torch.full_like(kv[:, 6], 5.0))
+    assert filled_with(kv, 6) == 5.0
 
 
-@pytest.mark.parametrize("device", DEVICES)
-def test_a_load_stops_at_the_first_block_the_tier_lacks_or_holds_for_other_tokens(device: str) -> None:
-    kv = cache(device)
-    offload = offload_of(kv)
-    for block_id in (1, 2, 3):
-        offload.offload(block(block_id, 100 + block_id))
-    offload.flush()
+def test_a_load_stops_at_the_first_block_the_tier_lacks_or_holds_for_other_tokens(tiered: Tiered) -> None:
+    kv, offload = tiered
+    store(offload, 1, 2, 3)
     assert offload.held_prefix([101, 102, 109, 103], [(101,), (102,), (109,), (103,)]) == 2
     assert offload.load([4, 5, 6], [101, 102, 103], [(101,), (999,), (103,)]) == 1
     offload.flush()
-    assert torch.equal(kv[:, 4], torch.full_like(kv[:, 4], 1.0))
-    assert torch.equal(kv[:, 5], torch.full_like(kv[:, 5], 5.0))  # untouched
+    assert (filled_with(kv, 4), filled_with(kv, 5)) == (1.0, 5.0)  # block 5 untouched
 
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_more_blocks_given_up_than_the_tier_holds_keep_the_last_ones(device: str) -> None:
-    kv = cache(device)
-    offload = offload_of(kv, tier_blocks=3)
-    for block_id in range(1, 7):
-        offload.offload(block(block_id, 100 + block_id))
-    offload.flush()
+    offload = offload_of(cache(device), tier_blocks=3)
+    store(offload, *range(1, 7))
     held = offload.tier.keys()
     assert sorted(block_hash for _, block_hash in held) == [104, 105, 106]
     assert offload.tier.stats.num_refused == 0
 
 
-@pytest.mark.parametrize("device", DEVICES)
-def test_a_block_loaded_then_given_up_before_the_copies_ran_is_stored_with_what_was_loaded(device: str) -> None:
-    kv = cache(device)
-    offload = offload_of(kv)
-    offload.offload(block(1, 101))
-    offload.flush()
+def test_a_block_loaded_then_given_up_before_the_copies_ran_is_stored_with_what_was_loaded(tiered: Tiered) -> None:
+    kv, offload = tiered
+    store(offload, 1)
     assert offload.load([7], [101], [(101,)]) == 1
     offload.offload(block(7, 201))  # the load into 7 must land before 7 is gathered
     offload.flush()
     assert offload.load([8], [201], [(201,)]) == 1
     offload.flush()
-    assert torch.equal(kv[:, 8], torch.full_like(kv[:, 8], 1.0))
+    assert filled_with(kv, 8) == 1.0
 
 
 def test_the_host_store_moves_neighbouring_slots_together_and_scattered_ones_apart() -> None:
