@@ -45,6 +45,7 @@ import argparse
 import gc
 import importlib.util
 import json
+import math
 import shutil
 import sys
 import tempfile
@@ -310,6 +311,8 @@ def run_settings(scale: Scale, args: argparse.Namespace, model: Path) -> tuple[d
     engines = {"plain": build_engines(configs[plain[0]], round_path=args.dry_run_cpu) if plain else []}
     if "tier" in configs:
         engines["tier"] = build_engines(configs["tier"], round_path=args.dry_run_cpu)
+    args.tier_tokens = tier_tokens(engines["tier"][0]) if "tier" in configs else 0
+    args.tier_copy_s = tier_copy_cost(engines["tier"][0]) if "tier" in configs else 0.0
     first = next(e for e in engines.values() if e)[0]
     measured = probe(first, scale)
     print(f"engines built and warmed up in {time.perf_counter() - args.started:.0f} s", flush=True)
@@ -324,7 +327,8 @@ def run_settings(scale: Scale, args: argparse.Namespace, model: Path) -> tuple[d
         free(built)
     tier_note = ""
     if "tier" in configs:
-        tier_note = f"(d) tier: psrl.lmcache.store={args.tier_store} ({scale.tier_gb:g} GiB of host memory)"
+        tier_note = (f"(d) tier: psrl.lmcache.store={args.tier_store} ({scale.tier_gb:g} GiB of host memory; "
+                     f"a token's KV out to it and back in {args.tier_copy_s * 1e6:.2f} us)")  # fmt: skip
     return {name: outcomes[name] for name in args.settings}, measured, tier_note
 
 
@@ -343,18 +347,49 @@ def calibrate(engine: Engine) -> CostModel | None:
     return fitted.model
 
 
+def tier_tokens(engine: Engine) -> int:
+    """The room of an engine's offload tier, in tokens."""
+    assert engine.offload is not None
+    return engine.offload.tier_blocks * engine.args.block_size
+
+
+def tier_copy_cost(engine: Engine, reps: int = 3) -> float:
+    """Seconds per token to copy KV from the device to the tier's host memory and back (64 MiB of blocks,
+    the best of ``reps``), measured before the runs on the tier's own buffer where it has one."""
+    assert engine.offload is not None
+    block = engine.offload.kv_cache[:, 0]
+    count = max(1, (64 << 20) // (block.numel() * block.element_size()))
+    slots = getattr(engine.offload.tier.store, "slots", None)
+    rows = slots[:count] if slots is not None else torch.empty((count, *block.shape), dtype=block.dtype)
+    on_device = torch.empty(rows.shape, dtype=rows.dtype, device=engine.device)
+    best = math.inf
+    for _ in range(reps):
+        _sync(engine)
+        started = time.perf_counter()
+        on_device.copy_(rows, non_blocking=True)
+        rows.copy_(on_device, non_blocking=True)
+        _sync(engine)
+        best = min(best, time.perf_counter() - started)
+    return best / (len(rows) * engine.args.block_size)
+
+
 def predict(scale: Scale, args: argparse.Namespace, model: Path, outcomes: dict[str, AgentOutcome]) -> float:
-    """The simulator's turns/s for (a)-(c) on the profiled cost model next to the measured ones; the
-    largest relative error."""
+    """The simulator's turns/s for (a)-(d) on the profiled cost model next to the measured ones; the
+    largest relative error of (a)-(c)."""
     worst = 0.0
-    for name in (n for n in ("balance", "sticky", "thunder") if n in outcomes):
+    for name in (n for n in SETTINGS if n in outcomes):
         config = setting_config(scale, name, args, model)
         # this process steps every engine in turn on one device: while all have work, each waits for the others
         sharing = config.topology.n_rollout_instances
-        predicted = AgentSimulation(config, scale.workload, args.cost, engines_per_device=sharing).run(scale.budget_s)
+        tier = args.tier_tokens if name == "tier" else 0
+        copy_s = args.tier_copy_s if name == "tier" else 0.0
+        simulation = AgentSimulation(config, scale.workload, args.cost, engines_per_device=sharing, tier_tokens=tier,
+                                     tier_copy_s_per_token=copy_s)  # fmt: skip
+        predicted = simulation.run(scale.budget_s)
         measured = outcomes[name].turns_per_s
         error = predicted.turns_per_s / measured - 1
-        worst = max(worst, abs(error))
+        if name != "tier":
+            worst = max(worst, abs(error))
         print(f"sim {name:8} {predicted.turns_per_s:8.2f} turns/s predicted, {measured:.2f} measured ({error:+.0%}); "
               f"reused {predicted.hit_tokens / max(predicted.hit_tokens + predicted.prefill_tokens, 1):.2f} of "
               f"its context tokens, {predicted.preemptions} preemptions, {predicted.hung_s:.0f} hung s, "
@@ -483,7 +518,8 @@ def main() -> None:
         outcomes, measured, tier_note = run_settings(scale, args, model)
     print(
         f"{len(outcomes)} settings in {time.perf_counter() - started:.0f} s ({scale.budget_s:.0f} s each, "
-        f"{scale.workload.sessions} sessions, {scale.instances} instances x {scale.kv_blocks} KV blocks)"
+        f"{scale.workload.sessions} sessions, {scale.instances} instances x "
+        f"{setting_config(scale, args.settings[0], args, model).engine.num_kv_blocks} KV blocks)"
     )
     if args.log_dir is not None and not check_replay(args.log_dir, list(outcomes)):
         print("replay: some recorded decisions disagree (see above)")

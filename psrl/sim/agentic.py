@@ -11,11 +11,16 @@ preemptions and hung session-seconds: the figures the benchmark prints for one s
 engines one after another in one thread on one GPU, so while they all have work (the GPU run keeps
 them busy about 97% of its time) each engine's step waits for the others': every step then costs
 that many times its own time. A fleet with a device per instance is 1, the default.
+
+``tier_tokens``: the KV offload tier's room per instance, in tokens (``psrl.lmcache``; 0 = none): a
+session's context pushed out of the KV cache is kept there and reused when its next turn comes
+(``psrl.sim.prefix_cache``), each token loaded back costing ``tier_copy_s_per_token`` (its copy to
+the tier and back; on a shared device the copies wait for the other engines like their steps do).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from bus.messages import SessionEnd, TurnDone
 from psrl.config import Config
@@ -46,6 +51,7 @@ class AgentSimOutcome:
     held_turns: int = 0  # turns that became ready while their session was hung
     held_p99_s: float = 0.0  # their wait for the continue, 99th percentile
     held_max_s: float = 0.0
+    tier_hit_tokens: int = 0  # of hit_tokens: loaded back from the offload tier
 
     @property
     def turns_per_s(self) -> float:
@@ -53,7 +59,15 @@ class AgentSimOutcome:
 
 
 class AgentSimulation:
-    def __init__(self, config: Config, workload: AgentWorkload, cost: CostModel, engines_per_device: int = 1) -> None:
+    def __init__(
+        self,
+        config: Config,
+        workload: AgentWorkload,
+        cost: CostModel,
+        engines_per_device: int = 1,
+        tier_tokens: int = 0,
+        tier_copy_s_per_token: float = 0.0,
+    ) -> None:
         if not config.env.enable:
             raise ValueError("the agent workload runs sessions: set env.enable=true (the agentic preset does)")
         if engines_per_device < 1:
@@ -72,7 +86,11 @@ class AgentSimulation:
         self.bus.attach("coordinator", self.source)
         self.bus.attach("router", self.router, RouterFlow.BUS_KINDS)
         self.bus.attach("session", self.session, AgentSessions.BUS_KINDS)
-        shape = engine_shape(config)
+        shape = replace(
+            engine_shape(config),
+            tier_tokens=tier_tokens,
+            tier_copy_s_per_token=tier_copy_s_per_token * engines_per_device,
+        )
         for index in range(config.topology.n_rollout_instances):
             engine = ModelledEngine(f"rollout-{index}", cost, shape, self.clock, self.fleet, version=0)
             self.fleet.add(ModelledInstance(engine, index, PullModel((0.0,))))
@@ -108,6 +126,7 @@ class AgentSimulation:
             held_turns=len(self.session.held_waits),
             held_p99_s=percentile(self.session.held_waits, 0.99),
             held_max_s=max(self.session.held_waits, default=0.0),
+            tier_hit_tokens=sum(e.prefix_cache.num_tier_hit_tokens for e in engines if e.prefix_cache is not None),
         )
 
     def _open(self, now: float) -> None:

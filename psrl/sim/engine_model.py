@@ -55,6 +55,8 @@ class EngineShape:
     request_budget: int | None = None  # set when the router reads budget-rounded KV (throughput_optimal_with_budget)
     # a session's next turn reuses its earlier context if it comes back here in time (psrl.sim.prefix_cache)
     session_prefix_cache: bool = False
+    tier_tokens: int = 0  # the offload tier's room for that context, in tokens (0: no tier)
+    tier_copy_s_per_token: float = 0.0  # a token loaded back from the tier: its copy out and its copy back
 
 
 class EngineRequest:
@@ -127,11 +129,21 @@ _Command = _Add | _Abort | _Migrate | _Sync
 
 
 class _Seq:
-    __slots__ = ("cached", "finish_step", "generated", "join_step", "num_preemptions", "request", "stay_start")
+    __slots__ = (
+        "cached",
+        "finish_step",
+        "generated",
+        "join_step",
+        "loaded",
+        "num_preemptions",
+        "request",
+        "stay_start",
+    )
 
     def __init__(self, request: EngineRequest) -> None:
         self.request = request
         self.cached = 0  # context tokens the prefix cache held at admission (not prefilled)
+        self.loaded = 0  # of those, tokens copied back from the offload tier
         self.generated = request.num_prior_tokens  # at join_step while decoding
         self.stay_start = request.num_prior_tokens
         self.join_step = 0
@@ -166,7 +178,9 @@ class ModelledEngine:
         self.sink = sink
         self.version = version
         self.counters = EngineCounters()
-        self.prefix_cache = PrefixCacheModel(shape.block_size) if shape.session_prefix_cache else None
+        self.prefix_cache = (
+            PrefixCacheModel(shape.block_size, shape.tier_tokens) if shape.session_prefix_cache else None
+        )
         self.last_dispatch_seq = -1
         self.report_seq = 0
         self.phase = Phase.IDLE
@@ -431,7 +445,8 @@ class ModelledEngine:
             self.counters.num_prefill_tokens += tokens
             self.counters.num_prefix_hit_tokens += sum(seq.cached for seq in self._prefilling)
             self.phase = Phase.PREFILL
-            self._schedule(now + self._prefill_time(tokens))
+            loaded = sum(seq.loaded for seq in self._prefilling)
+            self._schedule(now + self._prefill_time(tokens) + loaded * self.shape.tier_copy_s_per_token)
             return
         if self._running:
             self._plan_decode(now)
@@ -446,7 +461,9 @@ class ModelledEngine:
                 break  # a lone request always gets in: the context limit keeps it within the cache
             self._waiting.popleft()
             if self.prefix_cache is not None:
+                from_tier = self.prefix_cache.num_tier_hit_tokens
                 seq.cached = self.prefix_cache.admit(seq.request.request_id, seq.context)
+                seq.loaded = self.prefix_cache.num_tier_hit_tokens - from_tier
             self._prefilling.append(seq)
             room -= need
         return bool(self._prefilling)

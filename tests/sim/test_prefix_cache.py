@@ -22,6 +22,21 @@ def test_the_cache_keeps_whole_blocks_but_the_last_token_and_evicts_the_least_re
     assert cache.num_cached_tokens == 0 and cache.num_hit_tokens == 32
 
 
+def test_entries_pushed_out_go_to_the_tier_and_are_reused_from_there() -> None:
+    cache = PrefixCacheModel(block_size=16, tier_tokens=100)
+    cache.keep(1, 100)  # 96 tokens
+    cache.keep(2, 50)  # 48 tokens
+    cache.fit(50)  # entry 1 goes to the tier (it holds 100 tokens)
+    assert (cache.num_cached_tokens, cache.num_tier_tokens) == (48, 96)
+    cache.keep(3, 70)  # 64 tokens
+    cache.fit(0)  # 2 and 3 go too: the tier's least recent leave first, 1 then 2
+    assert cache.num_tier_tokens == 64 and cache.admit(1, 150) == 0 and cache.admit(2, 60) == 0
+    assert cache.admit(3, 80) == 64 and cache.num_tier_hit_tokens == 64
+    cache.keep(4, 2000)  # bigger than the whole tier: pushed out, it is gone
+    cache.fit(0)
+    assert cache.admit(4, 2000) == 0
+
+
 def _turns(shape: EngineShape, *, sync_between: bool = False) -> tuple[list[int], float]:
     engine, clock, _ = make_engine(shape)
     engine.add(0.0, EngineRequest(7, 1000, 0, 10, 0))  # first turn: 1,000 prompt tokens, 10 generated
