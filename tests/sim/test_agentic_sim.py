@@ -19,16 +19,20 @@ WORKLOAD = AgentWorkload(sessions=8, prompt_tokens=(512, 1024), turns=(4, 8), ge
                          vocab=(2, 48), ramp_s=1.0)  # fmt: skip
 
 
-def run(*overrides: str, engines_per_device: int = 1, tier_tokens: int = 0) -> tuple[int, int, int]:
+def run(
+    *overrides: str, engines_per_device: int = 1, tier_tokens: int = 0, tier_copy_s: float = 0.0
+) -> tuple[int, int, int]:
     config = load_config(
         "agentic",
         ["topology.n_rollout_instances=2", "engine.num_kv_blocks=512", "engine.max_num_seqs=8", "psrl.rollout_n=1",
          "algorithm.adv_estimator=reinforce_plus_plus", "psrl.staleness_buffer_entries=4096",
          "actor.ppo_mini_batch_size=4096", "env.max_turns=8", "env.max_turn_tokens=24", *overrides],
     )  # fmt: skip
-    out = AgentSimulation(config, WORKLOAD, COST, engines_per_device=engines_per_device, tier_tokens=tier_tokens).run(
-        30.0
-    )
+    simulation = AgentSimulation(
+        config, WORKLOAD, COST, engines_per_device=engines_per_device, tier_tokens=tier_tokens,
+        tier_copy_s_per_token=tier_copy_s,
+    )  # fmt: skip
+    out = simulation.run(30.0)
     return out.turns, out.hit_tokens, out.prefill_tokens
 
 
@@ -58,3 +62,4 @@ def test_where_the_kv_binds_an_offload_tier_keeps_what_the_cache_pushes_out() ->
     tiered = run(*small, tier_tokens=64 * 1024)
     assert tiered[1] > without[1] and tiered[2] < without[2] and tiered[0] > without[0]
     assert run(*small, tier_tokens=0) == without  # no room in the tier: the same run as none
+    assert run(*small, tier_tokens=64 * 1024, tier_copy_s=1e-4)[0] < tiered[0]  # loads that cost time
