@@ -114,12 +114,18 @@ def test_tap_by_address_with_actor_filter_and_ctrl_c(live_run: LiveRun) -> None:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        env={**os.environ, "PYTHONFAULTHANDLER": "1"},  # a tap that hangs shows where (below)
     )
     assert process.stdout is not None
     first = process.stdout.readline()
     assert " obs.metrics " in first and "rollout-0#0:" in first
     process.send_signal(signal.SIGINT)
-    _, stderr = process.communicate(timeout=30)
+    try:
+        _, stderr = process.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        process.send_signal(signal.SIGABRT)  # faulthandler prints every thread's stack
+        _, stderr = process.communicate(timeout=30)
+        pytest.fail(f"psrl tap did not exit within 30 s of SIGINT; its threads:\n{stderr[-8000:]}")
     assert process.returncode == 0
     assert "Traceback" not in stderr
 
