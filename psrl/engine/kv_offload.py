@@ -86,6 +86,8 @@ class EngineOffload:
 
     def flush(self) -> None:
         """Run the copies decided since the last flush (see the module's note for their order)."""
+        if not self._given_up and not self._loads:  # most steps
+            return
         # as if stored one by one: when more were given up than the tier holds, the last ones stay
         given_up, self._given_up = self._given_up[-self.tier_blocks :] if self.tier_blocks else [], []
         loads, self._loads = self._loads, []

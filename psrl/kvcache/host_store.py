@@ -24,6 +24,7 @@ import torch
 
 from psrl.kvcache.host_buffer import huge_page_buffer, register_with_cuda, unregister_from_cuda
 from psrl.kvcache.index import TierKey
+from psrl.kvcache.tier import index_runs
 from psrl.log import get_logger
 
 
@@ -96,17 +97,14 @@ class HostStore:
         queued = self.pinned and blocks.is_cuda
         if not queued:
             self.wait()  # the host touches the slots itself
-        start = 0
-        while start < len(slots):
-            end = start + 1
-            while end < len(slots) and slots[end] == slots[end - 1] + 1:
-                end += 1
-            stored, rows = self.slots[slots[start] : slots[end - 1] + 1], blocks[start:end]
+        row = 0
+        for first, count in index_runs(slots):
+            stored, rows = self.slots[first : first + count], blocks[row : row + count]
             if into_slots:
                 stored.copy_(rows, non_blocking=queued)
             else:
                 rows.copy_(stored, non_blocking=queued)
-            start = end
+            row += count
         if queued and slots:
             self._in_flight = torch.cuda.Event()  # type: ignore[no-untyped-call]
             self._in_flight.record(torch.cuda.current_stream(blocks.device))
