@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -30,6 +30,7 @@ from psrl.config import Config
 from psrl.config.loader import to_yaml
 from psrl.engine import Engine
 from psrl.engine.outputs import StepOutput
+from psrl.engine_cost.model import prefill_attention
 from psrl.flows.driver import MemoryWeights
 from psrl.flows.effects import Effect, Publish, Send
 from psrl.flows.instance import InstanceFlow
@@ -74,6 +75,7 @@ class AgentOutcome:
     max_hold_s: float = 0.0  # the longest a ready turn waited for its first token
     engine_busy_s: float = 0.0  # summed over the engines (they take turns on one thread)
     ttft_s: list[float] = field(default_factory=list)
+    steps: list[StepRecord] = field(default_factory=list)  # every engine's, in the order they ran
 
     @property
     def turns_per_s(self) -> float:
@@ -127,6 +129,34 @@ class EventLog:
         self.writer.close()
 
 
+class StepRecord(NamedTuple):
+    """One engine step as the cost model sees it (``psrl.engine_cost``): what the simulator is checked on."""
+
+    seconds: float
+    num_decoding: int  # sequences that decoded (a decode round: each up to its round's steps)
+    decode_tokens: int
+    kv_tokens: int  # the decoding sequences' context before the step
+    prefill_tokens: int  # computed this step (prefix-cache hits excluded)
+    attended: float  # the prefill's attention work (psrl.engine_cost.model.prefill_attention)
+
+
+def step_record(seqs: Sequence[Any], before: Sequence[tuple[int, bool, bool]], seconds: float) -> StepRecord:
+    """What a step computed, from each sequence's (computed tokens, prefilling, waiting) before it."""
+    decoding = decoded = kv = prefilled = 0
+    attended = 0.0
+    for seq, (computed, prefilling, waiting) in zip(seqs, before, strict=True):
+        start = seq.num_cached_tokens if waiting else computed  # admitted this step: its cache hit is not work
+        new = seq.num_computed_tokens - start
+        if new <= 0:
+            continue
+        if prefilling or waiting:
+            prefilled += new
+            attended += prefill_attention(new, start)
+        else:
+            decoding, decoded, kv = decoding + 1, decoded + new, kv + computed
+    return StepRecord(seconds, decoding, decoded, kv, prefilled, attended)
+
+
 class WatchedEngine:
     """An engine whose steps report each request's new tokens to the turn clock (the instance streams them
     to the router only every few tokens, too late to time a first token)."""
@@ -134,11 +164,18 @@ class WatchedEngine:
     def __init__(self, engine: Engine, clock: TurnClock, now: Callable[[], float]) -> None:
         self.engine, self.turn_clock, self.now = engine, clock, now
         self.busy_s = 0.0  # wall time inside the engine's steps (they return with their tokens on the host)
+        self.steps: list[StepRecord] = []
 
     def step(self) -> StepOutput:
+        scheduler = self.engine.scheduler
+        running = len(scheduler.running)
+        seqs = [*scheduler.running, *scheduler.waiting]
+        before = [(seq.num_computed_tokens, seq.is_prefilling, i >= running) for i, seq in enumerate(seqs)]
         started = time.perf_counter()
         out = self.engine.step()
-        self.busy_s += time.perf_counter() - started
+        elapsed = time.perf_counter() - started
+        self.busy_s += elapsed
+        self.steps.append(step_record(seqs, before, elapsed))
         if out.outputs:
             now = self.now()
             self.turn_clock.tokens([int(o.request_id) for o in out.outputs if o.token_ids], now)
@@ -250,6 +287,7 @@ class AgentRollout:
             context_ends=self.tools.num_context_ends,
             max_hold_s=max([*self.clock.ttft_s, *waiting], default=0.0), ttft_s=list(self.clock.ttft_s),
             engine_busy_s=sum(w.busy_s for w in self.watched),
+            steps=[step for watched in self.watched for step in watched.steps],
         )  # fmt: skip
 
     def _stop(self) -> None:

@@ -66,7 +66,7 @@ from psrl.engine_cost.model import CostModel
 from psrl.sim.agent_workload import AgentWorkload
 from psrl.sim.agentic import AgentSimulation
 from psrl.sim.profiling import ProfileGrid, profile_engine
-from tools.agentic_rollout import AgentOutcome, AgentRollout
+from tools.agentic_rollout import AgentOutcome, AgentRollout, StepRecord
 
 RC = "psrl.rollout_coordination."
 GOAL = 1.5  # the profile's goal against request_num_balance, in turns/s
@@ -524,13 +524,16 @@ def main() -> None:
     if args.log_dir is not None and not check_replay(args.log_dir, list(outcomes)):
         print("replay: some recorded decisions disagree (see above)")
     if args.json is not None:
-        write_json(args.json, scale, measured, outcomes)
+        write_json(args.json, scale, measured, outcomes, args.cost)
     sim_error = predict(scale, args, model, outcomes) if args.cost is not None else None
     report(outcomes, measured, tier_note, "dry-run" if args.dry_run_cpu else args.scale, sim_error)
 
 
-def write_json(path: Path, scale: Scale, measured: Probe, outcomes: dict[str, AgentOutcome]) -> None:
-    """The workload, the probe and each setting's figures (what a simulator calibration compares with)."""
+def write_json(
+    path: Path, scale: Scale, measured: Probe, outcomes: dict[str, AgentOutcome], cost: CostModel | None
+) -> None:
+    """The workload, the probe, the profiled cost model (with ``--predict``) and each setting's figures (what
+    a simulator calibration compares with)."""
     figures = {
         name: {
             "turns_per_s": o.turns_per_s,
@@ -545,10 +548,13 @@ def write_json(path: Path, scale: Scale, measured: Probe, outcomes: dict[str, Ag
             "max_wait_s": o.max_hold_s,
             "turns": o.turns,
             "wall_s": o.wall_s,
+            "step_fields": list(StepRecord._fields),
+            "steps": [list(step) for step in o.steps],
         }
         for name, o in outcomes.items()
     }
-    document = {"scale": asdict(scale), "probe": asdict(measured), "settings": figures}
+    document = {"scale": asdict(scale), "probe": asdict(measured), "settings": figures,
+                "cost_model": None if cost is None else cost.as_dict()}  # fmt: skip
     path.write_text(json.dumps(document, indent=1))
 
 

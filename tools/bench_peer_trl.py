@@ -391,6 +391,7 @@ def main() -> None:
     if args.device == "cuda":
         print("TRL generates with HF generate (without vLLM: vLLM cannot reach the GPU machine)")
     root = args.root or Path(tempfile.mkdtemp(prefix="psrl-bench-trl-"))
+    root.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     records = run_all(work, overrides, root, args)
     initial_acc = evaluate(Path(work.model_dir), work, args.eval_prompts, args.device)

@@ -35,7 +35,7 @@ import math
 import msgspec
 
 from psrl.coordination.state import CoordinationInputs, InstanceState
-from psrl.engine_cost.model import CostModel
+from psrl.engine_cost.model import CostModel, fresh_attention
 
 
 class SyncBenefit(msgspec.Struct, frozen=True, gc=False):
@@ -99,7 +99,7 @@ def estimate_sync_benefit(
     tokens_wait = served_tokens(model, wait_batch, horizon_s) + served_tokens(
         model, after_batch, horizon_s - drain_s - pull_s
     )
-    downtime = pull_s + model.prefill_time(kv)
+    downtime = pull_s + model.prefill_time(kv, n * fresh_attention(kv / n) if n else 0.0)  # n contexts of kv / n
     now_batch = _Batch(n + add_p, kv + add_p * prompt, remaining_keep + add_p * response)
     tokens_now = served_tokens(model, now_batch, horizon_s - downtime)
     has_work = wait_batch.work_tokens > 0

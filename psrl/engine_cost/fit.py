@@ -7,7 +7,10 @@ weight-bound floor ``k2`` meets the compute growth ``k3 * n``, at ``n* = k2 / k3
 ``n*`` the model is linear in ``(k1, k3, k4)`` with feature ``max(n*, n)`` (and ``k2 = k3 n*``),
 so the fit searches ``n*``: every observed batch size and the midpoints between them, then a
 golden-section refinement around the best, each candidate solved by non-negative least squares.
-Samples with prefill tokens then fit ``kp`` on the residual of the decode model.
+Samples with prefill tokens then fit ``kp`` and ``ka`` (per prefilled token, per unit of the
+attention's work ``attended``) on the residual of the decode model, by non-negative least squares;
+``ka`` is 0 where the samples cannot tell it apart (all prefills of one shape) or do not record
+``attended``.
 
 The fit does not need an engine: ``psrl calibrate`` profiles one and passes its samples here.
 """
@@ -35,6 +38,7 @@ class ProfileSample(msgspec.Struct, frozen=True, gc=False, array_like=True):
     kv_tokens: float
     step_time_s: float
     num_prefill_tokens: int = 0
+    attended: float = 0.0  # the prefill's attention work (psrl.engine_cost.model.prefill_attention)
 
 
 @dataclass(frozen=True)
@@ -50,14 +54,14 @@ class FitReport:
     def summary(self) -> str:
         m = self.model
         return (
-            f"k1={m.k1:.4g} k2={m.k2:.4g} k3={m.k3:.4g} k4={m.k4:.4g} kp={m.kp:.4g}  "
+            f"k1={m.k1:.4g} k2={m.k2:.4g} k3={m.k3:.4g} k4={m.k4:.4g} kp={m.kp:.4g} ka={m.ka:.4g}  "
             f"samples={self.num_samples} rmse={self.rmse_s * 1e3:.3f} ms mape={self.mean_abs_pct_error * 100:.2f}% "
             f"r2={self.r2:.4f} breakpoint n*={self.breakpoint:.1f}{'' if self.is_kink_observed else ' (extrapolated)'}"
         )
 
 
 def save_samples(samples: Sequence[ProfileSample], path: str | Path) -> None:
-    """Write profiled steps as JSON lines ``[num_running, kv_tokens, step_time_s, num_prefill_tokens]``."""
+    """Write profiled steps as JSON lines ``[num_running, kv_tokens, step_time_s, num_prefill_tokens, attended]``."""
     encoder = msgspec.json.Encoder()
     Path(path).write_bytes(b"".join(encoder.encode(s) + b"\n" for s in samples))
 
@@ -77,7 +81,7 @@ def load_samples(path: str | Path) -> list[ProfileSample]:
 
 
 def fit_cost_model(samples: Sequence[ProfileSample], meta: dict[str, Any] | None = None) -> FitReport:
-    """Fit k1..k4 (and kp when prefill steps were profiled); raises CostModelError on unusable data."""
+    """Fit k1..k4 (and kp, ka when prefill steps were profiled); raises CostModelError on unusable data."""
     decode = [s for s in samples if s.num_prefill_tokens == 0]
     _check(decode)
     n = np.array([s.num_running for s in decode], dtype=float)
@@ -87,8 +91,8 @@ def fit_cost_model(samples: Sequence[ProfileSample], meta: dict[str, Any] | None
     model = CostModel(k1, k3 * breakpoint, k3, k4, meta=dict(meta or {}))
     if model.k2 + model.k4 <= 0:
         raise CostModelError("the fit found steps that take no time; profile steps with real work")
-    kp = _fit_prefill(model, [s for s in samples if s.num_prefill_tokens > 0])
-    model = CostModel(model.k1, model.k2, model.k3, model.k4, kp, model.meta)
+    kp, ka = _fit_prefill(model, [s for s in samples if s.num_prefill_tokens > 0])
+    model = CostModel(model.k1, model.k2, model.k3, model.k4, kp, ka, model.meta)
     predicted = np.array([model.step_time(int(a), b) for a, b in zip(n, kv, strict=True)])
     residual = predicted - y
     total = float(np.sum((y - y.mean()) ** 2))
@@ -165,10 +169,21 @@ def _solve(breakpoint: float, n: np.ndarray, kv: np.ndarray, y: np.ndarray) -> t
     return best
 
 
-def _fit_prefill(model: CostModel, prefill: Sequence[ProfileSample]) -> float:
-    """Seconds per prefilled token, from the residual of steps that also prefilled."""
+def _fit_prefill(model: CostModel, prefill: Sequence[ProfileSample]) -> tuple[float, float]:
+    """(kp, ka) from the residual of steps that prefilled: seconds per prefilled token and per unit of
+    attention work, both >= 0; kp alone (ka 0) where the two cannot be told apart."""
     if not prefill:
-        return 0.0
+        return 0.0, 0.0
     x = np.array([s.num_prefill_tokens for s in prefill], dtype=float)
+    a = np.array([s.attended for s in prefill], dtype=float)
     residual = np.array([s.step_time_s - model.step_time(s.num_running, s.kv_tokens) for s in prefill])
-    return max(0.0, float(np.dot(x, residual) / np.dot(x, x)))
+    per_token = max(0.0, float(np.dot(x, residual) / np.dot(x, x)))
+    features = np.stack([x, a], axis=1)
+    if np.linalg.matrix_rank(features) < 2:
+        return per_token, 0.0
+    kp, ka = np.linalg.lstsq(features, residual, rcond=None)[0]
+    if kp < 0 or ka < 0:  # the non-negative optimum lies on an axis: ka = 0 (kp alone) or kp = 0
+        ka_only = max(0.0, float(np.dot(a, residual) / np.dot(a, a)))
+        alone = float(np.sum((residual - per_token * x) ** 2))
+        return (per_token, 0.0) if alone <= float(np.sum((residual - ka_only * a) ** 2)) else (0.0, ka_only)
+    return float(kp), float(ka)

@@ -11,9 +11,13 @@ seeds' formula with the KV term in tokens (utilisation x capacity), so one fit s
 instances with different KV capacities.
 
 Re-computing a context of ``t`` tokens (a prefill, e.g. after a sync interrupted a request)
-takes ``prefill_time(t)``: ``kp * t + k4`` when the profile measured prefill steps (``kp``
-fitted), otherwise the decode model read as one step over ``t`` tokens,
-``max(k2, k3 * t) + k4``: prefill does per-token work like decode but in one pass.
+takes ``prefill_time(t)``: ``kp * t + ka * A + k4`` when the profile measured prefill steps
+(``kp`` and ``ka`` fitted), otherwise the decode model read as one step over ``t`` tokens,
+``max(k2, k3 * t) + k4``: prefill does per-token work like decode but in one pass. ``A`` counts
+the attention's work: the sum, over the prefilled tokens, of the tokens each attends to (its
+position plus one), ``t (t + 1) / 2`` for a fresh context. It matters where a turn prefills a few
+thousand new tokens after a long cached prefix: for a Qwen2.5-1.5B shape, attending to 15k tokens
+is as many flops per token as all its matrix products, which a per-token ``kp`` cannot say.
 """
 
 from __future__ import annotations
@@ -27,6 +31,17 @@ from typing import Any
 
 SCHEMA = "psrl.cost_model/1"
 _COEFFICIENTS = ("k1", "k2", "k3", "k4")
+_PREFILL = ("kp", "ka")
+
+
+def fresh_attention(num_tokens: float) -> float:
+    """The attention's work of prefilling a context of ``num_tokens`` tokens from its start."""
+    return num_tokens * (num_tokens + 1) / 2
+
+
+def prefill_attention(num_new: float, num_before: float) -> float:
+    """The attention's work of prefilling ``num_new`` tokens after ``num_before`` already in the KV cache."""
+    return num_new * (num_before + (num_new + 1) / 2)
 
 
 class CostModelError(ValueError):
@@ -40,6 +55,7 @@ class CostModel:
     k3: float
     k4: float
     kp: float = 0.0  # seconds per prefill token; 0 = not profiled
+    ka: float = 0.0  # seconds per (prefilled token x token it attends to); 0 = not profiled
     meta: dict[str, Any] = field(default_factory=dict)
 
     def step_time(self, num_running: int, kv_tokens: float) -> float:
@@ -67,16 +83,19 @@ class CostModel:
             gains.append(after - before)
         return gains
 
-    def prefill_time(self, num_tokens: float) -> float:
-        """Seconds to (re)compute the KV of ``num_tokens`` context tokens."""
+    def prefill_time(self, num_tokens: float, attended: float | None = None) -> float:
+        """Seconds to (re)compute the KV of ``num_tokens`` tokens in one pass; ``attended``: the attention's
+        work (see the module's docstring), by default that of a fresh context of ``num_tokens`` tokens."""
         if num_tokens <= 0:
             return 0.0
         if self.kp > 0:
-            return self.kp * num_tokens + self.k4
+            pairs = fresh_attention(num_tokens) if attended is None else attended
+            return self.kp * num_tokens + self.ka * pairs + self.k4
         return max(self.k2, self.k3 * num_tokens) + self.k4
 
     def to_json(self) -> str:
-        data = {"schema": SCHEMA, **{k: getattr(self, k) for k in _COEFFICIENTS}, "kp": self.kp, "meta": self.meta}
+        prefill = {"kp": self.kp, "ka": self.ka}
+        data = {"schema": SCHEMA, **{k: getattr(self, k) for k in _COEFFICIENTS}, **prefill, "meta": self.meta}
         return json.dumps(data, indent=2, sort_keys=True)
 
     def save(self, path: str | Path) -> None:
@@ -94,7 +113,7 @@ class CostModel:
             raise CostModelError(f"cost model {source} is not readable JSON: {exc}") from exc
         if not isinstance(data, dict) or data.get("schema") != SCHEMA:
             raise CostModelError(f"cost model {source} is not a '{SCHEMA}' document")
-        values = {key: _coefficient(data, key, source) for key in (*_COEFFICIENTS, "kp")}
+        values = {key: _coefficient(data, key, source) for key in (*_COEFFICIENTS, *_PREFILL)}
         if values["k2"] + values["k4"] <= 0:
             raise CostModelError(f"cost model {source}: k2 + k4 must be > 0 (a step cannot take no time)")
         meta = data.get("meta", {})
@@ -106,7 +125,7 @@ class CostModel:
 
 
 def _coefficient(data: dict[str, Any], key: str, source: str) -> float:
-    value = data.get(key, 0.0 if key == "kp" else None)
+    value = data.get(key, 0.0 if key in _PREFILL else None)  # files written before prefill was profiled
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
         raise CostModelError(f"cost model {source}: coefficient {key} must be a finite number >= 0")
     return float(value)

@@ -11,7 +11,8 @@ when preempted requests are handed back to the router (``psrl.routing.preemption
 
 Cost: a decode step with ``n`` running requests over ``K`` resident KV tokens takes
 ``cost.step_time(n, K)`` and adds ``n`` tokens to ``K``; a prefill of ``t`` tokens takes
-``cost.prefill_time`` per chunk. Between two changes of the batch the steps are therefore an
+``cost.prefill_time`` per chunk plus its attention over each request's context (a turn's new
+tokens attend to the cached prefix as well: ``cost.ka``). Between two changes of the batch the steps are therefore an
 arithmetic series, and the time of the ``m``-th step after an anchor is known in closed form:
 the model never walks through steps one by one. It only wakes at a *boundary*: when a request
 finishes, when the KV cache would overflow, when a prefill or a weight pull ends, or at the end
@@ -35,7 +36,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Protocol
 
-from psrl.engine_cost.model import CostModel
+from psrl.engine_cost.model import CostModel, prefill_attention
 from psrl.routing.budget import budget_request_tokens
 from psrl.routing.instance import InstanceSnapshot
 from psrl.routing.preemption import preempted_to_loop_back
@@ -441,12 +442,15 @@ class ModelledEngine:
             self._schedule(now + self._pending_sync[1])
             return
         if self._admit():
+            if self.prefix_cache is not None:
+                self._fit_cache()  # the admitted contexts take their blocks from the cached ones first
             tokens = sum(seq.context - seq.cached for seq in self._prefilling)
             self.counters.num_prefill_tokens += tokens
             self.counters.num_prefix_hit_tokens += sum(seq.cached for seq in self._prefilling)
             self.phase = Phase.PREFILL
             loaded = sum(seq.loaded for seq in self._prefilling)
-            self._schedule(now + self._prefill_time(tokens) + loaded * self.shape.tier_copy_s_per_token)
+            attended = sum(prefill_attention(seq.context - seq.cached, seq.cached) for seq in self._prefilling)
+            self._schedule(now + self._prefill_time(tokens, attended) + loaded * self.shape.tier_copy_s_per_token)
             return
         if self._running:
             self._plan_decode(now)
@@ -474,10 +478,12 @@ class ModelledEngine:
         resident = self._kv + sum(seq.context for seq in self._prefilling)
         self.prefix_cache.fit(self.shape.kv_capacity_tokens - resident)
 
-    def _prefill_time(self, tokens: int) -> float:
+    def _prefill_time(self, tokens: int, attended: float) -> float:
+        """Chunks of the token budget, each a step; the attention's work is the same however it is chunked."""
         budget = self.shape.max_num_batched_tokens
         full, rest = divmod(tokens, budget)
-        return full * self.cost.prefill_time(budget) + self.cost.prefill_time(rest)
+        steps = full * self.cost.prefill_time(budget, 0.0) + self.cost.prefill_time(rest, 0.0)
+        return steps + self.cost.ka * attended
 
     def _plan_decode(self, now: float) -> None:
         self._preempt_to_fit()

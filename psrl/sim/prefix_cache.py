@@ -5,13 +5,16 @@ real engine finds the previous turn's keys/values in its prefix cache (whole blo
 the last sampled one, ``psrl.engine.block_manager``) if the session comes back to the same instance
 before those blocks are reused. Here each request id that left the engine (its turn finished, or it
 was preempted) keeps ``cached`` tokens, counted in whole blocks; the entries live in the KV room the
-running requests leave free and go least recently used first when that room shrinks. A weight load
-empties the cache (blocks of other weights are never reused: psrl.engine's invalidation rule).
+running requests leave free. When that room shrinks, blocks go as the block manager gives them up:
+the least recently freed first, and a request frees its blocks last one first, so the oldest entry
+loses its tail block by block and keeps the head it still has (its next turn reuses that head and
+prefills the rest). A weight load empties the cache (blocks of other weights are never reused:
+psrl.engine's invalidation rule).
 
-With an offload tier (``tier_tokens`` > 0, ``psrl.lmcache``) an entry pushed out of the KV room goes
-to the tier instead of away (least recently used out when the tier is full), and a request that finds
-its entry there reuses it as well: loading blocks back costs a copy, which is modelled as free (on an
-H100 a 1.5B model's block loads in about a seventeenth of its prefill).
+With an offload tier (``tier_tokens`` > 0, ``psrl.lmcache``) the blocks given up go to the tier
+instead of away, so an entry is a head on the device and the rest of its context in the tier; a
+request reuses both (the tier's part is loaded back, at the cost of a copy that the engine model
+charges). A full tier gives up its oldest blocks first, the tail of its least recently stored entry.
 
 Only a session's own earlier context is modelled: prompts shared between requests of one group are
 not (their prefill is charged in full).
@@ -26,8 +29,9 @@ class PrefixCacheModel:
     def __init__(self, block_size: int, tier_tokens: int = 0) -> None:
         self.block_size = block_size
         self.tier_tokens = tier_tokens
-        self._cached: OrderedDict[int, int] = OrderedDict()  # request id -> cached tokens, least recent first
-        self._tier: OrderedDict[int, int] = OrderedDict()  # the same, for entries in the offload tier
+        self._cached: OrderedDict[int, int] = OrderedDict()  # request id -> head tokens on the device, oldest first
+        # request id -> (first token, tokens) of the part in the tier, which continues the device's head
+        self._tier: OrderedDict[int, tuple[int, int]] = OrderedDict()
         self.num_cached_tokens = 0
         self.num_tier_tokens = 0
         self.num_hit_tokens = 0
@@ -35,16 +39,16 @@ class PrefixCacheModel:
 
     def admit(self, request_id: int, context: int) -> int:
         """Tokens of ``context`` the request finds cached (whole blocks, never its last token), on the
-        device or in the tier; its entry goes to the request (its blocks are in use again)."""
-        cached = self._cached.pop(request_id, 0)
-        self.num_cached_tokens -= cached
-        tiered = self._tier.pop(request_id, 0)
+        device and then in the tier; its entry goes to the request (its blocks are in use again)."""
+        head = self._cached.pop(request_id, 0)
+        self.num_cached_tokens -= head
+        start, tiered = self._tier.pop(request_id, (0, 0))
         self.num_tier_tokens -= tiered
+        reach = start + tiered if tiered and start <= head else head
         usable = (context - 1) // self.block_size * self.block_size
-        hit = min(max(cached, tiered), usable)
+        hit = min(reach, usable)
         self.num_hit_tokens += hit
-        if tiered > cached:
-            self.num_tier_hit_tokens += hit
+        self.num_tier_hit_tokens += max(0, hit - head)
         return hit
 
     def keep(self, request_id: int, context: int) -> None:
@@ -54,12 +58,18 @@ class PrefixCacheModel:
         self._cached[request_id] = tokens
 
     def fit(self, room: int) -> None:
-        """Evict least recently used entries until the cache fits in ``room`` free KV tokens (into the
-        tier, when there is one)."""
-        while self.num_cached_tokens > max(0, room) and self._cached:
-            request_id, tokens = self._cached.popitem(last=False)
-            self.num_cached_tokens -= tokens
-            self._offload(request_id, tokens)
+        """Give up blocks until the cache fits in ``room`` free KV tokens: the oldest entry's tail first
+        (into the tier, when there is one)."""
+        room = max(0, room)
+        while self.num_cached_tokens > room and self._cached:
+            request_id, head = next(iter(self._cached.items()))
+            dropped = min(head, self._blocks_of(self.num_cached_tokens - room))
+            self.num_cached_tokens -= dropped
+            if dropped < head:
+                self._cached[request_id] = head - dropped  # keeps its place: still the oldest
+            else:
+                del self._cached[request_id]
+            self._offload(request_id, head - dropped, dropped)
 
     def clear(self) -> None:
         """A weight load: no entry is reused under other weights, on the device or in the tier."""
@@ -67,11 +77,28 @@ class PrefixCacheModel:
         self._tier.clear()
         self.num_cached_tokens = self.num_tier_tokens = 0
 
-    def _offload(self, request_id: int, tokens: int) -> None:
-        if tokens > self.tier_tokens:
+    def _blocks_of(self, tokens: int) -> int:
+        return -(-tokens // self.block_size) * self.block_size
+
+    def _offload(self, request_id: int, start: int, tokens: int) -> None:
+        """Tokens ``start`` to ``start + tokens`` of a request's context go to the tier, joining the part of
+        it already there (which they come before)."""
+        if self.tier_tokens <= 0:
             return
-        self.num_tier_tokens += tokens - self._tier.pop(request_id, 0)
-        self._tier[request_id] = tokens
-        while self.num_tier_tokens > self.tier_tokens:
-            _, dropped = self._tier.popitem(last=False)
+        old_start, old_tokens = self._tier.pop(request_id, (0, 0))
+        self.num_tier_tokens -= old_tokens
+        if old_tokens and old_start == start + tokens:
+            tokens += old_tokens
+        self.num_tier_tokens += tokens
+        self._tier[request_id] = (start, tokens)  # the newest in the tier
+        self._trim_tier()
+
+    def _trim_tier(self) -> None:
+        while self.num_tier_tokens > self.tier_tokens and self._tier:
+            request_id, (start, tokens) = next(iter(self._tier.items()))
+            dropped = min(tokens, self._blocks_of(self.num_tier_tokens - self.tier_tokens))
             self.num_tier_tokens -= dropped
+            if dropped < tokens:
+                self._tier[request_id] = (start, tokens - dropped)
+            else:
+                del self._tier[request_id]

@@ -7,8 +7,8 @@ walked ``num_repeats`` times, so a burst of load from another process hits diffe
 different passes. A point's sample is the lower quartile of its pooled step times at their mean
 KV token count: other processes only ever add time to a step, so the low quantile is the
 engine's own cost, while the quartile (rather than the minimum) ignores lucky outliers. Prefill
-steps are recorded too, as samples with ``num_prefill_tokens``, so the fit can estimate the
-per-token prefill cost.
+steps are recorded too, as samples with ``num_prefill_tokens`` and the work of their attention,
+so the fit can estimate the prefill's cost per token and per token of context attended to.
 
 KV usage is set per point as a fraction of the engine's KV capacity: ``c = fraction x capacity
 / n``, clipped to what the context limit allows; points that collapse onto the same context are
@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 from psrl.engine import Engine, SamplingParams
 from psrl.engine_cost.fit import ProfileSample
+from psrl.engine_cost.model import prefill_attention
 
 Clock = Callable[[], float]
 
@@ -182,13 +183,21 @@ def _measure(
 
 
 def _prefill(engine: Engine, num_requests: int, clock: Clock) -> list[ProfileSample]:
-    """Step until every request has its first token; each step is a prefill sample."""
+    """Step until every request has its first token; each step is a prefill sample, with the work of its
+    attention (each sequence's new tokens over what it had computed before the step)."""
     samples = []
     while True:
+        seqs = [*engine.scheduler.running, *engine.scheduler.waiting]
+        before = [seq.num_computed_tokens for seq in seqs]
         started = clock()
         out = engine.step()
         elapsed = clock() - started
-        samples.append(ProfileSample(0, 0.0, elapsed, out.num_computed_tokens))
+        attended = sum(
+            prefill_attention(seq.num_computed_tokens - done, done)
+            for seq, done in zip(seqs, before, strict=True)
+            if seq.num_computed_tokens > done
+        )
+        samples.append(ProfileSample(0, 0.0, elapsed, out.num_computed_tokens, attended))
         if engine.status().num_waiting == 0 and not any(seq.is_prefilling for seq in engine.scheduler.running):
             return samples
         if out.num_computed_tokens == 0:

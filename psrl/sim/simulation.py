@@ -51,9 +51,8 @@ def slowed(cost: CostModel, factor: float) -> CostModel:
     """The cost model with every step and prefill taking ``factor`` times as long."""
     if factor == 1.0:
         return cost
-    return CostModel(
-        cost.k1 * factor, cost.k2 * factor, cost.k3 * factor, cost.k4 * factor, cost.kp * factor, dict(cost.meta)
-    )
+    k1, k2, k3, k4, kp, ka = (value * factor for value in (cost.k1, cost.k2, cost.k3, cost.k4, cost.kp, cost.ka))
+    return CostModel(k1, k2, k3, k4, kp, ka, dict(cost.meta))
 
 
 def simulated_config(config: Config, num_instances: int, total_steps: int) -> Config:

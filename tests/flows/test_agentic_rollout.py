@@ -33,6 +33,11 @@ def test_an_agentic_rollout_finishes_sessions_and_its_log_replays_in_full(tmp_pa
     assert outcome.turns > 0 and outcome.sessions > 0 and outcome.failed_sessions == 0
     assert outcome.hit_tokens > 0 and 0 < outcome.reuse_of_perfect <= 1.0
     assert all(not e.has_unfinished_requests() for e in engines)  # emptied for the next setting
+    # the step trace accounts for the engines' work: every prefilled token that was not a prefix-cache hit
+    prefilled = sum(step.prefill_tokens for step in outcome.steps)
+    assert prefilled == outcome.queried_tokens - outcome.hit_tokens
+    assert sum(step.decode_tokens for step in outcome.steps) > 0 and all(s.seconds > 0 for s in outcome.steps)
+    assert all(s.attended >= s.prefill_tokens for s in outcome.steps)  # each new token attends to itself at least
     report = replay_run(tmp_path / "log", ["all"])
     checked = {c.name: c.agreement for c in report.checkers}
     assert checked["routing"].num_decisions > 0 and checked["sessions"].num_decisions > 0

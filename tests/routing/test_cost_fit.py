@@ -8,7 +8,7 @@ import random
 import pytest
 
 from psrl.engine_cost.fit import ProfileSample, fit_cost_model, load_samples, save_samples
-from psrl.engine_cost.model import CostModel, CostModelError, load_cost_model
+from psrl.engine_cost.model import CostModel, CostModelError, load_cost_model, prefill_attention
 
 TRUE = CostModel(3.35e-8, 0.0064, 1.231e-4, 0.0028, kp=2.0e-5)  # kink at n* = 52
 
@@ -57,6 +57,31 @@ def test_prefill_cost_is_fitted_from_prefill_steps() -> None:
     assert unprofiled.prefill_time(1000) == pytest.approx(max(model.k2, model.k3 * 1000) + model.k4)
 
 
+def _chunked_prefills(model: CostModel, contexts: list[int], chunk: int = 2048) -> list[ProfileSample]:
+    """Fresh prefills of each context in chunks, one step each, as a profile records them."""
+    samples = []
+    for context in contexts:
+        for start in range(0, context, chunk):
+            new = min(chunk, context - start)
+            attended = prefill_attention(new, start)
+            seconds = model.step_time(0, 0.0) + model.kp * new + model.ka * attended
+            samples.append(ProfileSample(0, 0.0, seconds, new, attended))
+    return samples
+
+
+def test_the_attention_cost_of_prefill_is_told_apart_from_the_per_token_cost() -> None:
+    true = CostModel(TRUE.k1, TRUE.k2, TRUE.k3, TRUE.k4, kp=8.0e-6, ka=4.0e-10)
+    samples = profile(true, [1, 16, 64, 128], noise=0.0) + _chunked_prefills(true, [500, 2048, 8000, 30_000])
+    model = fit_cost_model(samples).model
+    assert model.kp == pytest.approx(true.kp, rel=1e-3) and model.ka == pytest.approx(true.ka, rel=1e-3)
+    # 1,000 new tokens after a 15,000-token cached prefix cost more than a fresh 1,000-token prompt
+    after_prefix = model.prefill_time(1000, prefill_attention(1000, 15_000))
+    assert after_prefix == pytest.approx(true.kp * 1000 + true.ka * 1000 * (15_000 + 500.5) + true.k4, rel=1e-3)
+    assert after_prefix - model.k4 > 1.5 * (model.prefill_time(1000) - model.k4)
+    flat = fit_cost_model(profile(TRUE, [1, 16, 64, 128], noise=0.0) + _chunked_prefills(TRUE, [500, 8000])).model
+    assert flat.ka == pytest.approx(0.0, abs=1e-15) and flat.kp == pytest.approx(TRUE.kp, rel=1e-3)
+
+
 @pytest.mark.parametrize(
     ("samples", "message"),
     [
@@ -81,8 +106,10 @@ def test_json_round_trip_and_validation(tmp_path) -> None:
     bad["kp"] = -1.0
     with pytest.raises(CostModelError, match="kp"):
         CostModel.from_json(json.dumps(bad))
-    legacy = {k: v for k, v in json.loads(model.to_json()).items() if k != "kp"}  # files without kp
-    assert CostModel.from_json(json.dumps(legacy)).kp == 0.0
+    legacy = {k: v for k, v in json.loads(model.to_json()).items() if k not in ("kp", "ka")}  # files without them
+    assert (CostModel.from_json(json.dumps(legacy)).kp, CostModel.from_json(json.dumps(legacy)).ka) == (0.0, 0.0)
+    with_attention = CostModel(model.k1, model.k2, model.k3, model.k4, kp=1e-5, ka=3e-10)
+    assert CostModel.from_json(with_attention.to_json()) == with_attention
     with pytest.raises(CostModelError, match="does not exist"):
         load_cost_model(tmp_path / "missing.json")
 
@@ -93,13 +120,15 @@ def test_marginal_gains_match_the_scalar_formula() -> None:
 
 
 def test_profiled_steps_round_trip_through_json_lines(tmp_path) -> None:
-    samples = [*profile(TRUE, [1, 16]), ProfileSample(4, 100.0, 0.02, 512)]
+    samples = [*profile(TRUE, [1, 16]), ProfileSample(4, 100.0, 0.02, 512, 131_328.0)]
     path = tmp_path / "steps.jsonl"
     save_samples(samples, path)
     assert load_samples(path) == samples
     path.write_text(path.read_text() + '["four", 1, 1]\n')
     with pytest.raises(CostModelError, match=r"steps.jsonl:10"):
         load_samples(path)
+    path.write_text("[4, 100.0, 0.02, 512]\n")  # written before the attention was recorded
+    assert load_samples(path) == [ProfileSample(4, 100.0, 0.02, 512, 0.0)]
 
 
 def test_steps_proportional_to_the_batch_fit_without_claiming_an_empty_step_is_free() -> None:

@@ -1,40 +1,58 @@
 """The modelled prefix cache: a session's next turn on the same engine prefills only what is new; the
-cache lives in free KV room, least recently used out first, and a weight load empties it."""
+cache lives in free KV room, giving up the least recently freed blocks first, and a weight load empties it."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 
-from psrl.sim.engine_model import EngineRequest, EngineShape
+import pytest
+
+from psrl.engine_cost.model import CostModel, prefill_attention
+from psrl.sim.engine_model import EngineRequest, EngineShape, ModelledEngine
+from psrl.sim.events import EventQueue
 from psrl.sim.prefix_cache import PrefixCacheModel
-from tests.sim.test_engine_model import BIG, COST, make_engine, prefill_time, run
+from tests.sim.test_engine_model import BIG, COST, Sink, make_engine, prefill_time, run
 
 CACHED = replace(BIG, session_prefix_cache=True)
 
 
-def test_the_cache_keeps_whole_blocks_but_the_last_token_and_evicts_the_least_recent_first() -> None:
+def test_the_cache_keeps_whole_blocks_but_the_last_token_and_gives_up_the_oldest_tail_first() -> None:
     cache = PrefixCacheModel(block_size=16)
     cache.keep(1, 100)  # 99 computed tokens: 6 whole blocks
     cache.keep(2, 50)
     assert cache.num_cached_tokens == 96 + 48
-    cache.fit(100)  # room for one of them: the older goes
-    assert cache.admit(1, 150) == 0 and cache.admit(2, 40) == 32  # a shorter context: never its last token
-    assert cache.num_cached_tokens == 0 and cache.num_hit_tokens == 32
+    cache.fit(100)  # 44 tokens too many: the older entry gives up its last 3 blocks and keeps its head
+    assert cache.num_cached_tokens == 48 + 48
+    assert cache.admit(1, 150) == 48 and cache.admit(2, 40) == 32  # a shorter context: never its last token
+    assert cache.num_cached_tokens == 0 and cache.num_hit_tokens == 80
+    cache.keep(3, 100)
+    cache.keep(4, 100)
+    cache.fit(90)  # more than an entry: the oldest goes whole, the next loses its tail
+    assert cache.admit(3, 100) == 0 and cache.admit(4, 100) == 80
 
 
-def test_entries_pushed_out_go_to_the_tier_and_are_reused_from_there() -> None:
+def test_blocks_given_up_go_to_the_tier_and_are_reused_after_the_head_left_on_the_device() -> None:
+    cache = PrefixCacheModel(block_size=16, tier_tokens=100)
+    cache.keep(1, 100)  # 96 tokens
+    cache.fit(50)  # its last 48 tokens to the tier, its first 48 stay
+    assert (cache.num_cached_tokens, cache.num_tier_tokens) == (48, 48)
+    assert cache.admit(1, 150) == 96 and cache.num_tier_hit_tokens == 48  # the head, then the tier's part
+
+
+def test_a_full_tier_gives_up_the_tail_of_its_oldest_entry_first() -> None:
     cache = PrefixCacheModel(block_size=16, tier_tokens=100)
     cache.keep(1, 100)  # 96 tokens
     cache.keep(2, 50)  # 48 tokens
-    cache.fit(50)  # entry 1 goes to the tier (it holds 100 tokens)
+    cache.fit(50)  # entry 1 goes to the tier whole
     assert (cache.num_cached_tokens, cache.num_tier_tokens) == (48, 96)
     cache.keep(3, 70)  # 64 tokens
-    cache.fit(0)  # 2 and 3 go too: the tier's least recent leave first, 1 then 2
-    assert cache.num_tier_tokens == 64 and cache.admit(1, 150) == 0 and cache.admit(2, 60) == 0
-    assert cache.admit(3, 80) == 64 and cache.num_tier_hit_tokens == 64
-    cache.keep(4, 2000)  # bigger than the whole tier: pushed out, it is gone
+    cache.fit(0)  # 2 and 3 go too: the tier keeps 100 tokens, giving up 1 whole and 2's tail
+    assert cache.num_tier_tokens == 96
+    assert cache.admit(1, 150) == 0 and cache.admit(2, 60) == 32 and cache.admit(3, 80) == 64
+    assert cache.num_tier_hit_tokens == 96
+    cache.keep(4, 2000)  # bigger than the whole tier: what the tier keeps is its head
     cache.fit(0)
-    assert cache.admit(4, 2000) == 0
+    assert cache.admit(4, 2000) == 96
 
 
 def _turns(shape: EngineShape, *, sync_between: bool = False) -> tuple[list[int], float]:
@@ -64,6 +82,23 @@ def test_the_cached_turn_takes_less_time_by_the_prefill_it_saves() -> None:
     budget = BIG.max_num_batched_tokens
     saved = prefill_time(1210, budget) - prefill_time(1210 - 1008, budget)
     assert abs((plain_s - cached_s) - saved) < 1e-9 and COST.kp > 0
+
+
+def test_a_turns_new_tokens_also_pay_for_attending_to_the_cached_prefix() -> None:
+    with_attention = replace(COST, ka=2e-9)
+
+    def second_turn_s(cost: CostModel) -> float:
+        clock = EventQueue()
+        engine = ModelledEngine("i0", cost, CACHED, clock, Sink(), version=3)
+        engine.add(0.0, EngineRequest(7, 1000, 0, 10, 0))
+        run(clock)
+        started = clock.now
+        engine.add(clock.now, EngineRequest(7, 1210, 0, 5, 1))
+        run(clock)
+        return clock.now - started
+
+    extra = second_turn_s(with_attention) - second_turn_s(COST)
+    assert extra == pytest.approx(with_attention.ka * prefill_attention(1210 - 1008, 1008), rel=1e-9)
 
 
 def test_a_weight_load_empties_the_modelled_cache() -> None:
