@@ -524,16 +524,16 @@ def main() -> None:
     if args.log_dir is not None and not check_replay(args.log_dir, list(outcomes)):
         print("replay: some recorded decisions disagree (see above)")
     if args.json is not None:
-        write_json(args.json, scale, measured, outcomes, args.cost)
+        write_json(args.json, scale, measured, outcomes, args)
     sim_error = predict(scale, args, model, outcomes) if args.cost is not None else None
     report(outcomes, measured, tier_note, "dry-run" if args.dry_run_cpu else args.scale, sim_error)
 
 
 def write_json(
-    path: Path, scale: Scale, measured: Probe, outcomes: dict[str, AgentOutcome], cost: CostModel | None
+    path: Path, scale: Scale, measured: Probe, outcomes: dict[str, AgentOutcome], args: argparse.Namespace
 ) -> None:
-    """The workload, the probe, the profiled cost model (with ``--predict``) and each setting's figures (what
-    a simulator calibration compares with)."""
+    """The workload, the probe, the profiled cost model (with ``--predict``), the tier's room and copy cost,
+    and each setting's figures and engine steps (what a simulator calibration compares with)."""
     figures = {
         name: {
             "turns_per_s": o.turns_per_s,
@@ -553,8 +553,10 @@ def write_json(
         }
         for name, o in outcomes.items()
     }
-    document = {"scale": asdict(scale), "probe": asdict(measured), "settings": figures,
-                "cost_model": None if cost is None else cost.as_dict()}  # fmt: skip
+    cost = args.cost.as_dict() if args.cost is not None else None
+    tier = {"tokens": args.tier_tokens, "copy_s_per_token": args.tier_copy_s}
+    document = {"scale": asdict(scale), "probe": asdict(measured), "settings": figures, "cost_model": cost,
+                "tier": tier}  # fmt: skip
     path.write_text(json.dumps(document, indent=1))
 
 
