@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 
@@ -30,13 +30,13 @@ from psrl.config import Config
 from psrl.config.loader import to_yaml
 from psrl.engine import Engine
 from psrl.engine.outputs import StepOutput
-from psrl.engine_cost.model import prefill_attention
 from psrl.flows.driver import MemoryWeights
 from psrl.flows.effects import Effect, Publish, Send
 from psrl.flows.instance import InstanceFlow
 from psrl.flows.local import LocalBus
 from psrl.flows.router import RouterFlow
 from psrl.sim.agent_workload import AgentSessions, AgentSource, AgentWorkload, SyntheticTools
+from psrl.sim.step_trace import StepRecord, step_record
 
 IDLE_SLEEP_S = 0.001  # a round with no engine work waits this long for the tools (no busy spin)
 
@@ -127,34 +127,6 @@ class EventLog:
 
     def close(self) -> None:
         self.writer.close()
-
-
-class StepRecord(NamedTuple):
-    """One engine step as the cost model sees it (``psrl.engine_cost``): what the simulator is checked on."""
-
-    seconds: float
-    num_decoding: int  # sequences that decoded (a decode round: each up to its round's steps)
-    decode_tokens: int
-    kv_tokens: int  # the decoding sequences' context before the step
-    prefill_tokens: int  # computed this step (prefix-cache hits excluded)
-    attended: float  # the prefill's attention work (psrl.engine_cost.model.prefill_attention)
-
-
-def step_record(seqs: Sequence[Any], before: Sequence[tuple[int, bool, bool]], seconds: float) -> StepRecord:
-    """What a step computed, from each sequence's (computed tokens, prefilling, waiting) before it."""
-    decoding = decoded = kv = prefilled = 0
-    attended = 0.0
-    for seq, (computed, prefilling, waiting) in zip(seqs, before, strict=True):
-        start = seq.num_cached_tokens if waiting else computed  # admitted this step: its cache hit is not work
-        new = seq.num_computed_tokens - start
-        if new <= 0:
-            continue
-        if prefilling or waiting:
-            prefilled += new
-            attended += prefill_attention(new, start)
-        else:
-            decoding, decoded, kv = decoding + 1, decoded + new, kv + computed
-    return StepRecord(seconds, decoding, decoded, kv, prefilled, attended)
 
 
 class WatchedEngine:

@@ -66,7 +66,8 @@ from psrl.engine_cost.model import CostModel
 from psrl.sim.agent_workload import AgentWorkload
 from psrl.sim.agentic import AgentSimulation
 from psrl.sim.profiling import ProfileGrid, profile_engine
-from tools.agentic_rollout import AgentOutcome, AgentRollout, StepRecord
+from psrl.sim.step_trace import StepRecord
+from tools.agentic_rollout import AgentOutcome, AgentRollout
 
 RC = "psrl.rollout_coordination."
 GOAL = 1.5  # the profile's goal against request_num_balance, in turns/s

@@ -176,7 +176,9 @@ def _fit_prefill(model: CostModel, prefill: Sequence[ProfileSample]) -> tuple[fl
         return 0.0, 0.0
     x = np.array([s.num_prefill_tokens for s in prefill], dtype=float)
     a = np.array([s.attended for s in prefill], dtype=float)
-    residual = np.array([s.step_time_s - model.step_time(s.num_running, s.kv_tokens) for s in prefill])
+    # a step that only prefilled pays the fixed k4 (as prefill_time charges it); one that also decoded, its decode
+    residual = np.array([s.step_time_s - (model.step_time(s.num_running, s.kv_tokens) if s.num_running else model.k4)
+                         for s in prefill])  # fmt: skip
     per_token = max(0.0, float(np.dot(x, residual) / np.dot(x, x)))
     features = np.stack([x, a], axis=1)
     if np.linalg.matrix_rank(features) < 2:

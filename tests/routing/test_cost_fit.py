@@ -64,8 +64,7 @@ def _chunked_prefills(model: CostModel, contexts: list[int], chunk: int = 2048) 
         for start in range(0, context, chunk):
             new = min(chunk, context - start)
             attended = prefill_attention(new, start)
-            seconds = model.step_time(0, 0.0) + model.kp * new + model.ka * attended
-            samples.append(ProfileSample(0, 0.0, seconds, new, attended))
+            samples.append(ProfileSample(0, 0.0, model.prefill_time(new, attended), new, attended))
     return samples
 
 
