@@ -35,8 +35,9 @@ workload, the probe and every figure.
 The last line is ``RESULT agentic_speedup_vs_balance=<(c)/(a) turns/s> reuse_of_perfect=<(c)>
 tier_speedup=<(d)/(c)> sticky_speedup_vs_balance=<(b)/(a)>
 ttft_p99_ratio=<(c)/(a)>``, with ``sim_max_error=<largest |predicted / measured - 1| of (a)-(c)>`` under
-``--predict`` (the engine profiled after the windows, the same workload on the simulator's modelled
-engines, psrl.sim.agentic).
+``--predict`` (the same workload on the simulator's modelled engines, psrl.sim.agentic, with the cost
+model of the engine profiled after the windows) and ``sim_max_error_run`` (the same with the cost model
+fitted on the run's own engine steps, psrl.sim.step_trace: the simulator calibrated on the run).
 """
 
 from __future__ import annotations
@@ -62,11 +63,11 @@ from psrl.config import Config, load_config
 from psrl.engine import Engine, EngineArgs, SamplingParams
 from psrl.engine.decode_rounds import round_buckets
 from psrl.engine_cost.fit import fit_cost_model
-from psrl.engine_cost.model import CostModel
+from psrl.engine_cost.model import CostModel, CostModelError
 from psrl.sim.agent_workload import AgentWorkload
 from psrl.sim.agentic import AgentSimulation
 from psrl.sim.profiling import ProfileGrid, profile_engine
-from psrl.sim.step_trace import StepRecord
+from psrl.sim.step_trace import StepRecord, trace_samples
 from tools.agentic_rollout import AgentOutcome, AgentRollout
 
 RC = "psrl.rollout_coordination."
@@ -374,9 +375,25 @@ def tier_copy_cost(engine: Engine, reps: int = 3) -> float:
     return best / (len(rows) * engine.args.block_size)
 
 
-def predict(scale: Scale, args: argparse.Namespace, model: Path, outcomes: dict[str, AgentOutcome]) -> float:
-    """The simulator's turns/s for (a)-(d) on the profiled cost model next to the measured ones; the
-    largest relative error of (a)-(c)."""
+def predict(
+    scale: Scale, args: argparse.Namespace, model: Path, outcomes: dict[str, AgentOutcome]
+) -> tuple[float, float | None]:
+    """The simulator's turns/s for (a)-(d) next to the measured ones, on two cost models: the engine's profile
+    (fitted on a grid after the windows) and the run's own engine steps (every setting's); the largest
+    relative error of (a)-(c) of each (None where the steps fit no model)."""
+    profiled = _predict_on("profile", args.cost, scale, args, model, outcomes)
+    try:
+        fitted = fit_cost_model(trace_samples(step for o in outcomes.values() for step in o.steps))
+    except CostModelError as exc:
+        print(f"--predict: the run's steps fit no cost model ({exc})")
+        return profiled, None
+    print(f"cost model of the run's engine steps ({fitted.num_samples} decode samples): {fitted.summary()}")
+    return profiled, _predict_on("run", fitted.model, scale, args, model, outcomes)
+
+
+def _predict_on(
+    label: str, cost: CostModel, scale: Scale, args: argparse.Namespace, model: Path, outcomes: dict[str, AgentOutcome]
+) -> float:
     worst = 0.0
     for name in (n for n in SETTINGS if n in outcomes):
         config = setting_config(scale, name, args, model)
@@ -384,16 +401,17 @@ def predict(scale: Scale, args: argparse.Namespace, model: Path, outcomes: dict[
         sharing = config.topology.n_rollout_instances
         tier = args.tier_tokens if name == "tier" else 0
         copy_s = args.tier_copy_s if name == "tier" else 0.0
-        simulation = AgentSimulation(config, scale.workload, args.cost, engines_per_device=sharing, tier_tokens=tier,
+        simulation = AgentSimulation(config, scale.workload, cost, engines_per_device=sharing, tier_tokens=tier,
                                      tier_copy_s_per_token=copy_s)  # fmt: skip
         predicted = simulation.run(scale.budget_s)
         measured = outcomes[name].turns_per_s
         error = predicted.turns_per_s / measured - 1
         if name != "tier":
             worst = max(worst, abs(error))
-        print(f"sim {name:8} {predicted.turns_per_s:8.2f} turns/s predicted, {measured:.2f} measured ({error:+.0%}); "
-              f"reused {predicted.hit_tokens / max(predicted.hit_tokens + predicted.prefill_tokens, 1):.2f} of "
-              f"its context tokens, {predicted.preemptions} preemptions, {predicted.hung_s:.0f} hung s, "
+        reused = predicted.hit_tokens / max(predicted.hit_tokens + predicted.prefill_tokens, 1)
+        print(f"sim ({label}) {name:8} {predicted.turns_per_s:8.2f} turns/s predicted, {measured:.2f} measured "
+              f"({error:+.0%}); reused {reused:.2f} "
+              f"of its context tokens, {predicted.preemptions} preemptions, {predicted.hung_s:.0f} hung s, "
               f"{predicted.held_turns} held turns (p99 wait {predicted.held_p99_s:.2f} s)")  # fmt: skip
     return worst
 
@@ -418,7 +436,11 @@ def tier_store(choice: str) -> str:
 
 
 def report(
-    outcomes: dict[str, AgentOutcome], measured: Probe, tier_note: str, scale_name: str, sim_error: float | None
+    outcomes: dict[str, AgentOutcome],
+    measured: Probe,
+    tier_note: str,
+    scale_name: str,
+    sim_errors: tuple[float, float | None] | None,
 ) -> None:
     print(f"probe: a {measured.context}-token context prefills in {measured.prefill_s * 1000:.1f} ms = "
           f"{measured.prefill_in_steps:.1f} decode steps of a batch of {measured.batch} "
@@ -461,7 +483,8 @@ def report(
         f"tier_speedup={ratio(d and d.turns_per_s, c and c.turns_per_s):.3f} "
         f"sticky_speedup_vs_balance={ratio(b and b.turns_per_s, a and a.turns_per_s):.3f} "
         f"ttft_p99_ratio={ratio(c and c.ttft(0.99), a and a.ttft(0.99)):.3f}"
-        + ("" if sim_error is None else f" sim_max_error={sim_error:.3f}")
+        + ("" if sim_errors is None else f" sim_max_error={sim_errors[0]:.3f}")
+        + ("" if sim_errors is None or sim_errors[1] is None else f" sim_max_error_run={sim_errors[1]:.3f}")
     )
 
 
@@ -526,8 +549,8 @@ def main() -> None:
         print("replay: some recorded decisions disagree (see above)")
     if args.json is not None:
         write_json(args.json, scale, measured, outcomes, args)
-    sim_error = predict(scale, args, model, outcomes) if args.cost is not None else None
-    report(outcomes, measured, tier_note, "dry-run" if args.dry_run_cpu else args.scale, sim_error)
+    sim_errors = predict(scale, args, model, outcomes) if args.cost is not None else None
+    report(outcomes, measured, tier_note, "dry-run" if args.dry_run_cpu else args.scale, sim_errors)
 
 
 def write_json(
