@@ -36,7 +36,7 @@ from psrl.flows.instance import InstanceFlow
 from psrl.flows.local import LocalBus
 from psrl.flows.router import RouterFlow
 from psrl.sim.agent_workload import AgentSessions, AgentSource, AgentWorkload, SyntheticTools
-from psrl.sim.step_trace import StepRecord, step_record
+from psrl.sim.step_trace import StepRecord, before_step, step_record
 
 IDLE_SLEEP_S = 0.001  # a round with no engine work waits this long for the tools (no busy spin)
 
@@ -139,10 +139,7 @@ class WatchedEngine:
         self.steps: list[StepRecord] = []
 
     def step(self) -> StepOutput:
-        scheduler = self.engine.scheduler
-        running = len(scheduler.running)
-        seqs = [*scheduler.running, *scheduler.waiting]
-        before = [(seq.num_computed_tokens, seq.is_prefilling, i >= running) for i, seq in enumerate(seqs)]
+        seqs, before = before_step(self.engine.scheduler)
         started = time.perf_counter()
         out = self.engine.step()
         elapsed = time.perf_counter() - started

@@ -17,7 +17,8 @@ takes ``prefill_time(t)``: ``kp * t + ka * A + k4`` when the profile measured pr
 the attention's work: the sum, over the prefilled tokens, of the tokens each attends to (its
 position plus one), ``t (t + 1) / 2`` for a fresh context. It matters where a turn prefills a few
 thousand new tokens after a long cached prefix: for a Qwen2.5-1.5B shape, attending to 15k tokens
-is as many flops per token as all its matrix products, which a per-token ``kp`` cannot say.
+is as many flops per token as all its matrix products (and took several times as long on an H100,
+docs/benchmarks.md), which a per-token ``kp`` cannot say.
 """
 
 from __future__ import annotations

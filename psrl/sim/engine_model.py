@@ -12,9 +12,9 @@ when preempted requests are handed back to the router (``psrl.routing.preemption
 Cost: a decode step with ``n`` running requests over ``K`` resident KV tokens takes
 ``cost.step_time(n, K)`` and adds ``n`` tokens to ``K``; a prefill of ``t`` tokens takes
 ``cost.prefill_time`` per chunk plus its attention over each request's context (a turn's new
-tokens attend to the cached prefix as well: ``cost.ka``). Between two changes of the batch the steps are therefore an
-arithmetic series, and the time of the ``m``-th step after an anchor is known in closed form:
-the model never walks through steps one by one. It only wakes at a *boundary*: when a request
+tokens attend to the cached prefix as well: ``cost.ka``). Between two changes of the batch the
+steps are therefore an arithmetic series, and the time of the ``m``-th step after an anchor is
+known in closed form: the model never walks through steps one by one. It only wakes at a *boundary*: when a request
 finishes, when the KV cache would overflow, when a prefill or a weight pull ends, or at the end
 of the step in progress when something arrives from outside (a request, an abort, a sync or a
 migration command), since the real engine's actor also handles its messages between steps.

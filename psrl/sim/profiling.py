@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from psrl.engine import Engine, SamplingParams
 from psrl.engine_cost.fit import ProfileSample
-from psrl.engine_cost.model import prefill_attention
+from psrl.sim.step_trace import before_step, step_record
 
 Clock = Callable[[], float]
 
@@ -187,16 +187,11 @@ def _prefill(engine: Engine, num_requests: int, clock: Clock) -> list[ProfileSam
     attention (each sequence's new tokens over what it had computed before the step)."""
     samples = []
     while True:
-        seqs = [*engine.scheduler.running, *engine.scheduler.waiting]
-        before = [seq.num_computed_tokens for seq in seqs]
+        seqs, before = before_step(engine.scheduler)
         started = clock()
         out = engine.step()
         elapsed = clock() - started
-        attended = sum(
-            prefill_attention(seq.num_computed_tokens - done, done)
-            for seq, done in zip(seqs, before, strict=True)
-            if seq.num_computed_tokens > done
-        )
+        attended = step_record(seqs, before, elapsed).attended
         samples.append(ProfileSample(0, 0.0, elapsed, out.num_computed_tokens, attended))
         if engine.status().num_waiting == 0 and not any(seq.is_prefilling for seq in engine.scheduler.running):
             return samples

@@ -26,6 +26,14 @@ class StepRecord(NamedTuple):
     attended: float  # the prefill's attention work (psrl.engine_cost.model.prefill_attention)
 
 
+def before_step(scheduler: Any) -> tuple[list[Any], list[tuple[int, bool, bool]]]:
+    """An engine scheduler's sequences and each one's (computed tokens, prefilling, waiting), taken just
+    before a step for ``step_record``."""
+    running = len(scheduler.running)
+    seqs = [*scheduler.running, *scheduler.waiting]
+    return seqs, [(seq.num_computed_tokens, seq.is_prefilling, i >= running) for i, seq in enumerate(seqs)]
+
+
 def step_record(seqs: Sequence[Any], before: Sequence[tuple[int, bool, bool]], seconds: float) -> StepRecord:
     """What a step computed, from each sequence's (computed tokens, prefilling, waiting) before it (the
     sequences are the engine's ``psrl.engine.sequence.Sequence`` objects, read after the step)."""
