@@ -7,6 +7,7 @@ high-water mark without slowing the run (see docs/protocol.md, back-pressure).
 from __future__ import annotations
 
 import datetime as dt
+import signal
 import sys
 import time
 from collections.abc import Callable
@@ -78,6 +79,7 @@ def tap(
     show_all: bool,
 ) -> None:
     """Show the events of a running run: psrl tap RUN_DIR [--kind gen.] [--json]."""
+    _interruptible()
     configure("warning")  # bus warnings (dropped messages) go to stderr, never into the tapped stream
     ended = run_ended(run_dir)
     if ended is not None:
@@ -110,6 +112,14 @@ def tap(
         ctx.term()
     if num_shown >= 0 and drops:
         click.echo(f"{drops} malformed message(s) dropped", err=True)
+
+
+def _interruptible() -> None:
+    """Ctrl-C ends the tap even where its parent left SIGINT ignored or blocked: both survive exec, and
+    Python only turns SIGINT into KeyboardInterrupt when it starts with the default (a test runner's
+    worker or a script's background job would otherwise leave a tap that never stops)."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
 
 def _resolve(run_dir: Path | None, address: str | None, control_address: str | None) -> tuple[list[str], SocketOptions]:
