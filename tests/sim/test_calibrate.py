@@ -53,7 +53,9 @@ def test_lower_quartile() -> None:
 def test_quick_calibration_of_the_demo_model(tmp_path: Path) -> None:
     out, steps = tmp_path / "cost.json", tmp_path / "steps.jsonl"
     result = CliRunner().invoke(
-        calibrate, ["demo", "engine.max_num_seqs=16", "--quick", "-o", str(out), "--samples", str(steps)]
+        # three passes: a burst of the suite's other work on the same cores hits a point on one of them only
+        calibrate,
+        ["demo", "engine.max_num_seqs=16", "--quick", "--repeats", "3", "-o", str(out), "--samples", str(steps)],
     )
     assert result.exit_code == 0, result.output
     assert "fit error: rmse" in result.output and f"wrote {out}" in result.output
