@@ -30,7 +30,8 @@ cheap next to the rest of a turn), so the output says the profile cannot win the
 
 ``--log-dir DIR`` writes each setting's event log and config (DIR/<setting>) and checks it with the
 replay checkers (``psrl replay --check all DIR/<setting>`` does the same); ``--json PATH`` writes the
-workload, the probe and every figure.
+workload, the probe, every figure, every engine step of each setting (``psrl.sim.step_trace``), the
+profiled cost model and the tier's room and copy cost: what the simulator needs to be run again offline.
 
 The last line is ``RESULT agentic_speedup_vs_balance=<(c)/(a) turns/s> reuse_of_perfect=<(c)>
 tier_speedup=<(d)/(c)> sticky_speedup_vs_balance=<(b)/(a)>
