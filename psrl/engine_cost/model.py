@@ -59,6 +59,13 @@ class CostModel:
     ka: float = 0.0  # seconds per (prefilled token x token it attends to); 0 = not profiled
     meta: dict[str, Any] = field(default_factory=dict)
 
+    def scaled(self, factor: float) -> CostModel:
+        """The same model with every step and prefill taking ``factor`` times as long."""
+        if factor == 1.0:
+            return self
+        k1, k2, k3, k4, kp, ka = (value * factor for value in (self.k1, self.k2, self.k3, self.k4, self.kp, self.ka))
+        return CostModel(k1, k2, k3, k4, kp, ka, dict(self.meta))
+
     def step_time(self, num_running: int, kv_tokens: float) -> float:
         """Seconds per engine step with ``num_running`` decoding requests over ``kv_tokens``."""
         return self.k1 * kv_tokens + max(self.k2, self.k3 * num_running) + self.k4

@@ -8,9 +8,11 @@ sessions finished in ``budget_s`` simulated seconds, the prefill the prefix cach
 preemptions and hung session-seconds: the figures the benchmark prints for one setting.
 
 ``engines_per_device``: how many instances take turns on one device. The benchmark steps all its
-engines one after another in one thread on one GPU, so while they all have work (the GPU run keeps
-them busy about 97% of its time) each engine's step waits for the others': every step then costs
-that many times its own time. A fleet with a device per instance is 1, the default.
+engines one after another in one thread on one GPU, so while the others have work each engine's step
+waits for theirs: a phase planned while ``k`` others on its device are busy costs ``1 + k`` times its
+own time (``psrl.sim.engine_model.SharedDevice``; on the GPU run, busy about 98% of its time, that is
+twice; on 2 CPU cores, where the engines idle part of it, less). A fleet with a device per instance
+is 1, the default.
 
 ``tier_tokens``: the KV offload tier's room per instance, in tokens (``psrl.lmcache``; 0 = none): a
 session's context pushed out of the KV cache is kept there and reused when its next turn comes
@@ -30,11 +32,11 @@ from psrl.flows.local import LocalBus
 from psrl.flows.router import RouterFlow
 from psrl.reliability.faults import percentile
 from psrl.sim.agent_workload import AgentSessions, AgentSource, AgentWorkload, SyntheticTools
-from psrl.sim.engine_model import ModelledEngine
+from psrl.sim.engine_model import ModelledEngine, SharedDevice
 from psrl.sim.events import EventQueue
 from psrl.sim.fleet import Fleet, ModelledInstance
 from psrl.sim.models import PullModel
-from psrl.sim.simulation import engine_shape, slowed
+from psrl.sim.simulation import engine_shape
 
 SOURCE_TICK_S = 0.05  # the ramp opens sessions at this pace
 
@@ -72,7 +74,6 @@ class AgentSimulation:
             raise ValueError("the agent workload runs sessions: set env.enable=true (the agentic preset does)")
         if engines_per_device < 1:
             raise ValueError(f"engines_per_device={engines_per_device}: at least 1")
-        cost = slowed(cost, engines_per_device)
         self.config, self.workload = config, workload
         self.clock = EventQueue()
         self.tools = SyntheticTools(workload, lambda: self.clock.now, on_due=self._tools_due)
@@ -89,10 +90,12 @@ class AgentSimulation:
         shape = replace(
             engine_shape(config),
             tier_tokens=tier_tokens,
-            tier_copy_s_per_token=tier_copy_s_per_token * engines_per_device,
+            tier_copy_s_per_token=tier_copy_s_per_token,
         )
+        devices: dict[int, SharedDevice] = {}
         for index in range(config.topology.n_rollout_instances):
-            engine = ModelledEngine(f"rollout-{index}", cost, shape, self.clock, self.fleet, version=0)
+            device = devices.setdefault(index // engines_per_device, SharedDevice()) if engines_per_device > 1 else None
+            engine = ModelledEngine(f"rollout-{index}", cost, shape, self.clock, self.fleet, version=0, device=device)
             self.fleet.add(ModelledInstance(engine, index, PullModel((0.0,))))
         self.fleet.spread_phases()
         self._is_route_due = False

@@ -168,12 +168,39 @@ class EngineCounters:
     num_syncs: int = 0
 
 
+class SharedDevice:
+    """Engines that take turns on one device (one process stepping them in turn, as the agent benchmark
+    does): while others have work, each step also waits for theirs. A phase planned while ``k`` other
+    engines on the device are busy costs ``1 + k`` times its own time."""
+
+    def __init__(self) -> None:
+        self.busy: set[str] = set()
+
+    def slowdown(self, instance_id: str) -> int:
+        return 1 + len(self.busy - {instance_id})
+
+    def mark(self, instance_id: str, is_busy: bool) -> None:
+        if is_busy:
+            self.busy.add(instance_id)
+        else:
+            self.busy.discard(instance_id)
+
+
 class ModelledEngine:
     def __init__(
-        self, instance_id: str, cost: CostModel, shape: EngineShape, clock: EventQueue, sink: EngineSink, version: int
+        self,
+        instance_id: str,
+        cost: CostModel,
+        shape: EngineShape,
+        clock: EventQueue,
+        sink: EngineSink,
+        version: int,
+        device: SharedDevice | None = None,
     ) -> None:
         self.instance_id = instance_id
         self.cost = cost
+        self.device = device
+        self._costs = {1: cost}  # by slowdown on a shared device
         self.shape = shape
         self.clock = clock
         self.sink = sink
@@ -436,6 +463,13 @@ class ModelledEngine:
     # ------------------------------------------------------------------ what runs next
 
     def _start_next(self, now: float) -> None:
+        slowdown = 1 if self.device is None else self.device.slowdown(self.instance_id)
+        self.cost = self._costs.setdefault(slowdown, self._costs[1].scaled(slowdown))
+        self._start_phase(now, slowdown)
+        if self.device is not None:
+            self.device.mark(self.instance_id, self.phase is not Phase.IDLE)
+
+    def _start_phase(self, now: float, slowdown: int) -> None:
         self._anchor = now
         if self._pending_sync is not None and not self._by_id:
             self.phase = Phase.PULL
@@ -450,7 +484,8 @@ class ModelledEngine:
             self.phase = Phase.PREFILL
             loaded = sum(seq.loaded for seq in self._prefilling)
             attended = sum(prefill_attention(seq.context - seq.cached, seq.cached) for seq in self._prefilling)
-            self._schedule(now + self._prefill_time(tokens, attended) + loaded * self.shape.tier_copy_s_per_token)
+            copies = loaded * self.shape.tier_copy_s_per_token * slowdown
+            self._schedule(now + self._prefill_time(tokens, attended) + copies)
             return
         if self._running:
             self._plan_decode(now)

@@ -47,14 +47,6 @@ def engine_shape(config: Config) -> EngineShape:
     )
 
 
-def slowed(cost: CostModel, factor: float) -> CostModel:
-    """The cost model with every step and prefill taking ``factor`` times as long."""
-    if factor == 1.0:
-        return cost
-    k1, k2, k3, k4, kp, ka = (value * factor for value in (cost.k1, cost.k2, cost.k3, cost.k4, cost.kp, cost.ka))
-    return CostModel(k1, k2, k3, k4, kp, ka, dict(cost.meta))
-
-
 def simulated_config(config: Config, num_instances: int, total_steps: int) -> Config:
     """The run's config as the simulated fleet has it: its size, its steps, one trainer, no group filter
     (a simulation has no rewards, so it keeps every group)."""
@@ -70,7 +62,7 @@ class Simulation:
         """``cost`` is what the engines run on (times ``settings.engine_slowdown``); the decision code
         reads the configured ``cost_model_path`` when one is set, as the actors do, else ``cost``."""
         self.settings, self.label = settings, label
-        self.cost = slowed(cost, settings.engine_slowdown)
+        self.cost = cost.scaled(settings.engine_slowdown)
         self.num_instances = settings.num_instances or config.topology.n_rollout_instances
         self.total_steps = settings.total_steps or config.trainer.total_steps
         self.config = simulated_config(config, self.num_instances, self.total_steps)

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from psrl.engine_cost.model import CostModel
-from psrl.sim.engine_model import FINISHED, EngineRequest, EngineShape, ModelledEngine, StayResult
+from psrl.sim.engine_model import FINISHED, EngineRequest, EngineShape, ModelledEngine, SharedDevice, StayResult
 from psrl.sim.events import EventQueue
 
 COST = CostModel(k1=2e-7, k2=4e-4, k3=3e-5, k4=8e-4, kp=4e-5)
@@ -185,3 +185,19 @@ def test_bad_requests_are_refused() -> None:
     engine.add(0.0, EngineRequest(1, 10, 0, 5, 1))
     with pytest.raises(ValueError, match="already in the engine"):
         run(clock)
+
+
+def test_engines_that_share_a_device_wait_for_each_other_only_while_both_have_work() -> None:
+    def finish_s(num_engines: int, device: SharedDevice | None) -> float:
+        clock = EventQueue()
+        engines = [ModelledEngine(f"i{i}", COST, BIG, clock, Sink(), 3, device) for i in range(num_engines)]
+        for index, engine in enumerate(engines):
+            engine.add(0.0, EngineRequest(index, 200, 0, 300, 0))
+        run(clock)
+        return clock.now
+
+    alone = finish_s(1, None)
+    assert finish_s(1, SharedDevice()) == pytest.approx(alone)  # nobody else on the device: its own time
+    both = finish_s(2, SharedDevice())
+    assert 1.8 * alone < both <= 2 * alone + 1e-9  # taking turns: about twice (the first phase planned alone)
+    assert finish_s(2, None) == pytest.approx(alone)  # a device each
