@@ -75,7 +75,7 @@ class AgentOutcome:
     max_hold_s: float = 0.0  # the longest a ready turn waited for its first token
     engine_busy_s: float = 0.0  # summed over the engines (they take turns on one thread)
     ttft_s: list[float] = field(default_factory=list)
-    steps: list[StepRecord] = field(default_factory=list)  # every engine's, in the order they ran
+    steps: list[StepRecord] = field(default_factory=list)  # every engine's, in the order they ran (if recorded)
 
     @property
     def turns_per_s(self) -> float:
@@ -133,18 +133,19 @@ class WatchedEngine:
     """An engine whose steps report each request's new tokens to the turn clock (the instance streams them
     to the router only every few tokens, too late to time a first token)."""
 
-    def __init__(self, engine: Engine, clock: TurnClock, now: Callable[[], float]) -> None:
+    def __init__(self, engine: Engine, clock: TurnClock, now: Callable[[], float], *, record_steps: bool) -> None:
         self.engine, self.turn_clock, self.now = engine, clock, now
         self.busy_s = 0.0  # wall time inside the engine's steps (they return with their tokens on the host)
-        self.steps: list[StepRecord] = []
+        self.steps: list[StepRecord] | None = [] if record_steps else None
 
     def step(self) -> StepOutput:
-        seqs, before = before_step(self.engine.scheduler)
+        seqs, before = before_step(self.engine.scheduler) if self.steps is not None else ([], [])
         started = time.perf_counter()
         out = self.engine.step()
         elapsed = time.perf_counter() - started
         self.busy_s += elapsed
-        self.steps.append(step_record(seqs, before, elapsed))
+        if self.steps is not None:
+            self.steps.append(step_record(seqs, before, elapsed))
         if out.outputs:
             now = self.now()
             self.turn_clock.tokens([int(o.request_id) for o in out.outputs if o.token_ids], now)
@@ -156,8 +157,16 @@ class WatchedEngine:
 
 class AgentRollout:
     def __init__(
-        self, config: Config, workload: AgentWorkload, engines: list[Engine], *, log_dir: Path | None = None
+        self,
+        config: Config,
+        workload: AgentWorkload,
+        engines: list[Engine],
+        *,
+        log_dir: Path | None = None,
+        record_steps: bool = False,
     ) -> None:
+        """``record_steps``: keep every engine step (``AgentOutcome.steps``, psrl.sim.step_trace), for a
+        cost model fitted to the run; off, the loop does not look at the schedulers before each step."""
         if len(engines) != config.topology.n_rollout_instances:
             raise ValueError(
                 f"{len(engines)} engines for topology.n_rollout_instances={config.topology.n_rollout_instances}"
@@ -169,7 +178,7 @@ class AgentRollout:
         self.router = RouterFlow(config)
         weights = MemoryWeights()
         self.clock = TurnClock()
-        self.watched = [WatchedEngine(engine, self.clock, self.now) for engine in engines]
+        self.watched = [WatchedEngine(engine, self.clock, self.now, record_steps=record_steps) for engine in engines]
         self.instances = [
             InstanceFlow(f"rollout-{i}", config, watched, weights, clock=self.now)
             for i, watched in enumerate(self.watched)
@@ -256,7 +265,7 @@ class AgentRollout:
             context_ends=self.tools.num_context_ends,
             max_hold_s=max([*self.clock.ttft_s, *waiting], default=0.0), ttft_s=list(self.clock.ttft_s),
             engine_busy_s=sum(w.busy_s for w in self.watched),
-            steps=[step for watched in self.watched for step in watched.steps],
+            steps=[step for watched in self.watched for step in watched.steps or []],
         )  # fmt: skip
 
     def _stop(self) -> None:

@@ -422,7 +422,10 @@ def run_one(
 ) -> AgentOutcome:
     log_dir = None if args.log_dir is None or repeat else args.log_dir / name  # the first run of each is logged
     started = time.perf_counter()
-    outcome = AgentRollout(config, scale.workload, engines, log_dir=log_dir).run(scale.budget_s)
+    record_steps = args.predict or args.json is not None  # for the run-calibrated simulator
+    outcome = AgentRollout(config, scale.workload, engines, log_dir=log_dir, record_steps=record_steps).run(
+        scale.budget_s
+    )
     print(f"  {name}: {outcome.turns} turns, {outcome.sessions} sessions in {time.perf_counter() - started:.0f} s",
           flush=True)  # fmt: skip
     return outcome

@@ -14,10 +14,11 @@ Cost: a decode step with ``n`` running requests over ``K`` resident KV tokens ta
 ``cost.prefill_time`` per chunk plus its attention over each request's context (a turn's new
 tokens attend to the cached prefix as well: ``cost.ka``). Between two changes of the batch the
 steps are therefore an arithmetic series, and the time of the ``m``-th step after an anchor is
-known in closed form: the model never walks through steps one by one. It only wakes at a *boundary*: when a request
-finishes, when the KV cache would overflow, when a prefill or a weight pull ends, or at the end
-of the step in progress when something arrives from outside (a request, an abort, a sync or a
-migration command), since the real engine's actor also handles its messages between steps.
+known in closed form: the model never walks through steps one by one. It only wakes at a
+*boundary*: when a request finishes, when the KV cache would overflow, when a prefill or a weight
+pull ends, or at the end of the step in progress when something arrives from outside (a request,
+an abort, a sync or a migration command), since the real engine's actor also handles its messages
+between steps.
 Each of those costs O(log n), so a run costs time per request, not per token.
 
 Approximations (documented, measured in docs/benchmarks.md): KV is counted in tokens with one
@@ -177,7 +178,7 @@ class SharedDevice:
         self.busy: set[str] = set()
 
     def slowdown(self, instance_id: str) -> int:
-        return 1 + len(self.busy - {instance_id})
+        return 1 + len(self.busy) - (instance_id in self.busy)
 
     def mark(self, instance_id: str, is_busy: bool) -> None:
         if is_busy:

@@ -29,7 +29,7 @@ def test_an_agentic_rollout_finishes_sessions_and_its_log_replays_in_full(tmp_pa
     model = write_model(scale, "cpu", tmp_path / "model")
     config = setting_config(scale, "thunder", _args(), model)
     engines = build_engines(config)
-    outcome = AgentRollout(config, scale.workload, engines, log_dir=tmp_path / "log").run(4.0)
+    outcome = AgentRollout(config, scale.workload, engines, log_dir=tmp_path / "log", record_steps=True).run(4.0)
     assert outcome.turns > 0 and outcome.sessions > 0 and outcome.failed_sessions == 0
     assert outcome.hit_tokens > 0 and 0 < outcome.reuse_of_perfect <= 1.0
     assert all(not e.has_unfinished_requests() for e in engines)  # emptied for the next setting
