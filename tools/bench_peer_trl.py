@@ -278,7 +278,7 @@ def build_workload(args: argparse.Namespace, seed_offset: int = 0) -> tuple[Work
         seeds = config.task.seed + seed_offset, config.trainer.seed + seed_offset
         overrides += [f"task.seed={seeds[0]}", f"trainer.seed={seeds[1]}"]
         config = load_config(args.config, overrides)
-    return workload_from_config(checked(config), model_dir, args.config, overrides), overrides
+    return workload_from_config(checked(config), model_dir, args.config, overrides, args.device), overrides
 
 
 def run_all(work: Workload, overrides: list[str], root: Path, args: argparse.Namespace) -> list[RunRecord]:

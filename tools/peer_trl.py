@@ -47,6 +47,7 @@ class Workload:
     loss_agg_mode: str
     gradient_checkpointing: bool
     seed: int
+    compute_dtype: str = "float32"  # psrl's actor.compute_dtype on the run's device; TRL's bf16 follows it
     config: str = "demo"  # the psrl configuration (a preset or a YAML file) the workload was read from
     overrides: tuple[str, ...] = ()  # and its overrides: the task is built from both, on either side
 
@@ -62,9 +63,11 @@ class Workload:
         return cls(**{**values, "betas": tuple(values["betas"]), "overrides": tuple(values.get("overrides", ()))})
 
 
-def workload_from_config(config: Any, model_dir: str, source: str = "demo", overrides: Sequence[str] = ()) -> Workload:
+def workload_from_config(
+    config: Any, model_dir: str, source: str = "demo", overrides: Sequence[str] = (), device: str = "cpu"
+) -> Workload:
     """The workload psrl runs with ``config`` (a resolved ``psrl.config.Config``, read from ``source``
-    with ``overrides``)."""
+    with ``overrides``) on ``device`` (cpu or cuda)."""
     actor, algo, task = config.actor, config.algorithm, config.task
     return Workload(
         model_dir=model_dir,
@@ -91,6 +94,7 @@ def workload_from_config(config: Any, model_dir: str, source: str = "demo", over
         loss_agg_mode=algo.loss_agg_mode,
         gradient_checkpointing=actor.gradient_checkpointing is True,  # auto: psrl recomputes only what would not fit
         seed=config.trainer.seed,
+        compute_dtype=actor.compute_dtype_on(device),
         config=source,
         overrides=tuple(overrides),
     )
@@ -127,7 +131,7 @@ def trl_config_kwargs(work: Workload, output_dir: str, threads: int, device: str
         "shuffle_dataset": False,  # prompts in index order, as psrl's coordinator hands them out
         "seed": work.seed,
         "gradient_checkpointing": work.gradient_checkpointing,  # GRPOConfig's default is on
-        "bf16": False,  # GRPOConfig's default is on; psrl's demo trains in float32
+        "bf16": work.compute_dtype == "bfloat16",  # autocast as psrl's trainer (GRPOConfig's default is on)
         "use_cpu": device == "cpu",
         "dataloader_num_workers": 0,
         "logging_steps": 1,

@@ -185,10 +185,11 @@ class ActorSettings(Section):
     betas: tuple[float, float] = field((0.9, 0.999), "AdamW betas.")
     grad_clip: float = field(1.0, "Gradient norm clip (0 = off).", ge=0)
     dtype: Literal["float32", "bfloat16"] = field("float32", "Parameter dtype of the trained model.")
-    compute_dtype: Literal["float32", "bfloat16"] = field(
-        "float32",
+    compute_dtype: Literal["auto", "float32", "bfloat16"] = field(
+        "auto",
         "dtype of the trainer's forward and backward arithmetic (torch.autocast). bfloat16 keeps parameters, "
-        "gradients and optimizer state in actor.dtype (mixed precision) and runs the matmuls at bf16 speed.",
+        "gradients and optimizer state in actor.dtype (mixed precision) and runs the matmuls at bf16 speed. "
+        "auto: bfloat16 on CUDA (as the engine serves there), float32 on CPU (where bf16 arithmetic is no faster).",
     )
     gradient_checkpointing: bool | Literal["auto"] = field(
         "auto",
@@ -209,6 +210,13 @@ class ActorSettings(Section):
         "token count (psrl.trainer.packing); false = padded rows (use_dynamic_bsz then counts padded tokens).",
     )
     lora: Lora = section(Lora, "LoRA: train low-rank adapters instead of every weight (rank 0 = off).")
+
+    def compute_dtype_on(self, device_type: str) -> Literal["float32", "bfloat16"]:
+        """``compute_dtype`` on a device: auto is bfloat16 on CUDA, where the engine serves in bf16 and the
+        tensor cores run bf16 matmuls several times faster than float32; float32 elsewhere."""
+        if self.compute_dtype == "auto":
+            return "bfloat16" if device_type == "cuda" else "float32"
+        return self.compute_dtype
 
 
 class Critic(Section):

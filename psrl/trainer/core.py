@@ -125,7 +125,7 @@ class TrainerCore:
         self.assets_dir = Path(config.model.tokenizer_path) if config.model.tokenizer_path else directory
         dtype = torch_dtype(config.actor.dtype)
         device = self.parallel.device
-        compute_dtype = torch_dtype(config.actor.compute_dtype)
+        compute_dtype = torch_dtype(config.actor.compute_dtype_on(device.type))
         checkpointing = checkpoint_mode(config.actor.gradient_checkpointing)
         with self.memory.region("weights"):
             policy = self._prepared(load_policy(directory, dtype, device, LoraSettings.from_config(config.actor.lora)))

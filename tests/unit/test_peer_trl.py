@@ -91,6 +91,17 @@ def test_trls_config_takes_the_arguments() -> None:
     assert config.num_generations == work.group_size and config.max_steps == work.steps * work.updates_per_step
 
 
+def test_trls_mixed_precision_follows_psrls_compute_dtype_on_the_device() -> None:
+    config = load_config("demo", [])
+    on_cpu, on_cuda = workload_from_config(config, "m"), workload_from_config(config, "m", device="cuda")
+    assert (on_cpu.compute_dtype, on_cuda.compute_dtype) == ("float32", "bfloat16")  # actor.compute_dtype=auto
+    assert not trl_config_kwargs(on_cpu, "/tmp/unused", threads=2, device="cpu")["bf16"]
+    assert trl_config_kwargs(on_cuda, "/tmp/unused", threads=2, device="cuda")["bf16"]
+    pinned = workload_from_config(load_config("demo", ["actor.compute_dtype=float32"]), "m", device="cuda")
+    assert not trl_config_kwargs(pinned, "/tmp/unused", threads=2, device="cuda")["bf16"]
+    assert Workload.from_dict(on_cuda.to_dict()) == on_cuda
+
+
 def test_model_is_demo_smollm2_or_a_directory_with_a_config(tmp_path) -> None:
     from psrl.assets import DEMO_MODEL_DIR
     from tools.bench_peer_trl import resolve_model
