@@ -35,27 +35,10 @@ from psrl.flows.effects import Effect, Publish, Send
 from psrl.flows.instance import InstanceFlow
 from psrl.flows.local import LocalBus
 from psrl.flows.router import RouterFlow
-from psrl.sim.agent_workload import AgentSessions, AgentSource, AgentWorkload, SyntheticTools
+from psrl.sim.agent_workload import AgentSessions, AgentSource, AgentWorkload, SyntheticTools, TurnClock
 from psrl.sim.step_trace import StepRecord, before_step, step_record
 
 IDLE_SLEEP_S = 0.001  # a round with no engine work waits this long for the tools (no busy spin)
-
-
-@dataclass
-class TurnClock:
-    """When each turn became ready (its prompt or its tool output arrived) and when its first token came."""
-
-    waiting: dict[int, tuple[int, float]] = field(default_factory=dict)  # request -> (turn, ready time)
-    ttft_s: list[float] = field(default_factory=list)
-
-    def became_ready(self, request_id: int, turn: int, now: float) -> None:
-        self.waiting[request_id] = (turn, now)
-
-    def tokens(self, request_ids: Sequence[int], now: float) -> None:
-        for request_id in request_ids:
-            pending = self.waiting.pop(int(request_id), None)
-            if pending is not None:
-                self.ttft_s.append(now - pending[1])
 
 
 @dataclass

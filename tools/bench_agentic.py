@@ -413,7 +413,9 @@ def _predict_on(
         print(f"sim ({label}) {name:8} {predicted.turns_per_s:8.2f} turns/s predicted, {measured:.2f} measured "
               f"({error:+.0%}); reused {reused:.2f} "
               f"of its context tokens, {predicted.preemptions} preemptions, {predicted.hung_s:.0f} hung s, "
-              f"{predicted.held_turns} held turns (p99 wait {predicted.held_p99_s:.2f} s)")  # fmt: skip
+              f"{predicted.held_turns} held turns (p99 wait {predicted.held_p99_s:.2f} s); TTFT p50/p99 "
+              f"{predicted.ttft(0.5):.2f}/{predicted.ttft(0.99):.2f} s predicted, "
+              f"{outcomes[name].ttft(0.5):.2f}/{outcomes[name].ttft(0.99):.2f} s measured")  # fmt: skip
     return worst
 
 

@@ -11,6 +11,7 @@ same sessions reach every setting compared.
     SyntheticTools       the session scheduler's environment port: tool outputs after their delay
     AgentSource          the coordinator's seat: keeps ``sessions`` sessions open, drops each finished one
     AgentSessions        the session scheduler, each turn's generation budget drawn by the workload
+    TurnClock            each turn's time to its first token, from when it became ready
 
 The real engines run it in ``tools/bench_agentic.py``, the modelled ones in ``psrl.sim.agentic``.
 """
@@ -19,7 +20,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import msgspec
@@ -229,3 +230,22 @@ class AgentSessions(SessionFlow):
     def _send_turn(self, session: Session, turn: TurnNext) -> None:
         budget = self.workload.gen_len(session.prompt_id, turn.turn)
         super()._send_turn(session, msgspec.structs.replace(turn, max_tokens=budget))
+
+
+@dataclass
+class TurnClock:
+    """When each turn became ready (its prompt or its tool output arrived) and when its first token came: a
+    turn's time to first token takes in the session's hold (hung by ThunderAgent), its queueing and its prefill."""
+
+    waiting: dict[int, tuple[int, float]] = field(default_factory=dict)  # request -> (turn, ready time)
+    ttft_s: list[float] = field(default_factory=list)
+
+    def became_ready(self, request_id: int, turn: int, now: float) -> None:
+        self.waiting[request_id] = (turn, now)
+
+    def tokens(self, request_ids: Sequence[int], now: float) -> None:
+        """The requests that produced a token at ``now``: the first since each became ready is timed."""
+        for request_id in request_ids:
+            pending = self.waiting.pop(int(request_id), None)
+            if pending is not None:
+                self.ttft_s.append(now - pending[1])

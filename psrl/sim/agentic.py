@@ -22,16 +22,16 @@ the tier and back; on a shared device the copies wait for the other engines like
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
-from bus.messages import SessionEnd, TurnDone
+from bus.messages import GenerateRequest, SessionEnd, TurnDone
 from psrl.config import Config
 from psrl.engine_cost.model import CostModel
 from psrl.flows.effects import Effect, Send, Timer
 from psrl.flows.local import LocalBus
 from psrl.flows.router import RouterFlow
 from psrl.reliability.faults import percentile
-from psrl.sim.agent_workload import AgentSessions, AgentSource, AgentWorkload, SyntheticTools
+from psrl.sim.agent_workload import AgentSessions, AgentSource, AgentWorkload, SyntheticTools, TurnClock
 from psrl.sim.engine_model import ModelledEngine, SharedDevice
 from psrl.sim.events import EventQueue
 from psrl.sim.fleet import Fleet, ModelledInstance
@@ -54,6 +54,10 @@ class AgentSimOutcome:
     held_p99_s: float = 0.0  # their wait for the continue, 99th percentile
     held_max_s: float = 0.0
     tier_hit_tokens: int = 0  # of hit_tokens: loaded back from the offload tier
+    ttft_s: list[float] = field(default_factory=list)  # each turn's, from ready to its first token
+
+    def ttft(self, quantile: float) -> float:
+        return percentile(self.ttft_s, quantile)
 
     @property
     def turns_per_s(self) -> float:
@@ -81,6 +85,7 @@ class AgentSimulation:
         self.router = RouterFlow(config, record_decisions=False)
         self.session = AgentSessions(config, self.tools, workload)
         self.counts = {"turns": 0, "sessions": 0}
+        self.turn_clock = TurnClock()
         self.bus = LocalBus(tap=self._tap)
         interval = config.psrl.status_collection.engine_sync_interval_in_ms / 1000
         self.fleet = Fleet(self.clock, self.bus, interval)
@@ -96,13 +101,16 @@ class AgentSimulation:
         for index in range(config.topology.n_rollout_instances):
             device = devices.setdefault(index // engines_per_device, SharedDevice()) if engines_per_device > 1 else None
             engine = ModelledEngine(f"rollout-{index}", cost, shape, self.clock, self.fleet, version=0, device=device)
+            engine.first_token_listener = self.turn_clock.tokens
             self.fleet.add(ModelledInstance(engine, index, PullModel((0.0,))))
         self.fleet.spread_phases()
         self._is_route_due = False
 
     def _tap(self, sender: str, effect: Effect, now: float) -> None:
         message = effect.message if isinstance(effect, Send) else None
-        if isinstance(message, TurnDone):
+        if isinstance(message, GenerateRequest) and sender == "coordinator":
+            self.turn_clock.became_ready(message.request_id, 0, now)
+        elif isinstance(message, TurnDone):
             self.counts["turns"] += 1
         elif isinstance(message, SessionEnd) and not message.error:
             self.counts["sessions"] += 1
@@ -130,6 +138,7 @@ class AgentSimulation:
             held_p99_s=percentile(self.session.held_waits, 0.99),
             held_max_s=max(self.session.held_waits, default=0.0),
             tier_hit_tokens=sum(e.prefix_cache.num_tier_hit_tokens for e in engines if e.prefix_cache is not None),
+            ttft_s=list(self.turn_clock.ttft_s),
         )
 
     def _open(self, now: float) -> None:
@@ -144,6 +153,8 @@ class AgentSimulation:
 
     def _tools_answer(self, now: float) -> None:
         for reply in self.tools.take(now):
+            if not reply.done:
+                self.turn_clock.became_ready(reply.request_id, reply.turn + 1, now)
             self.bus.post("session", self.session.handle(reply, now), now)
         self._deliver(now)
 

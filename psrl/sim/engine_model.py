@@ -18,7 +18,10 @@ known in closed form: the model never walks through steps one by one. It only wa
 *boundary*: when a request finishes, when the KV cache would overflow, when a prefill or a weight
 pull ends, or at the end of the step in progress when something arrives from outside (a request,
 an abort, a sync or a migration command), since the real engine's actor also handles its messages
-between steps.
+between steps. With decode rounds (``decode_steps`` > 1: the GPU step kernels sample that many tokens
+on the device before the scheduler looks again) a decode phase is one round: what arrives waits for
+its end, and a request whose last token comes inside the round leaves at its end (the round's other
+steps ran it masked, as the kernels do); a round the KV cannot hold falls back to single steps.
 Each of those costs O(log n), so a run costs time per request, not per token.
 
 Approximations (documented, measured in docs/benchmarks.md): KV is counted in tokens with one
@@ -32,7 +35,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from enum import Enum
 from typing import Protocol
@@ -59,6 +62,7 @@ class EngineShape:
     session_prefix_cache: bool = False
     tier_tokens: int = 0  # the offload tier's room for that context, in tokens (0: no tier)
     tier_copy_s_per_token: float = 0.0  # a token loaded back from the tier: its copy out and its copy back
+    decode_steps: int = 1  # steps per decode round (engine.decode_steps with the GPU step kernels)
 
 
 class EngineRequest:
@@ -207,6 +211,8 @@ class ModelledEngine:
         self.sink = sink
         self.version = version
         self.counters = EngineCounters()
+        # told the requests whose prefill sampled a token, and when (a turn's first token: psrl.sim.agentic)
+        self.first_token_listener: Callable[[list[int], float], None] | None = None
         self.prefix_cache = (
             PrefixCacheModel(shape.block_size, shape.tier_tokens) if shape.session_prefix_cache else None
         )
@@ -231,6 +237,7 @@ class ModelledEngine:
         self._pending_sync: tuple[int, float] | None = None
         self._in_boundary = False
         self._is_wake_scheduled = False
+        self._in_round = False  # the decode phase is a round of shape.decode_steps (uninterruptible)
 
     # ------------------------------------------------------------------ commands (applied at the next boundary)
 
@@ -320,12 +327,12 @@ class ModelledEngine:
             if not self._is_wake_scheduled:
                 self._is_wake_scheduled = True
                 self._schedule(now)
-        elif self.phase is Phase.DECODE:
+        elif self.phase is Phase.DECODE and not self._in_round:
             steps = self._steps_done(now - self._anchor) + 1  # the step in progress ends first
             if steps < self._planned_steps:
                 self._planned_steps = steps
                 self._schedule(self._anchor + self._time_of(steps))
-        # PREFILL / PULL: commands wait for the end of the phase, already scheduled
+        # PREFILL / PULL / a decode round: commands wait for the end of the phase, already scheduled
 
     # ------------------------------------------------------------------ boundaries
 
@@ -364,6 +371,8 @@ class ModelledEngine:
         self.counters.busy_s += now - self._anchor
         self._anchor = now
         self.counters.num_generated_tokens += len(self._prefilling)
+        if self.first_token_listener is not None:
+            self.first_token_listener([seq.request.request_id for seq in self._prefilling], now)
         for seq in self._prefilling:
             seq.generated += 1  # the prefill samples the first new token
             if seq.generated >= seq.request.max_tokens:
@@ -399,7 +408,8 @@ class ModelledEngine:
         del self._running[seq.request.request_id]
         self._generated_base -= seq.generated - seq.join_step
         seq.generated += self._step - seq.join_step
-        self._kv -= seq.context
+        self._kv -= seq.context  # as the batch counted it: a round may have run it past its last token
+        seq.generated = min(seq.generated, seq.request.max_tokens)
 
     def _leave(self, seq: _Seq, reason: str, now: float) -> None:
         rid = seq.request.request_id
@@ -533,7 +543,9 @@ class ModelledEngine:
                 break
             heapq.heappop(heap)
         to_finish = heap[0][0] - self._step if heap else 1
-        self._planned_steps = max(1, min(to_finish, room_steps))
+        rounds = shape.decode_steps
+        self._in_round = rounds > 1 and room_steps >= rounds
+        self._planned_steps = rounds if self._in_round else max(1, min(to_finish, room_steps))
         cost = self.cost
         self._step_a = cost.k1 * self._kv + max(cost.k2, cost.k3 * n) + cost.k4
         self._step_b = cost.k1 * n

@@ -44,7 +44,14 @@ def engine_shape(config: Config) -> EngineShape:
         routing.max_num_waiting_reqs_after_preemption,
         budget,
         session_prefix_cache=config.env.enable and engine.enable_prefix_caching,
+        decode_steps=engine.decode_steps if _has_decode_rounds(config) else 1,
     )
+
+
+def _has_decode_rounds(config: Config) -> bool:
+    """The embedded engine samples rounds of ``engine.decode_steps`` tokens with its GPU step kernels."""
+    engine = config.engine
+    return config.topology.device == "cuda" and engine.backend == "embedded" and engine.gpu_kernels != "off"
 
 
 def simulated_config(config: Config, num_instances: int, total_steps: int) -> Config:

@@ -63,3 +63,19 @@ def test_where_the_kv_binds_an_offload_tier_keeps_what_the_cache_pushes_out() ->
     assert tiered[1] > without[1] and tiered[2] < without[2] and tiered[0] > without[0]
     assert run(*small, tier_tokens=0) == without  # no room in the tier: the same run as none
     assert run(*small, tier_tokens=64 * 1024, tier_copy_s=1e-4)[0] < tiered[0]  # loads that cost time
+
+
+def test_every_turn_is_timed_from_ready_to_its_first_token() -> None:
+    config = load_config(
+        "agentic",
+        ["topology.n_rollout_instances=2", "engine.num_kv_blocks=512", "engine.max_num_seqs=8", "psrl.rollout_n=1",
+         "algorithm.adv_estimator=reinforce_plus_plus", "psrl.staleness_buffer_entries=4096",
+         "actor.ppo_mini_batch_size=4096", "env.max_turns=8", "env.max_turn_tokens=24"],
+    )  # fmt: skip
+    alone = AgentSimulation(config, WORKLOAD, COST).run(30.0)
+    sharing = AgentSimulation(config, WORKLOAD, COST, engines_per_device=2).run(30.0)
+    for out in (alone, sharing):
+        # a turn is timed when its first token comes: the finished ones, and those still generating at the end
+        assert out.turns <= len(out.ttft_s) <= out.turns + WORKLOAD.sessions
+        assert min(out.ttft_s) > 0 and out.ttft(0.5) <= out.ttft(0.99)
+    assert sharing.ttft(0.5) > alone.ttft(0.5)  # a turn waits for the other engine's phases too

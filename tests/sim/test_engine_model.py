@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import pytest
 
@@ -48,7 +48,9 @@ def prefill_time(tokens: int, budget: int) -> float:
 
 
 def reference(arrivals: list[tuple[float, int, int, int]], shape: EngineShape) -> dict[int, float]:
-    """Step by step: commands at step boundaries, prefill first, one token per running request per step."""
+    """Step by step: commands at step boundaries, prefill first, one token per running request per step; with
+    ``shape.decode_steps`` > 1, decode in rounds of that many steps, a request that ends inside one running
+    to its end (masked) and leaving then."""
     pending = sorted(arrivals)
     waiting: list[list[int]] = []  # [id, prompt, generated, max]
     running: list[list[int]] = []
@@ -67,9 +69,10 @@ def reference(arrivals: list[tuple[float, int, int, int]], shape: EngineShape) -
                 r[2] += 1
             batch = admitted
         elif running:
-            t += COST.step_time(len(running), sum(r[1] + r[2] for r in running))
-            for r in running:
-                r[2] += 1
+            for _ in range(shape.decode_steps):
+                t += COST.step_time(len(running), sum(r[1] + r[2] for r in running))
+                for r in running:
+                    r[2] += 1
             batch = []
         else:
             t = pending[0][0]
@@ -101,6 +104,36 @@ def test_matches_the_step_by_step_reference() -> None:
     assert engine.counters.num_decode_tokens + 30 == sum(a[3] for a in arrivals)  # 1 token each from prefill
     busy = engine.counters.busy_s
     assert busy == pytest.approx(max(expected.values()) - min(a[0] for a in arrivals), rel=0.2)
+
+
+@pytest.mark.parametrize("rounds", [4, 16])
+def test_decode_rounds_match_the_step_by_step_reference(rounds: int) -> None:
+    """What arrives during a round waits for its end; what ends inside it leaves at its end with its tokens."""
+    shape = replace(BIG, decode_steps=rounds)
+    rng = random.Random(rounds)
+    arrivals = [(rng.uniform(0, 0.05), rid, rng.randint(5, 40), rng.randint(1, 120)) for rid in range(30)]
+    engine, clock, sink = make_engine(shape)
+    for time, rid, prompt, max_tokens in arrivals:
+        clock.at(time, lambda now, r=EngineRequest(rid, prompt, 0, max_tokens, rid): engine.add(now, r))
+    run(clock)
+    expected = reference(arrivals, shape)
+    got = {r.request_id: now for now, r in sink.results}
+    assert got.keys() == expected.keys()
+    for rid, when in expected.items():
+        assert got[rid] == pytest.approx(when, rel=1e-9, abs=1e-12), rid
+    assert all(r.reason == FINISHED and r.num_generated == a[3] for (_, r), a in zip(
+        sorted(sink.results, key=lambda x: x[1].request_id), sorted(arrivals, key=lambda a: a[1]), strict=True))
+    assert got != reference(arrivals, BIG)  # rounds change when requests get in and out
+
+
+def test_a_round_the_kv_cannot_hold_falls_back_to_single_steps() -> None:
+    tight = replace(BIG, kv_capacity_tokens=64, decode_steps=16)
+    engine, clock, sink = make_engine(tight)
+    engine.add(0.0, EngineRequest(1, 40, 0, 8, 0))  # after its prefill, room for 7 more tokens: no round of 16
+    run(clock)
+    ((when, result),) = sink.results
+    assert result.num_generated == 8 and engine.counters.num_preemptions == 0
+    assert when == pytest.approx(prefill_time(40, 64) + sum(COST.step_time(1, 41 + i) for i in range(7)))
 
 
 def test_abort_returns_the_tokens_of_whole_steps() -> None:
@@ -201,3 +234,14 @@ def test_engines_that_share_a_device_wait_for_each_other_only_while_both_have_wo
     both = finish_s(2, SharedDevice())
     assert 1.8 * alone < both <= 2 * alone + 1e-9  # taking turns: about twice (the first phase planned alone)
     assert finish_s(2, None) == pytest.approx(alone)  # a device each
+
+
+def test_the_run_decodes_in_rounds_only_with_the_gpu_step_kernels() -> None:
+    from psrl.config import load_config
+    from psrl.sim.simulation import engine_shape
+
+    def rounds(*overrides: str) -> int:
+        return engine_shape(load_config("demo", ["engine.decode_steps=8", *overrides])).decode_steps
+
+    assert rounds("topology.device=cuda") == 8
+    assert rounds("topology.device=cpu") == rounds("topology.device=cuda", "engine.gpu_kernels=off") == 1
