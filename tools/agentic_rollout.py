@@ -15,7 +15,7 @@ the run's ``config.yaml``, so ``psrl replay --check all log_dir`` re-decides the
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any

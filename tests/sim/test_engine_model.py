@@ -114,15 +114,20 @@ def test_decode_rounds_match_the_step_by_step_reference(rounds: int) -> None:
     arrivals = [(rng.uniform(0, 0.05), rid, rng.randint(5, 40), rng.randint(1, 120)) for rid in range(30)]
     engine, clock, sink = make_engine(shape)
     for time, rid, prompt, max_tokens in arrivals:
-        clock.at(time, lambda now, r=EngineRequest(rid, prompt, 0, max_tokens, rid): engine.add(now, r))
+        request = EngineRequest(rid, prompt, 0, max_tokens, rid)
+        clock.at(time, lambda now, r=request: engine.add(now, r))
     run(clock)
     expected = reference(arrivals, shape)
     got = {r.request_id: now for now, r in sink.results}
     assert got.keys() == expected.keys()
     for rid, when in expected.items():
         assert got[rid] == pytest.approx(when, rel=1e-9, abs=1e-12), rid
-    assert all(r.reason == FINISHED and r.num_generated == a[3] for (_, r), a in zip(
-        sorted(sink.results, key=lambda x: x[1].request_id), sorted(arrivals, key=lambda a: a[1]), strict=True))
+    assert all(
+        r.reason == FINISHED and r.num_generated == a[3]
+        for (_, r), a in zip(
+            sorted(sink.results, key=lambda x: x[1].request_id), sorted(arrivals, key=lambda a: a[1]), strict=True
+        )
+    )
     assert got != reference(arrivals, BIG)  # rounds change when requests get in and out
 
 
