@@ -5,7 +5,9 @@ the benchmark, but on modelled engines (``psrl.sim.engine_model``, with each ses
 and the simulated clock: the tools' delays are events, engine steps cost what the cost model says.
 Nothing trains. ``AgentSimulation(config, workload, cost).run(budget_s)`` gives the turns and
 sessions finished in ``budget_s`` simulated seconds, the prefill the prefix cache saved, KV
-preemptions and hung session-seconds: the figures the benchmark prints for one setting.
+preemptions, hung session-seconds and each turn's time to its first token (from when its prompt or
+its tool's output arrived, a hold by ThunderAgent included): the figures the benchmark prints for
+one setting.
 
 ``engines_per_device``: how many instances take turns on one device. The benchmark steps all its
 engines one after another in one thread on one GPU, so while the others have work each engine's step
