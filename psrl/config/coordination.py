@@ -175,11 +175,9 @@ class ThunderAgent(Section):
         ge=0,
     )
     ready_first: bool = field(
-        False,
+        True,
         "Continue hung sessions whose next turn is ready (their environment answered) before those still at "
-        "their environment, longest waiting first (shortens the longest wait); false: smallest first only "
-        "(ThunderAgent's order: a session continued while its tool still runs has its room back before its "
-        "turn is ready, so most turns wait for no continue and the tail of time to first token is shorter).",
+        "their environment, longest waiting first; false: smallest first only (ThunderAgent's order).",
     )
     max_ready_wait_s: float = field(
         0.0,

@@ -31,7 +31,7 @@ def running(session_id: str, tokens: int, status: str = "env") -> SessionInfo:
 
 def decide(total: int, sessions: list[SessionInfo], *overrides: str) -> tuple[list[str], list[str]]:
     instance = InstanceCapacity("i0", total_tokens=total, used_tokens=float(total))  # no sharing credit
-    decision = schedule_sessions([instance], sessions, settings(TA + "ready_first=true", *overrides))
+    decision = schedule_sessions([instance], sessions, settings(*overrides))
     return list(decision.hang), [order.session_id for order in decision.resume]
 
 
