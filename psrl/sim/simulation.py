@@ -49,7 +49,8 @@ def engine_shape(config: Config) -> EngineShape:
 
 
 def _has_decode_rounds(config: Config) -> bool:
-    """The embedded engine samples rounds of ``engine.decode_steps`` tokens with its GPU step kernels."""
+    """The embedded engine samples rounds of ``engine.decode_steps`` tokens with its GPU step kernels (a run
+    whose config names ``topology.device=cuda``: ``auto`` is read as the CPU, where a simulation usually runs)."""
     engine = config.engine
     return config.topology.device == "cuda" and engine.backend == "embedded" and engine.gpu_kernels != "off"
 
