@@ -189,7 +189,7 @@ class AgentRollout:
             self.event_log.record(sender, effect)
         message = effect.message if isinstance(effect, (Send, Publish)) else None
         if isinstance(message, GenerateRequest) and sender == "coordinator":
-            self.clock.became_ready(message.request_id, 0, now)
+            self.clock.became_ready(message.request_id, now)
             self.counts["fresh"] += len(message.prompt_token_ids)
         elif isinstance(message, TurnDone):
             self.counts["turns"] += 1
@@ -225,7 +225,7 @@ class AgentRollout:
         self.bus.deliver(now)
         for reply in self.tools.take(now):
             if not reply.done:
-                self.clock.became_ready(reply.request_id, reply.turn + 1, now)
+                self.clock.became_ready(reply.request_id, now)
                 self.counts["fresh"] += len(reply.observation_token_ids) + 1  # + the turn's last token
             self.bus.post("session", self.session.handle(reply, now), now)
         self.bus.deliver(now)
@@ -239,7 +239,7 @@ class AgentRollout:
     def _outcome(self, wall_s: float) -> AgentOutcome:
         after = [_engine_counters(e) for e in self.engines]
         delta = [a - b for a, b in zip(np.sum(after, axis=0), np.sum(self.baseline, axis=0), strict=True)]
-        waiting = [wall_s - ready for _, ready in self.clock.waiting.values()]
+        waiting = [wall_s - ready for ready in self.clock.waiting.values()]
         return AgentOutcome(
             wall_s=wall_s, turns=self.counts["turns"], sessions=self.counts["sessions"],
             failed_sessions=self.source.num_failed, hit_tokens=int(delta[0]), queried_tokens=int(delta[1]),

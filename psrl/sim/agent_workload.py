@@ -237,15 +237,15 @@ class TurnClock:
     """When each turn became ready (its prompt or its tool output arrived) and when its first token came: a
     turn's time to first token takes in the session's hold (hung by ThunderAgent), its queueing and its prefill."""
 
-    waiting: dict[int, tuple[int, float]] = field(default_factory=dict)  # request -> (turn, ready time)
+    waiting: dict[int, float] = field(default_factory=dict)  # request -> when its current turn became ready
     ttft_s: list[float] = field(default_factory=list)
 
-    def became_ready(self, request_id: int, turn: int, now: float) -> None:
-        self.waiting[request_id] = (turn, now)
+    def became_ready(self, request_id: int, now: float) -> None:
+        self.waiting[request_id] = now
 
     def tokens(self, request_ids: Sequence[int], now: float) -> None:
         """The requests that produced a token at ``now``: the first since each became ready is timed."""
         for request_id in request_ids:
-            pending = self.waiting.pop(int(request_id), None)
-            if pending is not None:
-                self.ttft_s.append(now - pending[1])
+            ready = self.waiting.pop(int(request_id), None)
+            if ready is not None:
+                self.ttft_s.append(now - ready)

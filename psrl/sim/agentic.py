@@ -111,7 +111,7 @@ class AgentSimulation:
     def _tap(self, sender: str, effect: Effect, now: float) -> None:
         message = effect.message if isinstance(effect, Send) else None
         if isinstance(message, GenerateRequest) and sender == "coordinator":
-            self.turn_clock.became_ready(message.request_id, 0, now)
+            self.turn_clock.became_ready(message.request_id, now)
         elif isinstance(message, TurnDone):
             self.counts["turns"] += 1
         elif isinstance(message, SessionEnd) and not message.error:
@@ -156,7 +156,7 @@ class AgentSimulation:
     def _tools_answer(self, now: float) -> None:
         for reply in self.tools.take(now):
             if not reply.done:
-                self.turn_clock.became_ready(reply.request_id, reply.turn + 1, now)
+                self.turn_clock.became_ready(reply.request_id, now)
             self.bus.post("session", self.session.handle(reply, now), now)
         self._deliver(now)
 
