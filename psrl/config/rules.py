@@ -58,6 +58,13 @@ def cpu_placement_possible(c: Config) -> Iterator[ConfigProblem]:
                       f"set topology.cpu_placement=auto (where it can apply) or off, or change {path}")  # fmt: skip
 
 
+def shared_prompts_need_packing(c: Config) -> Iterator[ConfigProblem]:
+    if c.actor.share_prompts is True and not c.actor.packing:
+        yield problem(("actor.share_prompts", "actor.packing"), True,
+                      "a prompt is shared only inside a packed micro-batch (padded rows hold whole sequences)",
+                      "set actor.packing=true or actor.share_prompts=auto")  # fmt: skip
+
+
 def staleness_non_negative(c: Config) -> Iterator[ConfigProblem]:
     if c.psrl.staleness < 0:
         yield problem(
@@ -525,6 +532,7 @@ def gpu_kernels_apply(c: Config) -> Iterator[ConfigProblem]:
 
 RULES: tuple[Rule, ...] = (
     staleness_non_negative,
+    shared_prompts_need_packing,
     pre_step_needs_mini_batch,
     micro_batch_needs_static_sizes,
     trainer_strategy_available,

@@ -209,7 +209,20 @@ class ActorSettings(Section):
         "Padding-free micro-batches: whole sequences end to end in one row with varlen attention, balanced by "
         "token count (psrl.trainer.packing); false = padded rows (use_dynamic_bsz then counts padded tokens).",
     )
+    share_prompts: bool | Literal["auto"] = field(
+        "auto",
+        "With actor.packing: the samples of one prompt (a GRPO group) carry it once in a packed micro-batch, each "
+        "response attending to that one copy: the same log-probs and gradients with k-1 fewer copies of the prompt "
+        "through every layer for k responses (psrl.trainer.packing). auto: on the CPU; off on CUDA, where the "
+        "flash varlen kernel has no shared-prompt form yet (true runs those micro-batches through masked SDPA).",
+    )
     lora: Lora = section(Lora, "LoRA: train low-rank adapters instead of every weight (rank 0 = off).")
+
+    def share_prompts_on(self, device_type: str) -> bool:
+        """``share_prompts`` on a device (only packed micro-batches share: padded rows hold whole sequences)."""
+        if not self.packing:
+            return False
+        return device_type != "cuda" if self.share_prompts == "auto" else self.share_prompts
 
     def compute_dtype_on(self, device_type: str) -> Literal["float32", "bfloat16"]:
         """``compute_dtype`` on a device: auto is bfloat16 on CUDA, where the engine serves in bf16 and the

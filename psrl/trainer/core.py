@@ -157,6 +157,7 @@ class TrainerCore:
             max_tokens_per_micro_batch=config.actor.ppo_max_token_len_per_gpu if config.actor.use_dynamic_bsz else None,
             compute_dtype=compute_dtype,
             packing=config.actor.packing,
+            share_prompts=config.actor.share_prompts_on(device.type),
         )
         self._check_sizes()
 
@@ -330,6 +331,7 @@ class TrainerCore:
             pad_token_id=self.settings.pad_token_id,
             parallel=self.parallel,
             packing=self.settings.packing,
+            share_prompts=self.settings.share_prompts,
         )
 
     def _forward_batches(self, samples: list[Sample]) -> list[list[Sample]]:
@@ -337,8 +339,10 @@ class TrainerCore:
         unit as one batch, or token-budgeted length-sorted batches under actor.use_dynamic_bsz."""
         budget = self.settings.max_tokens_per_micro_batch
         if self.settings.packing:
-            count = micro_batch_count(samples, max_tokens=budget, micro_batch_size=self.settings.micro_batch_size)
-            return plan_packed(samples, count, max_tokens=budget)
+            share = self.settings.share_prompts
+            count = micro_batch_count(samples, max_tokens=budget, micro_batch_size=self.settings.micro_batch_size,
+                                      share_prompts=share)  # fmt: skip
+            return plan_packed(samples, count, max_tokens=budget, share_prompts=share)
         return [samples] if budget is None else token_budget_batches(samples, budget)
 
     @contextlib.contextmanager

@@ -20,13 +20,23 @@ mini-batch so far (`psrl.trainer.core.round_owners`); they run the same number o
 (the largest `k`, one all-reduce), so none waits on a collective with nothing to do. Within a
 micro-batch, samples keep the order of their lengths, which keeps the varlen attention's CPU path
 (one row per sequence) compact.
+
+Shared prompts (``share_prompts``). A GRPO group's responses share one prompt; packed whole, that prompt
+runs through every layer once per response. With sharing, samples whose prompt tokens are identical put
+the prompt in the row once, then each response as its own segment whose position ids continue after the
+prompt; a response segment attends to the prompt and to itself (causally), never to its siblings. A
+prompt token's hidden state depends only on the prompt (causal attention), so each response token's
+result is the one the whole sequence gives, and the backward sums the prompt's gradient over the
+responses as the separate copies would. The attention reads the keys of each query segment through
+`key_index` (the prompt's positions, then the segment's own), ``cu_seqlens_k`` marking them. Work drops
+from ``k (P + R)`` tokens to ``P + k R`` for ``k`` responses of a ``P``-token prompt: 2.7x fewer on the
+CPU demo (10-token prompts, 4-token answers, groups of 8).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import heapq
-import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -35,7 +45,8 @@ import torch
 from torch import Tensor
 
 from psrl.rl.batch import Batch, Sample, collate
-from psrl.trainer.varlen import packed_attention_mask
+from psrl.rl.trajectory import Trajectory
+from psrl.trainer.varlen import KEY_INDEX, packed_attention_mask
 
 
 @dataclass(frozen=True)
@@ -48,6 +59,11 @@ class PackedBatch:
     logit_positions: Tensor  # [n] long: packed position whose output predicts response token j of a row
     targets: Tensor  # [n] long: that response token
     response_slots: Tensor  # [n] long: its flat index in the [B, R] layout
+    # shared prompts: the packed positions of each segment's keys laid end to end, their boundaries and the
+    # longest; None when every segment attends to itself alone (cu_seqlens serves both sides)
+    key_index: Tensor | None = None
+    cu_seqlens_k: Tensor | None = None
+    max_length_k: int = 0
 
     @property
     def num_tokens(self) -> int:
@@ -55,14 +71,16 @@ class PackedBatch:
 
     def model_kwargs(self) -> dict[str, object]:
         """Keyword arguments of a Hugging Face forward on this batch (varlen attention)."""
+        shared = self.key_index is not None
         return {
             "input_ids": self.input_ids,
             "attention_mask": packed_attention_mask(self.input_ids.device),
             "position_ids": self.position_ids,
             "cu_seq_lens_q": self.cu_seqlens,
-            "cu_seq_lens_k": self.cu_seqlens,
+            "cu_seq_lens_k": self.cu_seqlens_k if shared else self.cu_seqlens,
             "max_length_q": self.max_length,
-            "max_length_k": self.max_length,
+            "max_length_k": self.max_length_k if shared else self.max_length,
+            **({KEY_INDEX: self.key_index} if shared else {}),
             "use_cache": False,
         }
 
@@ -87,6 +105,9 @@ class PackedBatch:
             logit_positions=_to_device(self.logit_positions, device),
             targets=_to_device(self.targets, device),
             response_slots=_to_device(self.response_slots, device),
+            key_index=None if self.key_index is None else _to_device(self.key_index, device),
+            cu_seqlens_k=None if self.cu_seqlens_k is None else _to_device(self.cu_seqlens_k, device),
+            max_length_k=self.max_length_k,
         )
 
 
@@ -100,39 +121,102 @@ def sample_tokens(sample: Sample) -> int:
     return len(sample.trajectory.prompt_token_ids) + sample.trajectory.num_response_tokens
 
 
-def pack(samples: Sequence[Sample], pad_token_id: int) -> PackedBatch:
+def pack(samples: Sequence[Sample], pad_token_id: int, *, share_prompts: bool = False) -> PackedBatch:
     """One packed row of `samples` (CPU tensors; move with `PackedBatch.to`), concatenated in numpy
-    from the trajectories' arrays."""
+    from the trajectories' arrays; with `share_prompts`, each prompt once for the samples that share it."""
     batch = collate(samples, pad_token_id)
-    width = batch.response_length
-    ids: list[np.ndarray] = []
-    positions: list[np.ndarray] = []
-    logit_positions: list[np.ndarray] = []
-    slots: list[np.ndarray] = []
-    bounds = [0]
-    for row, sample in enumerate(samples):
-        t = sample.trajectory
-        start, num_prompt, num_response = bounds[-1], len(t.prompt_token_ids), t.num_response_tokens
-        if num_prompt == 0:
+    layout = _Layout(batch.response_length)
+    for rows in _prompt_groups(samples) if share_prompts else [[row] for row in range(len(samples))]:
+        trajectories = [samples[row].trajectory for row in rows]
+        if not len(trajectories[0].prompt_token_ids):
+            t = trajectories[0]
             raise ValueError(
                 f"trajectory ({t.prompt_id}, {t.child}) has an empty prompt: nothing predicts its first token"
             )
-        ids += [t.prompt_token_ids, t.response_token_ids]
-        positions.append(np.arange(num_prompt + num_response))
-        bounds.append(start + num_prompt + num_response)
-        logit_positions.append(np.arange(num_response) + (start + num_prompt - 1))
-        slots.append(np.arange(num_response) + row * width)
-    targets = [s.trajectory.response_token_ids for s in samples]
-    return PackedBatch(
-        batch=batch,
-        input_ids=_long(ids)[None, :],
-        position_ids=_long(positions)[None, :],
-        cu_seqlens=torch.tensor(bounds, dtype=torch.int32),
-        max_length=max(b - a for a, b in itertools.pairwise(bounds)),
-        logit_positions=_long(logit_positions),
-        targets=_long(targets),
-        response_slots=_long(slots),
-    )
+        if len(rows) == 1:
+            layout.add_whole(rows[0], trajectories[0])
+        else:
+            layout.add_shared(rows, trajectories)
+    return layout.packed(batch)
+
+
+def _prompt_groups(samples: Sequence[Sample]) -> list[list[int]]:
+    """Rows grouped by identical prompt tokens, in the order each prompt first appears."""
+    groups: dict[bytes, list[int]] = {}
+    for row, sample in enumerate(samples):
+        key = np.asarray(sample.trajectory.prompt_token_ids, dtype=np.int64).tobytes()
+        groups.setdefault(key, []).append(row)
+    return list(groups.values())
+
+
+class _Layout:
+    """The packed row built segment by segment: tokens, positions, each segment's keys, and where the
+    response tokens are predicted."""
+
+    def __init__(self, width: int) -> None:
+        self.width = width  # the padded [B, R] layout's response width
+        self.ids: list[np.ndarray] = []
+        self.positions: list[np.ndarray] = []
+        self.bounds = [0]  # query segments
+        self.keys: list[np.ndarray] = []  # each segment's keys (packed positions)
+        self.key_bounds = [0]
+        self.logit_positions: list[np.ndarray] = []
+        self.slots: list[np.ndarray] = []
+        self.targets: list[np.ndarray] = []
+        self.shared = False
+
+    def _segment(self, tokens: np.ndarray, positions: np.ndarray, prefix: np.ndarray) -> int:
+        """Append a segment that attends to `prefix` and to itself; returns its first packed position."""
+        start = self.bounds[-1]
+        self.ids.append(tokens)
+        self.positions.append(positions)
+        self.bounds.append(start + len(tokens))
+        self.keys += [prefix, np.arange(start, start + len(tokens))]
+        self.key_bounds.append(self.key_bounds[-1] + len(prefix) + len(tokens))
+        return start
+
+    def _response(self, row: int, trajectory: Trajectory, logit_positions: np.ndarray) -> None:
+        self.logit_positions.append(logit_positions)
+        self.slots.append(np.arange(trajectory.num_response_tokens) + row * self.width)
+        self.targets.append(np.asarray(trajectory.response_token_ids))
+
+    def add_whole(self, row: int, trajectory: Trajectory) -> None:
+        prompt, response = np.asarray(trajectory.prompt_token_ids), np.asarray(trajectory.response_token_ids)
+        tokens = np.concatenate([prompt, response])
+        start = self._segment(tokens, np.arange(len(tokens)), np.arange(0))
+        self._response(row, trajectory, np.arange(len(response)) + (start + len(prompt) - 1))
+
+    def add_shared(self, rows: list[int], trajectories: list[Trajectory]) -> None:
+        prompt = np.asarray(trajectories[0].prompt_token_ids)
+        start = self._segment(prompt, np.arange(len(prompt)), np.arange(0))
+        prompt_keys, last = np.arange(start, start + len(prompt)), start + len(prompt) - 1
+        for row, trajectory in zip(rows, trajectories, strict=True):
+            response = np.asarray(trajectory.response_token_ids)
+            if not len(response):
+                self._response(row, trajectory, np.arange(0))
+                continue
+            self.shared = True
+            first = self._segment(response, np.arange(len(response)) + len(prompt), prompt_keys)
+            # the prompt's last token predicts the first response token, each response token the next
+            self._response(row, trajectory, np.concatenate([[last], first + np.arange(len(response) - 1)]))
+
+    def packed(self, batch: Batch) -> PackedBatch:
+        lengths = np.diff(self.bounds)
+        keys = {}
+        if self.shared:
+            keys = {"key_index": _long(self.keys), "cu_seqlens_k": torch.tensor(self.key_bounds, dtype=torch.int32),
+                    "max_length_k": int(np.diff(self.key_bounds).max())}  # fmt: skip
+        return PackedBatch(
+            batch=batch,
+            input_ids=_long(self.ids)[None, :],
+            position_ids=_long(self.positions)[None, :],
+            cu_seqlens=torch.tensor(self.bounds, dtype=torch.int32),
+            max_length=int(lengths.max()) if len(lengths) else 0,
+            logit_positions=_long(self.logit_positions),
+            targets=_long(self.targets),
+            response_slots=_long(self.slots),
+            **keys,  # type: ignore[arg-type]
+        )
 
 
 def _long(parts: list[np.ndarray]) -> Tensor:
@@ -140,41 +224,68 @@ def _long(parts: list[np.ndarray]) -> Tensor:
     return torch.from_numpy(np.concatenate(parts).astype(np.int64))
 
 
-def micro_batch_count(samples: Sequence[Sample], *, max_tokens: int | None, micro_batch_size: int) -> int:
+def micro_batch_count(
+    samples: Sequence[Sample], *, max_tokens: int | None, micro_batch_size: int, share_prompts: bool = False
+) -> int:
     """Micro-batches this rank needs: enough to keep each within `max_tokens` real tokens (a longer
     sample goes alone), else enough for `micro_batch_size` samples each."""
     if not samples:
         return 0
     if max_tokens is None:
         return -(-len(samples) // micro_batch_size)
-    count = -(-sum(sample_tokens(s) for s in samples) // max_tokens)
-    while _assign(samples, count, max_tokens) is None:
+    units = _units(samples, share_prompts, max_tokens)
+    count = -(-sum(unit_tokens(u) for u in units) // max_tokens)
+    while _assign(units, count, max_tokens) is None:
         count += 1
     return count
 
 
-def plan_packed(samples: Sequence[Sample], count: int, *, max_tokens: int | None) -> list[list[Sample]]:
+def plan_packed(
+    samples: Sequence[Sample], count: int, *, max_tokens: int | None, share_prompts: bool = False
+) -> list[list[Sample]]:
     """`samples` split into `count` token-balanced micro-batches (the LPT rule above); empty ones dropped.
+    With `share_prompts`, the samples of one prompt stay together (their prompt is then packed once),
+    unless together they exceed `max_tokens`.
 
     `count` may exceed what the samples need (a data-parallel peer needs more): then the balance
     still holds and some micro-batches are smaller."""
     if not samples:
         return []
-    parts = _assign(samples, max(1, count), max_tokens)
+    parts = _assign(_units(samples, share_prompts, max_tokens), max(1, count), max_tokens)
     if parts is None:  # more micro-batches always fit: raise the count until they do
-        return plan_packed(samples, count + 1, max_tokens=max_tokens)
+        return plan_packed(samples, count + 1, max_tokens=max_tokens, share_prompts=share_prompts)
     return [sorted(part, key=sample_tokens) for part in parts if part]
 
 
-def _assign(samples: Sequence[Sample], count: int, max_tokens: int | None) -> list[list[Sample]] | None:
-    """Longest first, each to the lightest micro-batch that has room; None when one does not fit."""
+def unit_tokens(unit: Sequence[Sample]) -> int:
+    """Packed tokens of samples that share one prompt (the prompt once), or of one sample."""
+    if len(unit) == 1:
+        return sample_tokens(unit[0])
+    return len(unit[0].trajectory.prompt_token_ids) + sum(s.trajectory.num_response_tokens for s in unit)
+
+
+def _units(samples: Sequence[Sample], share_prompts: bool, max_tokens: int | None) -> list[list[Sample]]:
+    """What the plan places whole: each sample, or with `share_prompts` each prompt's samples (a group over
+    `max_tokens` is placed sample by sample)."""
+    if not share_prompts:
+        return [[sample] for sample in samples]
+    units = []
+    for rows in _prompt_groups(samples):
+        group = [samples[row] for row in rows]
+        fits = max_tokens is None or unit_tokens(group) <= max_tokens
+        units += [group] if fits else [[sample] for sample in group]
+    return units
+
+
+def _assign(units: Sequence[list[Sample]], count: int, max_tokens: int | None) -> list[list[Sample]] | None:
+    """Largest first, each to the lightest micro-batch that has room; None when one does not fit."""
     parts: list[list[Sample]] = [[] for _ in range(count)]
     heap = [(0, index) for index in range(count)]  # (tokens, micro-batch)
-    for sample in sorted(samples, key=sample_tokens, reverse=True):
+    for unit in sorted(units, key=unit_tokens, reverse=True):
         tokens, index = heapq.heappop(heap)
-        size = sample_tokens(sample)
+        size = unit_tokens(unit)
         if max_tokens is not None and tokens > 0 and tokens + size > max_tokens:
             return None  # the lightest has no room, so none has
-        parts[index].append(sample)
+        parts[index] += unit
         heapq.heappush(heap, (tokens + size, index))
     return parts

@@ -64,10 +64,13 @@ def run_forwards(
     pad_token_id: int,
     parallel: ParallelContext,
     packing: bool = False,
+    share_prompts: bool = False,
 ) -> PendingForward:
     """Launch the forwards of one micro-batch (packed when `packing`: the models then run varlen
     attention, see `psrl.trainer.packing`): old log-probs, reference log-probs and values as needed."""
-    host: MicroBatch = pack(samples, pad_token_id) if packing else collate(samples, pad_token_id)
+    host: MicroBatch = (
+        pack(samples, pad_token_id, share_prompts=share_prompts) if packing else collate(samples, pad_token_id)
+    )
     batch = padded_of(host)
     correction = algorithm.rollout_correction
     if (correction.bypass_mode or spec_of(correction).is_active) and not batch.has_rollout_log_probs:

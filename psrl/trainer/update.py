@@ -36,12 +36,13 @@ class UpdateSettings:
     max_tokens_per_micro_batch: int | None = None
     compute_dtype: torch.dtype = torch.float32  # actor.compute_dtype: autocast of the forward
     packing: bool = False  # actor.packing: padding-free micro-batches (psrl.trainer.packing)
+    share_prompts: bool = False  # actor.share_prompts as it applies here: each prompt once per micro-batch
 
 
 def build_micro_batch(samples: Sequence[Sample], settings: UpdateSettings, device: torch.device) -> MicroBatch:
     """Samples as one micro-batch on `device`: packed or padded, as configured."""
     if settings.packing:
-        return pack(samples, settings.pad_token_id).to(device)
+        return pack(samples, settings.pad_token_id, share_prompts=settings.share_prompts).to(device)
     return collate(samples, settings.pad_token_id).to(device)
 
 
@@ -99,10 +100,10 @@ def plan_micro_batches(
     """This rank's micro-batches, as many on every rank: token-balanced when packed
     (`psrl.trainer.packing.plan_packed`), else fixed sample counts or padded-token budgets."""
     if settings.packing:
-        count = micro_batch_count(
-            own, max_tokens=settings.max_tokens_per_micro_batch, micro_batch_size=settings.micro_batch_size
-        )
-        return plan_packed(own, _most_over_ranks(count, parallel), max_tokens=settings.max_tokens_per_micro_batch)
+        budget, share = settings.max_tokens_per_micro_batch, settings.share_prompts
+        count = micro_batch_count(own, max_tokens=budget, micro_batch_size=settings.micro_batch_size,
+                                  share_prompts=share)  # fmt: skip
+        return plan_packed(own, _most_over_ranks(count, parallel), max_tokens=budget, share_prompts=share)
     if settings.max_tokens_per_micro_batch is None:
         return micro_batches(own, settings.micro_batch_size)
     parts = token_budget_batches(own, settings.max_tokens_per_micro_batch)

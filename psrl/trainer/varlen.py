@@ -25,12 +25,19 @@ The kernel, by device and dtype:
   (transformers' own packed-sequence support) is correct too but costs tokens^2: 30x more attention
   on the CPU demo's micro-batches. FlexAttention with document masks needs ``torch.compile`` to be
   fast, which recompiles for every new packed length and is slow to build on 2 cores.
+
+Shared prompts (`psrl.trainer.packing`): a segment's keys are not only its own tokens but a prompt
+before them, read through ``psrl_key_index`` (the packed positions of each segment's keys, end to end,
+``cu_seq_lens_k`` marking them). Each segment is a row of queries against a row of its keys, causal
+from the bottom right (the last query sees every key), as SDPA with a mask, on any device: the
+flash kernel takes no gathered keys here.
 """
 
 from __future__ import annotations
 
 import inspect
 from functools import cache
+from typing import NamedTuple
 
 import torch
 from torch import Tensor, nn
@@ -40,6 +47,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 VARLEN_ATTENTION = "psrl_varlen"
+KEY_INDEX = "psrl_key_index"  # the keyword that carries a shared-prompt batch's key positions
 
 
 class VarlenError(RuntimeError):
@@ -71,6 +79,10 @@ def varlen_attention(
         raise VarlenError(f"a packed batch is one row; got a query of shape {tuple(query.shape)}")
     if dropout > 0.0:
         raise VarlenError("the trainer runs attention without dropout")
+    key_index = kwargs.get(KEY_INDEX)
+    if isinstance(key_index, Tensor):
+        out = _segment_sdpa(query[0], key[0], value[0], Segments.of(kwargs, key_index), scaling)
+        return out.unsqueeze(0), None
     flash_dtype = _flash_dtype(query)
     if flash_dtype is not None and _flash_takes(scaling, query.shape[-1]):
         q, k, v = (x[0].to(flash_dtype) for x in (query, key, value))
@@ -110,6 +122,57 @@ def _gathered_sdpa(
         rows(query), rows(key), rows(value), is_causal=True, scale=scaling, enable_gqa=enable_gqa
     )
     flat = out.transpose(0, 1).reshape(heads, num_seqs * max_length, dim)
+    return flat[:, slot_of_token].transpose(0, 1)
+
+
+class Segments(NamedTuple):
+    """Query segments (contiguous in the packed row) and each one's keys (gathered through `key_index`)."""
+
+    cu_q: Tensor
+    max_q: int
+    key_index: Tensor
+    cu_k: Tensor
+    max_k: int
+
+    @classmethod
+    def of(cls, kwargs: dict[str, object], key_index: Tensor) -> Segments:
+        cu_q, cu_k = kwargs.get("cu_seq_lens_q"), kwargs.get("cu_seq_lens_k")
+        max_q, max_k = kwargs.get("max_length_q"), kwargs.get("max_length_k")
+        if not (isinstance(cu_q, Tensor) and isinstance(cu_k, Tensor) and isinstance(max_q, int)
+                and isinstance(max_k, int)):  # fmt: skip
+            raise VarlenError("a shared-prompt batch needs cu_seq_lens_q/k tensors and max_length_q/k ints")
+        return cls(cu_q, max_q, key_index, cu_k, max_k)
+
+
+def _segment_sdpa(query: Tensor, key: Tensor, value: Tensor, segments: Segments, scaling: float | None) -> Tensor:
+    """[heads, tokens, dim] -> [tokens, heads, dim]: each query segment against its gathered keys, in one SDPA
+    over the segments as rows, causal from the bottom right."""
+    heads, tokens, dim = query.shape
+    q_slots, slot_of_token = _slots(segments.cu_q, segments.max_q, tokens)
+    k_slots, _ = _slots(segments.cu_k, segments.max_k, segments.key_index.shape[0])
+    beyond = segments.key_index.new_full((1,), tokens)  # an empty key slot reads the zero row
+    key_tokens = torch.cat([segments.key_index.to(torch.long), beyond])[k_slots]
+    num_segments = segments.cu_q.shape[0] - 1
+
+    def rows(x: Tensor, slots: Tensor, width: int) -> Tensor:  # -> [segments, h, width, d]
+        padded = torch.cat([x, x.new_zeros(x.shape[0], 1, x.shape[2])], dim=1)
+        return padded[:, slots.reshape(-1)].view(x.shape[0], num_segments, width, x.shape[2]).transpose(0, 1)
+
+    q_len = (segments.cu_q[1:] - segments.cu_q[:-1]).to(torch.long)
+    k_len = (segments.cu_k[1:] - segments.cu_k[:-1]).to(torch.long)
+    q_off = torch.arange(segments.max_q, device=query.device)[None, :, None]
+    k_off = torch.arange(segments.max_k, device=query.device)[None, None, :]
+    visible = (k_off <= (k_len - q_len)[:, None, None] + q_off) & (k_off < k_len[:, None, None])
+    visible |= k_off == 0  # an empty query slot sees key 0, so its (dropped) softmax stays finite
+    out = functional.scaled_dot_product_attention(
+        rows(query, q_slots, segments.max_q),
+        rows(key, key_tokens, segments.max_k),
+        rows(value, key_tokens, segments.max_k),
+        attn_mask=visible[:, None],
+        scale=scaling,
+        enable_gqa=key.shape[0] != heads,
+    )
+    flat = out.transpose(0, 1).reshape(heads, num_segments * segments.max_q, dim)
     return flat[:, slot_of_token].transpose(0, 1)
 
 

@@ -1,7 +1,11 @@
-"""Padding-free packed micro-batches: the plan, the layout, the varlen attention, and packed == padded steps."""
+"""Padding-free packed micro-batches: the plan, the layout, the varlen attention, and packed == padded steps.
+
+On the CPU, packed micro-batches share each group's prompt (actor.share_prompts=auto), so the packed ==
+padded steps check the shared layout; ``whole_sequences`` checks the packing without it."""
 
 from __future__ import annotations
 
+import itertools
 import random
 from pathlib import Path
 
@@ -73,6 +77,94 @@ class TestLayout:
                                            *samples[2].trajectory.response_token_ids]  # fmt: skip
         padded = packed.to_padded(torch.arange(1.0, 6.0))
         assert padded.tolist() == [[1.0, 2.0, 0.0], [0.0, 0.0, 0.0], [3.0, 4.0, 5.0]]
+
+
+def group_of(prompt_id: int, prompt_length: int, response_lengths: list[int], seed: int = 0) -> list[Sample]:
+    """Samples that share one prompt, as a GRPO group does."""
+    rng = random.Random(seed * 100 + prompt_id)
+    prompt = tuple(rng.randrange(2, VOCAB) for _ in range(prompt_length))
+    out = []
+    for child, r in enumerate(response_lengths):
+        response = tuple(rng.randrange(2, VOCAB) for _ in range(r))
+        out.append(Sample(Trajectory(prompt_id=prompt_id, child=child, prompt_token_ids=prompt,
+                                     response_token_ids=response, rollout_log_probs=tuple(-3.0 for _ in response),
+                                     token_versions=(0,) * r, version=0, reward=0.0)))  # fmt: skip
+    return out
+
+
+class TestSharedPrompts:
+    def mixed(self) -> list[Sample]:
+        samples = [*group_of(0, 5, [3, 1, 0, 6]), *group_of(1, 3, [2]), *group_of(2, 7, [4, 4])]
+        random.Random(1).shuffle(samples)  # a group's samples need not be neighbours
+        return samples
+
+    def test_each_prompt_once_and_each_response_sees_its_whole_sequence(self) -> None:
+        samples = self.mixed()
+        packed = pack(samples, pad_token_id=0, share_prompts=True)
+        assert packed.num_tokens == 5 + 3 + 7 + (3 + 1 + 6) + 2 + (4 + 4)  # the lone sample is packed whole
+        assert packed.key_index is not None and packed.cu_seqlens_k is not None
+        ids, positions, keys = packed.input_ids[0], packed.position_ids[0], packed.key_index
+        cu_q, cu_k = packed.cu_seqlens.tolist(), packed.cu_seqlens_k.tolist()
+        sequences = {tuple(ids[keys[a:b]].tolist()): positions[keys[a:b]].tolist() for a, b in itertools.pairwise(cu_k)}
+        for s in samples:
+            whole = (*s.trajectory.prompt_token_ids, *s.trajectory.response_token_ids)
+            if s.trajectory.num_response_tokens:  # each response's keys are its prompt, then itself
+                assert sequences[whole] == list(range(len(whole)))
+        assert len(cu_q) == len(cu_k)
+        # the position that predicts each response token holds the token before it in its own sequence
+        flat = packed.to_padded(ids[packed.logit_positions].float())
+        for row, s in enumerate(samples):
+            whole = (*s.trajectory.prompt_token_ids, *s.trajectory.response_token_ids)
+            before = whole[len(s.trajectory.prompt_token_ids) - 1 : -1]
+            assert flat[row, : len(before)].tolist() == [float(t) for t in before]
+        assert packed.targets.tolist() == packed.batch.response_token_ids().flatten()[packed.response_slots].tolist()
+
+    def test_no_shared_prompt_packs_as_before(self) -> None:
+        samples = samples_of([(3, 2), (2, 0), (4, 3)])
+        shared, whole = pack(samples, pad_token_id=0, share_prompts=True), pack(samples, pad_token_id=0)
+        assert shared.key_index is None
+        for name in ("input_ids", "position_ids", "cu_seqlens", "logit_positions", "targets", "response_slots"):
+            assert torch.equal(getattr(shared, name), getattr(whole, name)), name
+
+    def test_log_probs_and_gradients_equal_the_whole_sequences(self, tiny_model_dir: Path) -> None:
+        from psrl.trainer.forward import response_log_probs
+
+        model = load_policy(tiny_model_dir, torch.float32, torch.device("cpu"))
+        use_varlen_attention(model)
+        samples = self.mixed()
+        results = []
+        for share in (False, True):
+            log_probs, entropy = response_log_probs(model, pack(samples, 0, share_prompts=share), with_entropy=True)
+            assert entropy is not None
+            grads = torch.autograd.grad((log_probs * 0.3 + entropy).sum(), list(model.parameters()))
+            results.append((log_probs, entropy, grads))
+        (lp_a, en_a, g_a), (lp_b, en_b, g_b) = results
+        torch.testing.assert_close(lp_b, lp_a, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(en_b, en_a, atol=1e-5, rtol=1e-5)
+        for a, b in zip(g_a, g_b, strict=True):
+            torch.testing.assert_close(b, a, atol=1e-4, rtol=1e-4)
+
+    def test_the_plan_keeps_a_prompts_samples_together(self) -> None:
+        samples = [*group_of(0, 4, [2, 9, 1]), *group_of(1, 6, [5, 5]), *group_of(2, 2, [3, 3, 3, 3])]
+        parts = plan_packed(samples, 2, max_tokens=None, share_prompts=True)
+        assert sorted(id(s) for p in parts for s in p) == sorted(id(s) for s in samples)
+        for part in parts:
+            ids = {s.trajectory.prompt_id for s in part}
+            assert all(sum(s.trajectory.prompt_id == i for s in part) == sum(s.trajectory.prompt_id == i
+                       for s in samples) for i in ids)  # fmt: skip
+        # a group over the token budget is placed sample by sample
+        big = group_of(3, 4, [20, 20, 20])
+        assert max(len(p) for p in plan_packed(big, 3, max_tokens=30, share_prompts=True)) == 1
+
+    def test_auto_shares_on_the_cpu_and_a_padded_trainer_cannot(self) -> None:
+        from psrl.errors import ConfigError
+
+        actor = trainer_config().actor
+        assert actor.share_prompts == "auto" and actor.share_prompts_on("cpu") and not actor.share_prompts_on("cuda")
+        assert trainer_config(["actor.share_prompts=true"]).actor.share_prompts_on("cuda")
+        assert not trainer_config(["actor.packing=false"]).actor.share_prompts_on("cpu")
+        with pytest.raises(ConfigError, match=r"actor\.share_prompts"):
+            trainer_config(["actor.packing=false", "actor.share_prompts=true"])
 
 
 class TestVarlenAttention:
@@ -153,13 +245,15 @@ def test_packed_step_equals_padded_step(tiny_model_dir: Path, estimator: str, ag
 @pytest.mark.parametrize(
     "overrides",
     [
+        ["actor.share_prompts=false"],
+        ["actor.share_prompts=false", "algorithm.adv_estimator=gae"],
         ["algorithm.policy_loss.loss_mode=gspo", "algorithm.loss_agg_mode=seq-mean-token-mean"],
         ["algorithm.policy_loss.loss_mode=cispo"],
         ["algorithm.kl_loss_coef=0.1", "algorithm.kl_loss_type=low_var_kl"],
         ["actor.use_dynamic_bsz=True", "actor.ppo_max_token_len_per_gpu=24", "task.temperature=0.7"],
         ["actor.gradient_checkpointing=True"],
     ],
-    ids=["gspo", "cispo", "kl_loss", "token_budget", "checkpointed"],
+    ids=["whole_sequences", "whole_sequences_gae", "gspo", "cispo", "kl_loss", "token_budget", "checkpointed"],
 )
 def test_packed_step_equals_padded_step_for_the_other_losses(tiny_model_dir: Path, overrides: list[str]) -> None:
     packed = TrainerCore(trainer_config([*overrides, "actor.packing=True"]), model_dir=tiny_model_dir)
@@ -183,6 +277,22 @@ def test_packed_step_equals_padded_step_on_the_gpu_in_bf16(tiny_model_dir: Path,
         if "metrics" in x:
             continue
         for name in x:
+            assert_same_direction(x[name], y[name], name)  # type: ignore[arg-type]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_shared_prompts_on_the_gpu_give_the_padded_step(tiny_model_dir: Path) -> None:
+    from psrl.trainer.parallel import ParallelContext
+
+    overrides = ["actor.compute_dtype=bfloat16", "topology.device=cuda", "actor.ppo_micro_batch_size_per_gpu=3"]
+    cuda = ParallelContext(device=torch.device("cuda"))
+    shared = TrainerCore(trainer_config([*overrides, "actor.share_prompts=true"]), model_dir=tiny_model_dir,
+                         parallel=cuda)  # fmt: skip
+    padded = TrainerCore(trainer_config([*overrides, "actor.packing=False"]), model_dir=tiny_model_dir, parallel=cuda)
+    assert shared.settings.share_prompts
+    for x, y in zip(captured_steps(shared, 1), captured_steps(padded, 1), strict=True):
+        for name in () if "metrics" in x else x:
             assert_same_direction(x[name], y[name], name)  # type: ignore[arg-type]
 
 
