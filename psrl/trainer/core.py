@@ -491,8 +491,9 @@ def round_owners(tokens: Sequence[int], rank_tokens: list[int]) -> list[int]:
 
 
 def uses_fused_adam(device: torch.device) -> bool | None:
-    """Fused AdamW (one kernel over all parameters) on CUDA; elsewhere torch's default (foreach)."""
-    return True if device.type == "cuda" else None
+    """Fused AdamW (one kernel over all parameters) on CUDA and the CPU (on the CPU torch's default is a loop
+    over the parameters: 4x slower on the demo model); elsewhere torch's default."""
+    return True if device.type in ("cuda", "cpu") else None
 
 
 def group_trajectories(trajectories: Sequence[Trajectory], group_size: int) -> list[list[Trajectory]]:
