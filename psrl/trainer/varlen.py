@@ -27,10 +27,10 @@ The kernel, by device and dtype:
   fast, which recompiles for every new packed length and is slow to build on 2 cores.
 
 Shared prompts (`psrl.trainer.packing`): a segment's keys are not only its own tokens but a prompt
-before them, read through ``psrl_key_index`` (the packed positions of each segment's keys, end to end,
-``cu_seq_lens_k`` marking them). Each segment is a row of queries against a row of its keys, causal
-from the bottom right (the last query sees every key), as SDPA with a mask, on any device: the
-flash kernel takes no gathered keys here.
+before them. The micro-batch brings a `SegmentPlan` (keyword ``psrl_segments``, built once on the
+host when the batch is packed, read by every layer): each segment is a row of queries against a row
+of its keys, causal from the bottom right (the last query sees every key), as SDPA with that mask,
+on any device: the flash kernel takes no gathered keys here.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 VARLEN_ATTENTION = "psrl_varlen"
-KEY_INDEX = "psrl_key_index"  # the keyword that carries a shared-prompt batch's key positions
+SEGMENTS = "psrl_segments"  # the keyword that carries a shared-prompt batch's SegmentPlan
 
 
 class VarlenError(RuntimeError):
@@ -79,10 +79,9 @@ def varlen_attention(
         raise VarlenError(f"a packed batch is one row; got a query of shape {tuple(query.shape)}")
     if dropout > 0.0:
         raise VarlenError("the trainer runs attention without dropout")
-    key_index = kwargs.get(KEY_INDEX)
-    if isinstance(key_index, Tensor):
-        out = _segment_sdpa(query[0], key[0], value[0], Segments.of(kwargs, key_index), scaling)
-        return out.unsqueeze(0), None
+    plan = kwargs.get(SEGMENTS)
+    if isinstance(plan, SegmentPlan):
+        return _segment_sdpa(query[0], key[0], value[0], plan, scaling).unsqueeze(0), None
     flash_dtype = _flash_dtype(query)
     if flash_dtype is not None and _flash_takes(scaling, query.shape[-1]):
         q, k, v = (x[0].to(flash_dtype) for x in (query, key, value))
@@ -125,55 +124,36 @@ def _gathered_sdpa(
     return flat[:, slot_of_token].transpose(0, 1)
 
 
-class Segments(NamedTuple):
-    """Query segments (contiguous in the packed row) and each one's keys (gathered through `key_index`)."""
+class SegmentPlan(NamedTuple):
+    """Where a shared-prompt micro-batch's segments sit in the rows of one SDPA call; ``tokens`` (one past
+    the packed row) marks an empty slot, which reads a zero row."""
 
-    cu_q: Tensor
-    max_q: int
-    key_index: Tensor
-    cu_k: Tensor
-    max_k: int
-
-    @classmethod
-    def of(cls, kwargs: dict[str, object], key_index: Tensor) -> Segments:
-        cu_q, cu_k = kwargs.get("cu_seq_lens_q"), kwargs.get("cu_seq_lens_k")
-        max_q, max_k = kwargs.get("max_length_q"), kwargs.get("max_length_k")
-        if not (isinstance(cu_q, Tensor) and isinstance(cu_k, Tensor) and isinstance(max_q, int)
-                and isinstance(max_k, int)):  # fmt: skip
-            raise VarlenError("a shared-prompt batch needs cu_seq_lens_q/k tensors and max_length_q/k ints")
-        return cls(cu_q, max_q, key_index, cu_k, max_k)
+    query_slots: Tensor  # [segments, longest segment] long: the packed position of each query slot
+    slot_of_token: Tensor  # [tokens] long: the flat query slot of each packed token
+    key_slots: Tensor  # [segments, most keys] long: the packed position of each key slot
+    visible: Tensor  # [segments, 1, longest segment, most keys] bool: causal from the bottom right
 
 
-def _segment_sdpa(query: Tensor, key: Tensor, value: Tensor, segments: Segments, scaling: float | None) -> Tensor:
-    """[heads, tokens, dim] -> [tokens, heads, dim]: each query segment against its gathered keys, in one SDPA
-    over the segments as rows, causal from the bottom right."""
-    heads, tokens, dim = query.shape
-    q_slots, slot_of_token = _slots(segments.cu_q, segments.max_q, tokens)
-    k_slots, _ = _slots(segments.cu_k, segments.max_k, segments.key_index.shape[0])
-    beyond = segments.key_index.new_full((1,), tokens)  # an empty key slot reads the zero row
-    key_tokens = torch.cat([segments.key_index.to(torch.long), beyond])[k_slots]
-    num_segments = segments.cu_q.shape[0] - 1
+def _segment_sdpa(query: Tensor, key: Tensor, value: Tensor, plan: SegmentPlan, scaling: float | None) -> Tensor:
+    """[heads, tokens, dim] -> [tokens, heads, dim]: each query segment against its keys, one SDPA over the
+    segments as rows."""
+    heads, _, dim = query.shape
+    num_segments, width = plan.query_slots.shape
 
-    def rows(x: Tensor, slots: Tensor, width: int) -> Tensor:  # -> [segments, h, width, d]
+    def rows(x: Tensor, slots: Tensor) -> Tensor:  # -> [segments, h, slots per segment, d]
         padded = torch.cat([x, x.new_zeros(x.shape[0], 1, x.shape[2])], dim=1)
-        return padded[:, slots.reshape(-1)].view(x.shape[0], num_segments, width, x.shape[2]).transpose(0, 1)
+        return padded[:, slots.reshape(-1)].view(x.shape[0], num_segments, slots.shape[1], x.shape[2]).transpose(0, 1)
 
-    q_len = (segments.cu_q[1:] - segments.cu_q[:-1]).to(torch.long)
-    k_len = (segments.cu_k[1:] - segments.cu_k[:-1]).to(torch.long)
-    q_off = torch.arange(segments.max_q, device=query.device)[None, :, None]
-    k_off = torch.arange(segments.max_k, device=query.device)[None, None, :]
-    visible = (k_off <= (k_len - q_len)[:, None, None] + q_off) & (k_off < k_len[:, None, None])
-    visible |= k_off == 0  # an empty query slot sees key 0, so its (dropped) softmax stays finite
     out = functional.scaled_dot_product_attention(
-        rows(query, q_slots, segments.max_q),
-        rows(key, key_tokens, segments.max_k),
-        rows(value, key_tokens, segments.max_k),
-        attn_mask=visible[:, None],
+        rows(query, plan.query_slots),
+        rows(key, plan.key_slots),
+        rows(value, plan.key_slots),
+        attn_mask=plan.visible,
         scale=scaling,
         enable_gqa=key.shape[0] != heads,
     )
-    flat = out.transpose(0, 1).reshape(heads, num_segments * segments.max_q, dim)
-    return flat[:, slot_of_token].transpose(0, 1)
+    flat = out.transpose(0, 1).reshape(heads, num_segments * width, dim)
+    return flat[:, plan.slot_of_token].transpose(0, 1)
 
 
 def _slots(cu_seqlens: Tensor, max_length: int, tokens: int) -> tuple[Tensor, Tensor]:

@@ -5,7 +5,6 @@ padded steps check the shared layout; ``whole_sequences`` checks the packing wit
 
 from __future__ import annotations
 
-import itertools
 import random
 from pathlib import Path
 
@@ -102,15 +101,19 @@ class TestSharedPrompts:
         samples = self.mixed()
         packed = pack(samples, pad_token_id=0, share_prompts=True)
         assert packed.num_tokens == 5 + 3 + 7 + (3 + 1 + 6) + 2 + (4 + 4)  # the lone sample is packed whole
-        assert packed.key_index is not None and packed.cu_seqlens_k is not None
-        ids, positions, keys = packed.input_ids[0], packed.position_ids[0], packed.key_index
-        cu_q, cu_k = packed.cu_seqlens.tolist(), packed.cu_seqlens_k.tolist()
-        sequences = {tuple(ids[keys[a:b]].tolist()): positions[keys[a:b]].tolist() for a, b in itertools.pairwise(cu_k)}
+        plan = packed.segments
+        assert plan is not None
+        ids, positions = packed.input_ids[0], packed.position_ids[0]
+        keys = [row[row < packed.num_tokens] for row in plan.key_slots]
+        sequences = {tuple(ids[k].tolist()): positions[k].tolist() for k in keys}
         for s in samples:
             whole = (*s.trajectory.prompt_token_ids, *s.trajectory.response_token_ids)
             if s.trajectory.num_response_tokens:  # each response's keys are its prompt, then itself
                 assert sequences[whole] == list(range(len(whole)))
-        assert len(cu_q) == len(cu_k)
+        # query j of a segment with q queries and k keys sees keys 0 .. k - q + j: its own position and before
+        for queries, visible, k in zip(plan.query_slots, plan.visible[:, 0], keys, strict=True):
+            q = int((queries < packed.num_tokens).sum())
+            assert visible[:q].sum(1).tolist() == [len(k) - q + j + 1 for j in range(q)]
         # the position that predicts each response token holds the token before it in its own sequence
         flat = packed.to_padded(ids[packed.logit_positions].float())
         for row, s in enumerate(samples):
@@ -122,7 +125,7 @@ class TestSharedPrompts:
     def test_no_shared_prompt_packs_as_before(self) -> None:
         samples = samples_of([(3, 2), (2, 0), (4, 3)])
         shared, whole = pack(samples, pad_token_id=0, share_prompts=True), pack(samples, pad_token_id=0)
-        assert shared.key_index is None
+        assert shared.segments is None
         for name in ("input_ids", "position_ids", "cu_seqlens", "logit_positions", "targets", "response_slots"):
             assert torch.equal(getattr(shared, name), getattr(whole, name)), name
 
