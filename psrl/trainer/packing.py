@@ -227,8 +227,12 @@ class _Layout:
         q_off, k_off = np.arange(width)[None, :, None], np.arange(most)[None, None, :]
         visible = (k_off <= (k_len - q_len)[:, None, None] + q_off) & (k_off < k_len[:, None, None])
         visible |= k_off == 0  # an empty query slot sees key 0, so its (dropped) softmax stays finite
-        return SegmentPlan(*(torch.from_numpy(a) for a in (query_slots, slot_of_token, key_slots)),
-                           torch.from_numpy(visible[:, None]))  # fmt: skip
+        return SegmentPlan(
+            query_slots=torch.from_numpy(query_slots),
+            slot_of_token=torch.from_numpy(slot_of_token),
+            key_slots=torch.from_numpy(key_slots),
+            visible=torch.from_numpy(visible[:, None]),
+        )
 
 
 def _long(parts: list[np.ndarray]) -> Tensor:
