@@ -54,6 +54,8 @@ BASE = ["actor.use_dynamic_bsz=True", "actor.ppo_max_token_len_per_gpu=16384"]
 VARIANTS = {
     "default": [],
     "padded": ["actor.packing=False"],
+    "shared": ["actor.share_prompts=True"],  # each group's prompt once per micro-batch (the CPU default)
+    "unshared": ["actor.share_prompts=False"],
     "eager": ["actor.compile=False"],
     "recompute": ["actor.gradient_checkpointing=True"],
     "no_recompute": ["actor.gradient_checkpointing=False"],
