@@ -214,7 +214,8 @@ class ActorSettings(Section):
         "With actor.packing: the samples of one prompt (a GRPO group) carry it once in a packed micro-batch, each "
         "response attending to that one copy: the same log-probs and gradients with k-1 fewer copies of the prompt "
         "through every layer for k responses (psrl.trainer.packing). auto: on the CPU; off on CUDA, where the "
-        "flash varlen kernel has no shared-prompt form yet (true runs those micro-batches through masked SDPA).",
+        "flash varlen kernel has no shared-prompt form yet (true runs those micro-batches through masked SDPA). "
+        "A micro-batch whose segments' attention mask would exceed 64M entries (long answers) is packed whole.",
     )
     lora: Lora = section(Lora, "LoRA: train low-rank adapters instead of every weight (rank 0 = off).")
 

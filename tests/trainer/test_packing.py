@@ -129,6 +129,18 @@ class TestSharedPrompts:
         for name in ("input_ids", "position_ids", "cu_seqlens", "logit_positions", "targets", "response_slots"):
             assert torch.equal(getattr(shared, name), getattr(whole, name)), name
 
+    def test_a_mask_over_the_cap_packs_whole_sequences(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        from psrl.trainer import packing
+
+        samples = self.mixed()
+        monkeypatch.setattr(packing, "MAX_SHARED_MASK_ENTRIES", packing._shared_mask_entries(samples) - 1)
+        capped, whole = pack(samples, 0, share_prompts=True), pack(samples, 0)
+        assert capped.segments is None and torch.equal(capped.input_ids, whole.input_ids)
+        monkeypatch.setattr(packing, "MAX_SHARED_MASK_ENTRIES", packing._shared_mask_entries(samples))
+        shared = pack(samples, 0, share_prompts=True)
+        assert shared.segments is not None
+        assert shared.segments.visible.numel() == packing._shared_mask_entries(samples)
+
     def test_log_probs_and_gradients_equal_the_whole_sequences(self, tiny_model_dir: Path) -> None:
         from psrl.trainer.forward import response_log_probs
 
