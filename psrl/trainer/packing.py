@@ -120,13 +120,11 @@ def pack(samples: Sequence[Sample], pad_token_id: int, *, share_prompts: bool = 
     """One packed row of `samples` (CPU tensors; move with `PackedBatch.to`), concatenated in numpy
     from the trajectories' arrays; with `share_prompts`, each prompt once for the samples that share it."""
     batch = collate(samples, pad_token_id)
-    if share_prompts and _shared_mask_entries(samples) > MAX_SHARED_MASK_ENTRIES:
-        share_prompts = False  # long answers: the segments' mask would cost more memory than the prompt saves
     layout = _Layout(batch.response_length)
     for rows in _prompt_groups(samples) if share_prompts else [[row] for row in range(len(samples))]:
         trajectories = [samples[row].trajectory for row in rows]
-        if not len(trajectories[0].prompt_token_ids):
-            t = trajectories[0]
+        t = trajectories[0]
+        if not len(t.prompt_token_ids):
             raise ValueError(
                 f"trajectory ({t.prompt_id}, {t.child}) has an empty prompt: nothing predicts its first token"
             )
@@ -134,26 +132,14 @@ def pack(samples: Sequence[Sample], pad_token_id: int, *, share_prompts: bool = 
             layout.add_whole(rows[0], trajectories[0])
         else:
             layout.add_shared(rows, trajectories)
+    if layout.shared and layout.mask_entries() > MAX_SHARED_MASK_ENTRIES:
+        # long answers: the segments' mask would cost more memory than the prompt saves
+        return pack(samples, pad_token_id)
     return layout.packed(batch)
 
 
 # the most entries a shared micro-batch's attention mask may have (a bool each): segments x longest x most keys
 MAX_SHARED_MASK_ENTRIES = 1 << 26
-
-
-def _shared_mask_entries(samples: Sequence[Sample]) -> int:
-    """Entries of the mask `pack` builds for `samples` with shared prompts: segments x longest x most keys."""
-    segments: list[tuple[int, int]] = []  # (queries, keys) of each segment, as _Layout lays them out
-    for rows in _prompt_groups(samples):
-        trajectories = [samples[row].trajectory for row in rows]
-        prompt = len(trajectories[0].prompt_token_ids)
-        if len(rows) == 1:
-            segments.append((sample_tokens(samples[rows[0]]),) * 2)
-            continue
-        segments.append((prompt, prompt))
-        segments += [(t.num_response_tokens, prompt + t.num_response_tokens) for t in trajectories
-                     if t.num_response_tokens]  # fmt: skip
-    return len(segments) * max(q for q, _ in segments) * max(k for _, k in segments)
 
 
 def _prompt_groups(samples: Sequence[Sample]) -> list[list[int]]:
@@ -215,6 +201,10 @@ class _Layout:
             first = self._segment(response, np.arange(len(response)) + len(prompt), prompt_keys)
             # the prompt's last token predicts the first response token, each response token the next
             self._response(row, trajectory, np.concatenate([[last], first + np.arange(len(response) - 1)]))
+
+    def mask_entries(self) -> int:
+        """Entries of the shared layout's attention mask: segments x longest segment x most keys."""
+        return (len(self.bounds) - 1) * int(np.diff(self.bounds).max()) * int(np.diff(self.key_bounds).max())
 
     def packed(self, batch: Batch) -> PackedBatch:
         lengths = np.diff(self.bounds)

@@ -133,13 +133,15 @@ class TestSharedPrompts:
         from psrl.trainer import packing
 
         samples = self.mixed()
-        monkeypatch.setattr(packing, "MAX_SHARED_MASK_ENTRIES", packing._shared_mask_entries(samples) - 1)
+        plan = pack(samples, 0, share_prompts=True).segments
+        assert plan is not None
+        entries = plan.visible.numel()
+        monkeypatch.setattr(packing, "MAX_SHARED_MASK_ENTRIES", entries - 1)
         capped, whole = pack(samples, 0, share_prompts=True), pack(samples, 0)
         assert capped.segments is None and torch.equal(capped.input_ids, whole.input_ids)
-        monkeypatch.setattr(packing, "MAX_SHARED_MASK_ENTRIES", packing._shared_mask_entries(samples))
+        monkeypatch.setattr(packing, "MAX_SHARED_MASK_ENTRIES", entries)
         shared = pack(samples, 0, share_prompts=True)
-        assert shared.segments is not None
-        assert shared.segments.visible.numel() == packing._shared_mask_entries(samples)
+        assert shared.segments is not None and shared.num_tokens < whole.num_tokens
 
     def test_log_probs_and_gradients_equal_the_whole_sequences(self, tiny_model_dir: Path) -> None:
         from psrl.trainer.forward import response_log_probs
