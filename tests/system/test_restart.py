@@ -145,7 +145,9 @@ def test_the_night_plan_over_curve_instance_shard_then_router_just_after_a_publi
     """An instance, a shard, then the router just after a version is published (it is down while the
     instances load it and the coordinator's requests queue for it), over CURVE: the run finishes and
     the log shows nothing lost; every fault healed."""
-    config = load_config("demo", [*WORKLOAD, "bus.curve=on", "trainer.total_steps=10"])
+    # each fault waits for a warm spare (about 10 s to start on 2 cores), so the three take half a minute
+    # or more; the run must still be training when the last one lands, however fast its steps are
+    config = load_config("demo", [*WORKLOAD, "bus.curve=on", "trainer.total_steps=30"])
     plan = chaos.Plan((), 0, 0.0, explicit="rollout-0@1,ps-1@1,router@publish+0.1")
     case = chaos.run_case(11, config, plan, tmp_path / "runs")
     assert case.exit_code == EXIT_OK, case.reason
