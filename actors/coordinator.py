@@ -6,19 +6,29 @@ come from the bus. The flow's tick (sync and migration decisions) runs from the 
 A coordinator restarted within a launch (``restarted``) re-runs its flow on the launch's logged
 inputs and does what its predecessor had not done yet (``psrl.flows.coordinator_recovery``); the
 router's messages it took from the log are dropped when its link delivers them too.
+
+A resumed run's trainer pushes its checkpoint's version as it starts, and the coordinator dispatches
+nothing until that version is published. When the publication came before the coordinator had
+subscribed (the trainer's process started first, or the coordinator's was slow), the bus never brings
+it; the event log holds it, so until then the coordinator looks for it there, in this launch's segments.
 """
 
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 from actors.flow_actor import FlowActor
+from bus.eventlog.reader import EventLogReader
+from bus.messages import WeightsPublished
 from psrl.engine_cost.model import load_cost_model
 from psrl.evaluation.planner import EvalPlanner
 from psrl.flows.coordinator import ROUTER, CoordinatorFlow
 from psrl.flows.coordinator_recovery import replay_coordinator
 from psrl.flows.prompts import TaskPrompts
 from psrl.launches import launch_of
+
+FIRST_VERSION_LOOKUP_S = 0.5  # how often a coordinator waiting for its launch's first version reads the log
 
 
 class CoordinatorActor(FlowActor):
@@ -53,7 +63,29 @@ class CoordinatorActor(FlowActor):
             self._recover(flow)
         else:
             self.perform(flow.start(time.monotonic()))
+            if flow.awaits_first_version and self.boot.run_dir is not None:
+                self.launch_segment = int(options.get("log_segment", 0))  # where this launch's log begins
+                self.every(FIRST_VERSION_LOOKUP_S, self._look_up_first_version)
         return {}
+
+    @property
+    def events_dir(self) -> Path:
+        return Path(str(self.boot.run_dir)) / "events"
+
+    def _look_up_first_version(self) -> None:
+        """The launch's first published version from the event log, when the bus did not bring it."""
+        if not self.flow.awaits_first_version:
+            return
+        launch = launch_of(self.boot.incarnation)
+        reader = EventLogReader(self.events_dir)
+        published = [
+            logged.event
+            for logged in reader.events_of({WeightsPublished.KIND}, first_segment=self.launch_segment)
+            if launch_of(logged.event.envelope.incarnation) == launch
+        ]
+        if published:
+            self.log.info("first version found in the event log", version=published[-1].message.version)
+            self.to_flow(published[-1])
 
     def _recover(self, flow: CoordinatorFlow) -> None:
         events = self.logged_events()

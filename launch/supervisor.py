@@ -28,6 +28,7 @@ import zmq
 from actors.boot import CHECKPOINT_ON_STOP, Boot, read_curve_files
 from bus import BusProxy, Publisher, Subscriber
 from bus.addresses import ipc_dir, plan_addresses
+from bus.eventlog.reader import EventLogReader
 from bus.messages import (
     ActorDead,
     ActorExited,
@@ -201,6 +202,8 @@ class Supervisor:
         self.resume = resume_point(self.run_dir, self.config.entries_per_buffer) if resume else ResumePoint()
         if self.resume.version:
             self.log.info("resuming", version=self.resume.version, next_prompt_id=self.resume.next_prompt_id)
+        # this launch's logger starts the log's next segment: the launch's events are there and after
+        self.log_segment = EventLogReader(self.run_dir.events).newest_segment() + 1
         self.publisher = Publisher(
             self.ctx, self.addresses, "supervisor", self.incarnation_base, options=self.settings.options
         )
@@ -270,6 +273,7 @@ class Supervisor:
                 # the router's ledger and the coordinator's buffers and prompt cursor continue from here
                 "initial_version": self.resume.version,
                 "first_prompt_id": self.resume.next_prompt_id,
+                "log_segment": self.log_segment,
                 # a replacement within this launch: the rest of the run is ahead of its checkpoint
                 "restarted": is_replacement(incarnation),
                 **_placement(spec, self.config),

@@ -74,16 +74,33 @@ class EventLogReader:
     def events(self) -> Iterator[LoggedEvent]:
         """Decoded events (upgraded to current schemas); undecodable records become problems."""
         for record in self.records():
-            try:
-                events = self._decoder.decode(record.frames)
-            except DecodeError as error:
-                size = sum(len(f) for f in record.frames)
-                self.problems.append(
-                    LogProblem(str(record.segment), record.offset, f"undecodable event: {error}", size)
-                )
+            yield from self._decoded(record)
+
+    def _decoded(self, record: LogRecord) -> Iterator[LoggedEvent]:
+        try:
+            events = self._decoder.decode(record.frames)
+        except DecodeError as error:
+            size = sum(len(f) for f in record.frames)
+            self.problems.append(LogProblem(str(record.segment), record.offset, f"undecodable event: {error}", size))
+            return
+        for event in events:  # a record holds one message, which may be a batch of events
+            yield LoggedEvent(record.segment, record.offset, event)
+
+    def events_of(self, kinds: set[str], first_segment: int = 0) -> Iterator[LoggedEvent]:
+        """Decoded events of ``kinds`` only, from segment ``first_segment`` on; the others are not decoded
+        (their topic frame says their kind)."""
+        topics = {kind.encode() for kind in kinds}
+        for path in self.segments():
+            if (segment_index(path) or 0) < first_segment:
                 continue
-            for event in events:  # a record holds one message, which may be a batch of events
-                yield LoggedEvent(record.segment, record.offset, event)
+            for record in self._segment_records(path):
+                if record.frames and bytes(record.frames[0]) in topics:
+                    yield from self._decoded(record)
+
+    def newest_segment(self) -> int:
+        """The index of the newest segment (0 when there is none)."""
+        indices = [segment_index(path) or 0 for path in self.segments()]
+        return max(indices, default=0)
 
     def last_record(self) -> LogRecord | None:
         """The last whole record of the log (reading back from the newest non-empty segment)."""

@@ -199,8 +199,13 @@ class CoordinatorFlow(Flow):
 
     # ------------------------------------------------------------------ dispatch
 
+    @property
+    def awaits_first_version(self) -> bool:
+        """A resumed run's trainer re-pushes its checkpoint's version: nothing is dispatched until it is published."""
+        return self.ps_version < self.initial_version
+
     def _dispatch(self) -> None:
-        if self.is_finished or self.ps_version < self.initial_version:
+        if self.is_finished or self.awaits_first_version:
             return
         cfg = self.config
         allowance = dispatch_allowance(

@@ -17,7 +17,7 @@ from bus.codec import Encoder
 from bus.eventlog import EventLogger, EventLogReader, EventLogWriter
 from bus.eventlog.format import HEADER, RECORD_HEADER
 from bus.eventlog.logger import EventLogFailedError
-from bus.messages import FinishReason, GenerateResult, Metrics, Pause
+from bus.messages import FinishReason, GenerateResult, Metrics, Pause, WeightsPublished
 from bus.publisher import Publisher
 from bus.schema import Envelope
 from bus.sockets import make_socket
@@ -133,6 +133,24 @@ def test_restarted_writer_never_appends_to_an_old_segment(tmp_path: Path) -> Non
     reader = EventLogReader(tmp_path)
     assert _steps(reader) == [1, 2, 4]
     assert len(reader.problems) == 1 and reader.problems[0].segment == str(old)
+
+
+def test_events_of_some_kinds_from_a_segment_on(tmp_path: Path) -> None:
+    """Only the kinds asked for, from the segment asked on: a new launch's logger starts the next segment."""
+    published = Envelope("wt.published", 1, "ps-0", 0, 1, 1, 1_000)
+    for launch_version in (4, 7):  # two loggers (launches), each its own segment
+        writer = EventLogWriter(tmp_path)
+        writer.append(_frames(launch_version))
+        writer.append(Encoder().encode(published, WeightsPublished(launch_version, "ab", 2)))
+        writer.append(_frames(launch_version + 1))
+        writer.close()
+    reader = EventLogReader(tmp_path)
+    assert reader.newest_segment() == 2
+    every = [e.event.message.version for e in reader.events_of({WeightsPublished.KIND})]
+    assert every == [4, 7]
+    assert [e.event.message.version for e in reader.events_of({WeightsPublished.KIND}, first_segment=2)] == [7]
+    assert [e.event.message.step for e in reader.events_of({Metrics.KIND}, first_segment=2)] == [7, 8]
+    assert EventLogReader(tmp_path / "absent").newest_segment() == 0
 
 
 def _offsets(directory: Path) -> list[int]:
