@@ -12,8 +12,11 @@ server's stdin; the server forks a child whose stdin is that FIFO (the launcher 
 the boot line arrives there, and end-of-file means the launcher is gone, as for a cold actor) and
 whose output goes to the log, then answers ``{"pid": N}`` once the child holds its FIFO. It reaps
 its children and reports ``{"exit": N, "code": C}`` (C negative for a signal, as subprocess does).
-It says ``{"ready": [modules]}`` once its imports are done, and exits at end-of-file on its stdin;
-children outlive it (each has its own lifeline).
+It imports the classes in the order given and says ``{"ready_class": CLASS}`` after each: the
+launcher then asks for that class's actors, which the server forks before it imports the next class
+(a child forked then imports what it still needs itself, so on 2 cores the trainer loads its model
+while the server imports the engine's modules). It says ``{"ready": [modules]}`` once every import
+is done, and exits at end-of-file on its stdin; children outlive it (each has its own lifeline).
 
     python -m actors.forkserver --threads 1 --classes rollout,ps,trainer,router,coordinator
 """
@@ -32,6 +35,9 @@ from typing import Any, NoReturn
 from actors.spare import warm_imports
 
 POLL_S = 0.05
+# after each class's imports, how long the server waits for that class's fork requests before importing the
+# next (the launcher answers a ready class within milliseconds when it waits for it)
+CLASS_WINDOW_S = 0.05
 
 
 def _say(message: dict[str, Any]) -> None:
@@ -88,21 +94,31 @@ def _reap() -> None:
         _say({"exit": pid, "code": os.waitstatus_to_exitcode(status)})
 
 
-def serve() -> None:
-    pending = b""
-    while True:
-        readable, _, _ = select.select([0], [], [], POLL_S)
-        _reap()
-        if not readable:
-            continue
-        chunk = os.read(0, 65536)
-        if not chunk:
-            return  # the launcher is gone; the children have their own lifelines
-        pending += chunk
-        *lines, pending = pending.split(b"\n")
-        for line in lines:
-            if line.strip():
-                _fork(json.loads(line))
+class Requests:
+    """Fork requests read from stdin, one JSON object per line."""
+
+    def __init__(self) -> None:
+        self.pending = b""
+
+    def serve(self, quiet_s: float | None = None) -> bool:
+        """Fork each request as it comes; with ``quiet_s``, return once none has come for that long (True),
+        else until end-of-file on stdin (False: the launcher is gone; the children have their own lifelines)."""
+        last = time.monotonic()
+        while quiet_s is None or time.monotonic() - last < quiet_s:
+            readable, _, _ = select.select([0], [], [], POLL_S if quiet_s is None else min(POLL_S, quiet_s))
+            _reap()
+            if not readable:
+                continue
+            chunk = os.read(0, 65536)
+            if not chunk:
+                return False
+            self.pending += chunk
+            *lines, self.pending = self.pending.split(b"\n")
+            for line in lines:
+                if line.strip():
+                    _fork(json.loads(line))
+            last = time.monotonic()
+        return True
 
 
 def main(argv: list[str] | None = None) -> NoReturn:
@@ -112,10 +128,15 @@ def main(argv: list[str] | None = None) -> NoReturn:
     args = parser.parse_args(argv)
     if args.threads:  # before torch is imported, as a cold start does
         os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = str(args.threads)
-    started = time.monotonic()
-    modules = warm_imports([c for c in args.classes.split(",") if c])
+    started, requests, modules = time.monotonic(), Requests(), []
+    for target in (c for c in args.classes.split(",") if c):
+        modules += [m for m in warm_imports([target]) if m not in modules]
+        # the launcher may start this class's actors now, while the next classes import
+        _say({"ready_class": target})
+        if not requests.serve(quiet_s=CLASS_WINDOW_S):
+            os._exit(0)
     _say({"ready": modules, "import_s": round(time.monotonic() - started, 3)})
-    serve()
+    requests.serve()
     # Nothing here needs tearing down, and unwinding the imported torch and transformers takes about a
     # second that the launcher would wait for at the end of every run.
     sys.stdout.flush()

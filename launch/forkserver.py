@@ -31,8 +31,16 @@ POLL_S = 0.01
 
 
 # What ``psrl launch`` imports ahead, before it has read its configuration: the classes of a local run
-# (the session scheduler's too, so that agentic runs find it imported).
-AHEAD_CLASSES = ("rollout", "ps", "trainer", "router", "coordinator", "session")
+# (the session scheduler's too, so that agentic runs find it imported), in the order they become ready:
+# the trainer's first (the longest to import and to load its model: the first step waits for it), then
+# the engine's, then the light ones.
+AHEAD_CLASSES = ("trainer", "rollout", "ps", "router", "coordinator", "session")
+
+
+def import_order(classes: list[str]) -> list[str]:
+    """``classes`` in the order a server imports them: as in AHEAD_CLASSES, any other after them."""
+    rank = {name: index for index, name in enumerate(AHEAD_CLASSES)}
+    return sorted(classes, key=lambda name: rank.get(name, len(rank)))
 
 
 class ForkServer:
@@ -40,11 +48,11 @@ class ForkServer:
     output is held until ``adopt`` gives it the run's."""
 
     def __init__(self, classes: list[str], threads: int, log_path: Path | None, fifo_dir: Path | None) -> None:
-        self.classes, self.threads = list(classes), threads
+        self.classes, self.threads = import_order(list(classes)), threads
         self.fifo_dir = fifo_dir
         if fifo_dir is not None:
             fifo_dir.mkdir(parents=True, exist_ok=True)
-        command = [sys.executable, "-u", "-m", "actors.forkserver", "--classes", ",".join(classes)]
+        command = [sys.executable, "-u", "-m", "actors.forkserver", "--classes", ",".join(self.classes)]
         self.popen = subprocess.Popen(
             [*command, "--threads", str(threads)],
             stdin=subprocess.PIPE,
@@ -56,7 +64,9 @@ class ForkServer:
         )
         assert self.popen.stderr is not None
         self.log = ServerLog(self.popen.stderr, log_path)
-        self.ready = threading.Event()
+        self.ready = threading.Event()  # every class imported
+        self.ready_classes: set[str] = set()
+        self._class_ready = threading.Condition()
         self.import_s: float | None = None
         self.exits: dict[int, int] = {}
         self._pids: queue.Queue[int] = queue.Queue()
@@ -68,9 +78,15 @@ class ForkServer:
         assert self.popen.stdout is not None
         for line in self.popen.stdout:
             reply: dict[str, Any] = json.loads(line)
-            if "ready" in reply:
+            if "ready_class" in reply:
+                with self._class_ready:
+                    self.ready_classes.add(str(reply["ready_class"]))
+                    self._class_ready.notify_all()
+            elif "ready" in reply:
                 self.import_s = float(reply.get("import_s", 0.0))
-                self.ready.set()
+                with self._class_ready:
+                    self.ready.set()
+                    self._class_ready.notify_all()
             elif "pid" in reply:
                 self._pids.put(int(reply["pid"]))
             elif "exit" in reply:
@@ -107,9 +123,24 @@ class ForkServer:
     def wait_ready(self, timeout_s: float) -> bool:
         return self.ready.wait(timeout_s) and self.is_alive
 
-    def start(self, spec: ActorSpec, boot: Boot, log_path: Path) -> ActorProcess | None:
-        """The actor forked by the server (its boot line on its FIFO), or None: start it cold."""
-        if boot.options.get("ld_preload") or not self.ready.is_set() or not self.is_alive or self.fifo_dir is None:
+    def wait_class(self, target: str, timeout_s: float) -> bool:
+        """Wait until ``target``'s modules are imported (the server forks its actors from then on)."""
+        deadline = time.monotonic() + timeout_s
+        with self._class_ready:
+            while not self.is_ready_for(target) and self.is_alive and time.monotonic() < deadline:
+                self._class_ready.wait(min(0.1, deadline - time.monotonic()))  # also sees a server that died
+        return self.is_ready_for(target) and self.is_alive
+
+    def is_ready_for(self, target: str | None) -> bool:
+        """The server forks actors of ``target`` (any class once every import is done; None: only then)."""
+        return self.ready.is_set() or (target is not None and target in self.ready_classes)
+
+    def start(self, spec: ActorSpec, boot: Boot, log_path: Path, target: str | None = None) -> ActorProcess | None:
+        """The actor forked by the server (its boot line on its FIFO), or None: start it cold. ``target``: the
+        actor's class, which may be ready before the server's other imports are."""
+        if boot.options.get("ld_preload") or not self.is_ready_for(target) or not self.is_alive:
+            return None
+        if self.fifo_dir is None:
             return None
         log_path.parent.mkdir(parents=True, exist_ok=True)
         fifo = self.fifo_dir / f"{boot.name}.{boot.incarnation}.stdin"

@@ -19,7 +19,7 @@ import os
 import signal
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -284,9 +284,8 @@ class Supervisor:
     def _start(self, spec: ActorSpec, incarnation: int, *, announce: bool = True) -> ActorProcess:
         boot, log_file = self._boot(spec, incarnation), self.run_dir.log_file(spec.name)
         process = self.spares.take(spec, boot, log_file) if self.spares is not None else None
-        is_local = spec.host is None or spec.host.is_local
-        if process is None and self.fork_server is not None and is_local:
-            process = self.fork_server.start(spec, boot, log_file)
+        if process is None and self.fork_server is not None and _is_local(spec):
+            process = self.fork_server.start(spec, boot, log_file, self._actor_class(spec))
         if process is None:
             process = start_actor(spec, boot, log_file)
         self.processes[spec.name] = process
@@ -312,20 +311,37 @@ class Supervisor:
         self.publisher.wait_subscribed(SUBSCRIBE_WAIT_S, prefix="")
         for spec in logger:  # announced once the log listens
             self._announce(self.processes[spec.name])
-        if self.fork_server is not None and not self.fork_server.wait_ready(FORK_SERVER_WAIT_S):
-            self.log.warning("fork server not ready; actors start as fresh interpreters",
-                             log=str(self.run_dir.log_file("forkserver")))  # fmt: skip
-        for spec in others:
+        for spec in self._in_import_order(others):
             self._start(spec, self.incarnation_base)
         self._await_ready([s.name for s in others])
+
+    def _in_import_order(self, specs: list[ActorSpec]) -> Iterator[ActorSpec]:
+        """``specs`` as the fork server's classes become ready, each class's local actors as soon as it is
+        (the trainer's first: the first step waits for it); the others, and all without a server, at once."""
+        server = self.fork_server
+        if server is None:
+            yield from specs
+            return
+        forked = [s for s in specs if _is_local(s) and self._actor_class(s) in server.classes]
+        yield from (s for s in specs if s not in forked)
+        for target in server.classes:
+            group = [s for s in forked if self._actor_class(s) == target]
+            if group and not server.wait_class(target, FORK_SERVER_WAIT_S):
+                self.log.warning("fork server not ready; actors start as fresh interpreters", actor_class=target,
+                                 log=str(self.run_dir.log_file("forkserver")))  # fmt: skip
+            yield from group
+
+    def _actor_class(self, spec: ActorSpec) -> str:
+        """The class an actor runs (its role's, or the one its options name)."""
+        return str(self.actor_options.get(spec.name, {}).get("actor_class", spec.role))
 
     def _start_fork_server(self, specs: list[ActorSpec]) -> ForkServer | None:
         """One process that imports the local actors' classes once and forks each of them (topology.fork_server)."""
         ahead, self.fork_server_ahead = self.fork_server_ahead, None
-        local = [s for s in specs if s.host is None or s.host.is_local]
+        local = [s for s in specs if _is_local(s)]
         classes: list[str] = []
         for spec in local:
-            target = str(self.actor_options.get(spec.name, {}).get("actor_class", spec.role))
+            target = self._actor_class(spec)
             if target not in classes:
                 classes.append(target)
         log_file, threads = self.run_dir.log_file("forkserver"), self.config.topology.threads_per_actor
@@ -338,7 +354,7 @@ class Supervisor:
 
     def _spare_pool(self) -> SparePool | None:
         """Warm spares on the launching host, warming the classes of the actors that run there."""
-        local = [s for s in self.specs if s.host is None or s.host.is_local]
+        local = [s for s in self.specs if _is_local(s)]
         per_host = self.config.topology.warm_spares
         if not local or per_host == 0:
             return None
@@ -725,3 +741,7 @@ def _placement(spec: ActorSpec, config: Config) -> dict[str, str]:
     options = {} if gpus is None else {"cuda_visible_devices": gpus}
     preload = memory_saver_preload(spec.role, config)
     return options if preload is None else {**options, "ld_preload": preload}
+
+
+def _is_local(spec: ActorSpec) -> bool:
+    return spec.host is None or spec.host.is_local
