@@ -50,7 +50,8 @@ def test_a_demo_launch_imports_once_and_loads_each_model_once(tmp_path) -> None:
     fresh = sorted(s.actor for s in starts if not s.warm)
     assert fresh == ["logger"], f"fresh interpreters besides the fork server: {fresh}"
     assert len(starts) == len(sup.specs), "one process per actor, none started twice"
-    assert [s.actor for s in starts if s.actor != "logger"][0] == "trainer-0", "the trainer's class is forked first"
+    first = next(s.actor for s in starts if s.actor != "logger")
+    assert first == "trainer-0", "the trainer's class is forked first"
     assert max(e.message.version for e in events if isinstance(e.message, TrainerProgress)) == 2
     logs = sup.run_dir.path / "logs"
     engines = sum((logs / f"rollout-{i}.log").read_text().count("engine_ready") for i in range(2))
