@@ -48,6 +48,7 @@ class ParameterShardActor(Actor):
             options,
             on_commit=lambda e: self._queue("commit", e),
             on_stored=lambda e: self._queue("stored", e),
+            on_failed=lambda _: self._wake(),
         )
         self.thread, self.stop_server = self.server.start_thread()
         return {"shard": self.boot.index}
@@ -55,6 +56,9 @@ class ParameterShardActor(Actor):
     def _queue(self, what: str, event: VersionEvent) -> None:
         """In the server's thread: hand the event to the actor loop and wake it."""
         self.events.put((what, event))
+        self._wake()
+
+    def _wake(self) -> None:
         # a full pipe already holds a wake-up; a closed one means the actor is past its teardown
         with contextlib.suppress(OSError):
             os.write(self.wake_write, b"\0")
@@ -62,6 +66,9 @@ class ParameterShardActor(Actor):
     def _on_wake(self) -> None:
         os.read(self.wake_read, 4096)
         self._announce()
+        failure = self.server.failure
+        if failure is not None:  # the actor ends with it: its restart policy applies, the reason is logged
+            raise RuntimeError(f"shard {self.boot.index} stopped serving: {type(failure).__name__}: {failure}")
 
     def drop_counts(self) -> dict[str, int]:
         counts = super().drop_counts()

@@ -111,8 +111,11 @@ class ShardServer:
         on_commit: VersionHook | None = None,
         on_stored: VersionHook | None = None,
         ctx: zmq.Context[zmq.Socket[bytes]] | None = None,
+        on_failed: Callable[[Exception], None] | None = None,
     ) -> None:
         self.options = options
+        self.failure: Exception | None = None  # what ended the serving thread (``run``), if anything did
+        self._on_failed = on_failed
         self.boot_id = uuid.uuid4().hex[:12]
         self.counters: Counter[str] = Counter()
         self.versions: ShardVersions[EntryBuffers] = ShardVersions(options.shard, options.num_shards)
@@ -174,10 +177,17 @@ class ShardServer:
     # loop ---------------------------------------------------------------------------------------
 
     def run(self, stop: threading.Event) -> None:
-        """Serve until ``stop`` is set, then close the sockets."""
+        """Serve until ``stop`` is set, then close the sockets. An error ends the serving (a snapshot that
+        cannot be written, say on a full disk): it is kept in ``failure`` and handed to ``on_failed``, so
+        that the host stops too rather than live on with a shard that answers no one."""
         try:
             while not stop.is_set():
                 self.poll_once()
+        except Exception as exc:
+            self.failure = exc
+            self._log.error("ps.shard.failed", error=f"{type(exc).__name__}: {exc}")
+            if self._on_failed is not None:
+                self._on_failed(exc)
         finally:
             self.close()
 

@@ -140,8 +140,14 @@ class ShardSnapshots:
             offsets=dict(data.offsets),
         )
         temporary = self.header_path.with_suffix(".tmp")
-        temporary.write_bytes(msgspec.msgpack.encode(header))
-        os.replace(temporary, self.header_path)
+        try:
+            temporary.write_bytes(msgspec.msgpack.encode(header))
+            os.replace(temporary, self.header_path)
+        except OSError as error:  # a full disk, say: the version is served all the same, only not kept
+            self._fail(f"the header could not be written: {error}")
+            with contextlib.suppress(OSError):
+                temporary.unlink()
+            return False
         self._remove_data_files(keep=data.path.name)
         return True
 

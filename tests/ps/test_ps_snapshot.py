@@ -187,3 +187,35 @@ def test_superseded_versions_leave_no_files(
     ]
     assert remove_snapshots(snapshots) == 4
     assert list(snapshots.iterdir()) == []
+
+
+def test_a_header_that_cannot_be_written_leaves_the_version_served_and_the_shard_serving(
+    threaded: Callable[..., ThreadedShards], snapshots: Path, pusher_for: list[Pusher]
+) -> None:
+    """A full disk, say: the snapshot is not kept, but the commit is answered and the version is served."""
+    shards = threaded()
+    (snapshots / "ps-0.tmp").mkdir(parents=True)  # where shard 0 writes its header first: the write fails
+    # a shard that stopped answering would fail the push at its timeout rather than wait out the test's
+    pusher = Pusher(shards.push_endpoints, incarnation=1, max_block_bytes=BLOCK, timeout_s=30)
+    pusher_for.append(pusher)
+    pusher.push(1, small_model(3))
+    version, tensors = pull_latest(shards)
+    assert version == 1
+    assert_same(tensors, small_model(3))
+    assert not (snapshots / "ps-0.committed").exists() and (snapshots / "ps-1.committed").exists()
+    assert all(thread.is_alive() for thread, _ in shards.running)
+
+
+def test_an_error_that_ends_the_serving_thread_is_kept_and_handed_to_the_host(sockdir: str) -> None:
+    push, pull = ipc_endpoints(sockdir, 1)
+    failures: list[Exception] = []
+    server = ShardServer(ShardOptions(0, 1, push[0], pull[0]), on_failed=failures.append)
+
+    def broken(timeout_ms: int | None = None) -> None:
+        raise OSError(28, "No space left on device")
+
+    server.poll_once = broken  # type: ignore[method-assign]
+    thread, _ = server.start_thread()
+    thread.join(10)
+    assert not thread.is_alive()
+    assert failures == [server.failure] and isinstance(server.failure, OSError)
