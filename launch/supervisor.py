@@ -18,6 +18,7 @@ import functools
 import os
 import signal
 import socket
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -608,6 +609,17 @@ class Supervisor:
 
     def _on_signal(self, signum: int, _frame: Any) -> None:
         self._end(EXIT_INTERRUPTED, f"interrupted by {signal.Signals(signum).name}")
+
+    def run_within(self, seconds: float, reason: str) -> int:
+        """``run``, ended as failed with ``reason`` when it has not finished within ``seconds`` (a harness's
+        deadline: a run that stops making progress ends with the reason instead of hanging the harness)."""
+        deadline = threading.Timer(seconds, self.end, [reason])
+        deadline.daemon = True
+        deadline.start()
+        try:
+            return self.run()
+        finally:
+            deadline.cancel()
 
     def end(self, reason: str) -> None:
         """Stop the run from outside its loop (a harness's deadline); it ends as failed, with ``reason``."""

@@ -66,7 +66,6 @@ from __future__ import annotations
 
 import argparse
 import tempfile
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -194,15 +193,7 @@ def run_case(
     supervisor.listeners = (*supervisor.listeners, injector.on_event)
     injector.start()
     started = time.monotonic()
-    # a run that stops making progress must end the case with the reason, never hang the harness
-    reason = f"chaos: the case did not finish within {deadline_s:.0f} s"
-    deadline = threading.Timer(deadline_s, supervisor.end, [reason])
-    deadline.daemon = True
-    deadline.start()
-    try:
-        code = supervisor.run()
-    finally:
-        deadline.cancel()
+    code = supervisor.run_within(deadline_s, f"chaos: the case did not finish within {deadline_s:.0f} s")
     events = [e.event for e in EventLogReader(supervisor.run_dir.events).events()]
     return CaseResult(
         seed,

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -98,13 +97,7 @@ def test_a_resumed_run_whose_coordinator_starts_after_the_checkpoint_is_publishe
     sup = CoordinatorAfterThePublish(
         load_config("demo", [*SMALL, "trainer.total_steps=3"]), RunDir.create(tmp_path, "late")
     )
-    deadline = threading.Timer(EXIT_BOUND_S, sup.end, ["the resumed run did not finish (the coordinator waits?)"])
-    deadline.daemon = True
-    deadline.start()
-    try:
-        code = sup.run()
-    finally:
-        deadline.cancel()
+    code = sup.run_within(EXIT_BOUND_S, "the resumed run did not finish (the coordinator waits?)")
     assert sup.resume.version == 2 and sup.waited_s < PUBLISH_WAIT_S, (sup.resume, sup.waited_s)
     assert code == EXIT_OK, sup.end_reason
     log = sup.run_dir.log_file("coordinator").read_text()
