@@ -177,9 +177,9 @@ class ShardServer:
     # loop ---------------------------------------------------------------------------------------
 
     def run(self, stop: threading.Event) -> None:
-        """Serve until ``stop`` is set, then close the sockets. An error ends the serving (a snapshot that
-        cannot be written, say on a full disk): it is kept in ``failure`` and handed to ``on_failed``, so
-        that the host stops too rather than live on with a shard that answers no one."""
+        """Serve until ``stop`` is set, then close the sockets. An unexpected error ends the serving: it is
+        kept in ``failure`` and handed to ``on_failed``, so that the host stops too rather than live on
+        with a shard that answers no one (and a trainer whose push waits on it)."""
         try:
             while not stop.is_set():
                 self.poll_once()
