@@ -16,7 +16,6 @@ it; the event log holds it, so until then the coordinator looks for it there, in
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 from actors.flow_actor import FlowActor
 from bus.eventlog.reader import EventLogReader
@@ -67,10 +66,6 @@ class CoordinatorActor(FlowActor):
                 self.launch_segment = int(options.get("log_segment", 0))  # where this launch's log begins
                 self.every(FIRST_VERSION_LOOKUP_S, self._look_up_first_version)
         return {}
-
-    @property
-    def events_dir(self) -> Path:
-        return Path(str(self.boot.run_dir)) / "events"
 
     def _look_up_first_version(self) -> None:
         """The launch's first published version from the event log, when the bus did not bring it."""

@@ -53,8 +53,13 @@ class FlowActor(Actor):
         """The run's event log, for an actor restarted within its launch to rebuild its state from."""
         if self.boot.run_dir is None:
             raise RuntimeError(f"a restarted {self.ROLE} rebuilds from the event log: place it on the launcher host")
-        self._wait_for_the_log(Path(self.boot.run_dir) / "events")
-        return (logged.event for logged in EventLogReader(Path(self.boot.run_dir) / "events").events())
+        self._wait_for_the_log(self.events_dir)
+        return (logged.event for logged in EventLogReader(self.events_dir).events())
+
+    @property
+    def events_dir(self) -> Path:
+        """The run's event log (on the launcher host: ``boot.run_dir`` is set there)."""
+        return Path(str(self.boot.run_dir)) / "events"
 
     def _wait_for_the_log(self, events_dir: Path) -> None:
         """Until the log holds an event sent after now. The predecessor died before now, so all it

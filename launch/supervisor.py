@@ -29,7 +29,7 @@ import zmq
 from actors.boot import CHECKPOINT_ON_STOP, Boot, read_curve_files
 from bus import BusProxy, Publisher, Subscriber
 from bus.addresses import ipc_dir, plan_addresses
-from bus.eventlog.reader import EventLogReader
+from bus.eventlog.format import newest_segment
 from bus.messages import (
     ActorDead,
     ActorExited,
@@ -204,7 +204,7 @@ class Supervisor:
         if self.resume.version:
             self.log.info("resuming", version=self.resume.version, next_prompt_id=self.resume.next_prompt_id)
         # this launch's logger starts the log's next segment: the launch's events are there and after
-        self.log_segment = EventLogReader(self.run_dir.events).newest_segment() + 1
+        self.log_segment = newest_segment(self.run_dir.events) + 1
         self.publisher = Publisher(
             self.ctx, self.addresses, "supervisor", self.incarnation_base, options=self.settings.options
         )

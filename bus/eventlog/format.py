@@ -39,6 +39,13 @@ def segment_index(path: Path) -> int | None:
     return int(path.stem)
 
 
+def newest_segment(directory: Path) -> int:
+    """The index of the newest segment in ``directory`` (0 when there is none): a writer starts the next."""
+    if not directory.is_dir():
+        return 0
+    return max((i for p in directory.iterdir() if (i := segment_index(p)) is not None), default=0)
+
+
 def encode_header(major: int, minor: int, index: int, created_ns: int) -> bytes:
     return HEADER.pack(MAGIC, major, minor, index, created_ns)
 

@@ -97,11 +97,6 @@ class EventLogReader:
                 if record.frames and bytes(record.frames[0]) in topics:
                     yield from self._decoded(record)
 
-    def newest_segment(self) -> int:
-        """The index of the newest segment (0 when there is none)."""
-        indices = [segment_index(path) or 0 for path in self.segments()]
-        return max(indices, default=0)
-
     def last_record(self) -> LogRecord | None:
         """The last whole record of the log (reading back from the newest non-empty segment)."""
         for path in reversed(self.segments()):

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, BinaryIO, Literal
 
 from bus.errors import BusError
-from bus.eventlog.format import HEADER, encode_header, encode_record, segment_index, segment_path
+from bus.eventlog.format import HEADER, encode_header, encode_record, newest_segment, segment_path
 from bus.schema import PROTOCOL_VERSION
 
 FsyncPolicy = Literal["never", "segment", "always"]
@@ -45,8 +45,7 @@ class EventLogWriter:
         self.fsync = fsync
         self.num_records = 0
         self.num_bytes = 0
-        existing = [i for p in self.directory.iterdir() if (i := segment_index(p)) is not None]
-        self.segment = max(existing, default=0)
+        self.segment = newest_segment(self.directory)
         self._file: BinaryIO | None = None
         self._segment_size = 0
         self._open_next()

@@ -15,7 +15,7 @@ from bus_helpers import wait_connected
 from bus.addresses import BusAddresses
 from bus.codec import Encoder
 from bus.eventlog import EventLogger, EventLogReader, EventLogWriter
-from bus.eventlog.format import HEADER, RECORD_HEADER
+from bus.eventlog.format import HEADER, RECORD_HEADER, newest_segment
 from bus.eventlog.logger import EventLogFailedError
 from bus.messages import FinishReason, GenerateResult, Metrics, Pause, WeightsPublished
 from bus.publisher import Publisher
@@ -145,12 +145,12 @@ def test_events_of_some_kinds_from_a_segment_on(tmp_path: Path) -> None:
         writer.append(_frames(launch_version + 1))
         writer.close()
     reader = EventLogReader(tmp_path)
-    assert reader.newest_segment() == 2
+    assert newest_segment(tmp_path) == 2
     every = [e.event.message.version for e in reader.events_of({WeightsPublished.KIND})]
     assert every == [4, 7]
     assert [e.event.message.version for e in reader.events_of({WeightsPublished.KIND}, first_segment=2)] == [7]
     assert [e.event.message.step for e in reader.events_of({Metrics.KIND}, first_segment=2)] == [7, 8]
-    assert EventLogReader(tmp_path / "absent").newest_segment() == 0
+    assert newest_segment(tmp_path / "absent") == 0
 
 
 def _offsets(directory: Path) -> list[int]:
