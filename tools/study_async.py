@@ -100,6 +100,7 @@ def overrides(args: argparse.Namespace, setting: str, seed: int, *, evaluate: bo
         "trainer.save_freq=0",
         "trainer.keep_checkpoints=1",
         *SETTINGS[setting],
+        *args.overrides,
     ]
 
 
@@ -253,6 +254,7 @@ def main() -> None:
     parser.add_argument("--first-seed", type=int, default=0, help="seeds first_seed .. first_seed + seeds - 1")
     parser.add_argument("--add", type=Path, nargs="*", default=[],
                         help="--json files of earlier invocations (other seeds) to count in the table")  # fmt: skip
+    parser.add_argument("overrides", nargs="*", help="config overrides (key=value) of every run, after its setting's")
     args = parser.parse_args()
     if args.quick:
         args.seeds, args.steps, args.eval_interval, args.eval_prompts = 1, 30, 10, 64

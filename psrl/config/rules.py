@@ -106,7 +106,7 @@ def pre_step_needs_mini_batch(c: Config) -> Iterator[ConfigProblem]:
 
 
 def micro_batch_needs_static_sizes(c: Config) -> Iterator[ConfigProblem]:
-    if c.psrl.fine_grain_overlap.granularity == "micro_batch" and c.actor.use_dynamic_bsz:
+    if c.psrl.fine_grain_overlap.granularity == "micro_batch" and c.actor.use_dynamic_bsz is True:
         yield problem(
             (FGO + "granularity", "actor.use_dynamic_bsz"),
             "micro_batch + use_dynamic_bsz=True",

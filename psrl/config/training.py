@@ -169,10 +169,13 @@ class ActorSettings(Section):
     ppo_epochs: int = field(1, "Passes over each buffer.", ge=1)
     ppo_mini_batch_size: int = field(16, "Prompt groups per optimizer step.", ge=1)
     ppo_micro_batch_size_per_gpu: int = field(4, "Samples per forward/backward per rank.", ge=1)
-    use_dynamic_bsz: bool = field(
-        False,
+    use_dynamic_bsz: bool | Literal["auto"] = field(
+        "auto",
         "Bound each micro-batch by ppo_max_token_len_per_gpu tokens instead of "
-        "ppo_micro_batch_size_per_gpu samples (the step is the same; memory per micro-batch is bounded).",
+        "ppo_micro_batch_size_per_gpu samples (the step is the same; memory per micro-batch is bounded). "
+        "auto: on CUDA with actor.packing, where a few-sample micro-batch leaves the GPU waiting on kernel "
+        "launches (a mini-batch of short answers then runs as one forward and backward), unless "
+        "psrl.fine_grain_overlap.granularity=micro_batch; off on the CPU.",
     )
     ppo_max_token_len_per_gpu: int = field(
         16384,
@@ -217,6 +220,13 @@ class ActorSettings(Section):
         "flash varlen kernel has no shared-prompt form yet (true runs those micro-batches through masked SDPA). "
         "A micro-batch whose segments' attention mask would exceed 64M entries (long answers) is packed whole.",
     )
+    fuse_old_log_probs: bool = field(
+        True,
+        "A buffer's first mini-batch takes its old log-probs from its own update's forward, detached: the weights "
+        "are still those a separate no-grad forward would use, so that forward is skipped (1/k of the policy's "
+        "no-grad forwards for k mini-batches a buffer, all of them when a buffer is one mini-batch). Applies with "
+        "ppo_epochs=1, outside overlap_scope=pre_step and bypass_mode; false runs every sample's no-grad forward.",
+    )
     lora: Lora = section(Lora, "LoRA: train low-rank adapters instead of every weight (rank 0 = off).")
 
     def share_prompts_on(self, device_type: str) -> bool:
@@ -224,6 +234,13 @@ class ActorSettings(Section):
         if not self.packing:
             return False
         return device_type != "cuda" if self.share_prompts == "auto" else self.share_prompts
+
+    def dynamic_bsz_on(self, device_type: str, *, micro_batch_chunks: bool) -> bool:
+        """``use_dynamic_bsz`` on a device; ``micro_batch_chunks``: fine-grain overlap's chunks are sized
+        in samples (granularity micro_batch), which token-budgeted micro-batches would not match."""
+        if self.use_dynamic_bsz == "auto":
+            return device_type == "cuda" and self.packing and not micro_batch_chunks
+        return self.use_dynamic_bsz
 
     def compute_dtype_on(self, device_type: str) -> Literal["float32", "bfloat16"]:
         """``compute_dtype`` on a device: auto is bfloat16 on CUDA, where the engine serves in bf16 and the

@@ -66,7 +66,14 @@ from psrl.trainer.stages import (
     finish_forwards,
     run_forwards,
 )
-from psrl.trainer.update import UpdateSettings, actor_step, critic_step, denominators, token_budget_batches
+from psrl.trainer.update import (
+    DeferredPolicyStage,
+    UpdateSettings,
+    actor_step,
+    critic_step,
+    denominators,
+    token_budget_batches,
+)
 from psrl.trainer.varlen import use_varlen_attention
 
 ModelT = TypeVar("ModelT", bound=torch.nn.Module)
@@ -149,12 +156,14 @@ class TrainerCore:
             ppo_micro_batch_size_per_gpu=config.actor.ppo_micro_batch_size_per_gpu,
             dp_size=self.parallel.world_size,
         )
+        micro_batch_chunks = config.psrl.fine_grain_overlap.granularity == "micro_batch"
+        dynamic_bsz = config.actor.dynamic_bsz_on(device.type, micro_batch_chunks=micro_batch_chunks)
         self.settings = UpdateSettings(
             micro_batch_size=config.actor.ppo_micro_batch_size_per_gpu,
             grad_clip=config.actor.grad_clip,
             temperature=config.task.temperature,
             pad_token_id=pad_token_id(self.policy.raw),  # type: ignore[arg-type]
-            max_tokens_per_micro_batch=config.actor.ppo_max_token_len_per_gpu if config.actor.use_dynamic_bsz else None,
+            max_tokens_per_micro_batch=config.actor.ppo_max_token_len_per_gpu if dynamic_bsz else None,
             compute_dtype=compute_dtype,
             packing=config.actor.packing,
             share_prompts=config.actor.share_prompts_on(device.type),
@@ -304,7 +313,7 @@ class TrainerCore:
 
     def _forward_units(self, state: _TrainingBuffer, *, is_final: bool) -> None:
         """The per-sample stage of every complete forward unit: all forwards launched, then read back."""
-        unit = max(1, self.config.actor.ppo_micro_batch_size_per_gpu // self.group_size)
+        unit = self._forward_unit_groups()
         started = time.perf_counter()
         pending: list[PendingForward] = []
         while state.num_forwarded < len(state.own):
@@ -312,9 +321,11 @@ class TrainerCore:
             if available < unit and not is_final:
                 break
             groups = state.own[state.num_forwarded : state.num_forwarded + unit]
+            # the first mini-batch's groups (a fixed count, whatever the chunking) leave the policy to the update
+            deferred = min(len(groups), max(0, self.deferred_groups - state.num_forwarded))
             with compute_precision(self.parallel.device, self.settings.compute_dtype), self._no_checkpointing():
-                samples = [s for g in groups for s in g]
-                pending += [self._launch_forwards(part) for part in self._forward_batches(samples)]
+                pending += self._launch_unit([s for g in groups[:deferred] for s in g], with_policy=False)
+                pending += self._launch_unit([s for g in groups[deferred:] for s in g], with_policy=True)
             state.num_forwarded += len(groups)
         for launched in pending:
             finish_forwards(launched, self.config.algorithm, sums=state.sums, buffer_id=state.buffer_id,
@@ -322,17 +333,45 @@ class TrainerCore:
         if pending:
             state.forward_s += time.perf_counter() - started
 
-    def _launch_forwards(self, samples: list[Sample]) -> PendingForward:
+    def _forward_unit_groups(self) -> int:
+        """Groups per no-grad forward unit: a micro-batch's worth, or under token-budgeted micro-batches a
+        rank's share of a mini-batch (the budget then splits it; a group a launch leaves the GPU idle)."""
+        if self.settings.max_tokens_per_micro_batch is not None:
+            return max(1, self.config.actor.ppo_mini_batch_size // self.parallel.world_size)
+        return max(1, self.config.actor.ppo_micro_batch_size_per_gpu // self.group_size)
+
+    def _launch_unit(self, samples: list[Sample], *, with_policy: bool) -> list[PendingForward]:
+        """The no-grad forwards of some of a unit's samples; none when nothing is left to run on them."""
+        models = self._forward_models()
+        if not samples or not (with_policy or models.reference is not None or models.critic is not None):
+            return []
+        return [self._launch_forwards(part, models, with_policy) for part in self._forward_batches(samples)]
+
+    def _launch_forwards(self, samples: list[Sample], models: ForwardModels, with_policy: bool) -> PendingForward:
         return run_forwards(
             samples,
-            self._forward_models(),
+            models,
             self.config.algorithm,
             temperature=self.settings.temperature,
             pad_token_id=self.settings.pad_token_id,
             parallel=self.parallel,
             packing=self.settings.packing,
             share_prompts=self.settings.share_prompts,
+            with_policy=with_policy,
         )
+
+    @property
+    def deferred_groups(self) -> int:
+        """Own groups of a buffer's first mini-batch whose old log-probs come from their update's forward
+        (`actor.fuse_old_log_probs`): the weights are still those of the no-grad forward it replaces. Not
+        under several epochs (a group's later passes need them stored first), pre_step (each chunk steps
+        on its own forwards) or bypass_mode (the engine's log-probs are the old ones)."""
+        actor, algorithm = self.config.actor, self.config.algorithm
+        if not actor.fuse_old_log_probs or actor.ppo_epochs > 1 or self.is_pre_step:
+            return 0
+        if algorithm.rollout_correction.bypass_mode:
+            return 0
+        return max(1, actor.ppo_mini_batch_size // self.parallel.world_size)
 
     def _forward_batches(self, samples: list[Sample]) -> list[list[Sample]]:
         """A forward unit's micro-batches: token-balanced when packed (psrl.trainer.packing), else the
@@ -361,11 +400,12 @@ class TrainerCore:
         self._advantages(own, state.sums)
         mini = self.config.actor.ppo_mini_batch_size
         own_mini = mini // self.parallel.world_size
+        deferred = DeferredPolicyStage(state.buffer_id, self.config.psrl.staleness)
         for _ in range(self.config.actor.ppo_epochs):
             for start in range(0, len(state.groups), mini):
                 mini_batch = state.own[start // self.parallel.world_size :][:own_mini]
                 everyone = [t for g in state.groups[start : start + mini] for t in g]
-                self._optimizer_steps([s for g in mini_batch for s in g], everyone, state.sums, state)
+                self._optimizer_steps([s for g in mini_batch for s in g], everyone, state.sums, state, deferred)
         return self._complete(state, started)
 
     def _pre_step_chunk(
@@ -390,13 +430,18 @@ class TrainerCore:
                         sums=sums)  # fmt: skip
 
     def _optimizer_steps(
-        self, own: list[Sample], everyone: list[Trajectory], sums: MetricSums, state: _TrainingBuffer
+        self,
+        own: list[Sample],
+        everyone: list[Trajectory],
+        sums: MetricSums,
+        state: _TrainingBuffer,
+        deferred: DeferredPolicyStage | None = None,
     ) -> None:
         started = time.perf_counter()
         algorithm = self.config.algorithm
         scale = denominators(everyone, float(algorithm.loss_scale_factor or self.config.task.max_response_length))
         actor_step(self.policy, own, scale, self.config.algorithm, self.settings, self.parallel, sums,
-                   self.checkpointing["policy"])  # fmt: skip
+                   self.checkpointing["policy"], deferred)  # fmt: skip
         if self.critic is not None:
             critic_step(
                 self.critic,

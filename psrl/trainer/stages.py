@@ -53,6 +53,8 @@ class PendingForward:
     batch: Batch  # the padded per-token tensors, on the host
     results: dict[str, Tensor]  # old_log_probs, ref_log_probs, values (as computed), on the host
     copied: torch.cuda.Event | None  # recorded after the copies to the host; None: already there
+    # the policy's forward was left to the update (`fuse_old_log_probs`): no old log-probs or correction here
+    policy_deferred: bool = False
 
 
 def run_forwards(
@@ -65,9 +67,11 @@ def run_forwards(
     parallel: ParallelContext,
     packing: bool = False,
     share_prompts: bool = False,
+    with_policy: bool = True,
 ) -> PendingForward:
     """Launch the forwards of one micro-batch (packed when `packing`: the models then run varlen
-    attention, see `psrl.trainer.packing`): old log-probs, reference log-probs and values as needed."""
+    attention, see `psrl.trainer.packing`): old log-probs, reference log-probs and values as needed.
+    `with_policy=False`: the update's own forward will give the old log-probs (same weights)."""
     host: MicroBatch = (
         pack(samples, pad_token_id, share_prompts=share_prompts) if packing else collate(samples, pad_token_id)
     )
@@ -77,7 +81,8 @@ def run_forwards(
         raise TrainerError("rollout correction needs the engine's log-probs, and a trajectory came without them")
     micro = host.to(parallel.device)
     results = {}
-    if not correction.bypass_mode:
+    deferred = not with_policy and not correction.bypass_mode
+    if not correction.bypass_mode and with_policy:
         # the policy stays in eval mode from load_policy (checkpointed layers alone carry training=True)
         results["old_log_probs"] = no_grad_log_probs(models.policy, micro, temperature)
     if models.reference is not None:
@@ -85,11 +90,11 @@ def run_forwards(
     if models.critic is not None:
         results["values"] = no_grad_values(models.critic, micro)
     if parallel.device.type != "cuda":
-        return PendingForward(samples, batch, {k: v.float() for k, v in results.items()}, None)
+        return PendingForward(samples, batch, {k: v.float() for k, v in results.items()}, None, deferred)
     copies = {name: _host_copy(value) for name, value in results.items()}
     copied = torch.cuda.Event()  # type: ignore[no-untyped-call]
     copied.record()
-    return PendingForward(samples, batch, copies, copied)
+    return PendingForward(samples, batch, copies, copied, deferred)
 
 
 def _host_copy(values: Tensor) -> Tensor:
@@ -104,17 +109,37 @@ def finish_forwards(
     if pending.copied is not None:
         pending.copied.synchronize()
     samples, batch, results = pending.samples, pending.batch, pending.results
-    correction = algorithm.rollout_correction
-    old_log_probs = batch.rollout_log_probs if correction.bypass_mode else results["old_log_probs"]
-    scatter_rows(old_log_probs, samples, "old_log_probs")
-    if batch.has_rollout_log_probs and not correction.bypass_mode:
-        staleness = token_staleness(buffer_id, batch.token_versions, batch.versions).clamp(0, max_staleness)
-        _correct(samples, batch, old_log_probs, spec_of(correction), staleness, sums, max_staleness)
-    if batch.has_rollout_log_probs:
-        _add_mismatch(sums, old_log_probs, batch.rollout_log_probs, batch.response_mask)
+    if not pending.policy_deferred:
+        bypass = algorithm.rollout_correction.bypass_mode
+        old_log_probs = batch.rollout_log_probs if bypass else results["old_log_probs"]
+        policy_stage(samples, batch, old_log_probs, algorithm, sums=sums, buffer_id=buffer_id,
+                     max_staleness=max_staleness)  # fmt: skip
     for name in ("ref_log_probs", "values"):
         if name in results:
             scatter_rows(results[name], samples, name)
+
+
+def policy_stage(
+    samples: Sequence[Sample],
+    batch: Batch,
+    old_log_probs: Tensor,
+    algorithm: Algorithm,
+    *,
+    sums: MetricSums,
+    buffer_id: int,
+    max_staleness: int,
+) -> dict[str, Tensor]:
+    """Store the old log-probs and the rollout correction's weights and acceptance on `samples` (its
+    statistics in `sums`); returns those `[B, R]` tensors by field name, on `batch`'s device."""
+    correction = algorithm.rollout_correction
+    scatter_rows(old_log_probs, samples, "old_log_probs")
+    fields = {"old_log_probs": old_log_probs}
+    if batch.has_rollout_log_probs and not correction.bypass_mode:
+        staleness = token_staleness(buffer_id, batch.token_versions, batch.versions).clamp(0, max_staleness)
+        fields |= _correct(samples, batch, old_log_probs, spec_of(correction), staleness, sums, max_staleness)
+    if batch.has_rollout_log_probs:
+        _add_mismatch(sums, old_log_probs, batch.rollout_log_probs, batch.response_mask)
+    return fields
 
 
 def _correct(
@@ -125,24 +150,29 @@ def _correct(
     staleness: Tensor,
     sums: MetricSums,
     max_staleness: int,
-) -> None:
-    """Store the correction's weights and acceptance on the samples, and what it did in `sums`.
+) -> dict[str, Tensor]:
+    """Store the correction's weights and acceptance on the samples (and return them), and what it
+    did in `sums`.
 
     The metrics are measured without a correction too (the uncorrected run's KL is the baseline);
     every rank declares the same staleness keys, so those with no tokens on a rank still reduce."""
     mask = batch.response_mask
     result = correct(old_log_probs, batch.rollout_log_probs, mask, spec)
+    fields = {}
     if result.is_weights is not None and spec.is_level is not None:
         scatter_rows(result.is_weights, samples, "is_weights")
+        fields["is_weights"] = result.is_weights
         raw = torch.exp(level_log_ratio(result.log_ratio, mask, spec.is_level))  # the weight before truncation
         _add_is_stats(sums, is_statistics(raw, mask, spec.is_upper, result.log_ratio), float(mask.sum()))
     if result.accept is not None:
         scatter_rows(result.accept, samples, "rs_accept")
+        fields["rs_accept"] = result.accept
     for name, (mean, weight) in correction_metrics(result, mask, staleness).items():
         sums.add(name, mean, weight)
     for s in range(max_staleness + 1):
         sums.add_sparse(f"{PREFIX}kl_k3/staleness_{s}", 0.0, 0.0)
     sums.add_pooled(PREFIX + "ratio", torch.exp(result.log_ratio[mask > 0]))
+    return fields
 
 
 def advantage_stage(
@@ -156,7 +186,9 @@ def advantage_stage(
 ) -> None:
     """Fill `advantages` (and `returns` for GAE / REINFORCE++) of this rank's samples, after the
     configured reward shaping (DAPO's overlong penalty, whose mean goes to `sums`)."""
-    batch, penalty = shaped_rewards(collate(samples, pad_token_id), algorithm, max_response_length)
+    # only the critic's values feed an advantage (a first mini-batch's samples have no old log-probs yet)
+    inputs = [Sample(s.trajectory, {k: v for k, v in s.fields.items() if k == "values"}) for s in samples]
+    batch, penalty = shaped_rewards(collate(inputs, pad_token_id), algorithm, max_response_length)
     if penalty is not None and sums is not None:
         sums.add("reward/overlong_penalty_mean", float(penalty.mean()), weight=float(penalty.numel()))
     advantages, returns = compute_advantages(batch, algorithm, moments=_cross_rank_moments(parallel))

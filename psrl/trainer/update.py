@@ -24,6 +24,7 @@ from psrl.trainer.memory import CheckpointPolicy
 from psrl.trainer.metrics import MetricSums
 from psrl.trainer.packing import PackedBatch, micro_batch_count, pack, plan_packed, sample_tokens
 from psrl.trainer.parallel import ParallelContext
+from psrl.trainer.stages import TrainerError, policy_stage
 
 
 @dataclass(frozen=True)
@@ -121,8 +122,18 @@ def _most_over_ranks(count: int, parallel: ParallelContext) -> int:
     return int(parallel.all_reduce_sum(counts).max())
 
 
-# a micro-batch's loss and metric contributions (floats, or tensors the step reads back once at its end)
-LossOfBatch = Callable[[MicroBatch], tuple[Tensor, Mapping[str, float | Tensor]]]
+# a micro-batch (and its samples): its loss and metric contributions (floats, or tensors the step reads
+# back once at its end)
+LossOfBatch = Callable[[MicroBatch, Sequence[Sample]], tuple[Tensor, Mapping[str, float | Tensor]]]
+
+
+@dataclass(frozen=True)
+class DeferredPolicyStage:
+    """Where the samples' old log-probs come from the update's own forward (`actor.fuse_old_log_probs`):
+    what the policy stage needs besides the micro-batch."""
+
+    buffer_id: int
+    max_staleness: int
 
 
 def actor_step(
@@ -134,16 +145,38 @@ def actor_step(
     parallel: ParallelContext,
     sums: MetricSums,
     checkpointing: CheckpointPolicy | None = None,
+    deferred: DeferredPolicyStage | None = None,
 ) -> None:
-    """One optimizer step of the policy on this rank's share of a mini-batch."""
+    """One optimizer step of the policy on this rank's share of a mini-batch. Samples without old
+    log-probs take them from this forward, detached (`deferred`: the weights are still those the
+    no-grad forward would have used), with the rollout correction computed on them."""
 
-    def loss_of(micro: MicroBatch) -> tuple[Tensor, dict[str, Tensor]]:
+    def loss_of(micro: MicroBatch, part: Sequence[Sample]) -> tuple[Tensor, dict[str, Tensor]]:
         log_probs, entropy = response_log_probs(
             policy.model, micro, temperature=settings.temperature, with_entropy=True
         )
-        return actor_loss(log_probs, entropy, padded_of(micro), algorithm, scale)
+        batch = padded_of(micro)
+        if "old_log_probs" not in batch.fields:
+            _policy_stage_here(part, batch, log_probs, algorithm, sums, deferred)
+        return actor_loss(log_probs, entropy, batch, algorithm, scale)
 
     _accumulated_step(policy, own, settings, parallel, sums, loss_of, "actor", checkpointing)
+
+
+def _policy_stage_here(
+    part: Sequence[Sample],
+    batch: Batch,
+    log_probs: Tensor,
+    algorithm: Algorithm,
+    sums: MetricSums,
+    deferred: DeferredPolicyStage | None,
+) -> None:
+    if deferred is None:
+        raise TrainerError("a sample reached the update without old log-probs")
+    old = log_probs.detach().float()
+    fields = policy_stage(part, batch, old, algorithm, sums=sums, buffer_id=deferred.buffer_id,
+                          max_staleness=deferred.max_staleness)  # fmt: skip
+    batch.fields.update({name: values.float() for name, values in fields.items()})
 
 
 def critic_step(
@@ -161,7 +194,7 @@ def critic_step(
 ) -> None:
     """One optimizer step of the critic on this rank's share of a mini-batch."""
 
-    def loss_of(micro: MicroBatch) -> tuple[Tensor, Mapping[str, float | Tensor]]:
+    def loss_of(micro: MicroBatch, part: Sequence[Sample]) -> tuple[Tensor, Mapping[str, float | Tensor]]:
         values = response_values(critic.model, micro)
         batch = padded_of(micro)
         losses, is_clipped = value_loss(values, batch.fields["values"], batch.fields["returns"], clip_range=clip_range)
@@ -198,7 +231,7 @@ def _accumulated_step(
                 compute_precision(parallel.device, settings.compute_dtype),
                 checkpointing.around(_tokens_of(micro), parallel.device),
             ):
-                loss, metrics = loss_of(micro)
+                loss, metrics = loss_of(micro, part)
             _backward(loss * parallel.loss_scale)
         for name, value in metrics.items():
             contributions[name] = contributions.get(name, 0.0) + value

@@ -183,6 +183,15 @@ class TestSharedPrompts:
         with pytest.raises(ConfigError, match=r"actor\.share_prompts"):
             trainer_config(["actor.packing=false", "actor.share_prompts=true"])
 
+    def test_auto_budgets_micro_batches_in_tokens_on_cuda_when_packed(self) -> None:
+        actor = trainer_config().actor
+        assert actor.use_dynamic_bsz == "auto"
+        assert actor.dynamic_bsz_on("cuda", micro_batch_chunks=False)
+        assert not actor.dynamic_bsz_on("cpu", micro_batch_chunks=False)
+        assert not actor.dynamic_bsz_on("cuda", micro_batch_chunks=True)  # chunks sized in samples
+        assert not trainer_config(["actor.packing=false"]).actor.dynamic_bsz_on("cuda", micro_batch_chunks=False)
+        assert trainer_config(["actor.use_dynamic_bsz=true"]).actor.dynamic_bsz_on("cpu", micro_batch_chunks=False)
+
 
 class TestVarlenAttention:
     def test_packed_forward_equals_each_sequence_alone(self, tiny_model_dir: Path) -> None:
