@@ -21,6 +21,7 @@ from actors.boot import CHECKPOINT_ON_STOP
 from actors.flow_actor import FlowActor
 from bus.messages import ActorState, Metrics, TrainData, TrainerProgress, WeightsPushed
 from bus.schema import Event
+from psrl.checkpoint_dirs import version_of
 from psrl.engine.args import EngineArgs
 from psrl.flows.effects import Effect, PushWeights
 from psrl.flows.trainer import TrainerFlow
@@ -29,6 +30,7 @@ from psrl.ps.staging import HostStaging
 from psrl.tms import TRAINER
 from psrl.tms.backend import side_memory
 from psrl.trainer import ParallelContext, TrainerCore, latest_checkpoint
+from psrl.trainer.background_save import BackgroundWriter
 from psrl.trainer.threads import CpuSampler, threads_for
 
 
@@ -83,6 +85,7 @@ class TrainerActor(FlowActor):
         if self.boot.options.get("restarted"):  # every rank of a re-formed group adopts the same committed version
             committed = self._catch_up_with_ps()
         self.saved_version = self.core.version
+        self.writer = BackgroundWriter(self._written)
         self.pusher = None
         # a GPU trainer's weights go to the PS in the dtype shards serve: straight into the shards' shared
         # memory where the transport allows, else from host staging buffers
@@ -168,20 +171,40 @@ class TrainerActor(FlowActor):
         self.publisher.publish(progress, model_version=effect.version)
 
     def _maybe_checkpoint(self, version: int) -> None:
+        self.writer.reap()
         freq, total = self.config.trainer.save_freq, self.config.trainer.total_steps
-        if version >= total or (freq and version % freq == 0):
+        if version >= total:
             self._checkpoint()
+        elif freq and version % freq == 0:
+            self._checkpoint(background=self.config.trainer.background_save)
 
-    def _checkpoint(self) -> None:
+    def _checkpoint(self, *, background: bool = False) -> None:
+        """Save the current version; `background`: snapshot now, write on the writer thread."""
         if self.checkpoints is None:
             return
-        path = self.core.save_checkpoint(self.checkpoints, keep=self.config.trainer.keep_checkpoints)
-        self.saved_version = self.core.version
-        self.log.info("checkpoint", path=str(path), version=self.core.version)
+        keep, version = self.config.trainer.keep_checkpoints, self.core.version
+        if not background:
+            self.writer.wait()  # an older write in flight lands first (pruning stays in version order)
+            self._written(self.core.save_checkpoint(self.checkpoints, keep=keep))
+            return
+        snapshot, root = self.core.snapshot_checkpoint(), self.checkpoints
+        if self.rank == 0:
+            self.writer.submit(lambda: self.core.write_checkpoint(root, snapshot, keep=keep))
+        self.saved_version = version  # a stop waits for the write (teardown), so it need not save again
+
+    def _written(self, path: Path) -> None:
+        self.saved_version = max(self.saved_version, version_of(path))
+        self.log.info("checkpoint", path=str(path), version=self.saved_version)
 
     def _checkpoint_on_stop(self) -> None:
         """A run stopped early keeps every version trained so far (a half-trained buffer is retrained)."""
-        if not hasattr(self, "core") or self.state == ActorState.DEAD or self.core.version <= self.saved_version:
+        if not hasattr(self, "core") or self.state == ActorState.DEAD:
+            return
+        writer = getattr(self, "writer", None)
+        if writer is not None and writer.busy:  # the launcher waits for a background write as for a save on stop
+            self.set_state(ActorState.DRAINING, CHECKPOINT_ON_STOP)
+            writer.wait()
+        if self.core.version <= self.saved_version:
             return
         if not self.core.discard_partial_buffer():
             self.log.warning("no checkpoint on stop: a pre_step buffer is half-applied", version=self.core.version)
@@ -192,7 +215,11 @@ class TrainerActor(FlowActor):
         self._checkpoint()
 
     def teardown(self) -> None:
-        self._checkpoint_on_stop()
+        try:
+            self._checkpoint_on_stop()
+        finally:
+            if hasattr(self, "writer"):
+                self.writer.close()  # a background write in flight lands before the process ends
         super().teardown()
         if getattr(self, "pusher", None) is not None:
             self.pusher.close()  # type: ignore[union-attr]

@@ -262,6 +262,12 @@ class TrainerLoop(Section):
         10, "Checkpoint every this many steps (0 = only at the end and when the run is stopped early).", ge=0
     )
     keep_checkpoints: int = field(3, "Keep only this many newest checkpoints (0 = keep all).", ge=0)
+    background_save: bool = field(
+        True,
+        "Periodic checkpoints (save_freq) copy the state to host memory and write the files from a background "
+        "thread while training goes on (the step pays the copy, not the disk); the final checkpoint and the "
+        "one on an early stop are written before the trainer reports them. false = every save blocks.",
+    )
     stop_save_timeout_s: float = field(
         120.0,
         "When a run is stopped early (Ctrl-C, SIGTERM), how long the launcher waits for the trainer to "

@@ -75,6 +75,69 @@ def step_dir(root: Path, version: int) -> Path:
     return root / f"{STEP_PREFIX}{version:08d}"
 
 
+@dataclass
+class CheckpointSnapshot:
+    """A checkpoint's contents taken off the live trainer (host copies, RNG states): writing it to disk
+    may overlap the training that follows."""
+
+    version: int
+    next_prompt_id: int
+    states: list[tuple[Trainable, dict[str, Tensor], dict[str, Any]]]
+    rng: dict[str, Tensor]
+    python_random: tuple[Any, ...]
+
+
+def snapshot_checkpoint(
+    version: int, trainables: list[Trainable], parallel: ParallelContext, *, next_prompt_id: int = 0,
+    own_copies: bool = False,
+) -> CheckpointSnapshot:  # fmt: skip
+    """The full state of `version` on the host; collective under data parallelism (every rank must call).
+    `own_copies`: copy tensors that the host state shares with the live model (a CPU trainer's), so that
+    the snapshot stays that of `version` while training goes on."""
+    options = _state_dict_api().StateDictOptions(full_state_dict=True, cpu_offload=True)
+    states = [(t, _model_state(t, options), _optimizer_state(t, options)) for t in trainables]
+    if own_copies:
+        memo: dict[tuple[int, int, torch.Size, torch.dtype], Tensor] = {}
+        states = [(t, _owned(model, memo), _owned(optimizer, memo)) for t, model, optimizer in states]
+    return CheckpointSnapshot(version, next_prompt_id, states, _rng_states(), random.getstate())
+
+
+def _owned(value: Any, memo: dict[tuple[int, int, torch.Size, torch.dtype], Tensor]) -> Any:
+    """`value` with every tensor copied; tensors that alias each other (tied weights) stay one copy."""
+    if isinstance(value, Tensor):
+        key = (value.untyped_storage().data_ptr(), int(value.storage_offset()), value.shape, value.dtype)
+        if key not in memo:
+            memo[key] = value.detach().clone()
+        return memo[key]
+    if isinstance(value, dict):
+        return {k: _owned(v, memo) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_owned(v, memo) for v in value]
+    return value
+
+
+def write_checkpoint(
+    root: str | Path, snapshot: CheckpointSnapshot, *, assets_dir: str | Path | None = None, keep: int = 0
+) -> Path:
+    """Write a snapshot under `root` (rank 0's part of a save): staged under a `.tmp` name and renamed
+    when whole; then only the `keep` newest checkpoints are kept (0 = all)."""
+    final = step_dir(Path(root), snapshot.version)
+    staging = final.with_suffix(".tmp")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    for trainable, model_state, optimizer_state in snapshot.states:
+        _write_model(trainable, model_state, staging / trainable.name)
+        _write_optimizer(optimizer_state, staging / f"{trainable.name}_optimizer")
+    if assets_dir is not None:
+        copy_model_assets(Path(assets_dir), staging / "policy")
+    _write_trainer_state(staging, snapshot)
+    shutil.rmtree(final, ignore_errors=True)
+    staging.rename(final)
+    if keep > 0:
+        prune_checkpoints(Path(root), keep)
+    return final
+
+
 def save_checkpoint(
     root: str | Path,
     version: int,
@@ -85,28 +148,15 @@ def save_checkpoint(
     assets_dir: str | Path | None = None,
     keep: int = 0,
 ) -> Path:
-    """Write the checkpoint of `version`; collective under data parallelism (every rank must call).
+    """Write the checkpoint of `version` now; collective under data parallelism (every rank must call).
 
     `next_prompt_id`: the dataset cursor a resumed run continues from (one past the last prompt trained on).
     `assets_dir`: the tokenizer / generation-config directory copied next to the policy weights.
     `keep`: keep only this many newest checkpoints (0 = all)."""
+    snapshot = snapshot_checkpoint(version, trainables, parallel, next_prompt_id=next_prompt_id)
     final = step_dir(Path(root), version)
-    staging = final.with_suffix(".tmp")
-    full_options = _state_dict_api().StateDictOptions(full_state_dict=True, cpu_offload=True)
-    states = [(t, _model_state(t, full_options), _optimizer_state(t, full_options)) for t in trainables]
     if parallel.rank == 0:
-        shutil.rmtree(staging, ignore_errors=True)
-        staging.mkdir(parents=True)
-        for trainable, model_state, optimizer_state in states:
-            _write_model(trainable, model_state, staging / trainable.name)
-            _write_optimizer(optimizer_state, staging / f"{trainable.name}_optimizer")
-        if assets_dir is not None:
-            copy_model_assets(Path(assets_dir), staging / "policy")
-        _write_trainer_state(staging, version, next_prompt_id)
-        shutil.rmtree(final, ignore_errors=True)
-        staging.rename(final)
-        if keep > 0:
-            prune_checkpoints(Path(root), keep)
+        write_checkpoint(root, snapshot, assets_dir=assets_dir, keep=keep)
     parallel.barrier()
     return final
 
@@ -260,14 +310,18 @@ def _load_optimizer(trainable: Trainable, stem: Path) -> None:
 # ---------------------------------------------------------------- trainer state and RNG
 
 
-def _write_trainer_state(directory: Path, version: int, next_prompt_id: int) -> None:
+def _rng_states() -> dict[str, Tensor]:
     rng = {"torch_cpu": torch.get_rng_state()}
     if torch.cuda.is_available():
         for index, cuda_state in enumerate(torch.cuda.get_rng_state_all()):
             rng[f"torch_cuda_{index}"] = cuda_state
-    save_file(rng, str(directory / "rng.safetensors"))
-    version_tuple, internal, gauss = random.getstate()
-    state = {"format": FORMAT, "version": version, "next_prompt_id": next_prompt_id,
+    return rng
+
+
+def _write_trainer_state(directory: Path, snapshot: CheckpointSnapshot) -> None:
+    save_file(snapshot.rng, str(directory / "rng.safetensors"))
+    version_tuple, internal, gauss = snapshot.python_random
+    state = {"format": FORMAT, "version": snapshot.version, "next_prompt_id": snapshot.next_prompt_id,
              "python_random": [version_tuple, list(internal), gauss]}  # fmt: skip
     (directory / "trainer_state.json").write_text(json.dumps(state))
 

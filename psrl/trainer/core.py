@@ -239,11 +239,26 @@ class TrainerCore:
 
     def save_checkpoint(self, root: str | Path, *, keep: int = 0) -> Path:
         """Write a resumable checkpoint of the current version (collective under data parallelism)."""
-        if self._buffer is not None:
-            raise TrainerError(f"buffer {self._buffer.buffer_id} is half-trained; checkpoint between buffers")
+        self._check_between_buffers()
         return checkpoint.save_checkpoint(root, self.version, self._trainables(), self.parallel,
                                           next_prompt_id=self.next_prompt_id, assets_dir=self.assets_dir,
                                           keep=keep)  # fmt: skip
+
+    def snapshot_checkpoint(self) -> checkpoint.CheckpointSnapshot:
+        """The current version's checkpoint on the host, owning its tensors (collective under data
+        parallelism); `write_checkpoint` writes it while training goes on."""
+        self._check_between_buffers()
+        return checkpoint.snapshot_checkpoint(self.version, self._trainables(), self.parallel,
+                                              next_prompt_id=self.next_prompt_id,
+                                              own_copies=self.parallel.device.type == "cpu")  # fmt: skip
+
+    def write_checkpoint(self, root: str | Path, snapshot: checkpoint.CheckpointSnapshot, *, keep: int = 0) -> Path:
+        """Write a snapshot (rank 0's part; safe from another thread: it touches no live tensor)."""
+        return checkpoint.write_checkpoint(root, snapshot, assets_dir=self.assets_dir, keep=keep)
+
+    def _check_between_buffers(self) -> None:
+        if self._buffer is not None:
+            raise TrainerError(f"buffer {self._buffer.buffer_id} is half-trained; checkpoint between buffers")
 
     def discard_partial_buffer(self) -> bool:
         """Forget a half-trained buffer whose chunks did not change the weights (recompute scope);

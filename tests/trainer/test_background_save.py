@@ -1,0 +1,77 @@
+"""Checkpoints written from a background thread: the snapshot is the saved version's even while training
+goes on, the files are those of a blocking save, and a failed write surfaces on the trainer's thread."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from psrl.assets import DEMO_MODEL_DIR
+from psrl.trainer import TrainerCore
+from psrl.trainer.background_save import BackgroundWriter
+from psrl.trainer.checkpoint import read_trainer_state
+
+from .trainer_helpers import make_buffer, trainer_config
+
+
+def _files(directory: Path) -> dict[str, dict[str, torch.Tensor]]:
+    return {str(p.relative_to(directory)): load_file(str(p)) for p in sorted(directory.rglob("*.safetensors"))}
+
+
+def test_a_snapshot_written_after_more_training_is_the_blocking_save_of_its_version(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    core = TrainerCore(trainer_config(), model_dir=tiny_model_dir)
+    core.train_buffer(0, make_buffer(0))
+    blocking = core.save_checkpoint(tmp_path / "blocking")
+    snapshot = core.snapshot_checkpoint()
+    core.train_buffer(1, make_buffer(1))  # the live weights and optimizer state move on
+    written = core.write_checkpoint(tmp_path / "background", snapshot)
+    assert written.name == blocking.name == "step_00000001"
+    expected, actual = _files(blocking), _files(written)
+    assert expected.keys() == actual.keys() and expected
+    for name, tensors in expected.items():
+        assert tensors.keys() == actual[name].keys()
+        assert all(torch.equal(t, actual[name][k]) for k, t in tensors.items()), name
+    assert read_trainer_state(written) == read_trainer_state(blocking)
+    resumed = TrainerCore(trainer_config(), model_dir=tiny_model_dir)
+    resumed.load_checkpoint(written)
+    assert resumed.version == 1 and resumed.next_prompt_id == core.next_prompt_id - 100
+
+
+def test_tied_weights_stay_one_tensor_in_the_snapshot() -> None:
+    core = TrainerCore(trainer_config([f"model.path={DEMO_MODEL_DIR}"]))
+    if not core.policy.raw.config.tie_word_embeddings:  # type: ignore[union-attr]
+        pytest.skip("the demo model does not tie its embeddings")
+    (_, model_state, _), *_ = core.snapshot_checkpoint().states
+    embed = next(t for n, t in model_state.items() if n.endswith("embed_tokens.weight"))
+    head = model_state.get("lm_head.weight")
+    assert head is None or head.data_ptr() == embed.data_ptr()
+    assert embed.data_ptr() != core.policy.raw.get_input_embeddings().weight.data_ptr()  # type: ignore[union-attr]
+
+
+def test_the_writer_runs_one_write_at_a_time_and_raises_a_failure_on_the_callers_thread(tmp_path: Path) -> None:
+    written: list[Path] = []
+    writer = BackgroundWriter(written.append)
+    release = threading.Event()
+    writer.submit(lambda: (release.wait(5), tmp_path / "step_00000001")[1])
+    assert writer.busy
+    writer.reap()  # not finished: returns at once
+    assert written == []
+    release.set()
+    writer.submit(lambda: tmp_path / "step_00000002")  # waits for the first
+    assert written == [tmp_path / "step_00000001"]
+    writer.wait()
+    assert written[-1] == tmp_path / "step_00000002" and not writer.busy
+
+    def fail() -> Path:
+        raise OSError("disk full")
+
+    writer.submit(fail)
+    with pytest.raises(OSError, match="disk full"):
+        writer.wait()
+    writer.close()
