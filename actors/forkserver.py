@@ -80,7 +80,7 @@ def _fork(request: dict[str, Any]) -> None:
     os.close(write_end)
     os.read(read_end, 1)  # the child holds its FIFO (or died trying: end-of-file)
     os.close(read_end)
-    _say({"pid": pid})
+    _say({"pid": pid, "id": request.get("id")})  # the launcher matches the reply to its request
 
 
 def _reap() -> None:

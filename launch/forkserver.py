@@ -10,6 +10,7 @@ a ``Popen`` from the server's reports: the pid, the exit code once reaped, the s
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import queue
@@ -69,7 +70,8 @@ class ForkServer:
         self._class_ready = threading.Condition()
         self.import_s: float | None = None
         self.exits: dict[int, int] = {}
-        self._pids: queue.Queue[int] = queue.Queue()
+        self._pids: queue.Queue[tuple[int | None, int]] = queue.Queue()  # (request id, pid)
+        self._request_ids = itertools.count(1)
         self._lock = threading.Lock()
         self._reader = threading.Thread(target=self._read, name="forkserver", daemon=True)
         self._reader.start()
@@ -88,7 +90,7 @@ class ForkServer:
                     self.ready.set()
                     self._class_ready.notify_all()
             elif "pid" in reply:
-                self._pids.put(int(reply["pid"]))
+                self._pids.put((reply.get("id"), int(reply["pid"])))
             elif "exit" in reply:
                 self.exits[int(reply["exit"])] = int(reply["code"])
 
@@ -161,15 +163,24 @@ class ForkServer:
         return ActorProcess(spec, boot.incarnation, child, time.monotonic(), log_path.open("ab"), warm=True)
 
     def _fork(self, fifo: Path, log_path: Path) -> int | None:
-        request = json.dumps({"stdin": str(fifo), "log": str(log_path)}) + "\n"
+        request_id = next(self._request_ids)
+        request = json.dumps({"stdin": str(fifo), "log": str(log_path), "id": request_id}) + "\n"
         with self._lock:
             try:
                 assert self.popen.stdin is not None
                 self.popen.stdin.write(request.encode())
                 self.popen.stdin.flush()
-                return self._pids.get(timeout=REPLY_TIMEOUT_S)
+                return self._pid_of(request_id, time.monotonic() + REPLY_TIMEOUT_S)
             except (OSError, queue.Empty):
                 return None
+
+    def _pid_of(self, request_id: int, deadline: float) -> int:
+        """The pid answering ``request_id``. A reply to an earlier request that timed out is skipped: its
+        child lost its FIFO's writer with that request, reads end-of-file and ends by itself."""
+        while True:
+            answered, pid = self._pids.get(timeout=max(0.0, deadline - time.monotonic()))
+            if answered == request_id:
+                return pid
 
     def close(self) -> None:
         """Ends the server (its children go on: each has its own lifeline); again: nothing more."""
