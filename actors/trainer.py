@@ -31,7 +31,7 @@ from psrl.tms import TRAINER
 from psrl.tms.backend import side_memory
 from psrl.trainer import ParallelContext, TrainerCore, latest_checkpoint
 from psrl.trainer.background_save import BackgroundWriter
-from psrl.trainer.threads import CpuSampler, threads_for
+from psrl.trainer.threads import CpuSampler, ThreadTrials
 
 
 class TrainerActor(FlowActor):
@@ -103,14 +103,18 @@ class TrainerActor(FlowActor):
         )
         adapts = cfg.topology.trainer_threads == "auto" and self.parallel.device.type == "cpu"
         self.cpu = CpuSampler() if adapts else None
+        self.thread_trials: ThreadTrials | None = None
         return {"version": self.core.version}
 
     def _size_thread_pool(self, step: int, version: int) -> None:
-        """``topology.trainer_threads=auto`` on CPU: the cores the other processes left idle (psrl.trainer.threads)."""
+        """``topology.trainer_threads=auto`` on CPU: the cores the other processes left idle, and one thread
+        more where trying it gave the shorter version interval (psrl.trainer.threads)."""
         sample = self.cpu.since_last() if self.cpu is not None else None
         if sample is not None and self.cpu is not None:
             current = torch.get_num_threads()
-            threads = threads_for(len(sample.cores), sample.wall_s, sample.host_busy_s, sample.own_cpu_s, current)
+            if self.thread_trials is None or self.thread_trials.num_cores != len(sample.cores):
+                self.thread_trials = ThreadTrials(len(sample.cores))  # the launcher re-pinned it: start over
+            threads = self.thread_trials.decide(current, version, sample)
             if threads != current:
                 others = max(0.0, sample.host_busy_s - sample.own_cpu_s) / max(sample.wall_s, 1e-9)
                 self.log.info("trainer threads", threads=threads, others_busy_cores=round(others, 2), version=version)

@@ -63,7 +63,8 @@ class Topology(Section):
         "torch intra-op threads of each trainer rank. auto: on CPU, after every version the trainer takes "
         "the cores the other processes left idle since the last one (at least one; psrl.trainer.threads): "
         "a step that is mostly training (a larger model, short answers) gets the rollout's idle cores, a "
-        "saturated host keeps one; on CUDA, threads_per_actor. A number fixes it; 0 = threads_per_actor.",
+        "saturated host keeps one; where one thread more is plausible it is tried for two versions and kept if "
+        "the versions came faster; on CUDA, threads_per_actor. A number fixes it; 0 = threads_per_actor.",
     )
     cpu_placement: Switch = field(
         "auto",

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from psrl.cpu_usage import host_busy_seconds
-from psrl.trainer.threads import CpuSampler, threads_for
+from psrl.trainer.threads import RETRY_AFTER, CpuSample, CpuSampler, ThreadTrials, threads_for
 
 TICK = os.sysconf("SC_CLK_TCK")
 
@@ -77,3 +77,40 @@ def test_a_move_to_other_cores_skips_one_decision(tmp_path: Path) -> None:
     sampler._last.cores = frozenset({-1})  # as if read before the launcher pinned this process elsewhere
     assert sampler.since_last() is None
     assert sampler.since_last() is not None
+
+
+def _interval(wall_s: float, others_busy_cores: float, own_cpu_s: float = 0.0) -> CpuSample:
+    """One version's interval: ``others_busy_cores`` of the host used by the other processes."""
+    return CpuSample(wall_s, own_cpu_s + others_busy_cores * wall_s, own_cpu_s, frozenset({0, 1}))
+
+
+def _run(trials: ThreadTrials, step_s_of: dict[int, float], others: float, versions: int) -> list[int]:
+    """The counts chosen over ``versions`` when a version takes ``step_s_of[threads]``."""
+    threads, chosen = 1, []
+    for version in range(1, versions + 1):
+        threads = trials.decide(threads, version, _interval(step_s_of[threads], others))
+        chosen.append(threads)
+    return chosen
+
+
+def test_one_thread_more_is_tried_and_kept_where_it_shortens_the_version() -> None:
+    # SmolLM2 on the demo workload: others at 0.45 of 2 cores, 38 s a version at 1 thread, 29 s at 2
+    chosen = _run(ThreadTrials(2), {1: 38.0, 2: 29.0}, others=0.45, versions=8)
+    assert chosen[:3] == [1, 1, 2] and chosen[-1] == 2 and set(chosen[4:]) == {2}
+
+
+def test_a_trial_that_is_slower_goes_back_and_the_verdict_stands() -> None:
+    # the demo: others at 0.7, one thread better (0.314 against 0.333 s)
+    trials = ThreadTrials(2)
+    chosen = _run(trials, {1: 0.314, 2: 0.333}, others=0.7, versions=5 + RETRY_AFTER)
+    assert chosen[2:4] == [2, 2] and chosen[4] == 1  # tried at versions 3-4, back at version 5
+    assert set(chosen[5:-1]) == {1}  # the verdict stands for RETRY_AFTER versions
+    assert chosen[-1] == 2 and trials.trial == (2, 1)  # then the counts are compared again
+
+
+def test_no_trial_where_the_others_leave_no_room_and_a_busier_host_is_yielded_to() -> None:
+    assert set(_run(ThreadTrials(2), {1: 1.0, 2: 0.5}, others=0.9, versions=10)) == {1}
+    trials = ThreadTrials(2)
+    _run(trials, {1: 38.0, 2: 29.0}, others=0.45, versions=6)  # settled on 2
+    assert trials.decide(2, 7, _interval(29.0, others_busy_cores=1.5)) == 1
+    assert trials.decide(1, 1, _interval(60.0, others_busy_cores=0.0)) == 2  # start-up: the estimate alone
