@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import time
@@ -56,4 +57,10 @@ def check_group_recovered(run_dir: Path, steps: int, ranks: list[int]) -> None:
     restarted = {e.message.actor for e in events if isinstance(e.message, ActorRestarted)}
     assert {f"trainer-{r}" for r in ranks} <= restarted, restarted
     logs = "".join((run.path / "logs" / f"trainer-{r}.log").read_text() for r in ranks)
-    assert "continuing from the committed version" in logs  # the re-formed group adopted the PS's version
+    # the re-formed group went on from the PS's committed version: from a checkpoint of that version
+    # (a background write can land as a peer dies) or by catching up from an older one
+    assert "continuing from the committed version" in logs or "resumed" in logs
+    # ... and so no version was pushed twice (rank 0 pushes; its log holds every incarnation's)
+    rank0 = (run.path / "logs" / "trainer-0.log").read_text()
+    pushed = [int(v) for v in re.findall(r"ps\.pushed\b.*?\bversion=(\d+)", rank0)]
+    assert pushed == sorted(set(pushed)) and pushed[-1] == steps, pushed
