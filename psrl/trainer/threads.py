@@ -101,8 +101,11 @@ class ThreadTrials:
             return rule
         recent = self.intervals.setdefault(current, [])
         recent[:] = [*recent, sample.wall_s][-TRIAL_VERSIONS:]
+        if self.trial is not None and current != self.trial[0]:
+            # the count was changed from outside the trial: drop it, and let that choice stand a while
+            self.trial, self.verdict_version = None, version
         if self.trial is not None:
-            return self._conclude(current, version)
+            return self._conclude(version)
         if rule != current:  # the estimate moved past its hysteresis: a busier host is yielded to at once
             return rule
         free = self.num_cores - max(0.0, sample.host_busy_s - sample.own_cpu_s) / max(sample.wall_s, 1e-9)
@@ -121,11 +124,11 @@ class ThreadTrials:
             and not settled
         )
 
-    def _conclude(self, current: int, version: int) -> int:
+    def _conclude(self, version: int) -> int:
         assert self.trial is not None
         tried, base = self.trial
-        if current != tried or len(self.intervals[tried]) < TRIAL_VERSIONS:
-            return current if current == tried else base
+        if len(self.intervals[tried]) < TRIAL_VERSIONS:
+            return tried
         self.trial, self.verdict_version = None, version
         # the shortest interval of each: evaluations and checkpoints only ever lengthen one
         faster = min(self.intervals[tried]) < (1.0 - TRIAL_MARGIN) * min(self.intervals[base])

@@ -114,3 +114,10 @@ def test_no_trial_where_the_others_leave_no_room_and_a_busier_host_is_yielded_to
     _run(trials, {1: 38.0, 2: 29.0}, others=0.45, versions=6)  # settled on 2
     assert trials.decide(2, 7, _interval(29.0, others_busy_cores=1.5)) == 1
     assert trials.decide(1, 1, _interval(60.0, others_busy_cores=0.0)) == 2  # start-up: the estimate alone
+
+
+def test_a_trial_whose_count_was_changed_from_outside_is_dropped() -> None:
+    trials = ThreadTrials(2)
+    _run(trials, {1: 0.314, 2: 0.333}, others=0.7, versions=3)  # trying 2 threads from version 3
+    assert trials.trial == (2, 1)
+    assert trials.decide(1, 4, _interval(0.314, others_busy_cores=0.7)) == 1 and trials.trial is None
