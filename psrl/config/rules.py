@@ -65,6 +65,25 @@ def shared_prompts_need_packing(c: Config) -> Iterator[ConfigProblem]:
                       "set actor.packing=true or actor.share_prompts=auto")  # fmt: skip
 
 
+def fused_old_log_probs_apply(c: Config) -> Iterator[ConfigProblem]:
+    if c.actor.fuse_old_log_probs is not True:
+        return
+    for path, value, why in fusion_blockers(c):
+        yield problem(("actor.fuse_old_log_probs", path), value, f"old log-probs cannot come from the update: {why}",
+                      f"set actor.fuse_old_log_probs=auto or false, or change {path}")  # fmt: skip
+
+
+def fusion_blockers(c: Config) -> Iterator[tuple[str, object, str]]:
+    """Why a buffer's first mini-batch cannot take its old log-probs from its update (none: it can)."""
+    if c.actor.ppo_epochs > 1:
+        yield "actor.ppo_epochs", c.actor.ppo_epochs, "a later epoch needs them stored before the first"
+    fgo = c.psrl.fine_grain_overlap
+    if fgo.overlap_scope == "pre_step" and chunk_plan(c).effective != "none":
+        yield FGO + "overlap_scope", "pre_step", "each chunk steps on its own forwards"
+    if c.algorithm.rollout_correction.bypass_mode:
+        yield "algorithm.rollout_correction.bypass_mode", True, "the engine's log-probs are the old ones"
+
+
 def staleness_non_negative(c: Config) -> Iterator[ConfigProblem]:
     if c.psrl.staleness < 0:
         yield problem(
@@ -533,6 +552,7 @@ def gpu_kernels_apply(c: Config) -> Iterator[ConfigProblem]:
 RULES: tuple[Rule, ...] = (
     staleness_non_negative,
     shared_prompts_need_packing,
+    fused_old_log_probs_apply,
     pre_step_needs_mini_batch,
     micro_batch_needs_static_sizes,
     trainer_strategy_available,

@@ -220,12 +220,13 @@ class ActorSettings(Section):
         "flash varlen kernel has no shared-prompt form yet (true runs those micro-batches through masked SDPA). "
         "A micro-batch whose segments' attention mask would exceed 64M entries (long answers) is packed whole.",
     )
-    fuse_old_log_probs: bool = field(
-        True,
+    fuse_old_log_probs: bool | Literal["auto"] = field(
+        "auto",
         "A buffer's first mini-batch takes its old log-probs from its own update's forward, detached: the weights "
         "are still those a separate no-grad forward would use, so that forward is skipped (1/k of the policy's "
-        "no-grad forwards for k mini-batches a buffer, all of them when a buffer is one mini-batch). Applies with "
-        "ppo_epochs=1, outside overlap_scope=pre_step and bypass_mode; false runs every sample's no-grad forward.",
+        "no-grad forwards for k mini-batches a buffer, all of them when a buffer is one mini-batch). auto: "
+        "wherever it applies (ppo_epochs=1, no pre_step chunks, no bypass_mode); true: refused where it cannot; "
+        "false runs every sample's no-grad forward.",
     )
     lora: Lora = section(Lora, "LoRA: train low-rank adapters instead of every weight (rank 0 = off).")
 

@@ -34,7 +34,7 @@ from torch import Tensor
 from psrl.assets import DEMO_MODEL_DIR
 from psrl.config import Config
 from psrl.config.chunk_plan import plan_chunks
-from psrl.config.rules import pre_step_needs_mini_batch
+from psrl.config.rules import fusion_blockers, pre_step_needs_mini_batch
 from psrl.errors import ConfigError
 from psrl.evaluation.certificate import is_by_trajectory, masked_by_trajectory
 from psrl.rl.batch import Sample
@@ -245,12 +245,12 @@ class TrainerCore:
                                           keep=keep)  # fmt: skip
 
     def snapshot_checkpoint(self) -> checkpoint.CheckpointSnapshot:
-        """The current version's checkpoint on the host, owning its tensors (collective under data
-        parallelism); `write_checkpoint` writes it while training goes on."""
+        """The current version's checkpoint on the host (collective under data parallelism); on rank 0,
+        which writes it while training goes on, it owns its tensors."""
         self._check_between_buffers()
+        owns = self.parallel.device.type == "cpu" and self.parallel.rank == 0  # a CPU state aliases the live one
         return checkpoint.snapshot_checkpoint(self.version, self._trainables(), self.parallel,
-                                              next_prompt_id=self.next_prompt_id,
-                                              own_copies=self.parallel.device.type == "cpu")  # fmt: skip
+                                              next_prompt_id=self.next_prompt_id, own_copies=owns)  # fmt: skip
 
     def write_checkpoint(self, root: str | Path, snapshot: checkpoint.CheckpointSnapshot, *, keep: int = 0) -> Path:
         """Write a snapshot (rank 0's part; safe from another thread: it touches no live tensor)."""
@@ -381,10 +381,8 @@ class TrainerCore:
         (`actor.fuse_old_log_probs`): the weights are still those of the no-grad forward it replaces. Not
         under several epochs (a group's later passes need them stored first), pre_step (each chunk steps
         on its own forwards) or bypass_mode (the engine's log-probs are the old ones)."""
-        actor, algorithm = self.config.actor, self.config.algorithm
-        if not actor.fuse_old_log_probs or actor.ppo_epochs > 1 or self.is_pre_step:
-            return 0
-        if algorithm.rollout_correction.bypass_mode:
+        actor = self.config.actor
+        if actor.fuse_old_log_probs is False or next(fusion_blockers(self.config), None) is not None:
             return 0
         return max(1, actor.ppo_mini_batch_size // self.parallel.world_size)
 

@@ -102,3 +102,19 @@ def test_every_policy_forward_runs_where_it_cannot_apply(
     core = TrainerCore(trainer_config(["actor.ppo_mini_batch_size=2", *overrides]), model_dir=tiny_model_dir)
     core.train_buffer(0, make_buffer(0))
     assert sum(launched) == 8
+
+
+@pytest.mark.parametrize(
+    ("overrides", "named"),
+    [
+        (["actor.ppo_epochs=2"], "actor.ppo_epochs"),
+        (["psrl.fine_grain_overlap.granularity=mini_batch", "psrl.fine_grain_overlap.overlap_scope=pre_step"],
+         "psrl.fine_grain_overlap.overlap_scope"),
+    ],
+)  # fmt: skip
+def test_an_explicit_true_where_it_cannot_apply_is_refused_before_launch(overrides: list[str], named: str) -> None:
+    from psrl.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=named.replace(".", r"\.")):
+        trainer_config(["actor.ppo_mini_batch_size=2", "actor.fuse_old_log_probs=true", *overrides])
+    assert trainer_config(["actor.ppo_mini_batch_size=2", *overrides]).actor.fuse_old_log_probs == "auto"
