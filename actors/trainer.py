@@ -10,8 +10,10 @@ yet trained), so it never pushes a version twice. A failed step or push ends the
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -26,12 +28,20 @@ from psrl.engine.args import EngineArgs
 from psrl.flows.effects import Effect, PushWeights
 from psrl.flows.trainer import TrainerFlow
 from psrl.ps.from_config import make_puller, make_pusher, staging_dtype
-from psrl.ps.staging import HostStaging
+from psrl.ps.pusher import PushResult
+from psrl.ps.staging import HostStaging, WeightSnapshot, pushed_num_bytes
 from psrl.tms import TRAINER
 from psrl.tms.backend import side_memory
 from psrl.trainer import ParallelContext, TrainerCore, latest_checkpoint
-from psrl.trainer.background_save import BackgroundWriter
+from psrl.trainer.background import BackgroundJob
 from psrl.trainer.threads import CpuSampler, ThreadTrials
+
+
+@dataclass(frozen=True)
+class _Pushed:
+    effect: PushWeights
+    result: PushResult
+    waited_s: float | None = None  # in the background: how long the step waited for the previous push
 
 
 class TrainerActor(FlowActor):
@@ -85,8 +95,9 @@ class TrainerActor(FlowActor):
         if self.boot.options.get("restarted"):  # every rank of a re-formed group adopts the same committed version
             committed = self._catch_up_with_ps()
         self.saved_version = self.core.version
-        self.writer = BackgroundWriter(self._written)
+        self.writer: BackgroundJob[Path] = BackgroundJob(self._written, name="checkpoint-writer")
         self.pusher = None
+        self.pushes: BackgroundJob[_Pushed] | None = None
         # a GPU trainer's weights go to the PS in the dtype shards serve: straight into the shards' shared
         # memory where the transport allows, else from host staging buffers
         engine_args = EngineArgs.from_config(cfg)
@@ -94,6 +105,7 @@ class TrainerActor(FlowActor):
         if self.rank == 0:
             shards = [self.boot.endpoint(f"ps-{i}") for i in range(cfg.topology.n_ps_shards)]
             self.pusher = make_pusher(cfg, shards, self.boot.incarnation, curve=self.bus.options.curve)
+            self._start_push_thread()
         if self.core.version > max(committed, 0):  # a resumed run: the fresh parameter server needs it
             weights = dict(self.core.named_weights())
             if self.pusher is not None:
@@ -146,26 +158,88 @@ class TrainerActor(FlowActor):
             self.publisher.publish(TrainerProgress(step=committed, version=committed, num_samples=0))
         return committed
 
+    def _start_push_thread(self) -> None:
+        """Pushes in the background (trainer.background_push) land on a thread that wakes the loop through a
+        pipe, so each version's progress is reported as soon as its push committed."""
+        self.snapshot = WeightSnapshot(self.staging.cast_to)
+        self.background_push: bool | None = None  # decided at the first push, from the weights' size
+        wake_fd, self._wake_write_fd = os.pipe()
+        os.set_blocking(wake_fd, False)
+        self.add_input(wake_fd, lambda: self._on_push_landed(wake_fd))
+        self.pushes = BackgroundJob(self._report_push, name="weight-push", wake=self._wake_loop)
+
+    def _wake_loop(self) -> None:
+        os.write(self._wake_write_fd, b"\0")
+
+    def _on_push_landed(self, wake_fd: int) -> None:
+        with contextlib.suppress(BlockingIOError):
+            os.read(wake_fd, 4096)
+        if self.pushes is not None:
+            self.pushes.reap()  # a failed push raises here and ends the actor, as a failed blocking push does
+
     def perform_other(self, effect: Effect) -> None:
         if not isinstance(effect, PushWeights):
             super().perform_other(effect)
             return
         weights = dict(self.core.named_weights())  # a collective under FSDP2: every rank iterates
-        if self.pusher is not None:
-            pushed = self.pusher.push_weights(effect.version, weights, self.staging)
-            self.publisher.publish(
-                WeightsPushed(version=effect.version, rank=self.rank, num_bytes=pushed.num_bytes),
-                model_version=effect.version,
-            )
-            timings = {
-                "sync/push_s": pushed.total_s,
-                "sync/serialize_s": pushed.serialize_s,
-                "sync/transfer_s": pushed.transfer_s,
-                "sync/commit_s": pushed.commit_s,
-            }
-            self.publisher.publish(Metrics(step=effect.step, values=timings), model_version=effect.version)
+        in_background = False
+        if self.pusher is not None and self.pushes is not None:
+            waited = time.monotonic()
+            self.pushes.wait()  # the previous version lands first: versions commit in order
+            waited_s = time.monotonic() - waited
+            in_background = self._pushes_in_background(weights)
+            if in_background:
+                self._push_snapshot(effect, weights, waited_s)
+            else:
+                self._report_push(_Pushed(effect, self.pusher.push_weights(effect.version, weights, self.staging)),
+                                  progress=False)  # fmt: skip
         self._maybe_checkpoint(effect.version)
         self._size_thread_pool(effect.step, effect.version)
+        if not in_background:
+            self._publish_progress(effect)
+
+    def _push_snapshot(self, effect: PushWeights, weights: dict[str, torch.Tensor], waited_s: float) -> None:
+        """Copy the weights as pushed (queued on the trainer's stream) and push that copy from the push thread."""
+        pusher, staging, pushes = self.pusher, self.staging, self.pushes
+        assert pusher is not None and pushes is not None
+        taken, ready = self.snapshot.take(weights), self.snapshot.ready
+
+        def push() -> _Pushed:
+            return _Pushed(effect, pusher.push_weights(effect.version, taken, staging, after=ready), waited_s)
+
+        pushes.submit(push)
+
+    def _pushes_in_background(self, weights: dict[str, torch.Tensor]) -> bool:
+        if self.background_push is None:
+            device = next(iter(weights.values())).device if weights else torch.device("cpu")
+            nbytes = pushed_num_bytes(weights, self.staging.cast_to)
+            total = torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else 0
+            cfg = self.config
+            self.background_push = cfg.trainer.background_push_on(
+                device.type, colocate=cfg.topology.colocate, snapshot_bytes=nbytes, device_bytes=total
+            )
+            self.log.info("weight pushes", background=self.background_push, snapshot_mb=round(nbytes / 2**20, 1))
+        return self.background_push
+
+    def _report_push(self, pushed: _Pushed, *, progress: bool = True) -> None:
+        effect, result = pushed.effect, pushed.result
+        self.publisher.publish(
+            WeightsPushed(version=effect.version, rank=self.rank, num_bytes=result.num_bytes),
+            model_version=effect.version,
+        )
+        timings = {
+            "sync/push_s": result.total_s,
+            "sync/serialize_s": result.serialize_s,
+            "sync/transfer_s": result.transfer_s,
+            "sync/commit_s": result.commit_s,
+        }
+        if pushed.waited_s is not None:  # the step waited this long for the previous version's push
+            timings["sync/push_wait_s"] = pushed.waited_s
+        self.publisher.publish(Metrics(step=effect.step, values=timings), model_version=effect.version)
+        if progress:
+            self._publish_progress(effect)
+
+    def _publish_progress(self, effect: PushWeights) -> None:
         progress = TrainerProgress(
             step=effect.step,
             version=effect.version,
@@ -200,6 +274,16 @@ class TrainerActor(FlowActor):
         self.saved_version = max(self.saved_version, version_of(path))
         self.log.info("checkpoint", path=str(path), version=self.saved_version)
 
+    def _land_last_push(self) -> None:
+        """A push in flight commits (and its progress is reported) before the process ends."""
+        pushes = getattr(self, "pushes", None)
+        if pushes is None:
+            return
+        try:
+            pushes.close()
+        except Exception as exc:  # the run is ending: the version is lost, the checkpoint keeps it
+            self.log.error("the last push failed", error=repr(exc))
+
     def _checkpoint_on_stop(self) -> None:
         """A run stopped early keeps every version trained so far (a half-trained buffer is retrained)."""
         if not hasattr(self, "core") or self.state == ActorState.DEAD:
@@ -222,6 +306,7 @@ class TrainerActor(FlowActor):
         try:
             self._checkpoint_on_stop()
         finally:
+            self._land_last_push()
             if hasattr(self, "writer"):
                 self.writer.close()  # a background write in flight lands before the process ends
         super().teardown()

@@ -483,6 +483,10 @@ def _colocation_rules(c: Config) -> Iterator[ConfigProblem]:
         yield problem(("topology.trainer_gpus", "topology.rollout_gpus"), (topo.trainer_gpus, topo.rollout_gpus),
                       "colocated trainer ranks and rollout instances share the same GPUs",
                       "list the same GPUs in both (or leave both empty)")  # fmt: skip
+    if c.trainer.background_push is True:
+        yield problem(("trainer.background_push", "topology.colocate"), True,
+                      "rollout needs the GPUs, and the new version, before the next step: a push in the background "
+                      "would only hold its snapshot in their memory", "set trainer.background_push=auto")  # fmt: skip
 
 
 def engine_backend(c: Config) -> Iterator[ConfigProblem]:

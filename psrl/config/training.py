@@ -269,6 +269,15 @@ class TrainerLoop(Section):
         "thread while training goes on (the step pays the copy, not the disk); the final checkpoint and the "
         "one on an early stop are written before the trainer reports them. false = every save blocks.",
     )
+    background_push: bool | Literal["auto"] = field(
+        "auto",
+        "Push each new version to the parameter server from a background thread while the next step trains: "
+        "the weights are first copied where they lie (cast to the served dtype) into buffers kept between "
+        "versions, so the step pays that copy rather than the push; one push at a time, in version order, its "
+        "progress reported as it lands. auto: on a CUDA trainer not sharing its GPU with rollout "
+        "(topology.colocate) when the copy takes at most a tenth of the GPU's memory; off on the CPU, where the "
+        "push would take cores from the step. false = the trainer waits for every push.",
+    )
     stop_save_timeout_s: float = field(
         120.0,
         "When a run is stopped early (Ctrl-C, SIGTERM), how long the launcher waits for the trainer to "
@@ -283,6 +292,13 @@ class TrainerLoop(Section):
         ge=0,
     )
     seed: int = field(0, "Seed of the trainer's randomness.")
+
+    def background_push_on(self, device_type: str, *, colocate: bool, snapshot_bytes: int, device_bytes: int) -> bool:
+        """``background_push`` for a trainer on ``device_type`` whose snapshot of the pushed weights takes
+        ``snapshot_bytes`` of a device holding ``device_bytes`` (0 on the CPU)."""
+        if self.background_push != "auto":
+            return self.background_push
+        return device_type == "cuda" and not colocate and 0 < snapshot_bytes <= device_bytes // 10
 
 
 class Eval(Section):

@@ -45,3 +45,12 @@ def checksum_and_word_sum(data: Buffer) -> tuple[int, int]:
     hasher.update(tail)
     total += int.from_bytes(bytes(tail), "little")
     return int(hasher.intdigest()), total & WORD_SUM_MASK
+
+
+def word_sum(data: Buffer) -> int:
+    """The word sum of ``data`` alone (its tail zero-padded to a word); the sums of word-aligned pieces add up
+    to the whole's, so a large buffer is summed by several threads while one hashes it."""
+    view = memoryview(data).cast("B")
+    whole = len(view) - len(view) % WORD_BYTES
+    total = int(np.frombuffer(view[:whole], dtype="<u8").sum(dtype=np.uint64)) if whole else 0
+    return (total + int.from_bytes(bytes(view[whole:]), "little")) & WORD_SUM_MASK

@@ -134,6 +134,7 @@ class Pusher:
         self._plan: ShardPlan | None = None
         self._plan_specs: list[TensorSpec] = []
         self._probe_ids = 0
+        self._streams: dict[torch.device, torch.cuda.Stream] = {}  # pushes of snapshots (push_weights(after=))
 
     # public -------------------------------------------------------------------------------------
 
@@ -178,9 +179,28 @@ class Pusher:
             shard_bytes=job.plan.shard_bytes(),
         )
 
-    def push_weights(self, version: int, weights: Mapping[str, torch.Tensor], staging: HostStaging) -> PushResult:
+    def push_weights(
+        self,
+        version: int,
+        weights: Mapping[str, torch.Tensor],
+        staging: HostStaging,
+        *,
+        after: torch.cuda.Event | None = None,
+    ) -> PushResult:
         """Push a trainer's weights: straight from its GPU into the shards' memory where the transport
-        can (shared memory), else through ``staging``'s host buffers."""
+        can (shared memory), else through ``staging``'s host buffers.
+
+        ``after``: the event recorded once ``weights`` were written on the device (a ``WeightSnapshot`` taken
+        on the trainer's stream). The push's copies then wait for it on a stream of the pusher's own, so a
+        push from another thread neither queues behind the trainer's next kernels nor runs ahead of them."""
+        if after is not None and on_device(weights):
+            device = next(iter(weights.values())).device
+            stream = self._streams.get(device)
+            if stream is None:
+                stream = self._streams[device] = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
+            stream.wait_event(after)
+            with torch.cuda.stream(stream):
+                return self.push_weights(version, weights, staging)
         if self.copies_from_device and on_device(weights):
             return self.push(version, DeviceWeights(weights, staging.cast_to))
         return self.push(version, staging.stage(weights, wait=False), staging.wait_for)

@@ -99,6 +99,46 @@ class DeviceWeights:
         return self.cast_to if floating and self.cast_to is not None else weight.dtype
 
 
+class WeightSnapshot:
+    """A copy of the trainer's weights as they are pushed (floating tensors cast to ``cast_to``), where they
+    lie, in buffers kept from one version to the next: a push reads it while the next step changes the
+    weights (``trainer.background_push``). On a GPU the copy is queued on the trainer's stream and
+    ``ready`` is recorded after it, so a push on another stream waits for exactly that point."""
+
+    def __init__(self, cast_to: torch.dtype | None = None) -> None:
+        self.cast_to = cast_to
+        self.ready: torch.cuda.Event | None = None
+        self._buffers: dict[str, torch.Tensor] = {}
+
+    def take(self, weights: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Copy ``weights`` into the snapshot's buffers; the result is valid until the next ``take``, so the
+        push that reads it must have finished by then."""
+        taken: dict[str, torch.Tensor] = {}
+        devices: set[torch.device] = set()
+        for name, weight in weights.items():
+            dtype = self.cast_to if self.cast_to is not None and weight.is_floating_point() else weight.dtype
+            buffer = self._buffers.get(name)
+            if buffer is None or (buffer.shape, buffer.dtype, buffer.device) != (weight.shape, dtype, weight.device):
+                buffer = self._buffers[name] = torch.empty(weight.shape, dtype=dtype, device=weight.device)
+            buffer.copy_(weight.detach())
+            taken[name] = buffer
+            devices.add(weight.device)
+        self.ready = None
+        cuda = [d for d in devices if d.type == "cuda"]
+        if cuda:
+            self.ready = torch.cuda.Event()  # type: ignore[no-untyped-call]
+            self.ready.record(torch.cuda.current_stream(cuda[0]))
+        return taken
+
+
+def pushed_num_bytes(weights: Mapping[str, torch.Tensor], cast_to: torch.dtype | None) -> int:
+    """The bytes ``weights`` take as pushed (floating tensors cast to ``cast_to``)."""
+    return sum(
+        w.numel() * (cast_to.itemsize if cast_to is not None and w.is_floating_point() else w.element_size())
+        for w in weights.values()
+    )
+
+
 def on_device(weights: Mapping[str, torch.Tensor]) -> bool:
     """Whether every tensor lives on a CUDA device (what ``DeviceWeights`` pushes are for)."""
     return bool(weights) and all(w.device.type == "cuda" for w in weights.values())

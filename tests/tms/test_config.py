@@ -47,6 +47,7 @@ def test_enable_nixl_is_refused_since_nothing_reads_it() -> None:
         ("engine.backend=vllm", "engine.backend"),
         ("psrl.fine_grain_overlap.granularity=mini_batch", "psrl.fine_grain_overlap.granularity"),
         ("topology.trainer_gpus=[0]", "topology.rollout_gpus"),
+        ("trainer.background_push=true", "trainer.background_push"),
     ],
 )
 def test_colocation_prerequisites(override: str, field: str) -> None:
@@ -57,6 +58,20 @@ def test_colocation_prerequisites(override: str, field: str) -> None:
 def test_valid_colocated_config_loads() -> None:
     config = load_config(None, [*COLOCATED, "psrl.tms.range=all", "psrl.tms.enable_cuda_graph=True"])
     assert config.topology.colocate and config.psrl.tms.range == "all"
+
+
+def test_background_push_is_on_by_auto_only_for_a_cuda_trainer_with_its_own_gpu_and_room_for_the_snapshot() -> None:
+    loop = load_config(None, []).trainer
+    gib = 1 << 30
+    assert loop.background_push_on("cuda", colocate=False, snapshot_bytes=gib, device_bytes=80 * gib)
+    assert not loop.background_push_on("cuda", colocate=False, snapshot_bytes=15 * gib, device_bytes=80 * gib)
+    assert not loop.background_push_on("cuda", colocate=True, snapshot_bytes=gib, device_bytes=80 * gib)
+    assert not loop.background_push_on("cpu", colocate=False, snapshot_bytes=gib, device_bytes=0)
+    forced = load_config(None, ["trainer.background_push=true"]).trainer
+    assert forced.background_push_on("cpu", colocate=False, snapshot_bytes=gib, device_bytes=0)
+    assert not load_config(None, ["trainer.background_push=false"]).trainer.background_push_on(
+        "cuda", colocate=False, snapshot_bytes=gib, device_bytes=80 * gib
+    )
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")

@@ -12,7 +12,7 @@ from safetensors.torch import load_file
 
 from psrl.assets import DEMO_MODEL_DIR
 from psrl.trainer import TrainerCore
-from psrl.trainer.background_save import BackgroundWriter
+from psrl.trainer.background import BackgroundJob
 from psrl.trainer.checkpoint import read_trainer_state
 
 from .trainer_helpers import make_buffer, trainer_config
@@ -56,7 +56,7 @@ def test_tied_weights_stay_one_tensor_in_the_snapshot() -> None:
 
 def test_the_writer_runs_one_write_at_a_time_and_raises_a_failure_on_the_callers_thread(tmp_path: Path) -> None:
     written: list[Path] = []
-    writer = BackgroundWriter(written.append)
+    writer: BackgroundJob[Path] = BackgroundJob(written.append, name="checkpoint-writer")
     release = threading.Event()
     writer.submit(lambda: (release.wait(5), tmp_path / "step_00000001")[1])
     assert writer.busy
