@@ -16,7 +16,9 @@ settings it could not match, a table per run, medians per system and last
 
     RESULT speedup_vs_trl_sync=... speedup_vs_trl_async=... wall_vs_trl=... first_step_s=... acc_psrl=... acc_trl=...
 
-(speedups: TRL's median s/step over psrl's; wall: psrl's whole command over TRL's; psrl = its defaults).
+(speedups: TRL's median s/step over psrl's; wall: psrl's whole command over TRL's; psrl = its defaults;
+the line goes on with throughput_vs_trl_*: the same ratio of mean intervals from the first step's end to the
+last's, which an asynchronous run's bursty intervals cannot flatter).
 
     make install-trl && .venv/bin/python tools/bench_peer_trl.py                 # demo model, CPU, 40 steps x 2
     .venv/bin/python tools/bench_peer_trl.py --steps 10 --repeats 1               # a quick look
@@ -72,6 +74,7 @@ class RunRecord:
     wall_s: float
     first_step_s: float
     s_per_step: float
+    mean_s_per_step: float
     rewards: list[float]
     model_dir: Path
     acc: float = float("nan")
@@ -163,7 +166,8 @@ def run_trl(work: Workload, root: Path, repeat: int, args: argparse.Namespace) -
         notes.append("prompt token ids differ between TRL's tokenization and psrl's")
     if len(result["rewards"]) != work.steps:
         notes.append(f"reward called {len(result['rewards'])} times for {work.steps} steps")
-    return RunRecord("trl", repeat, wall, timing.first_step_s, timing.s_per_step, result["rewards"],
+    return RunRecord("trl", repeat, wall, timing.first_step_s, timing.s_per_step, timing.mean_s_per_step,
+                     result["rewards"],
                      Path(result["model_dir"]), notes=notes)  # fmt: skip
 
 
@@ -205,7 +209,7 @@ def run_psrl(system: str, overrides: list[str], work: Workload, root: Path, repe
     )
     timing = step_timing(started, [r["wall_time"] for r in steps])
     checkpoint = run_dir / "checkpoints" / f"step_{work.steps:08d}" / "policy"
-    return RunRecord(system, repeat, wall, timing.first_step_s, timing.s_per_step,
+    return RunRecord(system, repeat, wall, timing.first_step_s, timing.s_per_step, timing.mean_s_per_step,
                      [r["values"]["reward/mean"] for r in steps], checkpoint)  # fmt: skip
 
 
@@ -307,7 +311,7 @@ def load_text() -> str:
 def print_record(r: RunRecord) -> None:
     first, last = edge_means(r.rewards)
     notes = f"  ({'; '.join(r.notes)})" if r.notes else ""
-    print(f"    {r.system:>5} #{r.repeat}: {r.s_per_step:.3f} s/step, whole command {r.wall_s:.1f} s, first step "
+    print(f"    {r.system:>5} #{r.repeat}: {r.s_per_step:.3f} s/step (mean {r.mean_s_per_step:.3f}), whole command {r.wall_s:.1f} s, first step "
           f"{r.first_step_s:.1f} s, reward first 5 {first:.3f} -> last 5 {last:.3f}, held-out acc {r.acc:.3f}"
           f"{notes}", flush=True)  # fmt: skip
 
@@ -319,6 +323,7 @@ def system_medians(records: list[RunRecord]) -> dict[str, dict[str, float]]:
         edges = [edge_means(r.rewards) for r in mine]
         out[system] = {
             "s_per_step": median([r.s_per_step for r in mine]),
+            "mean_s_per_step": median([r.mean_s_per_step for r in mine]),
             "wall_s": median([r.wall_s for r in mine]),
             "first_step_s": median([r.first_step_s for r in mine]),
             "reward_first5": median([e[0] for e in edges]),
@@ -330,11 +335,11 @@ def system_medians(records: list[RunRecord]) -> dict[str, dict[str, float]]:
 
 def print_summary(medians: dict[str, dict[str, float]], initial_acc: float) -> None:
     print(f"\nmedians over repeats (held-out greedy acc. of the initial model: {initial_acc:.3f})")
-    print(f"  {'system':<25}{'s/step':>8}{'whole s':>9}{'first step s':>14}{'reward first5':>15}"
+    print(f"  {'system':<25}{'s/step':>8}{'mean':>7}{'whole s':>9}{'first step s':>14}{'reward first5':>15}"
           f"{'last5':>7}{'acc':>7}")  # fmt: skip
     labels = {"trl": "TRL GRPOTrainer", "sync": "psrl sync (staleness 0)", "async": "psrl defaults"}
     for system, m in medians.items():
-        print(f"  {labels[system]:<25}{m['s_per_step']:>8.3f}{m['wall_s']:>9.1f}{m['first_step_s']:>14.1f}"
+        print(f"  {labels[system]:<25}{m['s_per_step']:>8.3f}{m['mean_s_per_step']:>7.3f}{m['wall_s']:>9.1f}{m['first_step_s']:>14.1f}"
               f"{m['reward_first5']:>15.3f}{m['reward_last5']:>7.3f}{m['acc']:>7.3f}")  # fmt: skip
 
 

@@ -170,6 +170,9 @@ def median(values: Sequence[float]) -> float:
 class StepTiming:
     first_step_s: float  # command start to the end of the first step
     s_per_step: float  # median interval between consecutive step ends
+    # first step's end to the last one's over the steps between: the throughput, which a median of bursty
+    # intervals (an asynchronous run's short ones while rollout is ahead, long ones once it is behind) hides
+    mean_s_per_step: float = math.nan
 
 
 def step_timing(start: float, step_ends: Sequence[float]) -> StepTiming:
@@ -178,7 +181,8 @@ def step_timing(start: float, step_ends: Sequence[float]) -> StepTiming:
     if not ends:
         return StepTiming(math.nan, math.nan)
     intervals = [b - a for a, b in itertools.pairwise(ends)]
-    return StepTiming(ends[0] - start, median(intervals))
+    mean = (ends[-1] - ends[0]) / len(intervals) if intervals else math.nan
+    return StepTiming(ends[0] - start, median(intervals), mean)
 
 
 def edge_means(values: Sequence[float], count: int = EDGE_STEPS) -> tuple[float, float]:
@@ -209,6 +213,8 @@ def result_values(medians: Mapping[str, Mapping[str, float]]) -> dict[str, float
         "first_step_s_sync": sync["first_step_s"],
         "first_step_s_trl": trl["first_step_s"],
         "acc_psrl_sync": sync["acc"],
+        "throughput_vs_trl_sync": ratio(trl["mean_s_per_step"], sync["mean_s_per_step"]),
+        "throughput_vs_trl_async": ratio(trl["mean_s_per_step"], default["mean_s_per_step"]),
     }
 
 

@@ -53,6 +53,7 @@ def test_step_timing_from_step_end_times() -> None:
     timing = step_timing(start, list(reversed(ends)))
     assert timing.first_step_s == ends[0] - start
     assert timing.s_per_step == pytest.approx(median([0.5, 1.0, 0.4]))
+    assert timing.mean_s_per_step == pytest.approx((113.9 - 112.0) / 3)  # the throughput, bursts included
     assert math.isnan(step_timing(start, []).s_per_step)
 
 
@@ -65,13 +66,14 @@ def test_edges_and_median_ignore_what_is_missing() -> None:
 
 def test_result_line_ratios_and_round_trip() -> None:
     medians = {
-        "trl": {"s_per_step": 0.6, "wall_s": 30.0, "first_step_s": 2.0, "acc": 0.25},
-        "sync": {"s_per_step": 0.5, "wall_s": 40.0, "first_step_s": 12.0, "acc": 0.2},
-        "async": {"s_per_step": 0.4, "wall_s": 36.0, "first_step_s": 11.0, "acc": 0.3},
+        "trl": {"s_per_step": 0.6, "mean_s_per_step": 0.6, "wall_s": 30.0, "first_step_s": 2.0, "acc": 0.25},
+        "sync": {"s_per_step": 0.5, "mean_s_per_step": 0.5, "wall_s": 40.0, "first_step_s": 12.0, "acc": 0.2},
+        "async": {"s_per_step": 0.4, "mean_s_per_step": 0.5, "wall_s": 36.0, "first_step_s": 11.0, "acc": 0.3},
     }
     values = result_values(medians)
     assert values["speedup_vs_trl_sync"] == pytest.approx(0.6 / 0.5)  # TRL's s/step over psrl's
     assert values["speedup_vs_trl_async"] == pytest.approx(0.6 / 0.4)
+    assert values["throughput_vs_trl_async"] == pytest.approx(0.6 / 0.5)  # mean intervals
     assert values["wall_vs_trl"] == pytest.approx(36.0 / 30.0)  # psrl's whole command over TRL's
     line = format_result(values)
     assert list(parse_result(line))[: len(RESULT_KEYS)] == list(RESULT_KEYS)
