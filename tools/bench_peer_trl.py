@@ -311,9 +311,9 @@ def load_text() -> str:
 def print_record(r: RunRecord) -> None:
     first, last = edge_means(r.rewards)
     notes = f"  ({'; '.join(r.notes)})" if r.notes else ""
-    print(f"    {r.system:>5} #{r.repeat}: {r.s_per_step:.3f} s/step (mean {r.mean_s_per_step:.3f}), whole command {r.wall_s:.1f} s, first step "
-          f"{r.first_step_s:.1f} s, reward first 5 {first:.3f} -> last 5 {last:.3f}, held-out acc {r.acc:.3f}"
-          f"{notes}", flush=True)  # fmt: skip
+    print(f"    {r.system:>5} #{r.repeat}: {r.s_per_step:.3f} s/step (mean {r.mean_s_per_step:.3f}), whole command "
+          f"{r.wall_s:.1f} s, first step {r.first_step_s:.1f} s, reward first 5 {first:.3f} -> last 5 {last:.3f}, "
+          f"held-out acc {r.acc:.3f}{notes}", flush=True)  # fmt: skip
 
 
 def system_medians(records: list[RunRecord]) -> dict[str, dict[str, float]]:
@@ -339,8 +339,9 @@ def print_summary(medians: dict[str, dict[str, float]], initial_acc: float) -> N
           f"{'last5':>7}{'acc':>7}")  # fmt: skip
     labels = {"trl": "TRL GRPOTrainer", "sync": "psrl sync (staleness 0)", "async": "psrl defaults"}
     for system, m in medians.items():
-        print(f"  {labels[system]:<25}{m['s_per_step']:>8.3f}{m['mean_s_per_step']:>7.3f}{m['wall_s']:>9.1f}{m['first_step_s']:>14.1f}"
-              f"{m['reward_first5']:>15.3f}{m['reward_last5']:>7.3f}{m['acc']:>7.3f}")  # fmt: skip
+        print(f"  {labels[system]:<25}{m['s_per_step']:>8.3f}{m['mean_s_per_step']:>7.3f}{m['wall_s']:>9.1f}"
+              f"{m['first_step_s']:>14.1f}{m['reward_first5']:>15.3f}{m['reward_last5']:>7.3f}"
+              f"{m['acc']:>7.3f}")  # fmt: skip
 
 
 def print_settings(work: Workload, args: argparse.Namespace) -> None:
