@@ -25,10 +25,9 @@ import msgspec
 from psrl.ps.manifest import ManifestEntry
 
 # 2: sparse pull chunks in psrl.ps.delta's packed format (SPARSE=2, PullChunk.num_bytes) for the
-# entries a puller names as held at its base version (ShardPullRequest.base_indices).
-# 3: entries beyond 16 MiB checksummed by pieces (psrl.ps.checksum, algorithm "xxh3_64/16MiB").
-# A shard and a puller of different versions refuse each other at the manifest exchange.
-PROTOCOL_VERSION = 3
+# entries a puller names as held at its base version (ShardPullRequest.base_indices). A shard and a
+# puller of different versions refuse each other at the manifest exchange.
+PROTOCOL_VERSION = 2
 LATEST = -1  # ManifestRequest.version meaning "the newest version this shard has committed"
 
 

@@ -18,9 +18,8 @@ from zmq.utils.monitor import recv_monitor_message
 from bus.drops import is_sparse_log_point
 from bus.security import CurveKeys
 from psrl.ps import links
-from psrl.ps.checksum import ALGORITHM
 from psrl.ps.errors import PullFailedError
-from psrl.ps.manifest import NO_CHECKSUM, ManifestEntry, ManifestError, validate_served_parts
+from psrl.ps.manifest import ManifestEntry, ManifestError, validate_served_parts
 from psrl.ps.protocol import (
     LATEST,
     PROTOCOL_VERSION,
@@ -146,10 +145,6 @@ class ShardLinks:
             raise PullFailedError(version, "shards disagree on the version's manifest")
         if replies[0].num_shards != self.num_shards:
             raise PullFailedError(version, f"PS has {replies[0].num_shards} shards, puller knows {self.num_shards}")
-        if replies[0].algorithm not in (ALGORITHM, NO_CHECKSUM):
-            raise PullFailedError(
-                version, f"checksum algorithm {replies[0].algorithm!r} is not this puller's {ALGORITHM!r}"
-            )
         try:
             validate_served_parts(version, [r.entries for r in replies], replies[0].num_entries)
         except ManifestError as exc:

@@ -24,8 +24,7 @@ from typing import Generic, Protocol, TypeVar
 
 import msgspec
 
-from psrl.ps.checksum import ALGORITHM
-from psrl.ps.manifest import NO_CHECKSUM, ManifestEntry
+from psrl.ps.manifest import ManifestEntry
 from psrl.ps.protocol import PushBegin
 
 BuffersT = TypeVar("BuffersT")
@@ -136,8 +135,6 @@ class ShardVersions(Generic[BuffersT]):
                 return f"version {begin.version} superseded by incoming version {incoming.version}"
             if begin.version == incoming.version and begin.attempt < incoming.attempt:
                 return f"attempt {begin.attempt} superseded by attempt {incoming.attempt}"
-        if begin.algorithm not in (ALGORITHM, NO_CHECKSUM):
-            return f"checksum algorithm {begin.algorithm!r} is not this shard's {ALGORITHM!r}"
         if begin.num_shards != self.num_shards:
             return f"push is planned for {begin.num_shards} shards, this PS has {self.num_shards}"
         if any(e.shard != self.shard for e in begin.entries):

@@ -6,16 +6,18 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import msgspec
+import numpy as np
 import pytest
 import torch
 import zmq
 from ps_helpers import Collector, ThreadShards, assert_same, small_model
 
 from psrl.ps import LATEST, Puller, PullFailedError, Pusher
-from psrl.ps.checksum import ALGORITHM, WORD_SUM_MASK, checksum_and_word_sum
+from psrl.ps.checksum import WORD_SUM_MASK, checksum_and_word_sum, word_sum
 from psrl.ps.local import LocalShards
 from psrl.ps.manifest import ManifestEntry, build_manifest
 from psrl.ps.protocol import PushBegin
@@ -177,7 +179,7 @@ def entry(index: int) -> ManifestEntry:
 
 def deferred_begin(entries: int = 2) -> PushBegin:
     items = tuple(entry(i) for i in range(entries))
-    return PushBegin(1, 1, 1, b"", 1, entries, ALGORITHM, items, checksums_follow=True)
+    return PushBegin(1, 1, 1, b"", 1, entries, "xxh3_64", items, checksums_follow=True)
 
 
 def test_a_deferred_push_is_not_landed_until_its_checksums_and_digest_came() -> None:
@@ -230,3 +232,14 @@ def test_a_gpu_push_is_copied_into_the_shards_files_and_pulled_bit_exact(make_sh
     finally:
         pusher.close()
         puller.close()
+
+
+def test_a_large_entry_summed_in_pieces_while_hashed_gives_the_one_pass_result() -> None:
+    data = np.random.default_rng(0).integers(0, 256, size=shm.SPLIT_SUM_BYTES + 4099, dtype=np.uint8)
+    pool = ThreadPoolExecutor(max_workers=3)
+    try:
+        view = memoryview(data)
+        assert shm._checksum_and_word_sum(view, pool) == checksum_and_word_sum(view)
+        assert word_sum(view[:13]) == checksum_and_word_sum(view[:13])[1]
+    finally:
+        pool.shutdown()

@@ -10,7 +10,6 @@ import zmq
 from ps_helpers import Collector, ThreadShards, assert_same, small_model, transport_params
 
 from psrl.ps import LATEST, Puller, PullFailedError, Pusher, PushRefusedError
-from psrl.ps.checksum import ALGORITHM
 from psrl.ps.delta import HEADER_BYTES
 from psrl.ps.protocol import PushBegin, encode
 from psrl.ps.transports.zmq_frames import ZmqPushDataPlane
@@ -164,7 +163,7 @@ class TestPublication:
         ctx = zmq.Context()
         dealer = ctx.socket(zmq.DEALER)
         dealer.connect(shards.push_endpoints[0])
-        dealer.send(encode(PushBegin(2, 1, 1, b"x", 1, 0, ALGORITHM, ())))
+        dealer.send(encode(PushBegin(2, 1, 1, b"x", 1, 0, "xxh3_64", ())))
         assert dealer.poll(5000)
         dealer.recv()
         with pytest.raises(PullFailedError, match="not committed"):

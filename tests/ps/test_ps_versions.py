@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from psrl.ps.checksum import ALGORITHM
 from psrl.ps.manifest import ManifestEntry
 from psrl.ps.protocol import PushBegin
 from psrl.ps.versions import NONE, ShardVersions
@@ -14,7 +13,7 @@ def entry(index: int, shard: int = 0) -> ManifestEntry:
 
 def begin(version: int, incarnation: int = 1, attempt: int = 1, entries: int = 2, shard: int = 0) -> PushBegin:
     items = tuple(entry(i, shard) for i in range(entries))
-    return PushBegin(version, incarnation, attempt, b"d%d" % version, 1, entries, ALGORITHM, items)
+    return PushBegin(version, incarnation, attempt, b"d%d" % version, 1, entries, "xxh3_64", items)
 
 
 def land_all(state: ShardVersions[str], message: PushBegin) -> None:
@@ -111,8 +110,8 @@ class TestPushRules:
 
     def test_entries_of_another_shard_or_layout_are_refused(self) -> None:
         state: ShardVersions[str] = ShardVersions(1, 2)
-        wrong_shard = PushBegin(1, 1, 1, b"d", 2, 1, ALGORITHM, (entry(0, shard=0),))
-        wrong_count = PushBegin(1, 1, 1, b"d", 3, 1, ALGORITHM, (entry(0, shard=1),))
+        wrong_shard = PushBegin(1, 1, 1, b"d", 2, 1, "xxh3_64", (entry(0, shard=0),))
+        wrong_count = PushBegin(1, 1, 1, b"d", 3, 1, "xxh3_64", (entry(0, shard=1),))
         assert state.check_begin(wrong_shard) is not None
         assert state.check_begin(wrong_count) is not None
 

@@ -39,7 +39,7 @@ import zmq
 from psrl.log import get_logger
 from psrl.processes import pid_alive
 from psrl.ps import links, pinning
-from psrl.ps.checksum import WORD_SUM_MASK, checksum_and_word_sum
+from psrl.ps.checksum import WORD_BYTES, WORD_SUM_MASK, checksum, checksum_and_word_sum, word_sum
 from psrl.ps.manifest import ManifestEntry
 from psrl.ps.protocol import PushBegin, PushWritten, ShardPullRequest
 from psrl.ps.staging import word_sum_on_device
@@ -60,6 +60,9 @@ BUCKET_BYTES = 64 << 20
 # Mappings a pusher or puller keeps open: every shard cycles through three or four files (incoming,
 # latest, previous, a spare), and re-mapping (re-pinning) a file on every pull costs seconds at 7B.
 MAX_MAPPINGS = 64
+# An entry this large is hashed on one thread while others take its word sum in pieces: one thread doing
+# both in one pass would be the push's tail (a 0.5B model's embedding is 272 MB)
+SPLIT_SUM_BYTES = 32 << 20
 
 
 def shm_directory() -> Path:
@@ -283,8 +286,7 @@ class ShmPushDataPlane(PushDataPlane):
         # in cache: 30 GB/s on 8 threads, 47 GB/s on 16 of an H200 host's, whose memory reads 67 GB/s)
         threads = num_threads or os.cpu_count() or 1
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="ps-shm-push")
-        # the pieces of a large entry (psrl.ps.checksum), hashed at once by as many threads
-        self._piece_pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="ps-shm-piece")
+        self._sum_pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="ps-shm-sum")  # large entries
         self._sends: dict[int, tuple[zmq.Socket[bytes], deque[_Bucket]]] = {}
         self._sums: dict[int, int] = {}
         self._log = get_logger("psrl.ps.shm")
@@ -322,7 +324,7 @@ class ShmPushDataPlane(PushDataPlane):
         buckets: deque[_Bucket] = deque()
         for part in _buckets([(e, _slice(target, _range(remote, e))) for e in entries], self.bucket_bytes):
             landing = copier.copy(part)  # DMA copies queued on the device's stream; returns at once
-            job = functools.partial(_hash_landed, landing, part, begin.checksums_follow, self._piece_pool)
+            job = functools.partial(_hash_landed, landing, part, begin.checksums_follow, self._sum_pool)
             buckets.append(_Bucket(self._pool.submit(job), _written(begin, part), landing))
         self._sends[shard] = (sock, buckets)
 
@@ -368,7 +370,7 @@ class ShmPushDataPlane(PushDataPlane):
         for shard in list(self._sends):
             self.cancel(shard)
         self._pool.shutdown(wait=True)
-        self._piece_pool.shutdown(wait=True)
+        self._sum_pool.shutdown(wait=True)
         self._maps.clear()
         self._registered.clear()
 
@@ -432,7 +434,7 @@ class _DeviceCopier:
 
 
 def _hash_landed(
-    landing: _Landing, part: Sequence[tuple[ManifestEntry, memoryview]], hashing: bool, piece_pool: ThreadPoolExecutor
+    landing: _Landing, part: Sequence[tuple[ManifestEntry, memoryview]], hashing: bool, sum_pool: ThreadPoolExecutor
 ) -> list[int]:
     """Each entry's checksum, hashed where it landed once its copies did, after checking the landed
     bytes against the word sum its source took (a copy that wrote elsewhere, or had not landed,
@@ -442,7 +444,7 @@ def _hash_landed(
         return []
     sums = []
     for (entry, view), source_sum in zip(part, source_sums, strict=True):
-        digest, landed_sum = checksum_and_word_sum(view, piece_pool)
+        digest, landed_sum = _checksum_and_word_sum(view, sum_pool)
         if landed_sum != source_sum:
             raise TransportError(
                 f"entry {entry.index} ({entry.name}) landed unlike its source: word sum {landed_sum:#x}, "
@@ -450,6 +452,17 @@ def _hash_landed(
             )
         sums.append(digest)
     return sums
+
+
+def _checksum_and_word_sum(view: memoryview, sum_pool: ThreadPoolExecutor) -> tuple[int, int]:
+    """``checksum_and_word_sum``; a large entry's word sum is taken in pieces on ``sum_pool`` while this thread
+    hashes it."""
+    if len(view) < SPLIT_SUM_BYTES:
+        return checksum_and_word_sum(view)
+    step = SPLIT_SUM_BYTES // 4 // WORD_BYTES * WORD_BYTES
+    pieces = [sum_pool.submit(word_sum, view[start : start + step]) for start in range(0, len(view), step)]
+    digest = checksum(view)
+    return digest, sum(piece.result() for piece in pieces) & WORD_SUM_MASK
 
 
 def _buckets(
