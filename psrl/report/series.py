@@ -225,11 +225,14 @@ def _phases_of(version: int, push: dict[str, float], loads: list[float]) -> Sync
 
 def trainer_busy_by_step(records: Sequence[MetricsRecord], progress: Sequence[ProgressPoint]) -> dict[int, float]:
     """Seconds the trainer worked on each step: compute (perf/train_seconds) plus weight push
-    (sync/push_s), the slowest rank; without those metrics, the step time the trainer reported."""
+    (sync/push_s), the slowest rank; without those metrics, the step time the trainer reported. A push
+    made in the background (its record carries sync/push_wait_s) held the trainer only while it waited
+    for it, so that wait counts instead of the push."""
     per_rank: dict[tuple[str, int], float] = defaultdict(float)
     for record in records:
         if is_trainer(record.sender):
-            for name in ("perf/train_seconds", "sync/push_s"):
+            push = "sync/push_wait_s" if "sync/push_wait_s" in record.values else "sync/push_s"
+            for name in ("perf/train_seconds", push):
                 if math.isfinite(value := record.values.get(name, math.nan)):
                     per_rank[record.sender, record.step] += value
     busy: dict[int, float] = {}

@@ -110,3 +110,8 @@ def test_trainer_busy_uses_compute_and_push_else_step_time() -> None:
     assert trainer_busy_by_step(records, []) == {1: 1.5}
     progress = [ProgressPoint(1.0, 1, 1, 8, 2.0), ProgressPoint(2.0, 2, 2, 8, 3.0)]
     assert trainer_busy_by_step([], progress) == {1: 2.0, 2: 3.0}
+    background = [  # a push in the background held the trainer only while it waited for the one before
+        record("trainer-0", 2, perf__train_seconds=1.0),
+        record("trainer-0", 2, sync__push_s=0.4, sync__push_wait_s=0.05),
+    ]
+    assert trainer_busy_by_step(background, []) == {2: pytest.approx(1.05)}
