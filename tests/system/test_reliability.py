@@ -36,6 +36,15 @@ def test_killed_and_hung_instances_shards_and_trainer_keep_every_promise(tmp_pat
 
 
 @pytest.mark.chaos
+def test_a_trainer_killed_or_hung_with_a_push_in_the_background_keeps_every_promise(tmp_path) -> None:
+    config = load_config("demo", [*chaos.WORKLOAD, "trainer.total_steps=6", "trainer.background_push=true"])
+    case = chaos.run_case(7, config, chaos.Plan(("trainer",), 2, 3.0), tmp_path / "runs")
+    assert case.exit_code == EXIT_OK, case.reason
+    assert case.report.ok, case.report.violations
+    assert len(case.recoveries) == 2 and all(r.seconds is not None for r in case.recoveries)
+
+
+@pytest.mark.chaos
 def test_killed_and_hung_session_scheduler_and_killed_env_workers_lose_no_session(tmp_path) -> None:
     config = load_config("agentic", [*chaos.AGENTIC_WORKLOAD, "trainer.total_steps=4"])
     case = chaos.run_case(2, config, chaos.Plan(("session", "env"), 4, 4.0), tmp_path / "runs")
