@@ -28,7 +28,8 @@ def test_every_bound_socket_survives_hostile_frames_and_the_run_completes(tmp_pa
 
 @pytest.mark.chaos
 def test_killed_and_hung_instances_shards_and_trainer_keep_every_promise(tmp_path) -> None:
-    config = load_config("demo", [*chaos.WORKLOAD, "trainer.total_steps=5"])
+    # steps enough to outlast the warm spare's start (faults wait for it) and three faults with their recoveries
+    config = load_config("demo", [*chaos.WORKLOAD, "trainer.total_steps=40"])
     case = chaos.run_case(3, config, chaos.Plan(("rollout", "ps", "trainer"), 3, 4.0), tmp_path / "runs")
     assert case.exit_code == EXIT_OK, case.reason
     assert case.report.ok, case.report.violations
@@ -37,7 +38,7 @@ def test_killed_and_hung_instances_shards_and_trainer_keep_every_promise(tmp_pat
 
 @pytest.mark.chaos
 def test_a_trainer_killed_or_hung_with_a_push_in_the_background_keeps_every_promise(tmp_path) -> None:
-    config = load_config("demo", [*chaos.WORKLOAD, "trainer.total_steps=6", "trainer.background_push=true"])
+    config = load_config("demo", [*chaos.WORKLOAD, "trainer.total_steps=30", "trainer.background_push=true"])
     case = chaos.run_case(7, config, chaos.Plan(("trainer",), 2, 3.0), tmp_path / "runs")
     assert case.exit_code == EXIT_OK, case.reason
     assert case.report.ok, case.report.violations
