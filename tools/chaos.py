@@ -57,7 +57,7 @@ then land on an instance that was just added, and a retired instance's requests 
     # make chaos-elastic: 3 runs, 6 faults each, a scale event before about 60% of them
     python tools/chaos.py --cases 3 --faults 6 --steps 12 --elastic 0.6 --roles rollout,router,coordinator,ps
 
-Ends with ``RESULT faults=<n> lost=<n> duplicated=<n> mixed_versions=<n> max_recovery_s=<s> ...
+Ends with ``RESULT faults=<n> planned_faults=<n> lost=<n> duplicated=<n> mixed_versions=<n> max_recovery_s=<s> ...
 warm_restarts=<n> warm_recovery_p50_s=<s> warm_max_recovery_s=<s> scale_ups=<n> scale_downs=<n>
 scale_refused=<n>``.
 """
@@ -157,6 +157,7 @@ class CaseResult:
     scaled: list[tuple[str, str]] = field(default_factory=list)  # elastic events done: (kind, instance)
     refused: list[str] = field(default_factory=list)  # elastic events the run refused (no room, last one)
     replay_disagree: int | None = None  # decisions ``psrl replay --check all`` disagrees with (when replayed)
+    num_planned: int = 0  # faults planned (a run that ends first leaves the rest uninjected)
 
 
 @dataclass(frozen=True)
@@ -207,6 +208,7 @@ def run_case(
         injector.scaled,
         injector.refused,
         replay_disagreements(supervisor.run_dir.path) if replay else None,
+        num_faults,
     )
 
 
@@ -224,7 +226,8 @@ def describe(case: CaseResult) -> str:
     bad = {k: v for k, v in case.report.violations.items() if v}
     sessions = case.report.sessions
     return (
-        f"seed {case.seed}: {verdict} in {case.wall_s:.0f} s; {len(case.recoveries)} faults ({', '.join(times)}); "
+        f"seed {case.seed}: {verdict} in {case.wall_s:.0f} s; {len(case.recoveries)} of {case.num_planned} planned "
+        f"faults ({', '.join(times)}); "
         f"{case.report.num_buffers_consumed} buffers, {case.report.num_groups_consumed} groups, "
         f"{case.report.num_continuations} continuations, {case.report.num_checks} checks; "
         + (
@@ -282,7 +285,8 @@ def summary_line(cases: list[CaseResult]) -> str:
     totals = {key: sum(c.report.violations[key] for c in cases) for key in cases[0].report.violations}
     by_kind = {kind: sum(1 for r in recs if r.fault.kind == kind) for kind in ("kill", "stop")}
     return (
-        f"RESULT faults={len(recs)} kills={by_kind['kill']} stops={by_kind['stop']} lost={totals['lost']} "
+        f"RESULT faults={len(recs)} planned_faults={sum(c.num_planned for c in cases)} kills={by_kind['kill']} "
+        f"stops={by_kind['stop']} lost={totals['lost']} "
         f"duplicated={totals['duplicated']} mixed_versions={totals['mixed_versions']} "
         f"staleness_violations={totals['staleness']} broken_continuations={totals['continuations']} "
         f"version_jumps={totals['versions']} sessions_lost={totals['sessions_lost']} "
@@ -310,7 +314,7 @@ def _replay_field(cases: list[CaseResult]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="2 cases of 3 faults, 4 steps each")
+    parser.add_argument("--quick", action="store_true", help="2 cases of 3 faults (30 steps each; agentic: 4)")
     parser.add_argument("--cases", type=int, default=None, help="runs, one seed each")
     parser.add_argument("--faults", type=int, default=None, help="faults per run")
     parser.add_argument("--steps", type=int, default=None, help="training steps per run")
@@ -338,7 +342,9 @@ def main() -> None:
     configure("warning")
     agentic, agent = args.workload == "agentic", args.workload == "agent"
     cases, faults = (2, 4 if agentic or agent else 3) if args.quick else (25, 8)
-    steps = args.steps or (4 if args.quick else 12)
+    # the demo workload's steps take well under a second: a run must outlast the warm spare's start (faults
+    # wait for it) and every fault with its recovery; agentic cases train their few steps in minutes
+    steps = args.steps or ((4 if args.quick else 12) if agentic or agent else (30 if args.quick else 70))
     default_roles = (*DEFAULT_ROLES, *SESSION_ROLES) if agentic else AGENT_ROLES if agent else DEFAULT_ROLES
     roles = tuple(r.strip() for r in args.roles.split(",") if r.strip()) if args.roles else default_roles
     root = args.root or Path(tempfile.mkdtemp(prefix="psrl-chaos-"))
