@@ -33,7 +33,9 @@ def type_name(annotation: Any) -> str:
     if origin is Literal:
         return " \\| ".join(f"`{a}`" if a is not None else "null" for a in get_args(annotation))
     if origin in (Union, types.UnionType):
-        return " \\| ".join(type_name(a) for a in get_args(annotation) if a is not type(None)) + " \\| null"
+        args = get_args(annotation)
+        named = " \\| ".join(type_name(a) for a in args if a is not type(None))
+        return named + " \\| null" if type(None) in args else named
     if origin is tuple:
         return "tuple[" + ", ".join(type_name(a) for a in get_args(annotation)) + "]"
     return getattr(annotation, "__name__", str(annotation))
