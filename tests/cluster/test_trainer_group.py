@@ -15,10 +15,12 @@ from tests.cluster.rank_faults import check_group_recovered, kill_ranks_one_at_a
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 
-def test_two_ranks_killed_one_at_a_time_re_form_and_the_run_finishes(tmp_path) -> None:
+@pytest.mark.parametrize("background_push", ["auto", "true"])  # auto: off on the CPU
+def test_two_ranks_killed_one_at_a_time_re_form_and_the_run_finishes(tmp_path, background_push: str) -> None:
     steps = 24
     cmd = [sys.executable, "-m", "psrl.cli.main", "launch", "demo", "--root", str(tmp_path / "runs"), "--name", "dp",
-           "--quiet", "topology.n_trainer_ranks=2", f"trainer.total_steps={steps}", "trainer.save_freq=4"]  # fmt: skip
+           "--quiet", "topology.n_trainer_ranks=2", f"trainer.total_steps={steps}", "trainer.save_freq=4",
+           f"trainer.background_push={background_push}"]  # fmt: skip
     launcher = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     run = RunDir(tmp_path / "runs" / "dp")
     try:
