@@ -163,17 +163,17 @@ class TrainerActor(FlowActor):
         pipe, so each version's progress is reported as soon as its push committed."""
         self.snapshot = WeightSnapshot(self.staging.cast_to)
         self.background_push: bool | None = None  # decided at the first push, from the weights' size
-        wake_fd, self._wake_write_fd = os.pipe()
-        os.set_blocking(wake_fd, False)
-        self.add_input(wake_fd, lambda: self._on_push_landed(wake_fd))
+        self._wake_read_fd, self._wake_write_fd = os.pipe()
+        os.set_blocking(self._wake_read_fd, False)
+        self.add_input(self._wake_read_fd, self._on_push_landed)
         self.pushes = BackgroundJob(self._report_push, name="weight-push", wake=self._wake_loop)
 
     def _wake_loop(self) -> None:
         os.write(self._wake_write_fd, b"\0")
 
-    def _on_push_landed(self, wake_fd: int) -> None:
+    def _on_push_landed(self) -> None:
         with contextlib.suppress(BlockingIOError):
-            os.read(wake_fd, 4096)
+            os.read(self._wake_read_fd, 4096)
         if self.pushes is not None:
             self.pushes.reap()  # a failed push raises here and ends the actor, as a failed blocking push does
 
@@ -283,6 +283,10 @@ class TrainerActor(FlowActor):
             pushes.close()
         except Exception as exc:  # the run is ending: the version is lost, the checkpoint keeps it
             self.log.error("the last push failed", error=repr(exc))
+        finally:
+            self.remove_input(self._wake_read_fd)
+            os.close(self._wake_read_fd)
+            os.close(self._wake_write_fd)
 
     def _checkpoint_on_stop(self) -> None:
         """A run stopped early keeps every version trained so far (a half-trained buffer is retrained)."""

@@ -60,7 +60,7 @@ class HostStaging:
             event.synchronize()
 
     def _casts(self, tensor: torch.Tensor) -> bool:
-        return self.cast_to is not None and tensor.is_floating_point() and tensor.dtype != self.cast_to
+        return pushed_dtype(tensor, self.cast_to) != tensor.dtype
 
     @property
     def num_staged_bytes(self) -> int:
@@ -87,16 +87,12 @@ class DeviceWeights:
     def __init__(self, weights: Mapping[str, torch.Tensor], cast_to: torch.dtype | None = None) -> None:
         self.weights = weights
         self.cast_to = cast_to
-        self.meta = {name: torch.empty(w.shape, dtype=self._dtype(w), device="meta") for name, w in weights.items()}
+        self.meta = {n: torch.empty(w.shape, dtype=pushed_dtype(w, cast_to), device="meta") for n, w in weights.items()}
 
     def cast(self, name: str) -> torch.Tensor:
         weight = self.weights[name].detach()
-        dtype = self._dtype(weight)
+        dtype = pushed_dtype(weight, self.cast_to)
         return (weight if weight.dtype == dtype else weight.to(dtype)).contiguous()
-
-    def _dtype(self, weight: torch.Tensor) -> torch.dtype:
-        floating = self.cast_to is not None and weight.is_floating_point()
-        return self.cast_to if floating and self.cast_to is not None else weight.dtype
 
 
 class WeightSnapshot:
@@ -116,7 +112,7 @@ class WeightSnapshot:
         taken: dict[str, torch.Tensor] = {}
         devices: set[torch.device] = set()
         for name, weight in weights.items():
-            dtype = self.cast_to if self.cast_to is not None and weight.is_floating_point() else weight.dtype
+            dtype = pushed_dtype(weight, self.cast_to)
             buffer = self._buffers.get(name)
             if buffer is None or (buffer.shape, buffer.dtype, buffer.device) != (weight.shape, dtype, weight.device):
                 buffer = self._buffers[name] = torch.empty(weight.shape, dtype=dtype, device=weight.device)
@@ -131,12 +127,14 @@ class WeightSnapshot:
         return taken
 
 
+def pushed_dtype(weight: torch.Tensor, cast_to: torch.dtype | None) -> torch.dtype:
+    """The dtype ``weight`` is pushed in: ``cast_to`` for floating tensors when given, else its own."""
+    return cast_to if cast_to is not None and weight.is_floating_point() else weight.dtype
+
+
 def pushed_num_bytes(weights: Mapping[str, torch.Tensor], cast_to: torch.dtype | None) -> int:
-    """The bytes ``weights`` take as pushed (floating tensors cast to ``cast_to``)."""
-    return sum(
-        w.numel() * (cast_to.itemsize if cast_to is not None and w.is_floating_point() else w.element_size())
-        for w in weights.values()
-    )
+    """The bytes ``weights`` take as pushed."""
+    return sum(w.numel() * pushed_dtype(w, cast_to).itemsize for w in weights.values())
 
 
 def on_device(weights: Mapping[str, torch.Tensor]) -> bool:

@@ -30,11 +30,6 @@ class BackgroundJob(Generic[T]):
     def busy(self) -> bool:
         return self._pending is not None and not self._pending.done()
 
-    @property
-    def pending(self) -> bool:
-        """A job was submitted and not yet reaped (running, or finished and waiting to be reported)."""
-        return self._pending is not None
-
     def submit(self, job: Callable[[], T]) -> None:
         """Start `job` once the previous one has finished (and raised, if it failed)."""
         self.wait()

@@ -39,7 +39,7 @@ import zmq
 from psrl.log import get_logger
 from psrl.processes import pid_alive
 from psrl.ps import links, pinning
-from psrl.ps.checksum import WORD_BYTES, WORD_SUM_MASK, checksum, checksum_and_word_sum, word_sum
+from psrl.ps.checksum import WORD_SUM_MASK, checksum, checksum_and_word_sum, word_sum
 from psrl.ps.manifest import ManifestEntry
 from psrl.ps.protocol import PushBegin, PushWritten, ShardPullRequest
 from psrl.ps.staging import word_sum_on_device
@@ -63,6 +63,7 @@ MAX_MAPPINGS = 64
 # An entry this large is hashed on one thread while others take its word sum in pieces: one thread doing
 # both in one pass would be the push's tail (a 0.5B model's embedding is 272 MB)
 SPLIT_SUM_BYTES = 32 << 20
+SUM_PIECE_BYTES = 8 << 20  # a multiple of the word: only the last piece has a tail
 
 
 def shm_directory() -> Path:
@@ -459,8 +460,10 @@ def _checksum_and_word_sum(view: memoryview, sum_pool: ThreadPoolExecutor) -> tu
     hashes it."""
     if len(view) < SPLIT_SUM_BYTES:
         return checksum_and_word_sum(view)
-    step = SPLIT_SUM_BYTES // 4 // WORD_BYTES * WORD_BYTES
-    pieces = [sum_pool.submit(word_sum, view[start : start + step]) for start in range(0, len(view), step)]
+    pieces = [
+        sum_pool.submit(word_sum, view[start : start + SUM_PIECE_BYTES])
+        for start in range(0, len(view), SUM_PIECE_BYTES)
+    ]
     digest = checksum(view)
     return digest, sum(piece.result() for piece in pieces) & WORD_SUM_MASK
 
