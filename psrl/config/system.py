@@ -185,6 +185,12 @@ class EngineSettings(Section):
         "stop tokens truncated after the round (1 = one token per step).",
         ge=1,
     )
+    capture_graphs_at_start: bool = field(
+        True,
+        "Capture the decode rounds' CUDA graphs of every batch size when an instance starts (embedded engine, "
+        "CUDA, step kernels), as vLLM does; false: each on its first use, when the instance stops generating "
+        "for it mid-run.",
+    )
     lora_mode: Literal["merge", "unmerged"] = field(
         "merge",
         "How the embedded engine applies LoRA adapter versions (actor.lora.rank > 0): merge = into the base weights "

@@ -45,6 +45,8 @@ class EngineArgs:
     gpu_kernels: Literal["auto", "on", "off", "torch"] = "auto"
     # decode steps per scheduling round with the step kernels (sampled on the device; stop tokens truncated after)
     decode_steps: int = 16
+    # capture the decode rounds' graphs of every batch size when the engine starts (else each on first use)
+    capture_graphs_at_start: bool = False
     # offload tier (psrl.lmcache): bytes of CPU memory for evicted prefix blocks (0 = no tier), its eviction
     # order, and whether a weight load empties it (else entries are told apart by their version tag)
     offload_bytes: int = 0
@@ -74,6 +76,7 @@ class EngineArgs:
             cpu_kernels=engine.cpu_kernels,
             gpu_kernels=engine.gpu_kernels,
             decode_steps=engine.decode_steps,
+            capture_graphs_at_start=engine.capture_graphs_at_start,
             offload_bytes=_offload_bytes(config),
             offload_policy=config.psrl.lmcache.cache_policy,
             offload_clear_on_update=config.psrl.lmcache.clear_on_weight_update,

@@ -17,6 +17,7 @@ blocks added since the last one (and the rows of sequences that joined).
 from __future__ import annotations
 
 import operator
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -111,6 +112,20 @@ class DecodeRounds:
             return RoundResult(tokens, logprobs)
         return RoundResult([tokens[row] for row in rows], [logprobs[row] for row in rows])
 
+    def capture_all(self) -> int:
+        """Capture the round of every batch bucket now, at full length and as the single step a round falls
+        back to under KV pressure; returns how many graphs there are. Only padding rows run (no blocks,
+        position 0): they write the scratch block, never a sequence's KV."""
+        if not self.use_graphs:
+            return 0
+        self._host_fields.zero_()
+        self._fields.zero_()
+        for num_steps in sorted({self.shape.max_steps, 1}, reverse=True):
+            for bucket in self.buckets:
+                self._replay(bucket, num_steps)
+        torch.cuda.current_stream().synchronize()
+        return sum(graph is not None for graph in self._graphs.values())
+
     def _fill_fields(self, bucket: int) -> None:
         seqs = self._table_rows.seqs
         count = len(seqs)
@@ -155,6 +170,7 @@ class DecodeRounds:
             input_ids = tokens
 
     def _capture(self, bucket: int, num_steps: int) -> torch.cuda.CUDAGraph | None:
+        started = time.perf_counter()
         stream = torch.cuda.Stream()  # type: ignore[no-untyped-call]
         stream.wait_stream(torch.cuda.current_stream())
         try:
@@ -169,7 +185,8 @@ class DecodeRounds:
             log.warning("decode_round_capture_failed", batch=bucket, steps=num_steps, error=str(error))
             self.use_graphs = False
             return None
-        log.debug("decode_round_captured", batch=bucket, steps=num_steps)
+        seconds = round(time.perf_counter() - started, 3)
+        log.debug("decode_round_captured", batch=bucket, steps=num_steps, seconds=seconds)
         return graph
 
 

@@ -19,6 +19,7 @@ import torch
 from bus.messages import FinishReason
 from psrl.engine.args import EngineArgs
 from psrl.engine.block_manager import BlockManager
+from psrl.engine.decode_rounds import DecodeRounds
 from psrl.engine.kv_offload import EngineOffload, make_tier
 from psrl.engine.lora_unmerged import lora_applier
 from psrl.engine.model_runner import ModelRunner, RunnerShape
@@ -108,9 +109,18 @@ class Engine:
         self._num_arrivals = 0
         self._num_generated_total = 0
         self._recent_steps: deque[tuple[float, int]] = deque()
+        if args.capture_graphs_at_start and self.runner.rounds is not None:
+            self._capture_rounds(self.runner.rounds)
         log.info("engine_ready", model=str(args.model_path), device=str(self.device), dtype=str(self.dtype),
                  max_model_len=self.max_model_len, kv_blocks=args.num_kv_blocks, decode=self.runner.decode_path,
                  decode_steps=args.decode_steps if self.runner.rounds is not None else 1)  # fmt: skip
+
+    @staticmethod
+    def _capture_rounds(rounds: DecodeRounds) -> None:
+        started = time.perf_counter()
+        with torch.inference_mode():
+            count = rounds.capture_all()
+        log.info("decode_graphs_captured", graphs=count, seconds=round(time.perf_counter() - started, 2))
 
     def _make_offload(self, args: EngineArgs) -> EngineOffload | None:
         if args.offload_bytes <= 0:

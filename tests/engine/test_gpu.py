@@ -100,6 +100,24 @@ def test_bf16_rounds_are_as_close_to_fp32_as_transformers_bf16(qwen2: Checkpoint
         assert (ours - want).abs().max() <= 2 * (theirs - want).abs().max() + 0.02, index
 
 
+def test_graphs_captured_at_start_serve_the_tokens_of_graphs_captured_on_first_use(qwen2: Checkpoint) -> None:
+    """Every bucket's round (and its single-step fallback) is captured before the first request, from padding
+    rows alone: they must have written nothing a later sequence reads, so both engines sample alike."""
+    common = dict(device="cuda", dtype="bfloat16", num_kv_blocks=128, max_num_seqs=16, gpu_kernels="on")
+    eager = make_engine(qwen2, capture_graphs_at_start=True, **common)
+    rounds = eager.runner.rounds
+    assert rounds is not None and len(rounds._graphs) == 2 * len(rounds.buckets)
+    lazy = make_engine(qwen2, **common)
+    outputs = []
+    for engine in (eager, lazy):
+        for index, prompt in enumerate(_prompts(11)):
+            engine.add_request(str(index), prompt, greedy(max_tokens=5 + 3 * index))
+        results, _ = run_to_completion(engine)
+        outputs.append({key: result.output_ids for key, result in results.items()})
+    assert outputs[0] == outputs[1]
+    assert len(rounds._graphs) == 2 * len(rounds.buckets)  # nothing captured while serving
+
+
 def _long_context_checkpoint(directory: Path) -> Checkpoint:
     torch.manual_seed(0)
     config = Qwen2Config(**{**COMMON, "max_position_embeddings": 8448}, tie_word_embeddings=True)
