@@ -34,7 +34,9 @@ from psrl.tms import TRAINER
 from psrl.tms.backend import side_memory
 from psrl.trainer import ParallelContext, TrainerCore, latest_checkpoint
 from psrl.trainer.background import BackgroundJob
+from psrl.trainer.compiled import compile_enabled
 from psrl.trainer.threads import CpuSampler, ThreadTrials
+from psrl.trainer.warm_up import warm_up_enabled
 
 
 @dataclass(frozen=True)
@@ -69,6 +71,7 @@ class TrainerActor(FlowActor):
         # pool was sized, and OpenMP threads sharing a core wait on each other at every barrier
         if self.cpu is not None and torch.get_num_threads() > self.cpu.num_cores:
             torch.set_num_threads(self.cpu.num_cores)
+        self._finish_warm_up()
         self.to_flow(event)
 
     def setup(self) -> dict[str, int]:
@@ -113,10 +116,31 @@ class TrainerActor(FlowActor):
         self.attach(
             TrainerFlow(cfg, self.core, name=self.name, log=self.log), serving=self.make_link(self.name, serve=True)
         )
+        self.warm_up = self._start_warm_up()
         adapts = cfg.topology.trainer_threads == "auto" and self.parallel.device.type == "cpu"
         self.cpu = CpuSampler() if adapts else None
         self.thread_trials: ThreadTrials | None = None
         return {"version": self.core.version}
+
+    def _start_warm_up(self) -> BackgroundJob[float] | None:
+        """The compiled layers built on a synthetic buffer while the first batch is generated (actor.warm_up)."""
+        cfg = self.config
+        compiles = compile_enabled(cfg.actor.compile, self.parallel.device)
+        if not warm_up_enabled(cfg.actor.warm_up, compiles=compiles, world_size=self.world_size,
+                               memory_managed=self.core.memory.is_managed):  # fmt: skip
+            return None
+        job: BackgroundJob[float] = BackgroundJob(self._warmed_up, name="trainer-warm-up")
+        job.submit(self.core.warm_up)
+        return job
+
+    def _warmed_up(self, seconds: float) -> None:
+        self.log.info("trainer warmed up", seconds=round(seconds, 2))
+
+    def _finish_warm_up(self) -> None:
+        """The first real chunk waits for the warm-up: the model is the warm-up thread's until it ends."""
+        if self.warm_up is not None:
+            job, self.warm_up = self.warm_up, None
+            job.close()
 
     def _size_thread_pool(self, step: int, version: int) -> None:
         """``topology.trainer_threads=auto`` on CPU: the cores the other processes left idle, and one thread
@@ -308,6 +332,8 @@ class TrainerActor(FlowActor):
 
     def teardown(self) -> None:
         try:
+            if getattr(self, "warm_up", None) is not None:
+                self._finish_warm_up()  # the weights are the warm-up thread's until it ends
             self._checkpoint_on_stop()
         finally:
             self._land_last_push()

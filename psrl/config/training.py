@@ -207,6 +207,13 @@ class ActorSettings(Section):
         "dynamic shapes): fuses the norms, rotary embeddings, activations and casts between the matmuls "
         "(psrl.trainer.compiled). auto: on CUDA (1.33-1.35x a real-scale step); off on CPU.",
     )
+    warm_up: bool | Literal["auto"] = field(
+        "auto",
+        "While the rollout makes the first batch, train one synthetic buffer of the run's shape without stepping "
+        "the optimizer (weights, optimizer state and random streams unchanged), so the compiled layers are built "
+        "before the first real step needs them (psrl.trainer.warm_up). auto: when actor.compile is on, on one "
+        "trainer rank, outside colocation.",
+    )
     packing: bool = field(
         True,
         "Padding-free micro-batches: whole sequences end to end in one row with varlen attention, balanced by "

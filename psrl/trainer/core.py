@@ -75,6 +75,7 @@ from psrl.trainer.update import (
     token_budget_batches,
 )
 from psrl.trainer.varlen import use_varlen_attention
+from psrl.trainer.warm_up import StepNothing, random_streams_kept, synthetic_buffer, vocab_size_of
 
 ModelT = TypeVar("ModelT", bound=torch.nn.Module)
 
@@ -236,6 +237,35 @@ class TrainerCore:
     def has_partial_buffer(self) -> bool:
         """A buffer is half-trained (chunks arrived, no version produced yet)."""
         return self._buffer is not None
+
+    def warm_up(self) -> float:
+        """Build the compiled graphs on one synthetic buffer of the run's shape (``psrl.trainer.warm_up``);
+        nothing the next real buffer sees changes. Returns the seconds it took."""
+        if self._buffer is not None:
+            raise TrainerError("a warm-up between the chunks of a buffer")
+        started = time.perf_counter()
+        task = self.config.task
+        buffer = synthetic_buffer(
+            groups=self.config.psrl.staleness_buffer_entries, group_size=self.group_size,
+            max_prompt_tokens=task.max_prompt_length, max_response_tokens=task.max_response_length,
+            vocab_size=vocab_size_of(self.policy.raw), version=self.version,
+        )  # fmt: skip
+        kept = (self.version, self.next_prompt_id)
+        real = [(trainable, trainable.optimizer) for trainable in self._trainables()]
+        try:
+            with random_streams_kept(self.parallel.device):
+                for trainable, optimizer in real:
+                    trainable.optimizer = StepNothing(optimizer)  # type: ignore[assignment]
+                self.train_buffer(self.version, buffer)
+        finally:
+            for trainable, optimizer in real:
+                trainable.optimizer = optimizer
+                optimizer.zero_grad(set_to_none=True)
+            self.version, self.next_prompt_id = kept
+            self._buffer = None
+        if self.parallel.device.type == "cuda":
+            torch.cuda.synchronize(self.parallel.device)
+        return time.perf_counter() - started
 
     def save_checkpoint(self, root: str | Path, *, keep: int = 0) -> Path:
         """Write a resumable checkpoint of the current version (collective under data parallelism)."""
