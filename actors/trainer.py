@@ -122,19 +122,28 @@ class TrainerActor(FlowActor):
         self.thread_trials: ThreadTrials | None = None
         return {"version": self.core.version}
 
-    def _start_warm_up(self) -> BackgroundJob[float] | None:
+    def _start_warm_up(self) -> BackgroundJob[float | None] | None:
         """The compiled layers built on a synthetic buffer while the first batch is generated (actor.warm_up)."""
         cfg = self.config
         compiles = compile_enabled(cfg.actor.compile, self.parallel.device)
         if not warm_up_enabled(cfg.actor.warm_up, compiles=compiles, world_size=self.world_size,
                                memory_managed=self.core.memory.is_managed):  # fmt: skip
             return None
-        job: BackgroundJob[float] = BackgroundJob(self._warmed_up, name="trainer-warm-up")
-        job.submit(self.core.warm_up)
+        job: BackgroundJob[float | None] = BackgroundJob(self._warmed_up, name="trainer-warm-up")
+        job.submit(self._warm_up)
         return job
 
-    def _warmed_up(self, seconds: float) -> None:
-        self.log.info("trainer warmed up", seconds=round(seconds, 2))
+    def _warm_up(self) -> float | None:
+        """A failed warm-up costs only its time: the first real step builds what it needs, as without one."""
+        try:
+            return self.core.warm_up()
+        except Exception as exc:  # any failure here is the real step's to meet, not the warm-up's
+            self.log.warning("trainer warm-up failed; the first step builds its graphs", error=repr(exc)[:500])
+            return None
+
+    def _warmed_up(self, seconds: float | None) -> None:
+        if seconds is not None:
+            self.log.info("trainer warmed up", seconds=round(seconds, 2))
 
     def _finish_warm_up(self) -> None:
         """The first real chunk waits for the warm-up: the model is the warm-up thread's until it ends."""

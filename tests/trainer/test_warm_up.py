@@ -83,3 +83,23 @@ def test_auto_warms_up_a_compiling_trainer_alone_with_its_memory_resident() -> N
     assert not warm_up_enabled("auto", compiles=True, world_size=1, memory_managed=True)
     assert warm_up_enabled(True, compiles=False, world_size=1, memory_managed=False)
     assert not warm_up_enabled(False, compiles=True, world_size=1, memory_managed=False)
+
+
+def test_a_failed_warm_up_leaves_the_trainer_as_it_found_it(
+    tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    trainer = TrainerCore(trainer_config(OVERRIDES), model_dir=tiny_model_dir)
+    optimizer, before = trainer.policy.optimizer, _weights(trainer)
+
+    def fail_after_the_forwards(buffer_id: int, trajectories: list) -> None:
+        trainer._state_for(buffer_id)  # half-way through a buffer, as an out-of-memory error would leave it
+        raise torch.cuda.OutOfMemoryError("synthetic")
+
+    monkeypatch.setattr(trainer, "train_buffer", fail_after_the_forwards)
+    with pytest.raises(torch.cuda.OutOfMemoryError):
+        trainer.warm_up()
+    assert trainer.policy.optimizer is optimizer and trainer.version == 0 and not trainer.has_partial_buffer
+    for name, tensor in _weights(trainer).items():
+        assert torch.equal(tensor, before[name]), name
+    monkeypatch.undo()
+    assert trainer.train_buffer(0, make_buffer(0)).version == 1  # and it trains the first real buffer
