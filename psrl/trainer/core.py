@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import random
+import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -127,6 +128,8 @@ class TrainerCore:
         self.version = 0
         self.next_prompt_id = 0  # one past the highest prompt id trained on: a resumed run's dataset cursor
         self._buffer: _TrainingBuffer | None = None
+        # one buffer at a time: a warm-up on its thread and the actor's steps never run the models at once
+        self._training = threading.RLock()
         random.seed(config.trainer.seed)
         torch.manual_seed(config.trainer.seed)
         directory = resolve_model_dir(config, model_dir)
@@ -198,7 +201,7 @@ class TrainerCore:
         an optimizer step happened (every pre_step chunk, and the last chunk), else None."""
         if self.memory.is_paused:
             raise TrainerError("a training step while the trainer's GPU memory is released (psrl.tms)")
-        with self.memory.region("grads"):  # gradients and activations: released without a copy while paused
+        with self._training, self.memory.region("grads"):  # grads and activations: released without a copy if paused
             return self._add_chunk(buffer_id, trajectories, is_last=is_last)
 
     def _add_chunk(
@@ -241,6 +244,10 @@ class TrainerCore:
     def warm_up(self) -> float:
         """Build the compiled graphs on one synthetic buffer of the run's shape (``psrl.trainer.warm_up``);
         nothing the next real buffer sees changes. Returns the seconds it took."""
+        with self._training:
+            return self._warm_up()
+
+    def _warm_up(self) -> float:
         if self._buffer is not None:
             raise TrainerError("a warm-up between the chunks of a buffer")
         started = time.perf_counter()

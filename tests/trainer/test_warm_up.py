@@ -103,3 +103,38 @@ def test_a_failed_warm_up_leaves_the_trainer_as_it_found_it(
         assert torch.equal(tensor, before[name]), name
     monkeypatch.undo()
     assert trainer.train_buffer(0, make_buffer(0)).version == 1  # and it trains the first real buffer
+
+
+def test_a_buffer_arriving_during_the_warm_up_waits_for_it(tiny_model_dir: Path) -> None:
+    """The actor's thread may get its first buffer while the warm-up's thread still trains the synthetic one:
+    the two never run the model at once, and the real step comes out as without a warm-up."""
+    import threading
+
+    warmed = TrainerCore(trainer_config(OVERRIDES), model_dir=tiny_model_dir)
+    cold = TrainerCore(trainer_config(OVERRIDES), model_dir=tiny_model_dir)
+    inside, release = threading.Event(), threading.Event()
+    train_buffer = warmed.train_buffer
+
+    def slow_synthetic_buffer(buffer_id: int, trajectories: list) -> object:
+        inside.set()
+        release.wait(5)
+        return train_buffer(buffer_id, trajectories)
+
+    warmed.train_buffer = slow_synthetic_buffer  # type: ignore[method-assign]
+    worker = threading.Thread(target=warmed.warm_up)
+    worker.start()
+    assert inside.wait(5)
+    warmed.train_buffer = train_buffer  # type: ignore[method-assign]
+    real = threading.Thread(target=lambda: results.append(warmed.add_chunk(0, make_buffer(0), is_last=True)))
+    results: list = []
+    real.start()
+    real.join(0.3)
+    assert real.is_alive()  # held while the warm-up holds the models
+    release.set()
+    worker.join(10), real.join(10)
+    assert (
+        results[0].version == 1
+        and results[0].metrics["actor/pg_loss"] == cold.train_buffer(0, make_buffer(0)).metrics["actor/pg_loss"]
+    )
+    for name, tensor in _weights(warmed).items():
+        assert torch.equal(tensor, _weights(cold)[name]), name
