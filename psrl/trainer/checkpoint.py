@@ -21,9 +21,11 @@ every rank reads the files (one host, or a shared filesystem across hosts).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -85,34 +87,77 @@ class CheckpointSnapshot:
     states: list[tuple[Trainable, dict[str, Tensor], dict[str, Any]]]
     rng: dict[str, Tensor]
     python_random: tuple[Any, ...]
+    # taken on the device (`on_device`): recorded after its copies there; the writer moves them to the host
+    ready: torch.cuda.Event | None = None
 
 
 def snapshot_checkpoint(
     version: int, trainables: list[Trainable], parallel: ParallelContext, *, next_prompt_id: int = 0,
-    own_copies: bool = False,
+    own_copies: bool = False, on_device: bool = False,
 ) -> CheckpointSnapshot:  # fmt: skip
     """The full state of `version` on the host; collective under data parallelism (every rank must call).
     `own_copies`: copy tensors that the host state shares with the live model (a CPU trainer's), so that
-    the snapshot stays that of `version` while training goes on."""
-    options = _state_dict_api().StateDictOptions(full_state_dict=True, cpu_offload=True)
+    the snapshot stays that of `version` while training goes on. `on_device`: copy the state on its GPU
+    instead (milliseconds, where a copy to pageable host memory takes seconds and holds the step); the
+    writer moves it to the host (``on_host``)."""
+    options = _state_dict_api().StateDictOptions(full_state_dict=True, cpu_offload=not on_device)
     states = [(t, _model_state(t, options), _optimizer_state(t, options)) for t in trainables]
-    if own_copies:
+    if own_copies or on_device:
         memo: dict[tuple[int, int, torch.Size, torch.dtype], Tensor] = {}
         states = [(t, _owned(model, memo), _owned(optimizer, memo)) for t, model, optimizer in states]
-    return CheckpointSnapshot(version, next_prompt_id, states, _rng_states(), random.getstate())
+    ready = None
+    if on_device:
+        ready = torch.cuda.Event()  # type: ignore[no-untyped-call]
+        ready.record()
+    return CheckpointSnapshot(version, next_prompt_id, states, _rng_states(), random.getstate(), ready)
+
+
+def on_host(snapshot: CheckpointSnapshot) -> CheckpointSnapshot:
+    """A snapshot taken on the device, copied to host memory on a stream of its own (the training that goes
+    on meanwhile keeps the default one); a host snapshot as it is."""
+    if snapshot.ready is None:
+        return snapshot
+    stream = torch.cuda.Stream()  # type: ignore[no-untyped-call]
+    stream.wait_event(snapshot.ready)
+    memo: dict[tuple[int, int, torch.Size, torch.dtype], Tensor] = {}
+    with torch.cuda.stream(stream):
+        states = [(t, _moved(model, memo), _moved(optimizer, memo)) for t, model, optimizer in snapshot.states]
+    stream.synchronize()
+    return dataclasses.replace(snapshot, states=states, ready=None)
+
+
+def snapshot_bytes(trainables: list[Trainable]) -> int:
+    """Bytes of the parameters and optimizer state a snapshot of these trainables copies."""
+    total = 0
+    for trainable in trainables:
+        total += sum(p.numel() * p.element_size() for p in trainable.model.parameters())
+        for entries in trainable.optimizer.state.values():
+            total += sum(v.numel() * v.element_size() for v in entries.values() if isinstance(v, Tensor))
+    return total
 
 
 def _owned(value: Any, memo: dict[tuple[int, int, torch.Size, torch.dtype], Tensor]) -> Any:
     """`value` with every tensor copied; tensors that alias each other (tied weights) stay one copy."""
+    return _mapped(value, memo, lambda tensor: tensor.detach().clone())
+
+
+def _moved(value: Any, memo: dict[tuple[int, int, torch.Size, torch.dtype], Tensor]) -> Any:
+    """`value` with every tensor copied to host memory; aliases stay one copy."""
+    return _mapped(value, memo, lambda tensor: tensor.detach().to("cpu"))
+
+
+def _mapped(
+    value: Any, memo: dict[tuple[int, int, torch.Size, torch.dtype], Tensor], copy: Callable[[Tensor], Tensor]
+) -> Any:
     if isinstance(value, Tensor):
         key = (value.untyped_storage().data_ptr(), int(value.storage_offset()), value.shape, value.dtype)
         if key not in memo:
-            memo[key] = value.detach().clone()
+            memo[key] = copy(value)
         return memo[key]
     if isinstance(value, dict):
-        return {k: _owned(v, memo) for k, v in value.items()}
+        return {k: _mapped(v, memo, copy) for k, v in value.items()}
     if isinstance(value, list):
-        return [_owned(v, memo) for v in value]
+        return [_mapped(v, memo, copy) for v in value]
     return value
 
 
@@ -121,6 +166,7 @@ def write_checkpoint(
 ) -> Path:
     """Write a snapshot under `root` (rank 0's part of a save): staged under a `.tmp` name and renamed
     when whole; then only the `keep` newest checkpoints are kept (0 = all)."""
+    snapshot = on_host(snapshot)
     final = step_dir(Path(root), snapshot.version)
     staging = final.with_suffix(".tmp")
     shutil.rmtree(staging, ignore_errors=True)

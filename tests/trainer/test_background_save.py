@@ -14,6 +14,7 @@ from psrl.assets import DEMO_MODEL_DIR
 from psrl.trainer import TrainerCore
 from psrl.trainer.background import BackgroundJob
 from psrl.trainer.checkpoint import read_trainer_state
+from psrl.trainer.parallel import ParallelContext
 
 from .trainer_helpers import make_buffer, trainer_config
 
@@ -22,13 +23,24 @@ def _files(directory: Path) -> dict[str, dict[str, torch.Tensor]]:
     return {str(p.relative_to(directory)): load_file(str(p)) for p in sorted(directory.rglob("*.safetensors"))}
 
 
+CUDA = pytest.param(
+    "cuda",
+    marks=[pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")],
+)
+
+
+@pytest.mark.parametrize("device", ["cpu", CUDA])
 def test_a_snapshot_written_after_more_training_is_the_blocking_save_of_its_version(
-    tiny_model_dir: Path, tmp_path: Path
+    tiny_model_dir: Path, tmp_path: Path, device: str
 ) -> None:
-    core = TrainerCore(trainer_config(), model_dir=tiny_model_dir)
+    """On a GPU with room the snapshot is a copy there, moved to the host by the write: the training that goes on
+    between them (its kernels queued behind the copy, then writing the live tensors) must not reach it."""
+    core = TrainerCore(trainer_config([f"topology.device={device}"]), model_dir=tiny_model_dir,
+                       parallel=ParallelContext(device=torch.device(device)))  # fmt: skip
     core.train_buffer(0, make_buffer(0))
     blocking = core.save_checkpoint(tmp_path / "blocking")
     snapshot = core.snapshot_checkpoint()
+    assert (snapshot.ready is not None) == (device == "cuda")
     core.train_buffer(1, make_buffer(1))  # the live weights and optimizer state move on
     written = core.write_checkpoint(tmp_path / "background", snapshot)
     assert written.name == blocking.name == "step_00000001"
