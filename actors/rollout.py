@@ -18,6 +18,7 @@ from psrl.flows.instance import ROUTER, InstanceFlow
 from psrl.flows.instance_kv import KvPort
 from psrl.launches import is_replacement
 from psrl.ps.from_config import make_puller
+from psrl.ps.landing import DeviceLanding
 from psrl.ps.supply import PsWeightSupply
 
 
@@ -33,14 +34,18 @@ class RolloutActor(FlowActor):
         # vLLM's exit-time finalizers take 10-30 s on 2 busy cores; teardown below releases what matters
         self.exit_without_interpreter_teardown = self.config.engine.backend == "vllm"
         ps = self.config.psrl.ps
+        device = EngineArgs.from_config(self.config).resolve_device()
         puller = make_puller(
             self.config,
             [self.boot.endpoint(f"ps-{i}.1") for i in range(self.config.topology.n_ps_shards)],
             curve=self.bus.options.curve,
-            pin_memory=EngineArgs.from_config(self.config).resolve_device().type == "cuda",
+            pin_memory=device.type == "cuda",
         )
         puller.on_retry = self.report_pull_retry
-        self.weights = PsWeightSupply(puller, pull_attempts=ps.pull_attempts, prefetch=ps.prefetch)
+        embedded_on_gpu = device.type == "cuda" and self.config.engine.backend == "embedded"
+        lands = ps.prefetch_to_device is not False and embedded_on_gpu
+        landing = DeviceLanding(device, ps.prefetch_to_device) if lands else None
+        self.weights = PsWeightSupply(puller, pull_attempts=ps.pull_attempts, prefetch=ps.prefetch, landing=landing)
         self.kv = kv_port(self.config, engine)
         flow = InstanceFlow(self.name, self.config, engine, self.weights, log=self.log, kv=self.kv)
         self.attach(flow, peers={ROUTER: self.make_link(ROUTER, serve=False)})

@@ -111,6 +111,12 @@ class ParameterServer(Section):
         "Instances pull a newly published version in the background while they generate, so a sync only "
         "loads it (full pulls only: with delta_sync an instance pulls at sync time).",
     )
+    prefetch_to_device: bool | Literal["auto"] = field(
+        "auto",
+        "A prefetched version is also copied onto the instance's GPU in the background, so a sync's load is a "
+        "device-to-device copy (psrl.ps.landing). auto: with the embedded engine on CUDA, when the version "
+        "fits in a tenth of the GPU's free memory (else it loads from host memory as before).",
+    )
 
 
 class AgenticRL(Section):

@@ -500,6 +500,10 @@ def engine_backend(c: Config) -> Iterator[ConfigProblem]:
     if engine.cpu_kernels == "on":
         yield problem(("engine.cpu_kernels", "engine.backend"), "on", "the CPU kernels belong to the embedded engine",
                       "set engine.cpu_kernels=auto, or engine.backend=embedded")  # fmt: skip
+    if c.psrl.ps.prefetch_to_device is True:
+        yield problem((P + "ps.prefetch_to_device", "engine.backend"), True,
+                      "versions land on the GPU for the embedded engine's device-to-device load",
+                      f"set {P}ps.prefetch_to_device=auto, or engine.backend=embedded")  # fmt: skip
     if c.psrl.ps.delta_sync and not c.actor.lora.enabled:  # LoRA versions: the backend writes whole adapters
         yield problem((P + "ps.delta_sync", "engine.backend"), True,
                       "the vLLM backend reloads whole layers, so every sync must carry every tensor",
@@ -508,6 +512,10 @@ def engine_backend(c: Config) -> Iterator[ConfigProblem]:
 
 def gpu_placement(c: Config) -> Iterator[ConfigProblem]:
     topo = c.topology
+    if c.psrl.ps.prefetch_to_device is True and topo.device == "cpu":
+        yield problem((P + "ps.prefetch_to_device", "topology.device"), True,
+                      "a prefetched version lands on the rollout instance's GPU",
+                      f"set {P}ps.prefetch_to_device=auto, or topology.device=cuda")  # fmt: skip
     for name, gpus in (("trainer_gpus", topo.trainer_gpus), ("rollout_gpus", topo.rollout_gpus)):
         if any(g < 0 for g in gpus):
             yield problem("topology." + name, gpus, "GPU indices cannot be negative", "use indices 0, 1, ...")

@@ -23,6 +23,7 @@ import torch
 
 from psrl.log import get_logger
 from psrl.ps.errors import PullFailedError
+from psrl.ps.landing import DeviceLanding
 from psrl.ps.puller import Puller
 
 CLOSE_WAIT_S = 10.0
@@ -37,11 +38,13 @@ class _PrefetchJob:
 
 
 class Prefetcher:
-    def __init__(self, puller: Puller, max_attempts: int = 5) -> None:
+    def __init__(self, puller: Puller, max_attempts: int = 5, landing: DeviceLanding | None = None) -> None:
+        """`landing`: the pulled version is copied onto the engine's GPU by the same thread (``psrl.ps.landing``)."""
         if puller.delta_sync:
             raise ValueError("prefetching needs full pulls: the delta mirror must match the loaded version")
         self.puller = puller
         self.max_attempts = max_attempts
+        self.landing = landing
         self.num_started = self.num_used = 0
         self._job: _PrefetchJob | None = None
         self._log = get_logger("psrl.ps.prefetch")
@@ -95,5 +98,7 @@ class Prefetcher:
         try:
             result = self.puller.sync(job.tensors.__setitem__, job.version, self.max_attempts)
             job.version = result.version  # a retired version moves on to the newest one
+            if self.landing is not None:
+                job.tensors = self.landing.land(job.tensors)
         except (PullFailedError, OSError, RuntimeError, ValueError) as exc:
             job.error = exc

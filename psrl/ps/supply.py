@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
+from psrl.ps.landing import DeviceLanding
 from psrl.ps.prefetch import Prefetcher
 from psrl.ps.puller import Puller
 
@@ -26,10 +27,14 @@ class Fetched:
 
 
 class PsWeightSupply:
-    def __init__(self, puller: Puller, *, pull_attempts: int, prefetch: bool) -> None:
+    def __init__(
+        self, puller: Puller, *, pull_attempts: int, prefetch: bool, landing: DeviceLanding | None = None
+    ) -> None:
+        """`landing`: a prefetched version is also copied onto the engine's GPU in the background."""
         self.puller = puller
         self.pull_attempts = pull_attempts
-        self.prefetcher = Prefetcher(puller, pull_attempts) if prefetch and not puller.delta_sync else None
+        use = prefetch and not puller.delta_sync
+        self.prefetcher = Prefetcher(puller, pull_attempts, landing) if use else None
 
     def prefetch(self, version: int) -> None:
         if self.prefetcher is not None:

@@ -88,3 +88,36 @@ def test_close_waits_for_a_running_pull_and_says_the_puller_is_free(parts: tuple
     assert prefetcher.close()  # the pull finished within the wait
     assert not prefetcher.is_running and prefetcher.take(2) is None  # closed: nothing is handed over
     assert Prefetcher(parts[1]).close()  # nothing running
+
+
+def test_a_landing_is_for_a_gpu() -> None:
+    import torch
+
+    from psrl.ps.landing import DeviceLanding
+
+    with pytest.raises(ValueError, match="CUDA"):
+        DeviceLanding(torch.device("cpu"))
+
+
+@pytest.mark.gpu
+def test_a_prefetched_version_lands_on_the_gpu_whole(parts: tuple[Pusher, Puller]) -> None:
+    import torch
+
+    from psrl.ps.landing import DeviceLanding
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    pusher, puller = parts
+    model = small_model(1)
+    pusher.push(1, model)
+    landing = DeviceLanding(torch.device("cuda"), True)
+    prefetcher = Prefetcher(puller, landing=landing)
+    assert prefetcher.start(1)
+    tensors = prefetcher.take(1)
+    assert tensors is not None and all(t.is_cuda for _, t in tensors)
+    assert_same({name: t.cpu() for name, t in tensors}, model)
+    pusher.push(2, small_model(2))  # the next landing: the puller's mirror is refilled, the landed copy is not
+    assert prefetcher.start(2)
+    second = prefetcher.take(2)
+    assert second is not None and landing.num_landed == 2
+    assert_same({name: t.cpu() for name, t in second}, small_model(2))

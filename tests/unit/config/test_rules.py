@@ -164,3 +164,10 @@ def test_kv_transfer_needs_the_p2p_tier() -> None:
 def test_hang_continue_needs_sessions() -> None:
     msg = refused(RC + "session_strategy.thunder_agent.enable=True")
     assert "env.enable" in msg
+
+
+@pytest.mark.parametrize("setting", ["topology.device=cpu", "engine.backend=vllm"])
+def test_prefetch_to_device_true_needs_the_embedded_engine_on_a_gpu(setting: str) -> None:
+    with pytest.raises(ConfigError, match=r"psrl\.ps\.prefetch_to_device=auto"):
+        load_config("demo", ["psrl.ps.prefetch_to_device=true", setting])
+    load_config("demo", ["psrl.ps.prefetch_to_device=auto", setting])  # auto: it lands nothing there
