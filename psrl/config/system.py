@@ -186,10 +186,11 @@ class EngineSettings(Section):
         ge=1,
     )
     capture_graphs_at_start: bool = field(
-        True,
+        False,
         "Capture the decode rounds' CUDA graphs of every batch size when an instance starts (embedded engine, "
-        "CUDA, step kernels), as vLLM does; false: each on its first use, when the instance stops generating "
-        "for it mid-run.",
+        "CUDA, step kernels), as vLLM does, so no instance stops for a capture mid-run. Off by default: on a "
+        "fresh H100 the 38 graphs of a 0.5B model with 256 sequences took 20.6 s before the first batch, while "
+        "captures on first use did not show in the run's throughput.",
     )
     lora_mode: Literal["merge", "unmerged"] = field(
         "merge",

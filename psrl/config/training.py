@@ -209,10 +209,10 @@ class ActorSettings(Section):
     )
     warm_up: bool | Literal["auto"] = field(
         "auto",
-        "While the rollout makes the first batch, train one synthetic buffer of the run's shape without stepping "
-        "the optimizer (weights, optimizer state and random streams unchanged), so the compiled layers are built "
-        "before the first real step needs them (psrl.trainer.warm_up). auto: when actor.compile is on, on one "
-        "trainer rank, outside colocation.",
+        "While the rollout makes the first batch, train two synthetic buffers of the run's shape (varied lengths, "
+        "then full micro-batches) without stepping the optimizer (weights, optimizer state and random streams "
+        "unchanged), so the compiled layers are built before the first real step needs them "
+        "(psrl.trainer.warm_up). auto: when actor.compile is on, on one trainer rank, outside colocation.",
     )
     packing: bool = field(
         True,

@@ -242,7 +242,7 @@ class TrainerCore:
         return self._buffer is not None
 
     def warm_up(self) -> float:
-        """Build the compiled graphs on one synthetic buffer of the run's shape (``psrl.trainer.warm_up``);
+        """Build the compiled graphs on two synthetic buffers of the run's shape (``psrl.trainer.warm_up``);
         nothing the next real buffer sees changes. Returns the seconds it took."""
         with self._training:
             return self._warm_up()
@@ -252,18 +252,23 @@ class TrainerCore:
             raise TrainerError("a warm-up between the chunks of a buffer")
         started = time.perf_counter()
         task = self.config.task
-        buffer = synthetic_buffer(
-            groups=self.config.psrl.staleness_buffer_entries, group_size=self.group_size,
-            max_prompt_tokens=task.max_prompt_length, max_response_tokens=task.max_response_length,
-            vocab_size=vocab_size_of(self.policy.raw), version=self.version,
-        )  # fmt: skip
+        buffers = [
+            synthetic_buffer(
+                groups=self.config.psrl.staleness_buffer_entries, group_size=self.group_size,
+                max_prompt_tokens=task.max_prompt_length, max_response_tokens=task.max_response_length,
+                vocab_size=vocab_size_of(self.policy.raw), version=self.version, full_length=full,
+            )
+            for full in (False, True)
+        ]  # fmt: skip
         kept = (self.version, self.next_prompt_id)
         real = [(trainable, trainable.optimizer) for trainable in self._trainables()]
         try:
             with random_streams_kept(self.parallel.device):
                 for trainable, optimizer in real:
                     trainable.optimizer = StepNothing(optimizer)  # type: ignore[assignment]
-                self.train_buffer(self.version, buffer)
+                for buffer in buffers:  # varied lengths, then micro-batches at the token budget
+                    self.train_buffer(self.version, buffer)
+                    self.version = kept[0]
         finally:
             for trainable, optimizer in real:
                 trainable.optimizer = optimizer

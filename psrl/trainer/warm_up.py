@@ -5,9 +5,11 @@ the old log-probs, the update's forward and its backward): 10-25 s for a 0.5B mo
 of it after the first batch arrived, so the first version waits for rollout *and then* for the compiler.
 Building them on made-up data while the engines load and generate takes that time off the first step.
 
-How: one buffer of the run's shape (its groups, group size, prompt and response lengths, random tokens
-and rewards) goes through the trainer's own ``train_buffer``, so every path the first real buffer takes
-is traced, with each optimizer swapped for one that steps nothing. Weights, optimizer state, the random
+How: two buffers of the run's shape (its groups and group size, random tokens and rewards; response lengths
+spread up to the limit, then all at it, since the compiler specializes some kernels by a micro-batch's size:
+a real run's first micro-batch past such a size rebuilt them for 3.6 s at step 11) go through the trainer's
+own ``train_buffer``, so the paths the real buffers take are traced, with each optimizer swapped for one that
+steps nothing. Weights, optimizer state, the random
 streams, the version and the dataset cursor are as before; the gradients are dropped.
 """
 
@@ -44,9 +46,12 @@ def synthetic_buffer(
     vocab_size: int,
     version: int,
     seed: int = 0,
+    full_length: bool = False,
 ) -> list[Trajectory]:
     """`groups` x `group_size` trajectories of random tokens: response lengths spread evenly up to the
-    limit (the longest micro-batches included), rewards alternating so that advantages are not all zero."""
+    limit, or all at the limit (`full_length`: micro-batches as full as the token budget makes them; the
+    compiler specializes some kernels by size, so a warm-up runs both); rewards alternating so that
+    advantages are not all zero."""
     rng = np.random.default_rng(seed)
     longest_prompt = max(1, min(PROMPT_TOKENS, max_prompt_tokens))
     out = []
@@ -55,7 +60,9 @@ def synthetic_buffer(
         prompt = rng.integers(0, vocab_size, int(rng.integers(1, longest_prompt + 1)), dtype=np.int64)
         for child in range(group_size):
             index = group * group_size + child
-            length = 1 + (index * (max_response_tokens - 1)) // max(1, groups * group_size - 1)
+            length = max_response_tokens
+            if not full_length:
+                length = 1 + (index * (max_response_tokens - 1)) // max(1, groups * group_size - 1)
             out.append(
                 Trajectory(
                     prompt_id=group,

@@ -74,6 +74,9 @@ def test_synthetic_buffer_has_the_runs_shape() -> None:
     assert all(int(t.response_token_ids.max()) < 48 for t in buffer)
     for group in range(4):  # rewards differ within every group: advantages (and the loss) are not all zero
         assert len({t.reward for t in buffer if t.prompt_id == group}) == 2
+    full = synthetic_buffer(groups=2, group_size=2, max_prompt_tokens=8, max_response_tokens=20, vocab_size=48,
+                            version=0, full_length=True)  # fmt: skip
+    assert [t.num_response_tokens for t in full] == [20] * 4
 
 
 def test_auto_warms_up_a_compiling_trainer_alone_with_its_memory_resident() -> None:
