@@ -15,7 +15,12 @@ from psrl.errors import MissingExtraError
     "--output", "-o", type=click.Path(file_okay=False, path_type=Path), help="Where to write (default RUN/report)."
 )
 @click.option("--root", default="runs", show_default=True, help="Where to look for RUN when it is a run name.")
-def report(*, run: str, output: Path | None, root: str) -> None:
+@click.option(
+    "--intervals",
+    is_flag=True,
+    help="Print instead where each step's interval went (waiting for its batch, training, the rest) and stop.",
+)
+def report(*, run: str, output: Path | None, root: str, intervals: bool) -> None:
     """Write the plots (reward, staleness, utilisation, version lag, weight-sync time) and report.html of RUN.
 
     RUN is a run directory, or a run name under --root.
@@ -25,6 +30,9 @@ def report(*, run: str, output: Path | None, root: str) -> None:
 
     try:
         run_dir = resolve_run_dir(run, root)
+        if intervals:
+            _print_intervals(run_dir.path)
+            return
         result = build_report(run_dir.path, output)
     except (FileNotFoundError, MissingExtraError) as error:
         raise click.ClickException(str(error)) from error
@@ -36,3 +44,13 @@ def report(*, run: str, output: Path | None, root: str) -> None:
     for problem in result.problems:
         click.echo(f"problem: {problem}", err=True)
     click.echo(f"{len(result.plots)} plots and {result.html}")
+
+
+def _print_intervals(run_dir: Path) -> None:
+    from psrl.report.collect import read_timeline
+    from psrl.report.intervals import step_intervals, summary
+
+    rows = step_intervals(read_timeline(run_dir))
+    for row in rows:
+        click.echo(row.row())
+    click.echo(summary(rows))

@@ -4,11 +4,13 @@ listener, then `psrl report` on its directory."""
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
 from bus.eventlog.reader import EventLogReader
 from bus.messages import Metrics
 from launch.metrics_sink import MetricsSink
 from launch.supervisor import EXIT_OK, Supervisor
+from psrl.cli.report_cmd import report
 from psrl.config import load_config
 from psrl.report.build import build_report
 from psrl.report.metrics_file import read_metrics_file
@@ -48,3 +50,8 @@ def test_demo_run_metrics_and_report(tmp_path: Path) -> None:
     assert result.summary.trainer_idle_fraction is not None
     page = result.html.read_text()
     assert all(f"src='{p.name}'" in page for p in result.plots.values())
+
+    intervals = CliRunner().invoke(report, [str(run.path), "--intervals"])  # where each step's interval went
+    assert intervals.exit_code == 0, intervals.output
+    lines = intervals.output.strip().splitlines()
+    assert lines[-1].startswith("2 intervals: median") and lines[0].startswith("step    2")
