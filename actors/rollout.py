@@ -43,7 +43,8 @@ class RolloutActor(FlowActor):
         )
         puller.on_retry = self.report_pull_retry
         embedded_on_gpu = device.type == "cuda" and self.config.engine.backend == "embedded"
-        lands = ps.prefetch_to_device is not False and embedded_on_gpu
+        # colocated, the instance gives its GPU memory to the trainer while versions arrive: they stay on the host
+        lands = ps.prefetch_to_device is not False and embedded_on_gpu and not self.config.topology.colocate
         landing = DeviceLanding(device, ps.prefetch_to_device) if lands else None
         self.weights = PsWeightSupply(puller, pull_attempts=ps.pull_attempts, prefetch=ps.prefetch, landing=landing)
         self.kv = kv_port(self.config, engine)

@@ -114,8 +114,8 @@ class ParameterServer(Section):
     prefetch_to_device: bool | Literal["auto"] = field(
         "auto",
         "A prefetched version is also copied onto the instance's GPU in the background, so a sync's load is a "
-        "device-to-device copy (psrl.ps.landing). auto: with the embedded engine on CUDA, when the version "
-        "fits in a tenth of the GPU's free memory (else it loads from host memory as before).",
+        "device-to-device copy (psrl.ps.landing). auto: with the embedded engine on CUDA outside colocation, when "
+        "the version fits in a tenth of the GPU's free memory (else it loads from host memory as before).",
     )
 
 

@@ -483,6 +483,10 @@ def _colocation_rules(c: Config) -> Iterator[ConfigProblem]:
         yield problem(("topology.trainer_gpus", "topology.rollout_gpus"), (topo.trainer_gpus, topo.rollout_gpus),
                       "colocated trainer ranks and rollout instances share the same GPUs",
                       "list the same GPUs in both (or leave both empty)")  # fmt: skip
+    if c.psrl.ps.prefetch_to_device is True:
+        yield problem((P + "ps.prefetch_to_device", "topology.colocate"), True,
+                      "a colocated instance releases its GPU memory while the trainer works, when versions arrive",
+                      f"set {P}ps.prefetch_to_device=auto")  # fmt: skip
     if c.trainer.background_push is True:
         yield problem(("trainer.background_push", "topology.colocate"), True,
                       "rollout needs the GPUs, and the new version, before the next step: a push in the background "

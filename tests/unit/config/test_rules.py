@@ -166,8 +166,11 @@ def test_hang_continue_needs_sessions() -> None:
     assert "env.enable" in msg
 
 
-@pytest.mark.parametrize("setting", ["topology.device=cpu", "engine.backend=vllm"])
-def test_prefetch_to_device_true_needs_the_embedded_engine_on_a_gpu(setting: str) -> None:
+COLOCATED = "topology.colocate=true topology.device=cuda psrl.tms.range=all"
+
+
+@pytest.mark.parametrize("setting", ["topology.device=cpu", "engine.backend=vllm", COLOCATED])
+def test_prefetch_to_device_true_needs_the_embedded_engine_on_its_own_gpu(setting: str) -> None:
     with pytest.raises(ConfigError, match=r"psrl\.ps\.prefetch_to_device=auto"):
-        load_config("demo", ["psrl.ps.prefetch_to_device=true", setting])
-    load_config("demo", ["psrl.ps.prefetch_to_device=auto", setting])  # auto: it lands nothing there
+        load_config("demo", ["psrl.ps.prefetch_to_device=true", *setting.split()])
+    load_config("demo", ["psrl.ps.prefetch_to_device=auto", *setting.split()])  # auto: it lands nothing there
