@@ -41,7 +41,8 @@ class FlowActor(Actor):
         if not isinstance(flow, self.FLOW):
             raise TypeError(f"{type(self).__name__} drives a {self.FLOW.__name__}, not a {type(flow).__name__}")
         self.flow = flow
-        self.add_link_kinds(flow.link_kinds, self.to_flow)
+        # a link kind the actor handles itself (its ``inputs``) stays with that handler, which passes it on
+        self.add_link_kinds([k for k in flow.link_kinds if k.KIND not in self._link_kinds], self.to_flow)
         self.serving = serving
         self.peers = dict(peers or {})
         for link in [*([serving] if serving is not None else []), *self.peers.values()]:

@@ -116,7 +116,6 @@ class TrainerActor(FlowActor):
         self.attach(
             TrainerFlow(cfg, self.core, name=self.name, log=self.log), serving=self.make_link(self.name, serve=True)
         )
-        self.add_link_kinds([TrainData], self._on_train_data)  # attach routed the flow's kinds straight to it
         self.warm_up = self._start_warm_up()
         adapts = cfg.topology.trainer_threads == "auto" and self.parallel.device.type == "cpu"
         self.cpu = CpuSampler() if adapts else None

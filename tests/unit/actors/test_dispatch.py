@@ -86,3 +86,19 @@ def test_a_flow_actor_subscribes_to_every_bus_kind_its_flow_handles(role: str) -
     subscribed = set(object.__new__(cls).inputs().bus)
     missing = set(cls.FLOW.BUS_KINDS) - subscribed
     assert not missing, f"{role} does not subscribe to {sorted(k.__name__ for k in missing)}"
+
+
+def test_the_trainers_own_handler_keeps_the_training_data_its_flow_also_takes() -> None:
+    """Attaching the flow must not take over a link kind the actor handles itself: the trainer's handler waits
+    for its warm-up before the flow trains (when the flow took the data directly, the two ran at once)."""
+    from actors.trainer import TrainerActor
+    from psrl.flows.trainer import TrainerFlow
+
+    actor = _bare_actor(TrainerActor)
+    flow = object.__new__(TrainerFlow)
+    flow._handlers = flow.handlers()
+    actor.add_input = lambda *_: None  # type: ignore[method-assign]
+    actor.every = lambda *_: None  # type: ignore[method-assign]
+    actor.attach(flow)
+    assert actor._handlers[TrainData.KIND] == actor._on_train_data
+    assert TrainData in flow.link_kinds
