@@ -12,6 +12,7 @@ from psrl.config.agents import agent_rules
 from psrl.config.chunk_plan import chunk_plan
 from psrl.config.psrl_section import LMCache
 from psrl.config.root import Config
+from psrl.config.rules_gpu_paths import GPU_PATH_RULES
 from psrl.config.rules_lora import LORA_RULES
 from psrl.config.rules_rl import RL_RULES
 from psrl.engine_cost.model import CostModelError, load_cost_model
@@ -483,10 +484,6 @@ def _colocation_rules(c: Config) -> Iterator[ConfigProblem]:
         yield problem(("topology.trainer_gpus", "topology.rollout_gpus"), (topo.trainer_gpus, topo.rollout_gpus),
                       "colocated trainer ranks and rollout instances share the same GPUs",
                       "list the same GPUs in both (or leave both empty)")  # fmt: skip
-    if c.psrl.ps.prefetch_to_device is True:
-        yield problem((P + "ps.prefetch_to_device", "topology.colocate"), True,
-                      "a colocated instance releases its GPU memory while the trainer works, when versions arrive",
-                      f"set {P}ps.prefetch_to_device=auto")  # fmt: skip
     if c.trainer.background_push is True:
         yield problem(("trainer.background_push", "topology.colocate"), True,
                       "rollout needs the GPUs, and the new version, before the next step: a push in the background "
@@ -504,10 +501,6 @@ def engine_backend(c: Config) -> Iterator[ConfigProblem]:
     if engine.cpu_kernels == "on":
         yield problem(("engine.cpu_kernels", "engine.backend"), "on", "the CPU kernels belong to the embedded engine",
                       "set engine.cpu_kernels=auto, or engine.backend=embedded")  # fmt: skip
-    if c.psrl.ps.prefetch_to_device is True:
-        yield problem((P + "ps.prefetch_to_device", "engine.backend"), True,
-                      "versions land on the GPU for the embedded engine's device-to-device load",
-                      f"set {P}ps.prefetch_to_device=auto, or engine.backend=embedded")  # fmt: skip
     if c.psrl.ps.delta_sync and not c.actor.lora.enabled:  # LoRA versions: the backend writes whole adapters
         yield problem((P + "ps.delta_sync", "engine.backend"), True,
                       "the vLLM backend reloads whole layers, so every sync must carry every tensor",
@@ -516,10 +509,6 @@ def engine_backend(c: Config) -> Iterator[ConfigProblem]:
 
 def gpu_placement(c: Config) -> Iterator[ConfigProblem]:
     topo = c.topology
-    if c.psrl.ps.prefetch_to_device is True and topo.device == "cpu":
-        yield problem((P + "ps.prefetch_to_device", "topology.device"), True,
-                      "a prefetched version lands on the rollout instance's GPU",
-                      f"set {P}ps.prefetch_to_device=auto, or topology.device=cuda")  # fmt: skip
     for name, gpus in (("trainer_gpus", topo.trainer_gpus), ("rollout_gpus", topo.rollout_gpus)):
         if any(g < 0 for g in gpus):
             yield problem("topology." + name, gpus, "GPU indices cannot be negative", "use indices 0, 1, ...")
@@ -628,6 +617,7 @@ RULES = (
     agent_rules,
     task_kwargs_used,
     *LORA_RULES,
+    *GPU_PATH_RULES,
 )
 
 

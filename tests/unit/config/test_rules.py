@@ -169,8 +169,30 @@ def test_hang_continue_needs_sessions() -> None:
 COLOCATED = "topology.colocate=true topology.device=cuda psrl.tms.range=all"
 
 
-@pytest.mark.parametrize("setting", ["topology.device=cpu", "engine.backend=vllm", COLOCATED])
-def test_prefetch_to_device_true_needs_the_embedded_engine_on_its_own_gpu(setting: str) -> None:
+@pytest.mark.parametrize(
+    "setting", ["topology.device=cpu", "engine.backend=vllm", COLOCATED, "psrl.ps.prefetch=false",
+                "psrl.ps.delta_sync=true psrl.ps.transport=zmq"],
+)  # fmt: skip
+def test_prefetch_to_device_true_needs_a_prefetch_for_the_embedded_engine_on_its_own_gpu(setting: str) -> None:
     with pytest.raises(ConfigError, match=r"psrl\.ps\.prefetch_to_device=auto"):
         load_config("demo", ["psrl.ps.prefetch_to_device=true", *setting.split()])
     load_config("demo", ["psrl.ps.prefetch_to_device=auto", *setting.split()])  # auto: it lands nothing there
+
+
+@pytest.mark.parametrize(
+    "setting", ["actor.compile=false", "topology.device=cpu", "topology.n_trainer_ranks=2", COLOCATED]
+)
+def test_warm_up_true_needs_a_compiling_trainer_alone_with_its_memory(setting: str) -> None:
+    with pytest.raises(ConfigError, match=r"actor\.warm_up=auto"):
+        load_config("demo", ["actor.warm_up=true", *setting.split()])
+    load_config("demo", ["actor.warm_up=auto", *setting.split()])
+    load_config("demo", ["actor.warm_up=true", "topology.device=cuda"])  # compile=auto compiles on CUDA
+
+
+@pytest.mark.parametrize(
+    "setting", ["topology.device=cpu", "engine.backend=vllm", "engine.cuda_graphs=false", "engine.gpu_kernels=off"]
+)
+def test_capture_at_start_needs_the_embedded_engines_graph_rounds(setting: str) -> None:
+    with pytest.raises(ConfigError, match=r"engine\.capture_graphs_at_start=false"):
+        load_config("demo", ["engine.capture_graphs_at_start=true", *setting.split()])
+    load_config("demo", ["engine.capture_graphs_at_start=true", "topology.device=cuda"])
