@@ -32,13 +32,12 @@ class DeviceLanding:
         self.setting = setting
         self.stream = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
         self._landed: dict[str, torch.Tensor] | None = None
-        self.num_landed = self.num_kept_on_host = 0
+        self.num_landed = 0
 
     def land(self, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """``tensors`` copied to the device (the host ones where they would not fit); blocks until they are there."""
         self._landed = None  # its blocks come back to this stream, after the wait below
         if not self._fits(tensors):
-            self.num_kept_on_host += 1
             return tensors
         self.stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(self.stream):

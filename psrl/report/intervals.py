@@ -9,6 +9,7 @@ the previous report). The mean interval over the run is its throughput; a median
 
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import dataclass
 
@@ -55,7 +56,7 @@ def summary(rows: list[StepInterval]) -> str:
     if not rows:
         return "no consecutive steps"
     intervals = [r.interval_s for r in rows]
-    trained = sum(r.train_s for r in rows if r.train_s == r.train_s)
+    trained = sum(r.train_s for r in rows if math.isfinite(r.train_s))
     median, mean = statistics.median(intervals), statistics.fmean(intervals)
     return (
         f"{len(rows)} intervals: median {median:.3f} s, mean {mean:.3f} s; "

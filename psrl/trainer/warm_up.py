@@ -9,8 +9,8 @@ How: two buffers of the run's shape (its groups and group size, random tokens an
 spread up to the limit, then all at it, since the compiler specializes some kernels by a micro-batch's size:
 a real run's first micro-batch past such a size rebuilt them for 3.6 s at step 11) go through the trainer's
 own ``train_buffer``, so the paths the real buffers take are traced, with each optimizer swapped for one that
-steps nothing. Weights, optimizer state, the random
-streams, the version and the dataset cursor are as before; the gradients are dropped.
+steps nothing. Weights, optimizer state, the random streams, the version and the dataset cursor are as
+before; the gradients are dropped.
 """
 
 from __future__ import annotations
