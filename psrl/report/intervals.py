@@ -1,10 +1,12 @@
 """Where each step's interval went, from the event log: waiting for its batch, the trainer's compute, the rest.
 
-An interval runs from one step's progress report (``train.progress``) to the next. Its batch was ready at its
-``train.batch``: whatever came after the previous report is time the trainer waited for the rollout. The
-trainer's compute is its ``perf/train_seconds``; the rest is pushes, checkpoints and publication. With pushes in
-the background a step's report comes when its push lands, so a rest can be negative (the compute started before
-the previous report). The mean interval over the run is its throughput; a median alone hides the long ones.
+An interval runs from the end of one step's compute to the end of the next one's: the trainer's metrics of a
+step (``perf/train_seconds``) go out as its compute ends, before its push lands, so a push in the background
+does not move the boundary, and a checkpoint written after the last step is in no interval (as a step clock
+that stops at the optimizer's last update). Its batch was ready at its ``train.batch``: whatever came after the
+previous step's end is time the trainer waited for the rollout. The rest is what held the trainer otherwise
+(a push it waited for, a checkpoint's copy). The mean interval over the run is its throughput; a median alone
+hides the long ones.
 """
 
 from __future__ import annotations
@@ -13,16 +15,15 @@ import math
 import statistics
 from dataclasses import dataclass
 
-from psrl.report.series import metric_by_step
 from psrl.report.timeline import RunTimeline
 
 
 @dataclass(frozen=True)
 class StepInterval:
     step: int
-    interval_s: float  # the previous step's progress report to this one's
+    interval_s: float  # the end of the previous step's compute to the end of this one's
     batch_wait_s: float  # of it, until this step's batch was ready
-    train_s: float  # the trainer's compute for the step (nan when not reported)
+    train_s: float  # the trainer's compute for the step
     other_s: float  # interval - wait - compute
 
     def row(self) -> str:
@@ -33,20 +34,24 @@ class StepInterval:
 
 
 def step_intervals(timeline: RunTimeline) -> list[StepInterval]:
-    """One row per step after the first (steps that trained nothing are skipped)."""
-    reports = {p.step: p.time for p in timeline.progress if p.num_samples > 0}
+    """One row per step after the first (steps that trained nothing report no compute and are skipped)."""
+    ends: dict[int, float] = {}
+    compute: dict[int, float] = {}
+    for record in timeline.metrics:
+        if "perf/train_seconds" in record.values and record.step not in ends:
+            ends[record.step] = record.wall_time
+            compute[record.step] = record.values["perf/train_seconds"]
     ready: dict[int, float] = {}
     for batch in timeline.batches:
         ready.setdefault(batch.step, batch.time)
-    compute = dict(metric_by_step(timeline.metrics, "perf/train_seconds"))
     rows = []
-    for step in sorted(reports):
-        previous = reports.get(step - 1)
+    for step in sorted(ends):
+        previous = ends.get(step - 1)
         if previous is None:
             continue
-        interval = reports[step] - previous
+        interval = ends[step] - previous
         wait = max(0.0, ready.get(step, previous) - previous)
-        train = compute.get(step, float("nan"))
+        train = compute[step]
         rows.append(StepInterval(step, interval, wait, train, interval - wait - train))
     return rows
 

@@ -44,6 +44,7 @@ from psrl.checkpoint_dirs import (
     version_of,
 )
 from psrl.trainer import lora_files
+from psrl.trainer.host_copy import PinnedStager
 from psrl.trainer.lora import has_lora
 from psrl.trainer.parallel import ParallelContext
 
@@ -113,16 +114,16 @@ def snapshot_checkpoint(
 
 
 def on_host(snapshot: CheckpointSnapshot) -> CheckpointSnapshot:
-    """A snapshot taken on the device, copied to host memory on a stream of its own (the training that goes
-    on meanwhile keeps the default one); a host snapshot as it is."""
+    """A snapshot taken on the device, copied to host memory through pinned slots on a stream of its own
+    (the training that goes on meanwhile keeps the default one); a host snapshot as it is."""
     if snapshot.ready is None:
         return snapshot
-    stream = torch.cuda.Stream()  # type: ignore[no-untyped-call]
-    stream.wait_event(snapshot.ready)
+    stager = PinnedStager(next(snapshot.states[0][0].raw.parameters()).device)
+    stager.stream.wait_event(snapshot.ready)
     memo: dict[tuple[int, int, torch.Size, torch.dtype], Tensor] = {}
-    with torch.cuda.stream(stream):
-        states = [(t, _moved(model, memo), _moved(optimizer, memo)) for t, model, optimizer in snapshot.states]
-    stream.synchronize()
+    states = [
+        (t, _moved(model, memo, stager), _moved(optimizer, memo, stager)) for t, model, optimizer in snapshot.states
+    ]
     return dataclasses.replace(snapshot, states=states, ready=None)
 
 
@@ -141,9 +142,9 @@ def _owned(value: Any, memo: dict[tuple[int, int, torch.Size, torch.dtype], Tens
     return _mapped(value, memo, lambda tensor: tensor.detach().clone())
 
 
-def _moved(value: Any, memo: dict[tuple[int, int, torch.Size, torch.dtype], Tensor]) -> Any:
+def _moved(value: Any, memo: dict[tuple[int, int, torch.Size, torch.dtype], Tensor], stager: PinnedStager) -> Any:
     """`value` with every tensor copied to host memory; aliases stay one copy."""
-    return _mapped(value, memo, lambda tensor: tensor.detach().to("cpu"))
+    return _mapped(value, memo, stager.to_host)
 
 
 def _mapped(
@@ -193,13 +194,14 @@ def save_checkpoint(
     next_prompt_id: int = 0,
     assets_dir: str | Path | None = None,
     keep: int = 0,
+    on_device: bool = False,
 ) -> Path:
     """Write the checkpoint of `version` now; collective under data parallelism (every rank must call).
 
     `next_prompt_id`: the dataset cursor a resumed run continues from (one past the last prompt trained on).
     `assets_dir`: the tokenizer / generation-config directory copied next to the policy weights.
-    `keep`: keep only this many newest checkpoints (0 = all)."""
-    snapshot = snapshot_checkpoint(version, trainables, parallel, next_prompt_id=next_prompt_id)
+    `keep`: keep only this many newest checkpoints (0 = all). `on_device`: as for ``snapshot_checkpoint``."""
+    snapshot = snapshot_checkpoint(version, trainables, parallel, next_prompt_id=next_prompt_id, on_device=on_device)
     final = step_dir(Path(root), version)
     if parallel.rank == 0:
         write_checkpoint(root, snapshot, assets_dir=assets_dir, keep=keep)

@@ -284,7 +284,7 @@ class TrainerCore:
         self._check_between_buffers()
         return checkpoint.save_checkpoint(root, self.version, self._trainables(), self.parallel,
                                           next_prompt_id=self.next_prompt_id, assets_dir=self.assets_dir,
-                                          keep=keep)  # fmt: skip
+                                          keep=keep, on_device=self._snapshots_on_device())  # fmt: skip
 
     def snapshot_checkpoint(self) -> checkpoint.CheckpointSnapshot:
         """The current version's checkpoint, off the live tensors (collective under data parallelism): on rank 0,
