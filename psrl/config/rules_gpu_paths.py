@@ -53,21 +53,22 @@ def prefetch_to_device_applies(c: Config) -> Iterator[ConfigProblem]:
             yield _problem((PS + "prefetch_to_device", field), message, fix)
 
 
-def capture_at_start_applies(c: Config) -> Iterator[ConfigProblem]:
-    """engine.capture_graphs_at_start=true: the embedded engine's decode rounds, replayed as CUDA graphs."""
+def graph_capture_applies(c: Config) -> Iterator[ConfigProblem]:
+    """engine.capture_graphs_at_start / capture_graphs_when_idle = true: the embedded engine's decode rounds,
+    replayed as CUDA graphs."""
     engine = c.engine
-    if not engine.capture_graphs_at_start:
-        return
-    fix = "set engine.capture_graphs_at_start=false"
     blockers = (
         (c.topology.device == "cpu", "topology.device", "CUDA graphs are captured on a GPU"),
         (engine.backend != "embedded", "engine.backend", "vLLM captures its own graphs"),
         (not engine.cuda_graphs, "engine.cuda_graphs", "the decode rounds run without graphs"),
         (engine.gpu_kernels == "off", "engine.gpu_kernels", "decode rounds run on the GPU step kernels"),
     )
-    for blocked, field, message in blockers:
-        if blocked:
-            yield _problem(("engine.capture_graphs_at_start", field), message, fix)
+    for knob, fix in (("capture_graphs_at_start", "false"), ("capture_graphs_when_idle", "auto")):
+        if getattr(engine, knob) is not True:
+            continue
+        for blocked, field, message in blockers:
+            if blocked:
+                yield _problem((f"engine.{knob}", field), message, f"set engine.{knob}={fix}")
 
 
-GPU_PATH_RULES = (warm_up_applies, prefetch_to_device_applies, capture_at_start_applies)
+GPU_PATH_RULES = (warm_up_applies, prefetch_to_device_applies, graph_capture_applies)

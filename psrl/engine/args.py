@@ -47,6 +47,8 @@ class EngineArgs:
     decode_steps: int = 16
     # capture the decode rounds' graphs of every batch size when the engine starts (else each on first use)
     capture_graphs_at_start: bool = False
+    # capture a missing round's graph whenever the engine has nothing to run (see Engine.capture_when_idle)
+    capture_graphs_when_idle: bool = False
     # offload tier (psrl.lmcache): bytes of CPU memory for evicted prefix blocks (0 = no tier), its eviction
     # order, and whether a weight load empties it (else entries are told apart by their version tag)
     offload_bytes: int = 0
@@ -77,6 +79,7 @@ class EngineArgs:
             gpu_kernels=engine.gpu_kernels,
             decode_steps=engine.decode_steps,
             capture_graphs_at_start=engine.capture_graphs_at_start,
+            capture_graphs_when_idle=engine.capture_graphs_when_idle is not False,
             offload_bytes=_offload_bytes(config),
             offload_policy=config.psrl.lmcache.cache_policy,
             offload_clear_on_update=config.psrl.lmcache.clear_on_weight_update,

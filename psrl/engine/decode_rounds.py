@@ -126,6 +126,20 @@ class DecodeRounds:
         torch.cuda.current_stream().synchronize()
         return sum(graph is not None for graph in self._graphs.values())
 
+    def capture_next(self) -> bool:
+        """Capture the full-length round of the largest batch bucket that has none yet (from padding rows, as
+        ``capture_all``); whether there was one to capture."""
+        if not self.use_graphs:
+            return False
+        missing = [b for b in reversed(self.buckets) if (b, self.shape.max_steps) not in self._graphs]
+        if not missing:
+            return False
+        self._host_fields.zero_()
+        self._fields.zero_()
+        self._replay(missing[0], self.shape.max_steps)
+        torch.cuda.current_stream().synchronize()
+        return True
+
     def _fill_fields(self, bucket: int) -> None:
         seqs = self._table_rows.seqs
         count = len(seqs)

@@ -109,6 +109,9 @@ class Engine:
         self._num_arrivals = 0
         self._num_generated_total = 0
         self._recent_steps: deque[tuple[float, int]] = deque()
+        rounds = self.runner.rounds
+        self._captures_when_idle = args.capture_graphs_when_idle and rounds is not None and rounds.use_graphs
+        self._idle_capture_s = 0.0
         if args.capture_graphs_at_start and self.runner.rounds is not None:
             self._capture_rounds(self.runner.rounds)
         log.info("engine_ready", model=str(args.model_path), device=str(self.device), dtype=str(self.dtype),
@@ -221,6 +224,22 @@ class Engine:
 
     def has_unfinished_requests(self) -> bool:
         return bool(self._seqs)
+
+    def capture_when_idle(self) -> bool:
+        """With nothing to run, capture one decode round that has no CUDA graph yet, so no running batch
+        stops for it later (engine.capture_graphs_when_idle); whether one was captured."""
+        rounds = self.runner.rounds
+        if not self._captures_when_idle or self._seqs or self.is_paused or self.memory.is_paused:
+            return False
+        assert rounds is not None
+        started = time.perf_counter()
+        with torch.inference_mode():
+            captured = rounds.capture_next()
+        self._idle_capture_s += time.perf_counter() - started
+        if not captured:  # every bucket has its round: stop asking
+            self._captures_when_idle = False
+            log.info("decode_graphs_captured_when_idle", seconds=round(self._idle_capture_s, 2))
+        return captured
 
     def waiting_queue(self) -> WaitingQueue:
         waiting = self.scheduler.waiting

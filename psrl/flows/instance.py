@@ -349,6 +349,7 @@ class InstanceFlow(Flow):
         if self.kv is not None:
             self._admit_fetched(now)
         if not self.engine.has_unfinished_requests():
+            self.engine.capture_when_idle()  # idle time spent where a running batch would stop for it
             return []
         out = self.engine.step()
         for delta in out.outputs:

@@ -17,6 +17,7 @@ not loaded would make the next delta wrong.
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass, field
 
 import torch
@@ -96,9 +97,13 @@ class Prefetcher:
 
     def _run(self, job: _PrefetchJob) -> None:
         try:
+            started = time.perf_counter()
             result = self.puller.sync(job.tensors.__setitem__, job.version, self.max_attempts)
             job.version = result.version  # a retired version moves on to the newest one
+            pulled = time.perf_counter()
             if self.landing is not None:
                 job.tensors = self.landing.land(job.tensors)
+            self._log.debug("ps.prefetched", version=job.version, pull_s=round(pulled - started, 3),
+                            land_s=round(time.perf_counter() - pulled, 3))  # fmt: skip
         except (PullFailedError, OSError, RuntimeError, ValueError) as exc:
             job.error = exc

@@ -197,3 +197,10 @@ def test_counter_draws_follow_the_distribution() -> None:
     frequencies = torch.bincount(tokens, minlength=5).float() / rows
     assert torch.allclose(frequencies, probs, atol=0.01) and frequencies[4] == 0.0
     assert torch.allclose(logprobs, probs.log()[tokens], atol=1e-6)
+
+
+def test_rounds_without_graphs_leave_nothing_to_capture_when_idle(qwen2: Checkpoint) -> None:
+    engine = make_engine(qwen2, gpu_kernels="torch", decode_steps=4, capture_graphs_when_idle=True)
+    assert engine.runner.rounds is not None and not engine.runner.rounds.use_graphs  # the CPU: no graphs
+    assert not engine.capture_when_idle()
+    assert not engine.runner.rounds.capture_next()

@@ -118,6 +118,32 @@ def test_graphs_captured_at_start_serve_the_tokens_of_graphs_captured_on_first_u
     assert len(rounds._graphs) == 2 * len(rounds.buckets)  # nothing captured while serving
 
 
+def test_rounds_captured_while_idle_one_at_a_time_serve_the_tokens_of_rounds_captured_on_first_use(
+    qwen2: Checkpoint,
+) -> None:
+    common = dict(device="cuda", dtype="bfloat16", num_kv_blocks=128, max_num_seqs=16, gpu_kernels="on")
+    idle = make_engine(qwen2, capture_graphs_when_idle=True, **common)
+    rounds = idle.runner.rounds
+    assert rounds is not None
+    idle.add_request("busy", _prompts(1)[0], greedy(max_tokens=2))
+    assert not idle.capture_when_idle() and not rounds._graphs  # never while a request is there
+    run_to_completion(idle)
+    missing = [bucket for bucket in rounds.buckets if (bucket, rounds.shape.max_steps) not in rounds._graphs]
+    captures = 0
+    while idle.capture_when_idle():
+        captures += 1
+    assert captures == len(missing) > 0  # one per call, and none left
+    assert all((bucket, rounds.shape.max_steps) in rounds._graphs for bucket in rounds.buckets)
+    lazy = make_engine(qwen2, **common)
+    outputs = []
+    for engine in (idle, lazy):
+        for index, prompt in enumerate(_prompts(11)):
+            engine.add_request(str(index), prompt, greedy(max_tokens=5 + 3 * index))
+        results, _ = run_to_completion(engine)
+        outputs.append({key: result.output_ids for key, result in results.items()})
+    assert outputs[0] == outputs[1]
+
+
 def _long_context_checkpoint(directory: Path) -> Checkpoint:
     torch.manual_seed(0)
     config = Qwen2Config(**{**COMMON, "max_position_embeddings": 8448}, tie_word_embeddings=True)

@@ -120,6 +120,10 @@ class VllmEngine:
     def has_unfinished_requests(self) -> bool:
         return bool(self._requests)
 
+    def capture_when_idle(self) -> bool:
+        """vLLM captures its graphs as it starts: nothing is left for idle time."""
+        return False
+
     def waiting_queue(self) -> WaitingQueue:
         from vllm.v1.request import RequestStatus
 

@@ -192,7 +192,10 @@ def test_warm_up_true_needs_a_compiling_trainer_alone_with_its_memory(setting: s
 @pytest.mark.parametrize(
     "setting", ["topology.device=cpu", "engine.backend=vllm", "engine.cuda_graphs=false", "engine.gpu_kernels=off"]
 )
-def test_capture_at_start_needs_the_embedded_engines_graph_rounds(setting: str) -> None:
-    with pytest.raises(ConfigError, match=r"engine\.capture_graphs_at_start=false"):
-        load_config("demo", ["engine.capture_graphs_at_start=true", *setting.split()])
-    load_config("demo", ["engine.capture_graphs_at_start=true", "topology.device=cuda"])
+@pytest.mark.parametrize(("knob", "fix"), [("capture_graphs_at_start", "false"), ("capture_graphs_when_idle", "auto")])
+def test_graph_capture_needs_the_embedded_engines_graph_rounds(setting: str, knob: str, fix: str) -> None:
+    with pytest.raises(ConfigError, match=rf"engine\.{knob}={fix}"):
+        load_config("demo", [f"engine.{knob}=true", *setting.split()])
+    load_config("demo", [f"engine.{knob}=true", "topology.device=cuda"])
+    if knob == "capture_graphs_when_idle":
+        load_config("demo", [f"engine.{knob}=auto", *setting.split()])  # auto: where the rounds are graphs
