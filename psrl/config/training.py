@@ -274,7 +274,8 @@ class TrainerLoop(Section):
         True,
         "Periodic checkpoints (save_freq) copy the state to host memory and write the files from a background "
         "thread while training goes on (the step pays the copy, not the disk; a CUDA trainer alone on its GPU "
-        "copies on the GPU when the copy fits in half the free memory, and the writer moves it to the host); "
+        "copies on the GPU when the copy fits in half the free memory, and the writer moves it to the host "
+        "through two small pinned buffers, which leaves the step's GPU work alone); "
         "the final checkpoint and the one on an early stop are written before the trainer reports them. "
         "false = every save blocks.",
     )
