@@ -69,6 +69,7 @@ from psrl.config.bus_settings import bus_settings
 from psrl.coordination.scaling import RUN_STATE_REFUSAL
 from psrl.launches import INCARNATIONS_PER_LAUNCH, is_replacement
 from psrl.log import get_logger
+from psrl.ps.from_config import resolve_transport
 from psrl.reliability.stall import END
 from psrl.rundir import RunDir
 
@@ -103,7 +104,9 @@ class Supervisor:
         actor_options: dict[str, Any] | None = None,
         fork_server_ahead: ForkServer | None = None,
     ) -> None:
-        self.config = config
+        multi = hosts is not None and hosts.spans_hosts
+        self.config, transport = resolve_transport(config, spans_hosts=multi)
+        config = self.config
         self.fork_server_ahead = fork_server_ahead  # started before the config was read: taken if it fits
         self.run_dir = run_dir
         self.hosts = hosts
@@ -130,6 +133,7 @@ class Supervisor:
         is_local = hosts is None or all(h.is_local for h in hosts.hosts)
         yields = config.topology.cpu_placement == "auto"
         self.cpu_placement = CpuPlacement(self.log, yields_to_others=yields) if places_cores(config, is_local) else None
+        self.log.info("weight transport", transport=transport.name, reason=transport.reason)
 
     # ------------------------------------------------------------------ public
 

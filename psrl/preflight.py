@@ -54,11 +54,15 @@ def cpu_placement_host(c: Config, spans_hosts: bool) -> Iterator[ConfigProblem]:
 
 
 def checked(config: Config, *, spans_hosts: bool = False) -> Config:
-    """`config` with absolute paths, or ConfigError listing every problem."""
+    """`config` with absolute paths and the weight transport chosen (``psrl.ps.transport=auto``), or
+    ConfigError listing every problem."""
+    from psrl.ps.from_config import resolve_transport
+
     config = absolute_paths(config)
     problems = check_environment(config, spans_hosts=spans_hosts)
     if problems:
         raise ConfigError(problems)
+    config, _ = resolve_transport(config, spans_hosts=spans_hosts)
     from psrl.tasks.verifiers_source import AGENT_ENTRY, agent_overrides, is_verifiers
 
     if is_verifiers(config.task.name) and config.agent.entry != AGENT_ENTRY:  # run as agent sessions (the gateway)

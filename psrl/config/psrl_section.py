@@ -78,10 +78,12 @@ class LogProb(Section):
 
 
 class ParameterServer(Section):
-    transport: Literal["zmq", "shm", "nixl", "torch_dist"] = field(
-        "zmq",
+    transport: Literal["auto", "zmq", "shm", "nixl", "torch_dist"] = field(
+        "auto",
         "Bulk weight transport: ZeroMQ zero-copy frames, shared memory (shards, trainer and instances on one "
-        "host; a pull is a mapped read), NIXL (kv extra) or torch.distributed broadcast.",
+        "host; a pull is a mapped read), NIXL (kv extra) or torch.distributed broadcast. auto: shm when the run "
+        "is on one host and /dev/shm (or PSRL_SHM_DIR) has room for four versions of the model, else zmq; the "
+        "launcher logs its choice and writes it to the run's config.",
     )
     delta_sync: bool = field(
         False, "Pull only entries whose checksum changed since the instance's version (keeps a host mirror)."
