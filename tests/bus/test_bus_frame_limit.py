@@ -55,7 +55,7 @@ def test_the_fuzz_sender_sees_every_oversized_frame_cut(ctx: zmq.Context) -> Non
 
 
 def test_a_runs_sockets_take_their_limits_from_the_config() -> None:
-    config = load_config("demo", ["bus.max_message_mib=8", "psrl.ps.chunk_mb=32"])
+    config = load_config("demo", ["bus.max_message_mib=8", "psrl.ps.chunk_mb=32", "psrl.ps.transport=zmq"])
     assert bus_settings(config).options.max_frame_bytes == 8 << 20
     shard = shard_options(config, 0, "tcp://127.0.0.1:1", "tcp://127.0.0.1:2", engine_dtype=torch.float32)
     assert shard.max_frame_bytes == 32 << 20  # a payload is one block of a weight transfer
