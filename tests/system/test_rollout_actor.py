@@ -36,7 +36,8 @@ BACKENDS = {"embedded": [], "vllm": ["engine.backend=vllm", "engine.block_size=3
 
 @pytest.fixture(params=["embedded", pytest.param("vllm", marks=pytest.mark.vllm)])
 def instance(request, tmp_path):
-    config = load_config("demo", ["engine.max_num_seqs=4", *BACKENDS[request.param]])
+    # booted by hand: the transport is named, as the launcher resolves psrl.ps.transport=auto before any actor
+    config = load_config("demo", ["engine.max_num_seqs=4", "psrl.ps.transport=zmq", *BACKENDS[request.param]])
     ctx = zmq.Context()
     proxy = BusProxy(plan_addresses(tmp_path), ctx=ctx)
     addresses = proxy.start()
