@@ -16,6 +16,7 @@ import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from psrl.engine import FinishReason
+from psrl.engine.engine import Engine
 from tests.engine.conftest import COMMON, Checkpoint, LogitRecorder, greedy, make_engine, run_to_completion
 
 pytestmark = [
@@ -100,6 +101,14 @@ def test_bf16_rounds_are_as_close_to_fp32_as_transformers_bf16(qwen2: Checkpoint
         assert (ours - want).abs().max() <= 2 * (theirs - want).abs().max() + 0.02, index
 
 
+def _tokens_of(engine: Engine) -> dict[str, list[int]]:
+    """The tokens eleven greedy requests of different lengths get from `engine`."""
+    for index, prompt in enumerate(_prompts(11)):
+        engine.add_request(str(index), prompt, greedy(max_tokens=5 + 3 * index))
+    results, _ = run_to_completion(engine)
+    return {key: result.output_ids for key, result in results.items()}
+
+
 def test_graphs_captured_at_start_serve_the_tokens_of_graphs_captured_on_first_use(qwen2: Checkpoint) -> None:
     """Every bucket's round (and its single-step fallback) is captured before the first request, from padding
     rows alone: they must have written nothing a later sequence reads, so both engines sample alike."""
@@ -108,13 +117,7 @@ def test_graphs_captured_at_start_serve_the_tokens_of_graphs_captured_on_first_u
     rounds = eager.runner.rounds
     assert rounds is not None and len(rounds._graphs) == 2 * len(rounds.buckets)
     lazy = make_engine(qwen2, **common)
-    outputs = []
-    for engine in (eager, lazy):
-        for index, prompt in enumerate(_prompts(11)):
-            engine.add_request(str(index), prompt, greedy(max_tokens=5 + 3 * index))
-        results, _ = run_to_completion(engine)
-        outputs.append({key: result.output_ids for key, result in results.items()})
-    assert outputs[0] == outputs[1]
+    assert _tokens_of(eager) == _tokens_of(lazy)
     assert len(rounds._graphs) == 2 * len(rounds.buckets)  # nothing captured while serving
 
 
@@ -135,13 +138,7 @@ def test_rounds_captured_while_idle_one_at_a_time_serve_the_tokens_of_rounds_cap
     assert captures == len(missing) > 0  # one per call, and none left
     assert all((bucket, rounds.shape.max_steps) in rounds._graphs for bucket in rounds.buckets)
     lazy = make_engine(qwen2, **common)
-    outputs = []
-    for engine in (idle, lazy):
-        for index, prompt in enumerate(_prompts(11)):
-            engine.add_request(str(index), prompt, greedy(max_tokens=5 + 3 * index))
-        results, _ = run_to_completion(engine)
-        outputs.append({key: result.output_ids for key, result in results.items()})
-    assert outputs[0] == outputs[1]
+    assert _tokens_of(idle) == _tokens_of(lazy)
 
 
 def _long_context_checkpoint(directory: Path) -> Checkpoint:
