@@ -69,6 +69,10 @@ def graph_capture_applies(c: Config) -> Iterator[ConfigProblem]:
         for blocked, field, message in blockers:
             if blocked:
                 yield _problem((f"engine.{knob}", field), message, f"set engine.{knob}={fix}")
+    if engine.capture_graphs_when_idle is True and engine.capture_graphs_at_start:
+        yield _problem(("engine.capture_graphs_when_idle", "engine.capture_graphs_at_start"),
+                       "every graph is captured as the instance starts: none is left for idle time",
+                       "set engine.capture_graphs_when_idle=auto")  # fmt: skip
 
 
 GPU_PATH_RULES = (warm_up_applies, prefetch_to_device_applies, graph_capture_applies)

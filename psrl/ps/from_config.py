@@ -17,6 +17,7 @@ import torch
 
 from bus.security import CurveKeys
 from psrl.config import Config
+from psrl.cpu_usage import nvidia_gpu_present
 from psrl.ps.dtypes import dtype_name
 from psrl.ps.puller import Puller
 from psrl.ps.pusher import Pusher
@@ -144,7 +145,7 @@ def _engine_is_16_bit(config: Config) -> bool:
     if dtype != "auto":
         return dtype == "bfloat16"
     device = config.topology.device
-    return device == "cuda" or (device == "auto" and torch.cuda.is_available())
+    return device == "cuda" or (device == "auto" and nvidia_gpu_present())  # no CUDA in the launcher
 
 
 def _safetensors_numel(path: Path) -> int:

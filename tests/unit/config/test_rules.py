@@ -199,3 +199,10 @@ def test_graph_capture_needs_the_embedded_engines_graph_rounds(setting: str, kno
     load_config("demo", [f"engine.{knob}=true", "topology.device=cuda"])
     if knob == "capture_graphs_when_idle":
         load_config("demo", [f"engine.{knob}=auto", *setting.split()])  # auto: where the rounds are graphs
+
+
+def test_capture_when_idle_true_has_nothing_left_after_capture_at_start() -> None:
+    both = ["topology.device=cuda", "engine.capture_graphs_at_start=true"]
+    with pytest.raises(ConfigError, match=r"engine\.capture_graphs_when_idle=auto"):
+        load_config("demo", [*both, "engine.capture_graphs_when_idle=true"])
+    load_config("demo", [*both, "engine.capture_graphs_when_idle=auto"])
