@@ -83,6 +83,8 @@ def fusion_blockers(c: Config) -> Iterator[tuple[str, object, str]]:
         yield FGO + "overlap_scope", "pre_step", "each chunk steps on its own forwards"
     if c.algorithm.rollout_correction.bypass_mode:
         yield "algorithm.rollout_correction.bypass_mode", True, "the engine's log-probs are the old ones"
+    if c.actor.shuffle_samples:
+        yield "actor.shuffle_samples", True, "the first mini-batch holds samples of every group, forwarded whole"
 
 
 def staleness_non_negative(c: Config) -> Iterator[ConfigProblem]:
@@ -92,6 +94,18 @@ def staleness_non_negative(c: Config) -> Iterator[ConfigProblem]:
             c.psrl.staleness,
             "the staleness bound cannot be negative",
             "use 0 for synchronous training or 1..3 for asynchronous training",
+        )
+
+
+def shuffled_samples_need_whole_buffers(c: Config) -> Iterator[ConfigProblem]:
+    fgo = c.psrl.fine_grain_overlap
+    if c.actor.shuffle_samples and fgo.overlap_scope == "pre_step" and chunk_plan(c).effective != "none":
+        yield problem(
+            ("actor.shuffle_samples", FGO + "overlap_scope"),
+            "true + pre_step",
+            "under pre_step each chunk of groups is trained as one mini-batch as it arrives, so there is no "
+            "buffer to deal samples from",
+            f"set {FGO}overlap_scope=recompute (the steps then run on the whole buffer) or actor.shuffle_samples=false",
         )
 
 
@@ -559,6 +573,7 @@ RULES: tuple[Rule, ...] = (
     shared_prompts_need_packing,
     fused_old_log_probs_apply,
     pre_step_needs_mini_batch,
+    shuffled_samples_need_whole_buffers,
     micro_batch_needs_static_sizes,
     trainer_strategy_available,
     mini_batch_fits_buffer,

@@ -235,6 +235,16 @@ class ActorSettings(Section):
         "wherever it applies (ppo_epochs=1, no pre_step chunks, no bypass_mode); true: refused where it cannot; "
         "false runs every sample's no-grad forward.",
     )
+    shuffle_samples: bool = field(
+        False,
+        "Deal a buffer's samples into its mini-batches at random (seeded by trainer.seed, the buffer and the "
+        "epoch), as TRL's GRPOTrainer does, instead of whole prompt groups in the order they arrived: each "
+        "optimizer step then sees answers to most of the buffer's prompts rather than ppo_mini_batch_size of "
+        "them; the advantages are still those of whole groups. Costs trainer time: a prompt is shared only by its "
+        "answers within one micro-batch (actor.share_prompts), and the first mini-batch's old log-probs take a "
+        "forward of their own (actor.fuse_old_log_probs). On the demo (10 seeds) it moved held-out accuracy by "
+        "less than the seeds do, at 1.06-1.18x the step (docs/benchmarks.md). Not with pre_step chunks.",
+    )
     lora: Lora = section(Lora, "LoRA: train low-rank adapters instead of every weight (rank 0 = off).")
 
     def share_prompts_on(self, device_type: str) -> bool:

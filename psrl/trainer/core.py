@@ -25,7 +25,7 @@ import random
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TypeVar
 
@@ -39,11 +39,13 @@ from psrl.config.rules import fusion_blockers, pre_step_needs_mini_batch
 from psrl.errors import ConfigError
 from psrl.evaluation.certificate import is_by_trajectory, masked_by_trajectory
 from psrl.rl.batch import Sample
+from psrl.rl.objective import Denominators
 from psrl.rl.trajectory import Trajectory
 from psrl.tms import TRAINER, SideMemory
 from psrl.trainer import checkpoint
 from psrl.trainer.checkpoint import Trainable
 from psrl.trainer.compiled import compile_enabled, compile_layers
+from psrl.trainer.dealing import dealt_mini_batches
 from psrl.trainer.forward import compute_precision
 from psrl.trainer.lora import LoraSettings
 from psrl.trainer.memory import CheckpointPolicy, checkpoint_mode
@@ -464,15 +466,35 @@ class TrainerCore:
             raise TrainerError(f"{len(state.groups)} groups cannot be split over {self.parallel.world_size} ranks")
         own = [s for g in state.own for s in g]
         self._advantages(own, state.sums)
-        mini = self.config.actor.ppo_mini_batch_size
-        own_mini = mini // self.parallel.world_size
         deferred = DeferredPolicyStage(state.buffer_id, self.config.psrl.staleness)
-        for _ in range(self.config.actor.ppo_epochs):
-            for start in range(0, len(state.groups), mini):
-                mini_batch = state.own[start // self.parallel.world_size :][:own_mini]
-                everyone = [t for g in state.groups[start : start + mini] for t in g]
-                self._optimizer_steps([s for g in mini_batch for s in g], everyone, state.sums, state, deferred)
+        for epoch in range(self.config.actor.ppo_epochs):
+            for own_part, scale in self._mini_batches(state, epoch):
+                self._optimizer_steps(own_part, scale, state.sums, state, deferred)
         return self._complete(state, started)
+
+    def _mini_batches(self, state: _TrainingBuffer, epoch: int) -> Iterator[tuple[list[Sample], Denominators]]:
+        """This rank's samples of each optimizer step and the step's denominators (all ranks' samples)."""
+        mini, world = self.config.actor.ppo_mini_batch_size, self.parallel.world_size
+        if not self.config.actor.shuffle_samples:  # whole groups in arrival order
+            for start in range(0, len(state.groups), mini):
+                own = [s for g in state.own[start // world :][: mini // world] for s in g]
+                yield own, self._denominators([t for g in state.groups[start : start + mini] for t in g])
+            return
+        seed = self.config.trainer.seed
+        parts = dealt_mini_batches(state.own, mini // world, seed=seed, buffer_id=state.buffer_id, epoch=epoch,
+                                   rank=self.parallel.rank)  # fmt: skip
+        for part in parts:  # every rank deals as many parts of its own samples
+            yield part, self._denominators([s.trajectory for s in part], across_ranks=True)
+
+    def _denominators(self, trajectories: Sequence[Trajectory], *, across_ranks: bool = False) -> Denominators:
+        """The step's normalisers: of `trajectories`, summed over the ranks when each holds only its own."""
+        algorithm = self.config.algorithm
+        scale = denominators(trajectories, float(algorithm.loss_scale_factor or self.config.task.max_response_length))
+        if not across_ranks or self.parallel.world_size == 1:
+            return scale
+        counts = torch.tensor([scale.num_tokens, scale.num_seqs], dtype=torch.float64, device=self.parallel.device)
+        num_tokens, num_seqs = self.parallel.all_reduce_sum(counts).tolist()
+        return replace(scale, num_tokens=num_tokens, num_seqs=num_seqs)
 
     def _pre_step_chunk(
         self, state: _TrainingBuffer, num_new_groups: int, is_last: bool, started: float
@@ -483,7 +505,7 @@ class TrainerCore:
         self._advantages(chunk_own, state.sums)
         everyone = [t for g in state.groups[len(state.groups) - num_new_groups :] for t in g]
         chunk_sums = MetricSums()
-        self._optimizer_steps(chunk_own, everyone, chunk_sums, state)
+        self._optimizer_steps(chunk_own, self._denominators(everyone), chunk_sums, state)
         state.num_updated = len(state.own)
         _merge(state.sums, chunk_sums)
         if is_last:
@@ -498,14 +520,12 @@ class TrainerCore:
     def _optimizer_steps(
         self,
         own: list[Sample],
-        everyone: list[Trajectory],
+        scale: Denominators,
         sums: MetricSums,
         state: _TrainingBuffer,
         deferred: DeferredPolicyStage | None = None,
     ) -> None:
         started = time.perf_counter()
-        algorithm = self.config.algorithm
-        scale = denominators(everyone, float(algorithm.loss_scale_factor or self.config.task.max_response_length))
         actor_step(self.policy, own, scale, self.config.algorithm, self.settings, self.parallel, sums,
                    self.checkpointing["policy"], deferred)  # fmt: skip
         if self.critic is not None:

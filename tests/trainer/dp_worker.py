@@ -1,6 +1,7 @@
 """One data-parallel trainer rank, run as its own process by test_data_parallel.py.
 
-Usage: RANK=.. WORLD_SIZE=.. MASTER_ADDR=.. MASTER_PORT=.. python dp_worker.py MODEL_DIR OUT_DIR STRATEGY ESTIMATOR
+Usage: RANK=.. WORLD_SIZE=.. MASTER_ADDR=.. MASTER_PORT=.. \
+    python dp_worker.py MODEL_DIR OUT_DIR STRATEGY ESTIMATOR [KEY=VALUE ...]
 """
 
 from __future__ import annotations
@@ -18,10 +19,10 @@ from trainer_helpers import NUM_DP_BUFFERS, make_buffer, trainer_config
 from psrl.trainer import ParallelContext, TrainerCore
 
 
-def main(model_dir: str, out_dir: str, strategy: str, estimator: str) -> None:
+def main(model_dir: str, out_dir: str, strategy: str, estimator: str, *overrides: str) -> None:
     torch.set_num_threads(1)
     parallel = ParallelContext.from_env(device="cpu")
-    config = trainer_config([f"actor.strategy={strategy}", f"algorithm.adv_estimator={estimator}"])
+    config = trainer_config([f"actor.strategy={strategy}", f"algorithm.adv_estimator={estimator}", *overrides])
     core = TrainerCore(config, model_dir=model_dir, parallel=parallel)
     metrics = [core.train_buffer(b, make_buffer(b)).metrics for b in range(NUM_DP_BUFFERS)]
     weights = {name: tensor.cpu().contiguous() for name, tensor in core.named_weights()}  # collective
@@ -37,4 +38,4 @@ def main(model_dir: str, out_dir: str, strategy: str, estimator: str) -> None:
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:5])
+    main(*sys.argv[1:])

@@ -26,7 +26,9 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def run_ranks(model_dir: Path, out_dir: Path, strategy: str, estimator: str, world_size: int = 2) -> dict:
+def run_ranks(
+    model_dir: Path, out_dir: Path, strategy: str, estimator: str, world_size: int = 2, overrides: tuple[str, ...] = ()
+) -> dict:
     port = free_port()
     processes = []
     for rank in range(world_size):
@@ -39,7 +41,7 @@ def run_ranks(model_dir: Path, out_dir: Path, strategy: str, estimator: str, wor
             "MASTER_PORT": str(port),
             "OMP_NUM_THREADS": "1",
         }
-        command = [sys.executable, str(WORKER), str(model_dir), str(out_dir), strategy, estimator]
+        command = [sys.executable, str(WORKER), str(model_dir), str(out_dir), strategy, estimator, *overrides]
         processes.append(subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
     outputs = []
     for process in processes:
@@ -74,3 +76,14 @@ def test_two_ranks_match_one_process(tiny_model_dir: Path, tmp_path: Path, strat
     assert resumed.load_checkpoint(result["checkpoint"]) == NUM_DP_BUFFERS
     for name, tensor in resumed.named_weights():
         torch.testing.assert_close(tensor, distributed[name], atol=0, rtol=0)
+
+
+def test_two_ranks_deal_their_own_samples(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """`actor.shuffle_samples` over ranks: each rank deals its own samples into as many steps, the steps'
+    normalisers summed over both; the ranks stay in step (one set of weights, a checkpoint both resume)."""
+    result = run_ranks(tiny_model_dir, tmp_path, "ddp", "grpo", overrides=("actor.shuffle_samples=true",))
+    assert result["resumed_equal"] and result["version"] == NUM_DP_BUFFERS
+    trained = load_file(str(tmp_path / "weights.safetensors"))
+    initial = dict(TrainerCore(trainer_config(), model_dir=tiny_model_dir).named_weights())
+    assert any(not torch.equal(trained[name], initial[name]) for name in initial)
+    assert all(abs(m["actor/grad_norm"]) < float("inf") for m in result["metrics"])
