@@ -3,9 +3,10 @@
     1. run directory + resolved config; bus proxy (in this process); CURVE keys across hosts
     2. logger first (so every later event is logged), then every other actor; wait for READY
     3. watch: process exits and missed heartbeats (a death is seen within ~2 s), restart policy,
-       every start / death / restart published as an event; progress shown on the console; once
-       every actor serves, warm spares are started (topology.warm_spares per host, low priority),
-       and a replacement becomes one when one is ready (launch.spares)
+       every start / death / restart published as an event; progress shown on the console; a
+       replacement is forked from the fork server, or where none serves, once every actor serves, warm
+       spares are started (topology.warm_spares per host, low priority) and a replacement becomes one
+       when one is ready (launch.spares)
     4. stop in order (coordinator first, logger last) on RunFinished, Ctrl-C / SIGTERM or a fatal
        death; stragglers get SIGTERM then SIGKILL; remote ones are killed by pid over ssh
 
@@ -372,14 +373,23 @@ class Supervisor:
         return SparePool(SparePolicy(per_host), classes, log_dir, self.config.topology.threads_per_actor)
 
     @property
+    def keeps_spares(self) -> bool:
+        """Whether warm spares are kept now: not while the fork server runs, whose forks are as warm; a spare's
+        imports take CPU from the running actors (on 2 cores the demo's step was 1.3x as long while one warmed)."""
+        return self.spares is not None and not (self.fork_server is not None and self.fork_server.is_alive)
+
+    @property
     def spares_full(self) -> bool:
         """Every warm spare the run keeps is ready (true when it keeps none)."""
-        return self.spares is None or self.spares.is_full()
+        return self.spares is None or not self.keeps_spares or self.spares.is_full()
 
     @property
     def spare_ready(self) -> bool:
-        """A replacement now would be a warm spare (true when the run keeps none: nothing to wait for)."""
-        return self.spares is None or self.spares.num_ready() > 0 or self.spares.is_full()
+        """A replacement now would start warm: a ready spare, or the fork server (true when the run keeps no
+        spares: nothing to wait for)."""
+        if self.spares is None or not self.keeps_spares:
+            return True
+        return self.spares.num_ready() > 0 or self.spares.is_full()
 
     def _await_ready(self, names: list[str]) -> None:
         deadline = time.monotonic() + self.config.bus.handshake_timeout_s
@@ -412,11 +422,11 @@ class Supervisor:
             self._check_stall()
             if self.scaler is not None:
                 self.scaler.tick(time.monotonic())
-            if self.spares is not None:
+            if self.spares is not None and self.keeps_spares:
                 self.spares.tend(run_settled=self._is_settled())
 
     def _is_settled(self) -> bool:
-        """Every actor serving and the run going on: the time a spare's imports cost the run nothing."""
+        """Every actor serving and the run going on: a spare's imports then delay no start or recovery."""
         return not self.is_stopping and all(p.is_ready and p.poll() is None for p in self.processes.values())
 
     def _pump_events(self, timeout_s: float) -> None:

@@ -43,10 +43,11 @@ CURVE (``bus.curve=on``), where each weight pull authenticates.
     python tools/chaos.py --cases 4 --plan rollout-0@4,ps-1@5,router@publish+0.1   # SIGKILLs in order
     python tools/chaos.py --quick --curve
 
-With ``topology.warm_spares`` > 0 (the default is 1) each fault waits for the spares to be ready,
-so replacements are warm; ``topology.warm_spares=0`` measures cold replacements.
+Replacements are forked from the fork server (as warm as a spare). With ``topology.fork_server=false``
+and ``topology.warm_spares`` > 0 (the default is 1) each fault waits for the spares to be ready, so
+replacements are warm; ``topology.warm_spares=0`` there measures cold replacements.
 
-    python tools/chaos.py --quick topology.warm_spares=0   # cold replacements, for comparison
+    python tools/chaos.py --quick topology.fork_server=false topology.warm_spares=0   # cold replacements
 
 Elastic rollout: ``--elastic 0.5`` mixes scale-ups and scale-downs (one rollout instance more or fewer,
 asked over the run's bus as `psrl scale` does) in between the faults, before about half of them; the

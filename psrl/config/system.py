@@ -93,7 +93,9 @@ class Topology(Section):
     warm_spares: int = field(
         1,
         "Idle actor processes per host with the heavy modules (torch, the actor modules) already imported; a "
-        "dead actor's replacement becomes one of them instead of a cold process (0 = always start cold).",
+        "dead actor's replacement becomes one of them instead of a cold process (0 = always start cold). Kept "
+        "only while no fork server serves the host (topology.fork_server=false, or after it died): a replacement "
+        "forked from the server is as warm, and a spare's imports take CPU from the run.",
         ge=0,
     )
     restart_rollout: bool = field(

@@ -50,3 +50,21 @@ def test_a_replacement_becomes_the_warm_spare_and_serves_sooner_than_a_cold_one(
     spares_log = (sup.run_dir.path / "logs" / "spares.log").read_text()
     assert f"becomes {warm[0]} (incarnation 1)" in spares_log
     assert spares_log.count(": warm in ") >= 2  # the used spare was replaced
+
+
+def test_no_spare_warms_beside_a_fork_server_and_one_does_once_the_server_is_gone(tmp_path) -> None:
+    """A replacement forked from the fork server is as warm as a spare, whose imports would only take CPU from
+    the run; once the server has died the run falls back to a spare."""
+    sup = make_supervisor(tmp_path, {name: {"actor_class": TORCH_FAKE} for name in VICTIMS},
+                          ["topology.warm_spares=1"])  # fmt: skip
+    bg = Background(sup).start()
+    bg.wait_ready(120)
+    time.sleep(1.0)  # settled: a spare would be started now
+    assert sup.fork_server is not None and sup.spares is not None
+    assert not sup.keeps_spares and sup.spare_ready and not sup.spares.spares
+    sup.fork_server.popen.kill()
+    wait_until(lambda: sup.keeps_spares, 30, "the run did not notice its fork server died")
+    wait_until(lambda: sup.spares_full and sup.spares is not None and len(sup.spares.spares) == 1, 180,
+               "no warm spare after the fork server died")  # fmt: skip
+    sup._end(0, "test done")
+    assert bg.join(60) == 0, sup.end_reason
