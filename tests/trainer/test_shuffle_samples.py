@@ -79,7 +79,7 @@ def test_the_trainer_deals_samples_across_groups_when_asked(
     assert shuffled.version == 2
 
 
-def test_shuffled_steps_replay_exactly(tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_shuffled_steps_replay_exactly(tiny_model_dir: Path) -> None:
     first, second = (_train(tiny_model_dir, ["actor.shuffle_samples=true"], []) for _ in range(2))
     for (name, a), (_, b) in zip(first.named_weights(), second.named_weights(), strict=True):
         assert torch.equal(a, b), name
