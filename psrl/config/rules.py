@@ -99,7 +99,16 @@ def staleness_non_negative(c: Config) -> Iterator[ConfigProblem]:
 
 def shuffled_samples_need_whole_buffers(c: Config) -> Iterator[ConfigProblem]:
     fgo = c.psrl.fine_grain_overlap
-    if c.actor.shuffle_samples and fgo.overlap_scope == "pre_step" and chunk_plan(c).effective != "none":
+    if not c.actor.shuffle_samples:
+        return
+    if c.actor.ppo_mini_batch_size >= c.psrl.staleness_buffer_entries:
+        yield problem(
+            ("actor.shuffle_samples", "actor.ppo_mini_batch_size", P + "staleness_buffer_entries"),
+            True,
+            "a buffer is one mini-batch, so there is nothing to deal (and the fused old log-probs would be lost)",
+            "set actor.shuffle_samples=false, or actor.ppo_mini_batch_size below psrl.staleness_buffer_entries",
+        )
+    elif fgo.overlap_scope == "pre_step" and chunk_plan(c).effective != "none":
         yield problem(
             ("actor.shuffle_samples", FGO + "overlap_scope"),
             "true + pre_step",

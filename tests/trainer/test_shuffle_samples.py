@@ -89,6 +89,8 @@ def test_shuffling_turns_the_fused_forward_off_and_refuses_pre_step() -> None:
     assert trainer_config(["actor.shuffle_samples=true"]).actor.fuse_old_log_probs == "auto"
     with pytest.raises(ConfigError, match=r"actor\.shuffle_samples"):
         trainer_config(["actor.shuffle_samples=true", "actor.fuse_old_log_probs=true"])
+    with pytest.raises(ConfigError, match=r"nothing to deal"):  # a setting that would change nothing is refused
+        trainer_config(["actor.shuffle_samples=true", "actor.ppo_mini_batch_size=4"])
     with pytest.raises(ConfigError, match=r"overlap_scope=recompute"):
         load_config("demo", ["actor.shuffle_samples=true", "psrl.fine_grain_overlap.granularity=mini_batch",
                              "psrl.fine_grain_overlap.overlap_scope=pre_step"])  # fmt: skip
