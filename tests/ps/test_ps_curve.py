@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import socket
 from pathlib import Path
 
 import pytest
@@ -23,9 +24,22 @@ def keys(tmp_path: Path) -> CurveKeys:
     return load_keys(tmp_path / "keys")
 
 
+def _free_ports(count: int) -> list[int]:
+    """Ports free now (fixed ones collided with other tests' ephemeral ports under parallel runs)."""
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for sock in sockets:
+            sock.bind(("127.0.0.1", 0))
+        return [int(sock.getsockname()[1]) for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
 @pytest.fixture
 def shard(keys: CurveKeys):  # type: ignore[no-untyped-def]
-    options = ShardOptions(0, 1, "tcp://127.0.0.1:47911", "tcp://127.0.0.1:47912", curve=keys)
+    push, pull = _free_ports(2)
+    options = ShardOptions(0, 1, f"tcp://127.0.0.1:{push}", f"tcp://127.0.0.1:{pull}", curve=keys)
     server = ShardServer(options)
     thread, stop = server.start_thread()
     yield options
