@@ -298,6 +298,9 @@ class Puller:
         # Entries that land at request time (shared memory) leave nothing to wait for on the sockets.
         timeout_ms = 0 if not pending else 1 if self._plane.is_busy else 100
         for sock, _ in self._links.poller.poll(timeout_ms):
+            if sock in self._links.monitors:
+                self._links.check_handshake(sock, plan.version)
+                continue
             shard = self._links.shard_of[sock]
             while (message := self._links.next(sock)) is not None:
                 if getattr(message, "request_id", None) != request_ids.get(shard):

@@ -50,6 +50,9 @@ HANDSHAKE_FAILED: dict[int, str] = {
     zmq.EVENT_HANDSHAKE_FAILED_AUTH: "this process's key is not among the run's authorized keys",
     zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL: "the handshake failed",
 }
+# A connection cut mid-handshake (a shard killed or restarting) also reports "no detail"; only a shard
+# that keeps failing it, reconnect after reconnect with no success between, is refusing.
+VAGUE_FAILURES_TO_REFUSE = 3
 
 
 class ShardLinks:
@@ -68,7 +71,7 @@ class ShardLinks:
         self.poller = zmq.Poller()
         for sock in self.socks:
             self.poller.register(sock, zmq.POLLIN)
-        events = sum(HANDSHAKE_FAILED)  # the flags of the events the monitors report
+        events = sum(HANDSHAKE_FAILED) | zmq.EVENT_HANDSHAKE_SUCCEEDED  # the flags the monitors report
         self.monitors = {sock.get_monitor_socket(events): i for i, sock in enumerate(self.socks)}
         for sock, endpoint in zip(self.socks, pull_endpoints, strict=True):
             # the first handshake may have failed before the monitor listened: connect again under it
@@ -77,6 +80,7 @@ class ShardLinks:
         for monitor in self.monitors:
             self.poller.register(monitor, zmq.POLLIN)
         self.num_dropped = 0
+        self._vague_failures = [0] * self.num_shards  # "no detail" failures since the last success
         self._request_ids = itertools.count(1)
         self._log = log
 
@@ -115,7 +119,7 @@ class ShardLinks:
             raise PullFailedError(version, f"no reply from the PS within {self.timeout_s:.0f} s")
         for sock, _ in self.poller.poll(min(remaining_ms, 100)):
             if sock in self.monitors:
-                self._refused(sock, version)
+                self.check_handshake(sock, version)
                 continue
             while (message := self.next(sock)) is not None:
                 if isinstance(message, WITH_PAYLOAD):
@@ -123,12 +127,19 @@ class ShardLinks:
                 else:
                     yield self.shard_of[sock], message
 
-    def _refused(self, monitor: zmq.Socket[bytes], version: int) -> None:
-        """A refused handshake fails the request at once, saying why (a monitor reports nothing else)."""
-        event = recv_monitor_message(monitor)
-        why = HANDSHAKE_FAILED.get(int(event["event"]))
+    def check_handshake(self, monitor: zmq.Socket[bytes], version: int) -> None:
+        """A monitor's event: a refused handshake fails the request at once, saying why."""
+        event, shard = int(recv_monitor_message(monitor)["event"]), self.monitors[monitor]
+        if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+            self._vague_failures[shard] = 0
+            return
+        if event == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL:
+            self._vague_failures[shard] += 1
+            if self._vague_failures[shard] < VAGUE_FAILURES_TO_REFUSE:
+                return
+        why = HANDSHAKE_FAILED.get(event)
         if why is not None:
-            raise PullFailedError(version, f"shard {self.monitors[monitor]} refused the handshake: {why}")
+            raise PullFailedError(version, f"shard {shard} refused the handshake: {why}")
 
     # requests ------------------------------------------------------------------------------------
 
