@@ -106,7 +106,7 @@ def variant_config(name: str, args: argparse.Namespace, device: torch.device) ->
     batching = [] if args.demo_batching else [*BASE, f"actor.ppo_mini_batch_size={args.groups}"]
     dtype = "bfloat16" if device.type == "cuda" else "float32"  # CPU autocast to bf16 is slower than float32
     return load_config("demo", [*batching, f"actor.compute_dtype={dtype}", f"topology.device={device.type}",
-                                f"model.path={args.model}", *sizes, *VARIANTS[name]])  # fmt: skip
+                                f"model.path={args.model}", *sizes, *VARIANTS[name], *args.set])  # fmt: skip
 
 
 def model_flops(core: TrainerCore, trajectories: list[Trajectory]) -> tuple[float, float]:
@@ -275,6 +275,8 @@ def main() -> None:
     ap.add_argument("--profile", action="store_true", help="profile the first variant's last step")
     ap.add_argument("--demo-batching", action="store_true", help="the demo's mini- and micro-batches (CPU demo step)")
     ap.add_argument("--interleave", action="store_true", help="alternate the variants step by step (loaded machines)")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="a config override for every variant (repeatable), e.g. actor.ppo_mini_batch_size=16")  # fmt: skip
     args = ap.parse_args()
     configure("warning")
     names = args.variants.split(",")
