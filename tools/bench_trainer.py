@@ -276,7 +276,7 @@ def main() -> None:
     ap.add_argument("--demo-batching", action="store_true", help="the demo's mini- and micro-batches (CPU demo step)")
     ap.add_argument("--interleave", action="store_true", help="alternate the variants step by step (loaded machines)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                    help="a config override for every variant (repeatable), e.g. actor.ppo_mini_batch_size=16")  # fmt: skip
+                    help="a config override for every variant (repeatable): actor.ppo_mini_batch_size=16")  # fmt: skip
     args = ap.parse_args()
     configure("warning")
     names = args.variants.split(",")
