@@ -172,6 +172,8 @@ def run_variant(name: str, args: argparse.Namespace, peak: float) -> dict[str, f
     rows = [timed_step(core, step, args, profile=False) for step in range(args.steps + 1)][1:]
     if profile:
         timed_step(core, args.steps + 1, args, profile=True)
+    if args.cprofile and name == args.variants.split(",")[0]:
+        python_profile(core, args.steps + 1 + profile, args)
     peak_gib = torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else 0.0
     del core
     if device.type == "cuda":
@@ -207,6 +209,20 @@ def model_dir(args: argparse.Namespace, scratch: Path) -> Path:
     return scratch / args.shape
 
 
+def python_profile(core: TrainerCore, step: int, args: argparse.Namespace) -> None:
+    """One more step under cProfile: where the host's time goes by Python function (on a GPU, time spent
+    waiting for the device shows up at the call that synchronised)."""
+    import cProfile
+    import pstats
+
+    profile = cProfile.Profile()
+    profile.enable()
+    timed_step(core, step, args, profile=False)
+    profile.disable()
+    pstats.Stats(profile).sort_stats("cumulative").print_stats(40)
+    pstats.Stats(profile).sort_stats("tottime").print_stats(25)
+
+
 @contextlib.contextmanager
 def profiled(enabled: bool) -> Iterator[None]:
     """torch.profiler around one step when asked; prints the operators that took the most time, and on
@@ -221,6 +237,8 @@ def profiled(enabled: bool) -> Iterator[None]:
     sort_by = "self_cuda_time_total" if on_gpu else "self_cpu_time_total"
     averages = profiler.key_averages()
     print(averages.table(sort_by=sort_by, row_limit=25, max_name_column_width=60), flush=True)
+    if on_gpu:  # the host's side: which operators and wrappers hold the launching thread
+        print(averages.table(sort_by="self_cpu_time_total", row_limit=25, max_name_column_width=60), flush=True)
     if on_gpu:
         runtime = sorted((e for e in averages if e.key.startswith("cuda")), key=lambda e: -e.self_cpu_time_total)
         for event in runtime[:8]:
@@ -275,6 +293,7 @@ def main() -> None:
     ap.add_argument("--profile", action="store_true", help="profile the first variant's last step")
     ap.add_argument("--demo-batching", action="store_true", help="the demo's mini- and micro-batches (CPU demo step)")
     ap.add_argument("--interleave", action="store_true", help="alternate the variants step by step (loaded machines)")
+    ap.add_argument("--cprofile", action="store_true", help="one more step of the first variant under cProfile")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="a config override for every variant (repeatable): actor.ppo_mini_batch_size=16")  # fmt: skip
     args = ap.parse_args()

@@ -145,6 +145,8 @@ def group_indices(trajectories: Sequence[Trajectory]) -> Tensor:
 
 def scatter_rows(batch_values: Tensor, samples: Sequence[Sample], name: str) -> None:
     """Store row `i` of a `[B, R]` tensor into `samples[i].fields[name]`, trimmed to its response length."""
+    # one copy off the device for the whole tensor: a copy per row waited for the device once per sample
+    on_host = batch_values.detach().to("cpu", torch.float32)
     for row, sample in enumerate(samples):
         n = sample.trajectory.num_response_tokens
-        sample.fields[name] = batch_values[row, :n].detach().to("cpu", torch.float32).clone()
+        sample.fields[name] = on_host[row, :n].clone()
