@@ -31,13 +31,21 @@ before them. The micro-batch brings a `SegmentPlan` (keyword ``psrl_segments``, 
 host when the batch is packed, read by every layer): each segment is a row of queries against a row
 of its keys, causal from the bottom right (the last query sees every key), as SDPA with that mask,
 on any device: the flash kernel takes no gathered keys here.
+
+Under ``torch.compile`` (``actor.compile``, psrl.trainer.compiled) the attention is traced into the
+layer's graph: the flash kernel is a registered custom operator with its own autograd and shape
+rules, and the gathered and segment paths are plain tensor code whose sizes come from the batch's
+shapes, never from its values. A layer is then one graph forward and one backward. (Left out of the
+graph, it split each layer into six graphs and Python frames between them, and on a GPU a short
+micro-batch's step was bound by the host running those, not by the device.) The kernel's signature,
+which changed between torch releases, is read once outside any trace (``register``).
 """
 
 from __future__ import annotations
 
 import inspect
-from functools import cache
-from typing import NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor, nn
@@ -54,7 +62,6 @@ class VarlenError(RuntimeError):
     """A packed attention call came without its sequence boundaries."""
 
 
-@torch.compiler.disable  # type: ignore[untyped-decorator]  # eager inside a compiled layer (psrl.trainer.compiled)
 def varlen_attention(
     module: nn.Module,
     query: Tensor,
@@ -93,7 +100,7 @@ def varlen_attention(
 
 def _flash_dtype(query: Tensor) -> torch.dtype | None:
     """The half dtype the flash kernel would run in (autocast's, else the query's), or None."""
-    if not query.is_cuda or not flash_varlen_available():
+    if not query.is_cuda or FLASH.kernel is None:
         return None
     dtype = torch.get_autocast_dtype("cuda") if torch.is_autocast_enabled("cuda") else query.dtype
     return dtype if dtype in (torch.bfloat16, torch.float16) else None
@@ -101,7 +108,7 @@ def _flash_dtype(query: Tensor) -> torch.dtype | None:
 
 def _flash_takes(scaling: float | None, head_dim: int) -> bool:
     """This torch's varlen kernel can apply `scaling` (older ones take no scale: only the default)."""
-    return "scale" in _varlen_parameters() or scaling is None or abs(scaling - head_dim**-0.5) < 1e-12
+    return "scale" in FLASH.parameters or scaling is None or abs(scaling - head_dim**-0.5) < 1e-12
 
 
 def _gathered_sdpa(
@@ -174,11 +181,11 @@ def _slots(cu_seqlens: Tensor, max_length: int, tokens: int) -> tuple[Tensor, Te
 def _flash_varlen(
     query: Tensor, key: Tensor, value: Tensor, cu_seqlens: Tensor, max_length: int, scaling: float | None
 ) -> Tensor:
-    from torch.nn.attention.varlen import varlen_attn
-
+    kernel, parameters = FLASH.kernel, FLASH.parameters
+    if kernel is None:
+        raise VarlenError("the flash varlen kernel needs a CUDA build of torch >= 2.9")
     q, k, v = (x.transpose(0, 1).contiguous() for x in (query, key, value))  # [tokens, heads, dim]
     cu = cu_seqlens.to(torch.int32)
-    parameters = _varlen_parameters()
     options: dict[str, object] = {"scale": scaling} if "scale" in parameters else {}
     if "window_size" in parameters:
         options["window_size"] = (-1, 0)  # causal
@@ -190,28 +197,40 @@ def _flash_varlen(
         else:  # older torch: one key/value head per query head
             k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
             v = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)
-    out = varlen_attn(q, k, v, cu, cu, max_length, max_length, **options)  # type: ignore[arg-type]
+    out = kernel(q, k, v, cu, cu, max_length, max_length, **options)
     return out if isinstance(out, Tensor) else out[0]
 
 
-@cache
-def _varlen_parameters() -> frozenset[str]:
-    from torch.nn.attention.varlen import varlen_attn
+class FlashKernel:
+    """torch's varlen flash kernel and the names of its parameters; ``kernel`` is None without one.
+    Filled by ``register`` (outside any trace: the signature is read with ``inspect``)."""
 
-    return frozenset(inspect.signature(varlen_attn).parameters)
+    kernel: Callable[..., Any] | None = None
+    parameters: frozenset[str] = frozenset()
+
+    @classmethod
+    def load(cls) -> None:
+        if cls.kernel is not None or not torch.cuda.is_available():
+            return
+        try:
+            from torch.nn.attention.varlen import varlen_attn
+        except ImportError:
+            return
+        cls.parameters = frozenset(inspect.signature(varlen_attn).parameters)
+        cls.kernel = varlen_attn
 
 
-@cache
+FLASH = FlashKernel
+
+
 def flash_varlen_available() -> bool:
     """torch has the varlen flash kernel (CUDA builds of torch >= 2.9)."""
-    try:
-        from torch.nn.attention import varlen  # noqa: F401
-    except ImportError:
-        return False
-    return torch.cuda.is_available()
+    FLASH.load()
+    return FLASH.kernel is not None
 
 
 def register() -> None:
+    FLASH.load()
     AttentionInterface.register(VARLEN_ATTENTION, varlen_attention)
     AttentionMaskInterface.register(VARLEN_ATTENTION, sdpa_mask)
 

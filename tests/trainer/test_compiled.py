@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from functools import partial
 from pathlib import Path
 
@@ -41,7 +42,7 @@ def test_compiled_layers_give_the_eager_step(
     assert_same_steps(captured_steps(compiled, 2), captured_steps(eager, 2))
 
 
-def test_every_layer_and_every_packed_length_share_one_build(tiny_model_dir: Path) -> None:
+def test_every_layer_and_every_packed_length_share_one_graph_with_the_attention_inside(tiny_model_dir: Path) -> None:
     from torch._dynamo.utils import counters
 
     from psrl.trainer.forward import response_log_probs
@@ -61,11 +62,46 @@ def test_every_layer_and_every_packed_length_share_one_build(tiny_model_dir: Pat
 
     forward([(3, 4), (5, 2)])
     forward([(2, 9), (4, 1), (6, 6)])
+    # one graph for a whole layer, its packed attention included: not one set per layer, no break around
+    # the attention (which had split each layer into six graphs with Python frames between them)
+    assert counters["stats"]["unique_graphs"] == 1 and not counters["graph_break"]
+    forward([(7, 20)])  # one sequence: torch specialises a dimension of size 1, so this is a graph of its own
     first = counters["stats"]["unique_graphs"]
-    assert 0 < first <= 4  # one layer's graphs (before and after attention), not one set per layer
-    for lengths in ([(7, 20)], [(3, 3), (2, 2), (9, 31), (4, 4)], [(5, 13), (5, 14)]):  # new token counts, longest
+    assert first == 2
+    for lengths in ([(3, 3), (2, 2), (9, 31), (4, 4)], [(5, 13), (5, 14)], [(8, 2)]):  # new token counts, longest
         forward(lengths)
-    assert counters["stats"]["unique_graphs"] == first
+    assert counters["stats"]["unique_graphs"] == first and not counters["graph_break"]
+
+
+class _TracedError(Exception):
+    """Raised by the recording backend once it has the graph (the CPU cannot run the flash kernel)."""
+
+
+def test_the_flash_kernel_is_traced_into_the_graph_with_no_break(monkeypatch: pytest.MonkeyPatch) -> None:
+    varlen_module = pytest.importorskip("torch.nn.attention.varlen")
+    from psrl.trainer import varlen
+
+    # the flash path as on a GPU in bf16; tracing runs on fake tensors, so the kernel itself never runs here
+    monkeypatch.setattr(varlen.FLASH, "kernel", varlen_module.varlen_attn)
+    monkeypatch.setattr(varlen.FLASH, "parameters", frozenset(inspect.signature(varlen_module.varlen_attn).parameters))
+    monkeypatch.setattr(varlen, "_flash_dtype", lambda query: torch.bfloat16)
+    graphs: list[torch.fx.GraphModule] = []
+
+    def record(graph: torch.fx.GraphModule, example: object) -> None:
+        graphs.append(graph)
+        raise _TracedError
+
+    def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: torch.Tensor, longest: int) -> torch.Tensor:
+        out, _ = varlen.varlen_attention(torch.nn.Module(), q * 2.0, k, v, None, cu_seq_lens_q=cu, max_length_q=longest)
+        return out.float().sum()
+
+    torch._dynamo.reset()
+    q = torch.randn(1, 4, 30, 8, requires_grad=True)
+    k, v = torch.randn(1, 2, 30, 8), torch.randn(1, 2, 30, 8)
+    with pytest.raises(Exception, match="_TracedError"):
+        torch.compile(attend, backend=record, fullgraph=True, dynamic=True)(q, k, v, torch.tensor([0, 12, 30]), 18)
+    calls = [str(node.target) for graph in graphs for node in graph.graph.nodes if node.op == "call_function"]
+    assert "torch_attn._varlen_attn" in calls, calls
 
 
 @pytest.mark.gpu
