@@ -9,10 +9,10 @@ How: every transformer layer is compiled on its own (regional compilation), not 
 layers run the same code, so it is traced and built once and reused by the others; the embedding, the
 LM head (the fused log-prob in psrl.trainer.logprob) and gradient checkpointing stay as they are
 (a checkpointed layer recomputes through its compiled forward). Shapes are dynamic: a packed
-micro-batch has a different token count every time and must not trigger a rebuild. The varlen
-attention is left out of the graph (it runs the flash kernel as it would in eager mode), which
-splits each layer into two graphs: before attention (norm, projections, rotary) and after (output
-projection, residual, norm, MLP).
+micro-batch has a different token count every time and must not trigger a rebuild. The packed
+attention is traced into the layer's graph (psrl.trainer.varlen: the flash kernel is a custom
+operator), so a layer is one graph; a micro-batch of a single sequence gets a second one, since torch
+specialises dimensions of size 1.
 
 `auto` compiles on CUDA, where the gain was measured (1.33-1.35x a real-scale step at the 0.5B and
 1.5B shapes, docs/benchmarks.md); on a CPU inductor needs a C++ compiler and is unmeasured here, so it
