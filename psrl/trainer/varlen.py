@@ -203,24 +203,24 @@ def _flash_varlen(
 
 class FlashKernel:
     """torch's varlen flash kernel and the names of its parameters; ``kernel`` is None without one.
-    Filled by ``register`` (outside any trace: the signature is read with ``inspect``)."""
+    Loaded by ``register`` (outside any trace: the signature is read with ``inspect``)."""
 
-    kernel: Callable[..., Any] | None = None
-    parameters: frozenset[str] = frozenset()
+    def __init__(self) -> None:
+        self.kernel: Callable[..., Any] | None = None
+        self.parameters: frozenset[str] = frozenset()
 
-    @classmethod
-    def load(cls) -> None:
-        if cls.kernel is not None or not torch.cuda.is_available():
+    def load(self) -> None:
+        if self.kernel is not None or not torch.cuda.is_available():
             return
         try:
             from torch.nn.attention.varlen import varlen_attn
         except ImportError:
             return
-        cls.parameters = frozenset(inspect.signature(varlen_attn).parameters)
-        cls.kernel = varlen_attn
+        self.parameters = frozenset(inspect.signature(varlen_attn).parameters)
+        self.kernel = varlen_attn
 
 
-FLASH = FlashKernel
+FLASH = FlashKernel()  # read by the traced code as a plain global
 
 
 def flash_varlen_available() -> bool:
