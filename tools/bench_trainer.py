@@ -239,7 +239,6 @@ def profiled(enabled: bool) -> Iterator[None]:
     print(averages.table(sort_by=sort_by, row_limit=25, max_name_column_width=60), flush=True)
     if on_gpu:  # the host's side: which operators and wrappers hold the launching thread
         print(averages.table(sort_by="self_cpu_time_total", row_limit=25, max_name_column_width=60), flush=True)
-    if on_gpu:
         runtime = sorted((e for e in averages if e.key.startswith("cuda")), key=lambda e: -e.self_cpu_time_total)
         for event in runtime[:8]:
             print(f"runtime {event.key}: {event.count} calls, {event.self_cpu_time_total / 1e3:.1f} ms host")

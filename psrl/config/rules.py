@@ -98,9 +98,9 @@ def staleness_non_negative(c: Config) -> Iterator[ConfigProblem]:
 
 
 def shuffled_samples_need_whole_buffers(c: Config) -> Iterator[ConfigProblem]:
-    fgo = c.psrl.fine_grain_overlap
     if not c.actor.shuffle_samples:
         return
+    fgo = c.psrl.fine_grain_overlap
     if c.actor.ppo_mini_batch_size >= c.psrl.staleness_buffer_entries:
         yield problem(
             ("actor.shuffle_samples", "actor.ppo_mini_batch_size", P + "staleness_buffer_entries"),

@@ -26,8 +26,8 @@ def dealt_mini_batches(
     """The samples of ``groups`` in a seeded random order, split into as many mini-batches as whole groups
     would make, of sizes differing by at most one."""
     samples = [s for g in groups for s in g]
-    count = -(-len(groups) // max(1, groups_per_mini_batch))
     if not samples:
         return []
+    count = -(-len(groups) // max(1, groups_per_mini_batch))
     order = np.random.default_rng([v & 0xFFFFFFFF for v in (seed, buffer_id, epoch, rank)]).permutation(len(samples))
     return [[samples[i] for i in part] for part in np.array_split(order, count)]
